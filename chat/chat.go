@@ -1,0 +1,153 @@
+// Package chat holds the domain of the gateway: threads, checkpoints,
+// messages, runs, operations and events, the run state machine, and the error
+// codes of the wire protocol. It does no I/O; every other package speaks in
+// these types.
+package chat
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// LocalUserID owns everything until accounts exist.
+const LocalUserID = "usr_local"
+
+// Thread is one conversation, owned by one user. StateVersion and LastSeq are
+// bumped only inside the store transaction that writes the thread's events.
+type Thread struct {
+	ThreadID         string    `json:"thread_id"`
+	Title            string    `json:"title"`
+	StateVersion     int64     `json:"state_version"`
+	HeadCheckpointID string    `json:"head_checkpoint_id"`
+	LastSeq          int64     `json:"last_seq"`
+	CreatedAt        time.Time `json:"created_at"`
+	UpdatedAt        time.Time `json:"updated_at"`
+	// ForkedFrom names the checkpoint of another thread this thread was
+	// forked from; nil for an original thread.
+	ForkedFrom *ForkSource `json:"forked_from,omitempty"`
+}
+
+// ForkSource names where a forked thread came from.
+type ForkSource struct {
+	ThreadID     string `json:"thread_id"`
+	CheckpointID string `json:"checkpoint_id"`
+}
+
+// Pending is the step a checkpoint still has to run.
+type Pending struct {
+	Step      string `json:"step"`
+	InputHash string `json:"input_hash"`
+}
+
+// StepGenerate is the step that produces the assistant's next message.
+const StepGenerate = "generate"
+
+// ToolResult records a tool call whose result is part of confirmed state.
+type ToolResult struct {
+	OperationID string `json:"operation_id"`
+	Tool        string `json:"tool"`
+	ResultRef   string `json:"result_ref"`
+}
+
+// Checkpoint is a durable point after a semantic transition. It is
+// immutable once written; the thread's head names the current one.
+type Checkpoint struct {
+	CheckpointID       string       `json:"checkpoint_id"`
+	ThreadID           string       `json:"thread_id"`
+	ParentCheckpointID *string      `json:"parent_checkpoint_id"`
+	StateVersion       int64        `json:"state_version"`
+	MessageIDs         []string     `json:"message_ids"`
+	CompletedSteps     []string     `json:"completed_steps"`
+	ToolResults        []ToolResult `json:"tool_results"`
+	Pending            *Pending     `json:"pending"`
+	RunID              *string      `json:"run_id"`
+	CreatedAt          time.Time    `json:"created_at"`
+}
+
+// Message roles and kinds.
+const (
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+	RoleTool      = "tool"
+
+	KindText     = "text"
+	KindCard     = "card"
+	KindFragment = "fragment"
+)
+
+// FragmentOf says which streamed message a saved fragment was cut from.
+type FragmentOf struct {
+	RunID     string `json:"run_id"`
+	MessageID string `json:"message_id"`
+	LastSeq   int64  `json:"last_seq"`
+}
+
+// Message is a published block. Deltas are not messages.
+type Message struct {
+	MessageID    string      `json:"message_id"`
+	ThreadID     string      `json:"thread_id"`
+	Role         string      `json:"role"`
+	Kind         string      `json:"kind"`
+	Content      string      `json:"content"`
+	StateVersion int64       `json:"state_version"`
+	CheckpointID string      `json:"checkpoint_id"`
+	RunID        *string     `json:"run_id"`
+	FragmentOf   *FragmentOf `json:"fragment_of"`
+	CreatedAt    time.Time   `json:"created_at"`
+}
+
+// Run is one execution attempt on a thread.
+type Run struct {
+	RunID                string     `json:"run_id"`
+	ThreadID             string     `json:"thread_id"`
+	Status               RunStatus  `json:"status"`
+	BaseCheckpointID     string     `json:"base_checkpoint_id"`
+	ResumeCheckpointID   *string    `json:"resume_checkpoint_id"`
+	CancelRequestedAt    *time.Time `json:"cancel_requested_at"`
+	CancelReason         *string    `json:"cancel_reason"`
+	RequestedBy          *string    `json:"requested_by"`
+	DiscardedStreamChars int64      `json:"discarded_stream_chars"`
+	Error                *string    `json:"error"`
+	Attempt              int        `json:"attempt"`
+	CreatedAt            time.Time  `json:"created_at"`
+	FinishedAt           *time.Time `json:"finished_at"`
+}
+
+// Operation is one tool call.
+type Operation struct {
+	OperationID    string          `json:"operation_id"`
+	RunID          string          `json:"run_id"`
+	ThreadID       string          `json:"thread_id"`
+	Tool           string          `json:"tool"`
+	Contract       string          `json:"contract"`
+	Phase          string          `json:"phase"`
+	Args           json.RawMessage `json:"args"`
+	Preview        json.RawMessage `json:"preview"`
+	IdempotencyKey *string         `json:"idempotency_key"`
+	Outcome        *string         `json:"outcome"`
+	ResultRef      *string         `json:"result_ref"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+}
+
+// ActiveRun describes the run in flight in a snapshot.
+type ActiveRun struct {
+	RunID       string    `json:"run_id"`
+	Status      RunStatus `json:"status"`
+	MessageID   *string   `json:"message_id"`
+	PartialText string    `json:"partial_text"`
+	LastSeq     int64     `json:"last_seq"`
+}
+
+// Snapshot is the state of a thread as one consistent read: its head's
+// history and the run in flight. Seq-wise it reflects every event up to
+// LastSeq.
+type Snapshot struct {
+	ThreadID         string     `json:"thread_id"`
+	Title            string     `json:"title"`
+	StateVersion     int64      `json:"state_version"`
+	HeadCheckpointID string     `json:"head_checkpoint_id"`
+	LastSeq          int64      `json:"last_seq"`
+	Messages         []Message  `json:"messages"`
+	ActiveRun        *ActiveRun `json:"active_run"`
+}

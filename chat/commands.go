@@ -1,0 +1,105 @@
+package chat
+
+// Commands and their answers, shared by the store (which performs them in
+// one transaction each), the engine and the gateway (which decodes them).
+
+// StartRun are the fields of run.start.
+type StartRun struct {
+	UserID               string
+	ThreadID             string
+	ExpectedStateVersion int64
+	// ResumeFromCheckpointID is the checkpoint to continue from; "" = head.
+	ResumeFromCheckpointID string
+	// UserMessage is the new user text; nil re-runs the checkpoint's pending
+	// step ("Continue from the saved point").
+	UserMessage     *string
+	ClientRequestID string
+}
+
+// RunStartAck is run.start's answer.
+type RunStartAck struct {
+	RunID        string    `json:"run_id"`
+	Status       RunStatus `json:"status"`
+	StateVersion int64     `json:"state_version"`
+}
+
+// CancelRun are the fields of run.cancel.
+type CancelRun struct {
+	UserID      string
+	RunID       string
+	Reason      string
+	RequestedBy string
+}
+
+// CancelAck is run.cancel's answer.
+type CancelAck struct {
+	RunID                string    `json:"run_id"`
+	Status               RunStatus `json:"status"`
+	AcceptedStateVersion int64     `json:"accepted_state_version"`
+	ResumeCheckpointID   string    `json:"resume_checkpoint_id"`
+	PublishedMessageID   *string   `json:"published_message_id"`
+	AlreadyRequested     bool      `json:"already_requested"`
+}
+
+// SaveFragment are the fields of fragment.save.
+type SaveFragment struct {
+	UserID               string
+	ThreadID             string
+	MessageID            string
+	LastSeq              int64
+	ExpectedStateVersion int64
+}
+
+// FragmentSaved is fragment.save's answer.
+type FragmentSaved struct {
+	MessageID    string `json:"message_id"`
+	CheckpointID string `json:"checkpoint_id"`
+	StateVersion int64  `json:"state_version"`
+}
+
+// DraftDeleted is draft.delete's answer.
+type DraftDeleted struct {
+	CheckpointID string `json:"checkpoint_id"`
+	StateVersion int64  `json:"state_version"`
+}
+
+// ForkAck is thread.fork's answer.
+type ForkAck struct {
+	NewThreadID      string `json:"new_thread_id"`
+	HeadCheckpointID string `json:"head_checkpoint_id"`
+}
+
+// RunInput is what a worker needs to run a run's pending step: the confirmed
+// history of its base checkpoint and why the step runs again, if it does.
+type RunInput struct {
+	Run        Run
+	Messages   []Message
+	ResumeNote string
+}
+
+// Recovered says what crash recovery did with one run.
+type Recovered struct {
+	RunID  string
+	Action string // "completed", "requeued", "failed" or "cancelled"
+}
+
+// Replay is a thread's events after a seq, encoded for the wire.
+type Replay struct {
+	// Events holds every event with seq in (after, LastSeq], in order,
+	// with Type, Seq and Raw set.
+	Events []*Event
+	// LastSeq is the thread's last seq at the time of the read.
+	LastSeq int64
+	// Complete is false when some event in that range is no longer held
+	// (purged deltas): the reader must start from a snapshot instead.
+	Complete bool
+}
+
+// ErrNotRunning is returned to a worker whose run no longer runs under its
+// lease (a cancel was recorded, or recovery took it); Status says what the
+// run is now. The worker must stop without publishing.
+type ErrNotRunning struct{ Status RunStatus }
+
+func (e *ErrNotRunning) Error() string {
+	return "run is no longer running under this lease: " + string(e.Status)
+}

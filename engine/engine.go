@@ -1,0 +1,255 @@
+// Package engine runs runs: it claims queued runs with a lease, streams the
+// pending step from the model into the stream buffer, publishes the finished
+// message with its checkpoint, honours cancels at safe points, and recovers
+// runs whose worker died.
+//
+// A run's context belongs to the engine: it derives from the engine's own
+// lifetime, never from a request or a connection, so a client that goes
+// away cancels nothing. Only an accepted cancel (or shutdown, which hands
+// the run back intact) stops a run.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/model"
+)
+
+// Store is what the engine needs from persistence. Every method is one
+// transaction; the ones taking an owner refuse with *chat.ErrNotRunning
+// once the run no longer runs under that owner's lease.
+type Store interface {
+	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
+	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
+	FinishCancel(ctx context.Context, runID string, unbufferedChars int64) (bool, error)
+	Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error)
+	RenewLeases(ctx context.Context, owner string, until time.Time) error
+	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
+	AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error
+	Publish(ctx context.Context, runID, owner, messageID, content string) (chat.Message, error)
+	Complete(ctx context.Context, runID, owner string) error
+	Fail(ctx context.Context, runID, owner, message string) error
+	Release(ctx context.Context, runID, owner string) error
+	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
+	PurgeStream(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Config configures an Engine. Zero values take the defaults.
+type Config struct {
+	Store Store
+	Model model.Backend
+	Log   *slog.Logger
+	// InstanceID names this process in run leases.
+	InstanceID string
+	// SingleInstance treats every lease not held by this process as
+	// expired (one instance on SQLite: a lease of another owner can only
+	// be left by a previous process).
+	SingleInstance bool
+	Workers        int           // runs executed at once (default 64)
+	LeaseTTL       time.Duration // default 15s
+	StreamTTL      time.Duration // how long deltas stay buffered (default 10m)
+	MaxAttempts    int           // attempts before a run fails "interrupted" (default 3)
+	// MaxBatch bounds the deltas written in one stream-buffer transaction
+	// (default 64).
+	MaxBatch int
+}
+
+// Engine executes runs. Create it with New, call Start once, and Close once
+// to stop: Close cancels every goroutine it started and waits for them.
+type Engine struct {
+	cfg   Config
+	store Store
+	model model.Backend
+	log   *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup
+	wake   chan struct{}
+
+	mu      sync.Mutex
+	running map[string]context.CancelCauseFunc // run id -> its context's cancel
+}
+
+var (
+	errCancelRequested = errors.New("cancel requested")
+	errShutdown        = errors.New("engine shutting down")
+)
+
+// New returns an engine that is not started yet.
+func New(cfg Config) *Engine {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 64
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 15 * time.Second
+	}
+	if cfg.StreamTTL <= 0 {
+		cfg.StreamTTL = 10 * time.Minute
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 64
+	}
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = chat.NewID("ins_")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Engine{
+		cfg: cfg, store: cfg.Store, model: cfg.Model, log: cfg.Log,
+		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
+		running: map[string]context.CancelCauseFunc{},
+	}
+}
+
+// Start recovers the runs a dead process left behind, then starts the
+// dispatcher and the maintenance loop.
+func (e *Engine) Start(ctx context.Context) error {
+	if err := e.recover(ctx); err != nil {
+		return err
+	}
+	e.wg.Go(e.dispatch)
+	e.wg.Go(e.maintain)
+	return nil
+}
+
+// Close stops claiming, hands every run in flight back to the queue at its
+// next safe point (nothing is cancelled, nothing half-streamed is
+// published), and waits for every goroutine of the engine.
+func (e *Engine) Close() {
+	e.cancel(errShutdown)
+	e.wg.Wait()
+}
+
+// StartRun performs run.start and wakes a worker.
+func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error) {
+	ack, err := e.store.StartRun(ctx, p)
+	if err == nil {
+		e.poke()
+	}
+	return ack, err
+}
+
+// CancelRun performs run.cancel: the store records cancel_requested and
+// answers at once; then the worker running it is woken (its model call's
+// context is cancelled), or, when no worker holds the run, the cancel is
+// finished here.
+func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+	ack, prev, err := e.store.RequestCancel(ctx, p)
+	if err != nil || ack.AlreadyRequested {
+		return ack, err
+	}
+	e.mu.Lock()
+	stop := e.running[p.RunID]
+	e.mu.Unlock()
+	switch {
+	case stop != nil:
+		stop(errCancelRequested)
+	case prev != chat.RunRunning:
+		// Nobody executes it: queued runs are never claimed once a cancel
+		// is recorded. Finishing is the engine's work, not the request's.
+		e.wg.Go(func() {
+			if _, err := e.store.FinishCancel(context.WithoutCancel(e.ctx), p.RunID, 0); err != nil {
+				e.log.Error("finish cancel", "run_id", p.RunID, "err", err)
+			}
+		})
+	}
+	// A running run whose worker has not registered yet sees the recorded
+	// cancel in its first read of the run.
+	return ack, nil
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (e *Engine) leaseUntil() time.Time { return time.Now().Add(e.cfg.LeaseTTL) }
+
+// dispatch claims queued runs while a worker slot is free.
+func (e *Engine) dispatch() {
+	slots := make(chan struct{}, e.cfg.Workers)
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for {
+		select {
+		case slots <- struct{}{}:
+			run, err := e.store.Claim(e.ctx, e.cfg.InstanceID, e.leaseUntil())
+			if err != nil && e.ctx.Err() == nil {
+				e.log.Error("claim run", "err", err)
+			}
+			if run != nil {
+				e.wg.Go(func() {
+					defer func() { <-slots; e.poke() }()
+					e.execute(run)
+				})
+				continue
+			}
+			<-slots
+		case <-e.ctx.Done():
+			return
+		}
+		select {
+		case <-e.wake:
+		case <-poll.C:
+		case <-e.ctx.Done():
+			return
+		}
+	}
+}
+
+// maintain renews leases, purges the stream buffer and settles runs whose
+// lease expired elsewhere.
+func (e *Engine) maintain() {
+	renew := time.NewTicker(e.cfg.LeaseTTL / 3)
+	defer renew.Stop()
+	purge := time.NewTicker(min(e.cfg.StreamTTL/4, time.Minute))
+	defer purge.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-renew.C:
+			if err := e.store.RenewLeases(e.ctx, e.cfg.InstanceID, e.leaseUntil()); err != nil && e.ctx.Err() == nil {
+				e.log.Error("renew leases", "err", err)
+			}
+			if err := e.recover(e.ctx); err != nil && e.ctx.Err() == nil {
+				e.log.Error("recover runs", "err", err)
+			}
+		case <-purge.C:
+			n, err := e.store.PurgeStream(e.ctx, time.Now().Add(-e.cfg.StreamTTL))
+			if err != nil && e.ctx.Err() == nil {
+				e.log.Error("purge stream buffer", "err", err)
+			} else if n > 0 {
+				e.log.Debug("purged stream buffer", "deltas", n)
+			}
+		}
+	}
+}
+
+func (e *Engine) recover(ctx context.Context) error {
+	done, err := e.store.Recover(ctx, e.cfg.InstanceID, e.cfg.SingleInstance, time.Now(), e.cfg.MaxAttempts)
+	for _, r := range done {
+		e.log.Info("recovered run", "run_id", r.RunID, "action", r.Action)
+	}
+	if err != nil {
+		return fmt.Errorf("recover runs: %w", err)
+	}
+	if len(done) > 0 {
+		e.poke()
+	}
+	return nil
+}

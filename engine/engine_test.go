@@ -1,0 +1,523 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/bus"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/engine"
+	"github.com/honestcancel/gateway/model"
+	"github.com/honestcancel/gateway/store"
+)
+
+// scripted is a model backend driven by the test: each Next waits for a
+// token on gate (nil gate: no waiting) and returns the next word. It records
+// every request and whether a stream's context was cancelled (the upstream
+// call stopped).
+type scripted struct {
+	words []string
+	gate  chan struct{}
+
+	mu       sync.Mutex
+	requests []model.Request
+	streams  atomic.Int32
+	stopped  chan struct{} // closed when a stream sees its context end
+	stopOnce sync.Once
+}
+
+func newScripted(words []string, gated bool) *scripted {
+	m := &scripted{words: words, stopped: make(chan struct{})}
+	if gated {
+		m.gate = make(chan struct{})
+	}
+	return m
+}
+
+func (m *scripted) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	m.mu.Lock()
+	m.requests = append(m.requests, req)
+	m.mu.Unlock()
+	m.streams.Add(1)
+	return &scriptedStream{m: m, ctx: ctx}, nil
+}
+
+func (m *scripted) lastRequest() model.Request {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.requests[len(m.requests)-1]
+}
+
+type scriptedStream struct {
+	m   *scripted
+	ctx context.Context
+	i   int
+}
+
+func (s *scriptedStream) Next(ctx context.Context) (model.Chunk, error) {
+	if s.i >= len(s.m.words) {
+		return model.Chunk{}, model.EOF
+	}
+	if s.m.gate != nil {
+		select {
+		case <-s.m.gate:
+		case <-ctx.Done():
+			s.m.stopOnce.Do(func() { close(s.m.stopped) })
+			return model.Chunk{}, ctx.Err()
+		case <-s.ctx.Done():
+			s.m.stopOnce.Do(func() { close(s.m.stopped) })
+			return model.Chunk{}, s.ctx.Err()
+		}
+	}
+	w := s.m.words[s.i]
+	if s.i > 0 {
+		w = " " + w
+	}
+	s.i++
+	return model.Chunk{Text: w}, nil
+}
+
+func (s *scriptedStream) Close() error { return nil }
+
+// release lets n more chunks through a gated model.
+func (m *scripted) release(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case m.gate <- struct{}{}:
+		case <-time.After(10 * time.Second):
+			t.Fatal("model was never asked for the next chunk")
+		}
+	}
+}
+
+type harness struct {
+	t     *testing.T
+	path  string
+	st    *store.Store
+	feed  *bus.Memory
+	eng   *engine.Engine
+	model *scripted
+}
+
+func newHarness(t *testing.T, m *scripted) *harness {
+	t.Helper()
+	h := &harness{t: t, path: filepath.Join(t.TempDir(), "gw.db"), model: m}
+	h.open()
+	t.Cleanup(func() {
+		h.stop()
+		h.check()
+		h.st.Close()
+	})
+	return h
+}
+
+func (h *harness) open() {
+	h.feed = bus.NewMemory()
+	st, err := store.Open(context.Background(), h.path, store.Options{OnCommit: h.feed.Publish})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.st = st
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	h.eng = engine.New(engine.Config{Store: h.st, Model: h.model, SingleInstance: true, LeaseTTL: time.Second})
+	if err := h.eng.Start(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) stop() {
+	if h.eng != nil {
+		h.eng.Close()
+		h.eng = nil
+	}
+}
+
+func (h *harness) check() {
+	h.t.Helper()
+	vs, err := h.st.Check(context.Background())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, v := range vs {
+		h.t.Error(v)
+	}
+}
+
+func (h *harness) thread() chat.Snapshot {
+	h.t.Helper()
+	snap, err := h.st.CreateThread(context.Background(), chat.LocalUserID, "t")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return snap
+}
+
+func (h *harness) snapshot(threadID string) chat.Snapshot {
+	h.t.Helper()
+	snap, err := h.st.Snapshot(context.Background(), chat.LocalUserID, threadID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return snap
+}
+
+func (h *harness) startRun(threadID string, version int64, text *string) chat.RunStartAck {
+	h.t.Helper()
+	ack, err := h.st.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: threadID, ExpectedStateVersion: version, UserMessage: text})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ack
+}
+
+func (h *harness) run(runID string) chat.Run {
+	h.t.Helper()
+	r, err := h.st.Run(context.Background(), chat.LocalUserID, runID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+// waitFor reads the thread's live events until one satisfies pred.
+func waitFor(t *testing.T, sub *bus.Subscription, what string, pred func(*chat.Event) bool) *chat.Event {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case ev, ok := <-sub.Events():
+			if !ok {
+				t.Fatalf("subscription ended waiting for %s: %v", what, sub.Err())
+			}
+			if pred(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func isType(typ, runID string) func(*chat.Event) bool {
+	return func(ev *chat.Event) bool { return ev.Type == typ && (runID == "" || ev.RunID == runID) }
+}
+
+func ptr(s string) *string { return &s }
+
+var words = strings.Fields("one two three four five six seven eight nine ten")
+
+func TestRunStreamsPublishesAndCompletes(t *testing.T) {
+	h := newHarness(t, newScripted(words, false))
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+
+	var deltas strings.Builder
+	var published *chat.Event
+	waitFor(t, sub, "run.completed", func(ev *chat.Event) bool {
+		switch ev.Type {
+		case chat.EventMessageDelta:
+			deltas.WriteString(ev.Body.(chat.MessageDeltaBody).Text)
+		case chat.EventMessagePublished:
+			published = ev
+		}
+		return ev.Type == chat.EventRunCompleted && ev.RunID == ack.RunID
+	})
+	if published == nil {
+		t.Fatal("no message.published before run.completed")
+	}
+	msg := published.Body.(chat.MessagePublishedBody).Message
+	if want := strings.Join(words, " "); msg.Content != want || deltas.String() != want {
+		t.Fatalf("published %q from deltas %q, want %q", msg.Content, deltas.String(), want)
+	}
+	after := h.snapshot(snap.ThreadID)
+	if len(after.Messages) != 2 || after.Messages[1].MessageID != msg.MessageID || after.ActiveRun != nil {
+		t.Fatalf("history after completion: %+v", after)
+	}
+	if r := h.run(ack.RunID); r.Status != chat.RunCompleted || r.FinishedAt == nil {
+		t.Fatalf("run = %+v", r)
+	}
+}
+
+func TestCancelMidStreamStopsModelAndPublishesNothing(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	m.release(t, 3)
+	var seen int
+	waitFor(t, sub, "three deltas", func(ev *chat.Event) bool {
+		if ev.Type == chat.EventMessageDelta {
+			seen++
+		}
+		return seen == 3
+	})
+
+	cancel, err := h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cancel.Status != chat.RunCancelRequested || cancel.AlreadyRequested || cancel.AcceptedStateVersion != ack.StateVersion+1 {
+		t.Fatalf("cancel ack = %+v", cancel)
+	}
+	select {
+	case <-m.stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the model call was not cancelled")
+	}
+	ev := waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+	body := ev.Body.(chat.RunCancelledBody)
+	if want := int64(len("one two three")); body.DiscardedStreamChars != want {
+		t.Errorf("discarded_stream_chars = %d, want %d", body.DiscardedStreamChars, want)
+	}
+	if body.ResumePolicy != chat.ResumePolicyRegenerate || body.ResumeCheckpointID != cancel.ResumeCheckpointID || body.Operations == nil {
+		t.Errorf("run.cancelled body = %+v", body)
+	}
+	after := h.snapshot(snap.ThreadID)
+	if len(after.Messages) != 1 || after.Messages[0].Role != chat.RoleUser {
+		t.Fatalf("history after cancel holds %d messages: %+v", len(after.Messages), after.Messages)
+	}
+	if r := h.run(ack.RunID); r.Status != chat.RunCancelled || r.RequestedBy == nil || *r.RequestedBy != "tab:t1" {
+		t.Fatalf("run = %+v", r)
+	}
+
+	// A second cancel changes nothing.
+	again, err := h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "again", RequestedBy: "tab:t2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.AlreadyRequested || again.Status != chat.RunCancelled || again.AcceptedStateVersion != cancel.AcceptedStateVersion {
+		t.Fatalf("second cancel = %+v", again)
+	}
+	if v := h.snapshot(snap.ThreadID).StateVersion; v != after.StateVersion {
+		t.Fatalf("second cancel moved state_version %d -> %d", after.StateVersion, v)
+	}
+}
+
+func TestContinueAfterCancelRegeneratesWithNote(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	first := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	m.release(t, 2)
+	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, first.RunID))
+	if _, err := h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: first.RunID, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, first.RunID))
+
+	m.gate = nil // the next stream runs freely
+	cur := h.snapshot(snap.ThreadID)
+	next, err := h.eng.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, ExpectedStateVersion: cur.StateVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, next.RunID))
+	req := m.lastRequest()
+	if req.ResumeNote == "" || !strings.Contains(req.ResumeNote, "stopped") {
+		t.Errorf("resume note = %q", req.ResumeNote)
+	}
+	if len(req.Messages) != 1 || req.Messages[0].Content != "hello" {
+		t.Errorf("continuation context = %+v (discarded text must never be glued on)", req.Messages)
+	}
+	final := h.snapshot(snap.ThreadID)
+	if len(final.Messages) != 2 || final.Messages[1].Content != strings.Join(words, " ") {
+		t.Fatalf("history = %+v", final.Messages)
+	}
+}
+
+func TestCancelOfQueuedRunFinishesWithoutWorker(t *testing.T) {
+	h := newHarness(t, newScripted(words, false))
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	// Not started: nothing claims the run.
+	h.eng = engine.New(engine.Config{Store: h.st, Model: h.model, SingleInstance: true})
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	c, err := h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "api:test"})
+	if err != nil || c.Status != chat.RunCancelRequested {
+		t.Fatalf("cancel = %+v, %v", c, err)
+	}
+	ev := waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+	if d := ev.Body.(chat.RunCancelledBody).DiscardedStreamChars; d != 0 {
+		t.Fatalf("discarded %d chars of a run that never streamed", d)
+	}
+	if h.model.streams.Load() != 0 {
+		t.Fatal("the model was called for a cancelled queued run")
+	}
+}
+
+func TestShutdownHandsRunBackIntact(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	m.release(t, 2)
+	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, ack.RunID))
+	h.stop()
+	if r := h.run(ack.RunID); r.Status != chat.RunQueued || r.Attempt != 1 {
+		t.Fatalf("after shutdown run = %+v, want queued attempt 1", r)
+	}
+	if got := h.snapshot(snap.ThreadID); len(got.Messages) != 1 {
+		t.Fatalf("shutdown published something: %+v", got.Messages)
+	}
+	m.gate = nil
+	h.start()
+	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
+}
+
+func TestRecoveryAfterCrash(t *testing.T) {
+	ctx := context.Background()
+	lease := time.Now().Add(time.Hour)
+
+	t.Run("interrupted stream is re-queued and completes", func(t *testing.T) {
+		h := newHarness(t, newScripted(words, false))
+		snap := h.thread()
+		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+		run, err := h.st.Claim(ctx, "dead-process", lease)
+		if err != nil || run == nil || run.RunID != ack.RunID {
+			t.Fatalf("claim = %+v, %v", run, err)
+		}
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_dead", []string{"half", " a"}, lease); err != nil {
+			t.Fatal(err)
+		}
+		sub := h.feed.Subscribe(snap.ThreadID, 1024)
+		defer sub.Close()
+		h.start()
+		waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
+		r := h.run(ack.RunID)
+		if r.Attempt != 2 {
+			t.Fatalf("attempt = %d, want 2", r.Attempt)
+		}
+		got := h.snapshot(snap.ThreadID)
+		if len(got.Messages) != 2 || got.Messages[1].MessageID == "msg_dead" || got.Messages[1].Content != strings.Join(words, " ") {
+			t.Fatalf("history = %+v", got.Messages)
+		}
+		if !strings.Contains(h.model.lastRequest().ResumeNote, "interrupted") {
+			t.Errorf("retry note = %q", h.model.lastRequest().ResumeNote)
+		}
+	})
+
+	t.Run("published but not finished ends completed without re-running", func(t *testing.T) {
+		h := newHarness(t, newScripted(words, false))
+		snap := h.thread()
+		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_done", []string{"all", " of it"}, lease); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.st.Publish(ctx, ack.RunID, "dead-process", "msg_done", "all of it"); err != nil {
+			t.Fatal(err)
+		}
+		h.start()
+		h.stop()
+		if r := h.run(ack.RunID); r.Status != chat.RunCompleted || r.Attempt != 1 {
+			t.Fatalf("run = %+v", r)
+		}
+		if n := h.model.streams.Load(); n != 0 {
+			t.Fatalf("the model was called %d times for a published step", n)
+		}
+		if got := h.snapshot(snap.ThreadID); len(got.Messages) != 2 || got.Messages[1].MessageID != "msg_done" {
+			t.Fatalf("history = %+v", got.Messages)
+		}
+	})
+
+	t.Run("cancel recorded before the crash ends cancelled", func(t *testing.T) {
+		h := newHarness(t, newScripted(words, false))
+		snap := h.thread()
+		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_x", []string{"abc"}, lease); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:x"}); err != nil {
+			t.Fatal(err)
+		}
+		h.start()
+		h.stop()
+		r := h.run(ack.RunID)
+		if r.Status != chat.RunCancelled || r.DiscardedStreamChars != 3 {
+			t.Fatalf("run = %+v", r)
+		}
+	})
+
+	t.Run("retry limit ends failed interrupted", func(t *testing.T) {
+		h := newHarness(t, newScripted(words, false))
+		snap := h.thread()
+		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+		for i := range 3 {
+			owner := "dead-" + string(rune('a'+i))
+			if _, err := h.st.Claim(ctx, owner, lease); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.st.Recover(ctx, "someone-else", true, time.Now(), 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := h.run(ack.RunID)
+		if r.Status != chat.RunFailed || r.Error == nil || *r.Error != chat.ErrorInterrupted || r.Attempt != 3 {
+			t.Fatalf("run = %+v", r)
+		}
+	})
+}
+
+func TestPublishLosesToRecordedCancel(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, newScripted(words, false))
+	snap := h.thread()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	lease := time.Now().Add(time.Hour)
+	if _, err := h.st.Claim(ctx, "w", lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{"late", " text"}, lease); err != nil {
+		t.Fatal(err)
+	}
+	// The cancel commits while the last delta is "on the wire": the worker's
+	// publish must lose.
+	if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.st.Publish(ctx, ack.RunID, "w", "msg_late", "late text")
+	var lost *chat.ErrNotRunning
+	if !errors.As(err, &lost) || lost.Status != chat.RunCancelRequested {
+		t.Fatalf("publish after cancel = %v", err)
+	}
+	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{" more"}, lease); !errors.As(err, &lost) {
+		t.Fatalf("delta after cancel = %v", err)
+	}
+	if ok, err := h.st.FinishCancel(ctx, ack.RunID, 0); !ok || err != nil {
+		t.Fatalf("finish cancel = %v, %v", ok, err)
+	}
+	if got := h.snapshot(snap.ThreadID); len(got.Messages) != 1 {
+		t.Fatalf("a cancelled run published: %+v", got.Messages)
+	}
+	if r := h.run(ack.RunID); r.DiscardedStreamChars != int64(len("late text")) {
+		t.Fatalf("discarded = %d", r.DiscardedStreamChars)
+	}
+}

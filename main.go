@@ -1,0 +1,237 @@
+// Command gateway serves a browser chat UI and an API for LLM agents where
+// cancel is an honest protocol. `gateway` (or `gateway serve`) runs the
+// server; `gateway check -db PATH` audits a database's invariants.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/honestcancel/gateway/bus"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/engine"
+	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/model/demo"
+	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/web"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(args, stderr)
+	case "check":
+		return check(args, stdout, stderr)
+	case "help":
+		fmt.Fprintln(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "gateway: unknown command %q\n\n%s\n", cmd, usage)
+		return 2
+	}
+}
+
+const usage = `Usage:
+  gateway [serve] [flags]   run the server (flags: gateway serve -h)
+  gateway check -db PATH    audit the protocol's invariants on a database`
+
+// config is the server's configuration: flags, with environment variables
+// as defaults.
+type config struct {
+	addr      string
+	db        string
+	model     string
+	demoPace  time.Duration
+	streamTTL time.Duration
+	workers   int
+	logLevel  string
+}
+
+func parseServe(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
+	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
+	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo (GATEWAY_MODEL)")
+	pace, err := envDuration("GATEWAY_DEMO_PACE", 30*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.demoPace, "demo-pace", pace, "demo model: time per streamed word (GATEWAY_DEMO_PACE)")
+	ttl, err := envDuration("GATEWAY_STREAM_TTL", 10*time.Minute)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
+	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
+	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.model != "demo" {
+		return c, fmt.Errorf("-model %q is not available: use demo", c.model)
+	}
+	if c.demoPace < 0 || c.streamTTL <= 0 {
+		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
+	}
+	return c, nil
+}
+
+func serve(args []string, stderr io.Writer) int {
+	cfg, err := parseServe(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "gateway:", err)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
+		fmt.Fprintln(stderr, "gateway: -log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serveUntilDone(ctx, cfg, log); err != nil {
+		log.Error("gateway stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// serveUntilDone wires the parts, serves until ctx ends, and shuts down in
+// order: stop accepting, end streams, hand runs back, close the store.
+func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
+	feed := bus.NewMemory()
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: feed.Publish})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	eng := engine.New(engine.Config{
+		Store: st, Model: demo.New(cfg.demoPace), Log: log, SingleInstance: true,
+		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
+	})
+	if err := eng.Start(ctx); err != nil {
+		return err
+	}
+	defer eng.Close()
+
+	api := gateway.New(gateway.Config{
+		Store: st, Runs: eng, Log: log,
+		Feed: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
+	})
+	mux := http.NewServeMux()
+	api.Routes(mux)
+	web.Routes(mux)
+
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another gateway running? pick another -addr)", cfg.addr, err)
+	}
+	streams, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return streams },
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	api.SetReady(true)
+	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "user", chat.LocalUserID)
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	api.SetReady(false)
+	endStreams()
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		log.Warn("http shutdown", "err", err)
+	}
+	<-served
+	return nil
+}
+
+func check(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to audit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "gateway check: no database at %s: pass -db PATH\n", *db)
+		return 2
+	}
+	ctx := context.Background()
+	st, err := store.Open(ctx, *db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	defer st.Close()
+	violations, err := st.Check(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	for _, v := range violations {
+		fmt.Fprintln(stdout, v)
+	}
+	if len(violations) > 0 {
+		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), *db)
+		return 1
+	}
+	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", *db)
+	return 0
+}
+
+func env(key, fallback string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return fallback
+}
+
+func envDuration(key string, fallback time.Duration) (time.Duration, error) {
+	v := env(key, "")
+	if v == "" {
+		return fallback, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a duration (for example 30ms or 10m)", key, v)
+	}
+	return d, nil
+}

@@ -1,0 +1,65 @@
+// Package model declares what the engine needs from a language model: a
+// Backend that streams one reply for a conversation. Implementations live in
+// sub-packages (model/demo is the embedded default).
+package model
+
+import (
+	"context"
+	"io"
+)
+
+// Role of a message sent to a backend.
+type Role string
+
+const (
+	RoleSystem    Role = "system"
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+	RoleTool      Role = "tool"
+)
+
+// Message is one entry of the conversation sent to a backend. It is built by
+// the engine from a checkpoint's published history only: delta text that was
+// never published is never part of it.
+type Message struct {
+	Role Role
+	// Content is the message text. A user-saved fragment arrives with
+	// Fragment set and its text unchanged in Content.
+	Content string
+	// Fragment marks text the user saved from an interrupted reply ("Saved
+	// fragment"): partial output, not a finished answer.
+	Fragment bool
+}
+
+// Request is one generation step.
+type Request struct {
+	// Messages is the confirmed context, oldest first.
+	Messages []Message
+	// ResumeNote is non-empty when this step re-runs a step whose previous
+	// output was stopped (by the user, or by a crash); it says so in words the
+	// model can use. Discarded text is never included.
+	ResumeNote string
+}
+
+// Chunk is one piece of streamed output.
+type Chunk struct {
+	Text string
+}
+
+// Stream yields the chunks of one reply. Next returns io.EOF after the last
+// chunk. A Stream is used by one goroutine; Close releases it and may be
+// called at any time, also concurrently with a blocked Next, which then
+// returns promptly.
+type Stream interface {
+	Next(ctx context.Context) (Chunk, error)
+	Close() error
+}
+
+// Backend starts streamed generations. Cancelling ctx (of Stream or of Next)
+// must stop the upstream work as soon as the backend can.
+type Backend interface {
+	Stream(ctx context.Context, req Request) (Stream, error)
+}
+
+// EOF is returned by Stream.Next after the last chunk.
+var EOF = io.EOF

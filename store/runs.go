@@ -1,0 +1,594 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+const activeStatuses = `('queued', 'running', 'waiting_confirmation', 'cancel_requested', 'cancelling')`
+
+// StartRun checks the expected version, appends the user message (if any)
+// under a new checkpoint whose pending step is generate, and creates the run
+// queued, all in one transaction.
+func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error) {
+	var out chat.RunStartAck
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(p.UserID, p.ThreadID)
+		if err != nil {
+			return err
+		}
+		var from chat.Checkpoint
+		if p.ResumeFromCheckpointID != "" {
+			if from, err = t.checkpoint(p.ThreadID, p.ResumeFromCheckpointID); err != nil {
+				return err
+			}
+		}
+		if p.ClientRequestID != "" {
+			var row runRow
+			err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE thread_id = ? AND client_request_id = ?`, p.ThreadID, p.ClientRequestID)
+			if err == nil {
+				out = chat.RunStartAck{RunID: row.RunID, Status: row.status(), StateVersion: row.StartStateVersion}
+				return nil
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("look up client_request_id: %w", err)
+			}
+		}
+		if err := t.checkVersion(c, p.ExpectedStateVersion, p.ResumeFromCheckpointID); err != nil {
+			return err
+		}
+		var active string
+		err = t.get(&active, `SELECT run_id FROM runs WHERE thread_id = ? AND status IN `+activeStatuses, p.ThreadID)
+		if err == nil {
+			return chat.Errorf(chat.CodeRunAlreadyActive, "run %s is still active on this thread: wait for it or cancel it first", active).
+				With("run_id", active)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("look up active run: %w", err)
+		}
+		if p.ResumeFromCheckpointID == "" {
+			if from, err = t.checkpoint(p.ThreadID, c.row.HeadCheckpointID); err != nil {
+				return err
+			}
+		}
+		runID := chat.NewID(chat.PrefixRun)
+		base := from
+		note := ""
+		switch {
+		case p.UserMessage != nil:
+			msgID := chat.NewID(chat.PrefixMessage)
+			cpID := chat.NewID(chat.PrefixCheckpoint)
+			if _, err := t.publishMessage(c, chat.Message{MessageID: msgID, Role: chat.RoleUser, Kind: chat.KindText, Content: *p.UserMessage}, cpID, ""); err != nil {
+				return err
+			}
+			ids := append(append([]string{}, from.MessageIDs...), msgID)
+			base, err = t.addCheckpoint(c, chat.Checkpoint{
+				CheckpointID: cpID, ParentCheckpointID: &from.CheckpointID, MessageIDs: ids,
+				CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
+				Pending: &chat.Pending{Step: chat.StepGenerate, InputHash: inputHash(ids)},
+			}, "")
+			if err != nil {
+				return err
+			}
+		case from.Pending == nil:
+			return chat.Invalid("checkpoint %s has no unfinished step to continue: send user_message to ask something new", from.CheckpointID)
+		default:
+			if note, err = t.resumeNote(p.ThreadID, from.CheckpointID); err != nil {
+				return err
+			}
+			if from.CheckpointID != c.row.HeadCheckpointID {
+				// Continuing an older point: it becomes the head again
+				// through a new checkpoint, so history never jumps silently.
+				base, err = t.addCheckpoint(c, chat.Checkpoint{
+					CheckpointID: chat.NewID(chat.PrefixCheckpoint), ParentCheckpointID: &from.CheckpointID,
+					MessageIDs: from.MessageIDs, CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
+					Pending: from.Pending,
+				}, "")
+				if err != nil {
+					return err
+				}
+			}
+		}
+		ev := t.event(c, chat.EventRunStarted, runID)
+		ev.Body = chat.RunStartedBody{BaseCheckpointID: base.CheckpointID, Status: chat.RunQueued, Attempt: 1}
+		now := ms(t.now)
+		if _, err := t.exec(`INSERT INTO runs (run_id, thread_id, status, base_checkpoint_id, resume_note, attempt,
+			client_request_id, start_state_version, created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, 1, ?, ?, ?, ?)`,
+			runID, p.ThreadID, base.CheckpointID, note, nullStr(p.ClientRequestID), c.row.StateVersion, now, now); err != nil {
+			if isUniqueViolation(err) {
+				return chat.Errorf(chat.CodeRunAlreadyActive, "another run started on this thread at the same moment: reload it")
+			}
+			return fmt.Errorf("insert run: %w", err)
+		}
+		if err := t.append(ev); err != nil {
+			return err
+		}
+		row, err := t.run(runID)
+		if err != nil {
+			return err
+		}
+		out = chat.RunStartAck{RunID: row.RunID, Status: row.status(), StateVersion: c.row.StateVersion}
+		return nil
+	})
+	return out, err
+}
+
+// resumeNote says why a pending step runs again, from the last run that
+// left the checkpoint unfinished.
+func (t *txn) resumeNote(threadID, checkpointID string) (string, error) {
+	var status string
+	err := t.get(&status, `SELECT status FROM runs WHERE thread_id = ? AND (resume_checkpoint_id = ? OR base_checkpoint_id = ?)
+		ORDER BY created_at DESC LIMIT 1`, threadID, checkpointID, checkpointID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up previous run: %w", err)
+	}
+	switch chat.RunStatus(status) {
+	case chat.RunCancelled:
+		return "The previous output for this step was stopped by the user before it was published. Answer afresh from the confirmed conversation.", nil
+	case chat.RunFailed:
+		return "The previous attempt at this step was interrupted before it was published. Answer afresh from the confirmed conversation.", nil
+	}
+	return "", nil
+}
+
+func inputHash(messageIDs []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(messageIDs, ",")))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (t *txn) run(runID string) (runRow, error) {
+	var row runRow
+	err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, runID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return row, chat.NotFound("run", runID)
+	}
+	if err != nil {
+		return row, fmt.Errorf("load run: %w", err)
+	}
+	return row, nil
+}
+
+// Run returns one run of the user.
+func (s *Store) Run(ctx context.Context, userID, runID string) (chat.Run, error) {
+	var row struct {
+		runRow
+		UserID string `db:"user_id"`
+	}
+	err := s.reader.GetContext(ctx, &row, s.reader.Rebind(`SELECT r.`+strings.ReplaceAll(runCols, ", ", ", r.")+`, t.user_id
+		FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`), runID)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+		return chat.Run{}, chat.NotFound("run", runID)
+	}
+	if err != nil {
+		return chat.Run{}, fmt.Errorf("load run: %w", err)
+	}
+	return row.run(), nil
+}
+
+// RequestCancel records cancel_requested (reason, who, when, audit row) and
+// bumps state_version in one transaction. A second cancel changes nothing
+// but the audit journal and answers already_requested.
+func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error) {
+	var ack chat.CancelAck
+	var prev chat.RunStatus
+	err := s.write(ctx, func(t *txn) error {
+		row, err := t.run(p.RunID)
+		if err != nil {
+			return err
+		}
+		c, err := t.thread(p.UserID, row.ThreadID)
+		if err != nil {
+			return chat.NotFound("run", p.RunID)
+		}
+		st := row.status()
+		prev = st
+		if st == chat.RunCompleted || st == chat.RunFailed {
+			return chat.Errorf(chat.CodeRunNotActive, "run %s already ended %s: there is nothing to cancel", p.RunID, st).
+				With("run_id", p.RunID).With("status", st)
+		}
+		ack = chat.CancelAck{RunID: row.RunID}
+		if st.CancelAccepted() {
+			ack.Status = st
+			ack.AlreadyRequested = true
+			ack.AcceptedStateVersion = row.CancelStateVersion.Int64
+			ack.PublishedMessageID = fromNullString(row.CancelPublishedMessageID)
+			ack.ResumeCheckpointID = row.ResumeCheckpointID.String
+		} else {
+			head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
+			if err != nil {
+				return err
+			}
+			var published *string
+			if n := len(head.MessageIDs); n > 0 {
+				published = &head.MessageIDs[n-1]
+			}
+			ev := t.event(c, chat.EventRunCancelRequested, row.RunID)
+			ev.Body = chat.RunCancelRequestedBody{Reason: p.Reason, RequestedBy: p.RequestedBy}
+			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?, cancel_reason = ?,
+				requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?, resume_checkpoint_id = ?,
+				updated_at = ? WHERE run_id = ?`,
+				ms(t.now), p.Reason, p.RequestedBy, ev.StateVersion, nullStrPtr(published), head.CheckpointID, ms(t.now), row.RunID); err != nil {
+				return fmt.Errorf("record cancel: %w", err)
+			}
+			if err := t.append(ev); err != nil {
+				return err
+			}
+			ack.Status = chat.RunCancelRequested
+			ack.AcceptedStateVersion = ev.StateVersion
+			ack.PublishedMessageID = published
+			ack.ResumeCheckpointID = head.CheckpointID
+		}
+		_, err = t.exec(`INSERT INTO cancel_audit (audit_id, run_id, thread_id, user_id, requested_by, reason, requested_at,
+			accepted_state_version, already_requested) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			chat.NewID("aud_"), row.RunID, row.ThreadID, p.UserID, p.RequestedBy, p.Reason, ms(t.now),
+			ack.AcceptedStateVersion, ack.AlreadyRequested)
+		if err != nil {
+			return fmt.Errorf("write cancel audit: %w", err)
+		}
+		return nil
+	})
+	return ack, prev, err
+}
+
+// FinishCancel ends a run whose cancel was accepted: status cancelled, the
+// characters streamed for messages that were never published, the head as
+// resume point, and run.cancelled. It does nothing (and reports false) when
+// the run is not waiting for that.
+//
+// unbuffered counts characters the worker received from the model but never
+// wrote to the stream buffer (the batch in hand when it saw the cancel).
+func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64) (bool, error) {
+	done := false
+	err := s.write(ctx, func(t *txn) error {
+		row, err := t.run(runID)
+		if err != nil {
+			return err
+		}
+		if st := row.status(); st != chat.RunCancelRequested && st != chat.RunCancelling {
+			return nil
+		}
+		done = true
+		return t.finishCancel(row, unbuffered)
+	})
+	return done, err
+}
+
+func (t *txn) finishCancel(row runRow, unbuffered int64) error {
+	c, err := t.thread("", row.ThreadID)
+	if err != nil {
+		return err
+	}
+	var discarded int64
+	if err := t.get(&discarded, `SELECT COALESCE(SUM(chars), 0) FROM stream_messages WHERE run_id = ?
+		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)`, row.RunID, row.RunID); err != nil {
+		return fmt.Errorf("count discarded text: %w", err)
+	}
+	discarded += unbuffered
+	ops, err := t.operationOutcomes(row.RunID)
+	if err != nil {
+		return err
+	}
+	ev := t.event(c, chat.EventRunCancelled, row.RunID)
+	ev.Body = chat.RunCancelledBody{
+		ResumeCheckpointID: c.row.HeadCheckpointID, PublishedMessageID: fromNullString(row.CancelPublishedMessageID),
+		DiscardedStreamChars: discarded, ResumePolicy: chat.ResumePolicyRegenerate, Operations: ops,
+	}
+	if _, err := t.exec(`UPDATE runs SET status = 'cancelled', discarded_stream_chars = ?, resume_checkpoint_id = ?,
+		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
+		discarded, c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
+		return fmt.Errorf("finish cancel: %w", err)
+	}
+	return t.append(ev)
+}
+
+// operationOutcomes reports what each tool call of a run did.
+func (t *txn) operationOutcomes(runID string) ([]chat.OperationOutcome, error) {
+	var rows []operationRow
+	if err := t.sel(&rows, `SELECT `+operationCols+` FROM operations WHERE run_id = ? ORDER BY created_at`, runID); err != nil {
+		return nil, fmt.Errorf("list operations: %w", err)
+	}
+	out := make([]chat.OperationOutcome, 0, len(rows))
+	for _, r := range rows {
+		outcome := r.Outcome.String
+		if outcome == "" {
+			outcome = "not_started"
+		}
+		out = append(out, chat.OperationOutcome{OperationID: r.OperationID, Tool: r.Tool, Phase: r.Phase, Outcome: outcome})
+	}
+	return out, nil
+}
+
+// Claim hands the oldest queued run to owner with a lease until leaseUntil
+// and marks it running. It returns nil when nothing is queued. Claiming
+// writes no event: the run's status changes, its thread's version does not.
+func (s *Store) Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error) {
+	var out *chat.Run
+	err := s.write(ctx, func(t *txn) error {
+		var row runRow
+		err := t.get(&row, `UPDATE runs SET status = 'running', lease_owner = ?, lease_expires_at = ?, updated_at = ?
+			WHERE run_id = (SELECT run_id FROM runs WHERE status = 'queued' ORDER BY created_at, run_id LIMIT 1)
+			AND status = 'queued' RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("claim run: %w", err)
+		}
+		r := row.run()
+		out = &r
+		return nil
+	})
+	return out, err
+}
+
+// RenewLeases extends every lease owner holds on a live run.
+func (s *Store) RenewLeases(ctx context.Context, owner string, until time.Time) error {
+	return s.write(ctx, func(t *txn) error {
+		_, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status IN `+activeStatuses, ms(until), owner)
+		return err
+	})
+}
+
+// ownRunning loads a run and checks that owner still runs it.
+func (t *txn) ownRunning(runID, owner string) (runRow, error) {
+	row, err := t.run(runID)
+	if err != nil {
+		return row, err
+	}
+	if row.status() != chat.RunRunning || row.LeaseOwner.String != owner {
+		return row, &chat.ErrNotRunning{Status: row.status()}
+	}
+	return row, nil
+}
+
+// AppendDeltas writes one batch of a streamed message's text to the stream
+// buffer with consecutive seqs, in one transaction, if owner still runs the
+// run; otherwise it writes nothing and returns *chat.ErrNotRunning. The batch
+// transaction also renews the lease.
+func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error {
+	return s.write(ctx, func(t *txn) error {
+		row, err := t.ownRunning(runID, owner)
+		if err != nil {
+			return err
+		}
+		c, err := t.thread("", row.ThreadID)
+		if err != nil {
+			return err
+		}
+		var parts int
+		err = t.get(&parts, `SELECT parts FROM stream_messages WHERE message_id = ?`, messageID)
+		if errors.Is(err, sql.ErrNoRows) {
+			parts = 0
+			if _, err := t.exec(`INSERT INTO stream_messages (message_id, thread_id, run_id, first_seq, parts, chars, created_at)
+				VALUES (?, ?, ?, ?, 0, 0, ?)`, messageID, row.ThreadID, runID, c.row.LastSeq+1, ms(t.now)); err != nil {
+				return fmt.Errorf("start streamed message: %w", err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("load streamed message: %w", err)
+		}
+		chars := 0
+		for i, text := range texts {
+			ev := t.event(c, chat.EventMessageDelta, runID)
+			ev.MessageID = messageID
+			ev.Body = chat.MessageDeltaBody{MessageID: messageID, Text: text}
+			if _, err := t.exec(`INSERT INTO stream_deltas (thread_id, seq, run_id, message_id, part, text, ts) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+				ev.ThreadID, ev.Seq, runID, messageID, parts+i, text, ev.TS); err != nil {
+				return fmt.Errorf("buffer delta: %w", err)
+			}
+			if err := t.append(ev); err != nil {
+				return err
+			}
+			chars += utf8.RuneCountInString(text)
+		}
+		if _, err := t.exec(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ?`, len(texts), chars, messageID); err != nil {
+			return fmt.Errorf("count streamed text: %w", err)
+		}
+		_, err = t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ?`, ms(leaseUntil), runID)
+		return err
+	})
+}
+
+// Publish makes a streamed message part of history: the message, a new head
+// checkpoint without a pending step, message.published and
+// checkpoint.created, in one transaction, and only while owner still runs
+// the run; a recorded cancel wins (*chat.ErrNotRunning).
+func (s *Store) Publish(ctx context.Context, runID, owner, messageID, content string) (chat.Message, error) {
+	var out chat.Message
+	err := s.write(ctx, func(t *txn) error {
+		row, err := t.ownRunning(runID, owner)
+		if err != nil {
+			return err
+		}
+		c, err := t.thread("", row.ThreadID)
+		if err != nil {
+			return err
+		}
+		head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
+		if err != nil {
+			return err
+		}
+		cpID := chat.NewID(chat.PrefixCheckpoint)
+		if out, err = t.publishMessage(c, chat.Message{MessageID: messageID, Role: chat.RoleAssistant, Kind: chat.KindText, Content: content}, cpID, runID); err != nil {
+			return err
+		}
+		step := chat.StepGenerate
+		if head.Pending != nil {
+			step = head.Pending.Step
+		}
+		_, err = t.addCheckpoint(c, chat.Checkpoint{
+			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
+			MessageIDs:     append(append([]string{}, head.MessageIDs...), messageID),
+			CompletedSteps: append(append([]string{}, head.CompletedSteps...), step),
+			ToolResults:    head.ToolResults,
+		}, runID)
+		return err
+	})
+	return out, err
+}
+
+// Complete ends a running run completed (run.completed).
+func (s *Store) Complete(ctx context.Context, runID, owner string) error {
+	return s.write(ctx, func(t *txn) error {
+		row, err := t.ownRunning(runID, owner)
+		if err != nil {
+			return err
+		}
+		return t.finish(row, chat.RunCompleted, "")
+	})
+}
+
+// Fail ends a running run failed with a message a user understands.
+func (s *Store) Fail(ctx context.Context, runID, owner, message string) error {
+	return s.write(ctx, func(t *txn) error {
+		row, err := t.ownRunning(runID, owner)
+		if err != nil {
+			return err
+		}
+		return t.finish(row, chat.RunFailed, message)
+	})
+}
+
+func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
+	c, err := t.thread("", row.ThreadID)
+	if err != nil {
+		return err
+	}
+	typ := chat.EventRunCompleted
+	var body any
+	if status == chat.RunFailed {
+		typ = chat.EventRunFailed
+		body = chat.RunFailedBody{Error: message}
+	}
+	ev := t.event(c, typ, row.RunID)
+	ev.Body = body
+	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, lease_owner = NULL,
+		lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
+		string(status), nullStr(message), c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
+		return fmt.Errorf("finish run: %w", err)
+	}
+	return t.append(ev)
+}
+
+// Release hands a running run back to the queue intact (shutdown): nothing
+// it streamed is published; the next attempt re-runs the pending step.
+func (s *Store) Release(ctx context.Context, runID, owner string) error {
+	return s.write(ctx, func(t *txn) error {
+		if _, err := t.ownRunning(runID, owner); err != nil {
+			return err
+		}
+		_, err := t.exec(`UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
+			WHERE run_id = ?`, ms(t.now), runID)
+		return err
+	})
+}
+
+// Recover settles runs left by a dead worker: every non-terminal run with a
+// lease not held by owner, when foreignExpired is set (one instance: every
+// other owner is a previous process), or whose lease expired before now. A
+// run whose last step was published ends completed; a cancelled one ends
+// cancelled; otherwise its pending step is re-queued (attempt + 1) or, after
+// maxAttempts, the run fails "interrupted".
+func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error) {
+	var ids []string
+	q := `SELECT run_id FROM runs WHERE status IN ('running', 'cancel_requested', 'cancelling') AND lease_owner IS NOT NULL
+		AND lease_owner <> ? AND (? OR lease_expires_at < ?)`
+	if err := s.writer.SelectContext(ctx, &ids, s.writer.Rebind(q), owner, foreignExpired, ms(now)); err != nil {
+		return nil, fmt.Errorf("find interrupted runs: %w", err)
+	}
+	// Cancels accepted while no worker held the run (queued, or between
+	// attempts) are settled here as well.
+	var orphans []string
+	if err := s.writer.SelectContext(ctx, &orphans, s.writer.Rebind(`SELECT run_id FROM runs
+		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL`)); err != nil {
+		return nil, fmt.Errorf("find orphaned cancels: %w", err)
+	}
+	ids = append(ids, orphans...)
+	var out []chat.Recovered
+	for _, id := range ids {
+		var action string
+		err := s.write(ctx, func(t *txn) error {
+			row, err := t.run(id)
+			if err != nil {
+				return err
+			}
+			if row.status().Terminal() || (row.LeaseOwner.Valid && row.LeaseOwner.String == owner) {
+				return nil
+			}
+			if row.status().CancelAccepted() {
+				action = "cancelled"
+				return t.finishCancel(row, 0)
+			}
+			if row.status() != chat.RunRunning {
+				return nil
+			}
+			c, err := t.thread("", row.ThreadID)
+			if err != nil {
+				return err
+			}
+			head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
+			if err != nil {
+				return err
+			}
+			if head.Pending == nil && head.RunID != nil && *head.RunID == row.RunID {
+				action = "completed"
+				return t.finish(row, chat.RunCompleted, "")
+			}
+			if row.Attempt >= maxAttempts {
+				action = "failed"
+				return t.finish(row, chat.RunFailed, chat.ErrorInterrupted)
+			}
+			action = "requeued"
+			_, err = t.exec(`UPDATE runs SET status = 'queued', attempt = attempt + 1, lease_owner = NULL,
+				lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
+			return err
+		})
+		if err != nil {
+			return out, fmt.Errorf("recover run %s: %w", id, err)
+		}
+		if action != "" {
+			out = append(out, chat.Recovered{RunID: id, Action: action})
+		}
+	}
+	return out, nil
+}
+
+// RunInput loads a run's confirmed context from checkpoints and published
+// messages only.
+func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, error) {
+	var in chat.RunInput
+	err := s.read(ctx, func(q *sqlx.Tx) error {
+		var row runRow
+		if err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+runCols+` FROM runs WHERE run_id = ?`), runID); err != nil {
+			return fmt.Errorf("load run: %w", err)
+		}
+		cp, err := loadCheckpoint(ctx, q, row.ThreadID, row.BaseCheckpointID)
+		if err != nil {
+			return err
+		}
+		msgs, err := loadMessages(ctx, q, cp.MessageIDs)
+		if err != nil {
+			return err
+		}
+		note := row.ResumeNote
+		if row.Attempt > 1 && note == "" {
+			note = "The previous attempt at this step was interrupted before it was published. Answer afresh from the confirmed conversation."
+		}
+		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note}
+		return nil
+	})
+	return in, err
+}

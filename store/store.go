@@ -1,0 +1,176 @@
+// Package store keeps the gateway's state in SQL: threads, checkpoints,
+// messages, runs, operations, the per-thread event log, the stream buffer and
+// the cancel audit journal. Each exported method owns its transaction.
+//
+// Writes go through one writer connection and one Go mutex: every state
+// change of a thread is one transaction that checks and bumps the thread's
+// state_version and last_seq and appends its events; after the commit, and
+// still under the mutex, the committed events are handed to the OnCommit sink,
+// so a thread's events reach subscribers in seq order ("persist, then fan
+// out"). Reads use a separate pool and never wait for the writer.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/mattn/go-sqlite3"
+	"github.com/pressly/goose/v3"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Options configure a Store.
+type Options struct {
+	// OnCommit receives the events of every committed write transaction, in
+	// seq order per thread. It is called with the write lock held and must
+	// not block or call back into the Store.
+	OnCommit func(events []*chat.Event)
+	// Readers is the size of the read pool (default 4).
+	Readers int
+}
+
+// Store is safe for concurrent use. Close it once, after every user stopped.
+type Store struct {
+	writer   *sqlx.DB
+	reader   *sqlx.DB
+	writeMu  sync.Mutex
+	onCommit func([]*chat.Event)
+}
+
+// Open opens (creating if needed) the SQLite database at path and runs the
+// embedded migrations.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create database folder: %w", err)
+		}
+	}
+	base := "file:" + (&url.URL{Path: path}).EscapedPath()
+	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous=NORMAL&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	writer.SetMaxOpenConns(1)
+	writer.SetMaxIdleConns(1)
+	writer.SetConnMaxLifetime(0)
+	if err := writer.PingContext(ctx); err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := migrate(ctx, writer.DB); err != nil {
+		writer.Close()
+		return nil, err
+	}
+	reader, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_query_only=1")
+	if err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("open %s for reading: %w", path, err)
+	}
+	n := opts.Readers
+	if n <= 0 {
+		n = 4
+	}
+	reader.SetMaxOpenConns(n)
+	reader.SetMaxIdleConns(n)
+	onCommit := opts.OnCommit
+	if onCommit == nil {
+		onCommit = func([]*chat.Event) {}
+	}
+	return &Store{writer: writer, reader: reader, onCommit: onCommit}, nil
+}
+
+func migrate(ctx context.Context, db *sql.DB) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, db, sub)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// Close closes both pools.
+func (s *Store) Close() error {
+	return errors.Join(s.reader.Close(), s.writer.Close())
+}
+
+// write runs fn in one immediate transaction on the writer connection and,
+// after a successful commit, hands the transaction's events to OnCommit.
+func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	tx, err := s.writer.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	t := &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}}
+	if err := fn(t); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := t.flushThreads(); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if len(t.events) > 0 {
+		s.onCommit(t.events)
+	}
+	return nil
+}
+
+// read runs fn in one read transaction: a consistent view of the database.
+func (s *Store) read(ctx context.Context, fn func(q *sqlx.Tx) error) error {
+	tx, err := s.reader.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin read: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	return fn(tx)
+}
+
+func isUniqueViolation(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintUnique
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+func fromNullMS(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := fromMS(v.Int64)
+	return &t
+}
+
+func fromNullString(v sql.NullString) *string {
+	if !v.Valid {
+		return nil
+	}
+	s := v.String
+	return &s
+}

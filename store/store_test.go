@@ -1,0 +1,469 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/store"
+)
+
+var ctx = context.Background()
+
+const user = chat.LocalUserID
+
+// open returns a store on a fresh SQLite file; when the test ends, the
+// invariant checker must find nothing.
+func open(t *testing.T) (*store.Store, string) {
+	t.Helper()
+	return openStore(t, true)
+}
+
+func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gw.db")
+	st, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if checkAtEnd && !t.Failed() {
+			vs, err := st.Check(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			for _, v := range vs {
+				t.Error(v)
+			}
+		}
+		st.Close()
+	})
+	return st, path
+}
+
+func code(err error) string { return chat.ErrorCode(err) }
+
+func text(s string) *string { return &s }
+
+func newThread(t *testing.T, st *store.Store) chat.Snapshot {
+	t.Helper()
+	snap, err := st.CreateThread(ctx, user, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// streamAndCancel runs one run by hand as a worker would (claim, deltas)
+// and cancels it; it returns the run, the streamed message id and the seq of
+// its last delta.
+func streamAndCancel(t *testing.T, st *store.Store, threadID string, version int64, deltas ...string) (string, string, int64) {
+	t.Helper()
+	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: version, UserMessage: text("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := time.Now().Add(time.Hour)
+	if _, err := st.Claim(ctx, "w", lease); err != nil {
+		t.Fatal(err)
+	}
+	msgID := chat.NewID(chat.PrefixMessage)
+	if err := st.AppendDeltas(ctx, ack.RunID, "w", msgID, deltas, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.FinishCancel(ctx, ack.RunID, 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := st.Snapshot(ctx, user, threadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.RunID, msgID, snap.LastSeq - 2 // run.cancel_requested and run.cancelled follow the deltas
+}
+
+func TestCreateThreadStartsAtVersionOne(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	if snap.StateVersion != 1 || snap.LastSeq != 1 || snap.HeadCheckpointID == "" || snap.Messages == nil || len(snap.Messages) != 0 || snap.ActiveRun != nil {
+		t.Fatalf("new thread snapshot = %+v", snap)
+	}
+	if !strings.HasPrefix(snap.ThreadID, chat.PrefixThread) || !strings.HasPrefix(snap.HeadCheckpointID, chat.PrefixCheckpoint) {
+		t.Fatalf("id prefixes: %s %s", snap.ThreadID, snap.HeadCheckpointID)
+	}
+}
+
+func TestStaleVersionConflictNamesTheCheckpointTheTabSaw(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	first, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1, UserMessage: text("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1, UserMessage: text("b")})
+	var ce *chat.Error
+	if !errors.As(err, &ce) || ce.Code != chat.CodeStateVersionConflict {
+		t.Fatalf("stale start = %v", err)
+	}
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	if ce.Fields["current_state_version"] != cur.StateVersion || ce.Fields["current_checkpoint_id"] != cur.HeadCheckpointID {
+		t.Fatalf("conflict fields = %+v, thread = v%d %s", ce.Fields, cur.StateVersion, cur.HeadCheckpointID)
+	}
+	actions := ce.Fields["allowed_actions"].([]string)
+	if len(actions) != 2 || actions[0] != "reload" || actions[1] != "fork_from_"+snap.HeadCheckpointID {
+		t.Fatalf("allowed_actions = %v, want reload and fork_from_%s", actions, snap.HeadCheckpointID)
+	}
+	if first.StateVersion != cur.StateVersion {
+		t.Fatalf("ack version %d, thread at %d", first.StateVersion, cur.StateVersion)
+	}
+}
+
+// Race scenario 3: two tabs continue the same checkpoint at once. Exactly
+// one gets a new version; the other a conflict.
+func TestTwoTabsContinueSameCheckpoint(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	const tabs = 8
+	var wg sync.WaitGroup
+	errs := make([]error, tabs)
+	for i := range tabs {
+		wg.Go(func() {
+			_, errs[i] = st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text(fmt.Sprint("tab ", i))})
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
+		} else if code(err) != chat.CodeStateVersionConflict {
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d tabs started a run from the same version, want exactly 1", ok)
+	}
+	got, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	if len(got.Messages) != 1 {
+		t.Fatalf("history holds %d user messages, want 1", len(got.Messages))
+	}
+}
+
+func TestOneActiveRunAndClientRequestDedup(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	a, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1, UserMessage: text("a"), ClientRequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A retry with the same client_request_id, even with the now-stale
+	// version, answers the same run and writes nothing.
+	b, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1, UserMessage: text("a"), ClientRequestID: "req-1"})
+	if err != nil || b != a {
+		t.Fatalf("retry = %+v, %v; first = %+v", b, err, a)
+	}
+	_, err = st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: a.StateVersion, UserMessage: text("b")})
+	var ce *chat.Error
+	if !errors.As(err, &ce) || ce.Code != chat.CodeRunAlreadyActive || ce.Fields["run_id"] != a.RunID {
+		t.Fatalf("second run = %v", err)
+	}
+	got, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	if got.StateVersion != a.StateVersion || len(got.Messages) != 1 {
+		t.Fatalf("refused commands changed the thread: %+v", got)
+	}
+}
+
+func TestContinueNeedsPendingStep(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	_, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1})
+	if code(err) != chat.CodeInvalidRequest {
+		t.Fatalf("continue on an empty thread = %v", err)
+	}
+}
+
+func TestCancelAnswersAndAudits(t *testing.T) {
+	st, path := open(t)
+	snap := newThread(t, st)
+	runID, _, _ := streamAndCancel(t, st, snap.ThreadID, 1, "ab", "cd")
+	r, err := st.Run(ctx, user, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != chat.RunCancelled || r.DiscardedStreamChars != 4 || r.CancelReason == nil || *r.CancelReason != "user_requested" || r.ResumeCheckpointID == nil {
+		t.Fatalf("run = %+v", r)
+	}
+	again, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runID, Reason: "user_requested", RequestedBy: "tab:b"})
+	if err != nil || !again.AlreadyRequested || again.Status != chat.RunCancelled {
+		t.Fatalf("second cancel = %+v, %v", again, err)
+	}
+	db, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM cancel_audit WHERE run_id = ?`, runID).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("audit rows = %d, %v; want 2 (both requests recorded)", n, err)
+	}
+	// A completed run cannot be cancelled.
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: cur.StateVersion, UserMessage: text("again")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := time.Now().Add(time.Hour)
+	if _, err := st.Claim(ctx, "w", lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AppendDeltas(ctx, ack.RunID, "w", "msg_ok", []string{"ok"}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Publish(ctx, ack.RunID, "w", "msg_ok", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Complete(ctx, ack.RunID, "w"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:b"})
+	var ce *chat.Error
+	if !errors.As(err, &ce) || ce.Code != chat.CodeRunNotActive || ce.Fields["status"] != chat.RunCompleted {
+		t.Fatalf("cancel of completed run = %v", err)
+	}
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: "run_nope", Reason: "x", RequestedBy: "y"}); code(err) != chat.CodeNotFound {
+		t.Fatalf("cancel of unknown run = %v", err)
+	}
+}
+
+func TestSaveFragmentIsExactlyWhatTheTabSaw(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	runID, msgID, lastDelta := streamAndCancel(t, st, snap.ThreadID, 1, "Hello", " wor", "ld", "!")
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	// The tab displayed up to the third delta.
+	saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta - 1, ExpectedStateVersion: cur.StateVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	frag := got.Messages[len(got.Messages)-1]
+	if frag.MessageID != saved.MessageID || frag.Kind != chat.KindFragment || frag.Content != "Hello world" || frag.RunID != nil ||
+		frag.FragmentOf == nil || frag.FragmentOf.RunID != runID || frag.FragmentOf.MessageID != msgID || frag.FragmentOf.LastSeq != lastDelta-1 {
+		t.Fatalf("fragment = %+v", frag)
+	}
+	if got.HeadCheckpointID != saved.CheckpointID || got.StateVersion != saved.StateVersion {
+		t.Fatalf("ack %+v vs thread %+v", saved, got)
+	}
+	// Several fragments of one message are allowed.
+	if _, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: got.StateVersion}); err != nil {
+		t.Fatal(err)
+	}
+	// Continue from the saved point keeps the pending step.
+	cps := got.HeadCheckpointID
+	_, list, _ := st.Checkpoints(ctx, user, snap.ThreadID)
+	for _, cp := range list {
+		if cp.CheckpointID == cps && (cp.Pending == nil || cp.Pending.Step != chat.StepGenerate) {
+			t.Fatalf("fragment checkpoint lost the pending step: %+v", cp)
+		}
+	}
+
+	// Errors: unknown message, stale version, before the first delta, purged.
+	cur, _ = st.Snapshot(ctx, user, snap.ThreadID)
+	cases := []struct {
+		name string
+		p    chat.SaveFragment
+		want string
+	}{
+		{"unknown message", chat.SaveFragment{MessageID: "msg_nope", LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion}, chat.CodeNotFound},
+		{"stale version", chat.SaveFragment{MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion - 1}, chat.CodeStateVersionConflict},
+		{"before first delta", chat.SaveFragment{MessageID: msgID, LastSeq: 1, ExpectedStateVersion: cur.StateVersion}, chat.CodeInvalidRequest},
+		{"beyond the thread", chat.SaveFragment{MessageID: msgID, LastSeq: cur.LastSeq + 5, ExpectedStateVersion: cur.StateVersion}, chat.CodeInvalidRequest},
+	}
+	for _, c := range cases {
+		c.p.UserID, c.p.ThreadID = user, snap.ThreadID
+		if _, err := st.SaveFragment(ctx, c.p); code(err) != c.want {
+			t.Errorf("%s: %v, want %s", c.name, err, c.want)
+		}
+	}
+	if n, err := st.PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil || n != 4 {
+		t.Fatalf("purge = %d, %v", n, err)
+	}
+	_, err = st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion})
+	if code(err) != chat.CodeFragmentUnavailable {
+		t.Fatalf("fragment after purge = %v", err)
+	}
+	if after, _ := st.Snapshot(ctx, user, snap.ThreadID); after.StateVersion != cur.StateVersion {
+		t.Fatal("refused fragment saves changed the thread")
+	}
+}
+
+func TestDeleteDraft(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	_, msgID, lastDelta := streamAndCancel(t, st, snap.ThreadID, 1, "draft text")
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	userMsg := cur.Messages[0].MessageID
+	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, userMsg, saved.StateVersion); code(err) != chat.CodeInvalidRequest {
+		t.Fatalf("deleting a user message = %v", err)
+	}
+	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion-1); code(err) != chat.CodeStateVersionConflict {
+		t.Fatalf("stale delete = %v", err)
+	}
+	del, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	if len(got.Messages) != 1 || got.HeadCheckpointID != del.CheckpointID || got.StateVersion != del.StateVersion {
+		t.Fatalf("after delete: %+v (ack %+v)", got, del)
+	}
+	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, del.StateVersion); code(err) != chat.CodeNotFound {
+		t.Fatalf("second delete = %v", err)
+	}
+}
+
+func TestForkCopiesStateAndContinues(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	streamAndCancel(t, st, snap.ThreadID, 1, "x")
+	src, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	fork, err := st.Fork(ctx, user, snap.ThreadID, src.HeadCheckpointID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.Snapshot(ctx, user, fork.ThreadID)
+	if got.StateVersion != 1 || len(got.Messages) != 1 || got.Messages[0].MessageID != src.Messages[0].MessageID ||
+		fork.ForkedFrom == nil || fork.ForkedFrom.CheckpointID != src.HeadCheckpointID {
+		t.Fatalf("fork = %+v / %+v", fork, got)
+	}
+	// The fork keeps the pending step: continue works there.
+	if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: fork.ThreadID, ExpectedStateVersion: 1}); err != nil {
+		t.Fatalf("continue in fork: %v", err)
+	}
+	if again, _ := st.Snapshot(ctx, user, snap.ThreadID); again.StateVersion != src.StateVersion {
+		t.Fatal("fork changed the original")
+	}
+	if _, err := st.Fork(ctx, user, snap.ThreadID, got.HeadCheckpointID); code(err) != chat.CodeCheckpointNotFound {
+		t.Fatalf("fork from another thread's checkpoint = %v", err)
+	}
+	if _, err := st.Fork(ctx, "usr_other", snap.ThreadID, src.HeadCheckpointID); code(err) != chat.CodeNotFound {
+		t.Fatalf("fork of another user's thread = %v", err)
+	}
+}
+
+func TestEventsReplayIsExactOrSaysIncomplete(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	streamAndCancel(t, st, snap.ThreadID, 1, "a", "b", "c")
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	all, err := st.Events(ctx, user, snap.ThreadID, 0)
+	if err != nil || !all.Complete || int64(len(all.Events)) != cur.LastSeq {
+		t.Fatalf("replay from 0: complete=%v n=%d last=%d err=%v", all.Complete, len(all.Events), cur.LastSeq, err)
+	}
+	for i, ev := range all.Events {
+		if ev.Seq != int64(i+1) || !strings.Contains(string(ev.Raw), fmt.Sprintf(`"seq":%d,`, ev.Seq)) {
+			t.Fatalf("event %d = seq %d %s", i, ev.Seq, ev.Raw)
+		}
+	}
+	tail, _ := st.Events(ctx, user, snap.ThreadID, cur.LastSeq-2)
+	if !tail.Complete || len(tail.Events) != 2 || tail.Events[0].Seq != cur.LastSeq-1 {
+		t.Fatalf("tail replay = %+v", tail)
+	}
+	if beyond, _ := st.Events(ctx, user, snap.ThreadID, cur.LastSeq+1); beyond.Complete {
+		t.Fatal("a seq beyond the end must not count as caught up")
+	}
+	if _, err := st.PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if gap, _ := st.Events(ctx, user, snap.ThreadID, 0); gap.Complete || gap.Events != nil {
+		t.Fatalf("replay across purged deltas claims to be complete: %+v", gap)
+	}
+	if _, err := st.Events(ctx, "usr_other", snap.ThreadID, 0); code(err) != chat.CodeNotFound {
+		t.Fatalf("another user's events = %v", err)
+	}
+}
+
+func TestListThreadsPages(t *testing.T) {
+	st, _ := open(t)
+	var ids []string
+	for range 5 {
+		ids = append(ids, newThread(t, st).ThreadID)
+	}
+	var got []string
+	cursor := ""
+	for page := 0; page < 10; page++ {
+		threads, next, err := st.ListThreads(ctx, user, 2, cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, th := range threads {
+			got = append(got, th.ThreadID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(got) != 5 || got[0] != ids[4] || got[4] != ids[0] {
+		t.Fatalf("pages = %v, created %v", got, ids)
+	}
+	if _, _, err := st.ListThreads(ctx, user, 2, "garbage"); code(err) != chat.CodeInvalidRequest {
+		t.Fatalf("bad cursor = %v", err)
+	}
+}
+
+// The checker must see real violations: corrupt a database by hand and
+// expect each to be reported.
+func TestCheckDetectsViolations(t *testing.T) {
+	st, path := openStore(t, false)
+	snap := newThread(t, st)
+	runID, _, _ := streamAndCancel(t, st, snap.ThreadID, 1, "a")
+	db, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	corrupt := []string{
+		// 1 + 8: a message in no checkpoint, without its event.
+		`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version, checkpoint_id, created_at)
+			VALUES ('msg_orphan', '` + snap.ThreadID + `', 'assistant', 'text', 'x', 99, 'cp_none', 0)`,
+		// 4: an event of the run after run.cancelled.
+		`INSERT INTO events (thread_id, seq, type, run_id, state_version, ts, payload)
+			VALUES ('` + snap.ThreadID + `', 1000, 'run.completed', '` + runID + `', 1000, 0, '{}')`,
+		// 3: a run starting from a missing checkpoint.
+		`UPDATE runs SET base_checkpoint_id = 'cp_missing' WHERE run_id = '` + runID + `'`,
+	}
+	for _, q := range corrupt {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	vs, err := st.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[int]bool{}
+	for _, v := range vs {
+		found[v.Invariant] = true
+	}
+	for _, inv := range []int{1, 3, 4, 7, 8} {
+		if !found[inv] {
+			t.Errorf("invariant %d violation not reported; got %v", inv, vs)
+		}
+	}
+}

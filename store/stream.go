@@ -1,0 +1,253 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// SaveFragment rebuilds the text a tab displayed (the streamed message's
+// deltas up to last_seq) from the stream buffer and publishes it as a
+// message of kind fragment under a new head checkpoint, which keeps the
+// parent's pending step.
+func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.FragmentSaved, error) {
+	var out chat.FragmentSaved
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(p.UserID, p.ThreadID)
+		if err != nil {
+			return err
+		}
+		var sm struct {
+			RunID    string `db:"run_id"`
+			FirstSeq int64  `db:"first_seq"`
+		}
+		err = t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return chat.NotFound("streamed message", p.MessageID)
+		}
+		if err != nil {
+			return fmt.Errorf("load streamed message: %w", err)
+		}
+		if err := t.checkVersion(c, p.ExpectedStateVersion, ""); err != nil {
+			return err
+		}
+		if p.LastSeq < sm.FirstSeq {
+			return chat.Invalid("last_seq %d is before the first delta of message %s (seq %d): nothing of it was displayed", p.LastSeq, p.MessageID, sm.FirstSeq)
+		}
+		if p.LastSeq > c.row.LastSeq {
+			return chat.Invalid("last_seq %d is beyond the thread's last event (%d)", p.LastSeq, c.row.LastSeq)
+		}
+		var deltas []struct {
+			Part int    `db:"part"`
+			Text string `db:"text"`
+		}
+		if err := t.sel(&deltas, `SELECT part, text FROM stream_deltas WHERE message_id = ? AND seq <= ? ORDER BY seq`, p.MessageID, p.LastSeq); err != nil {
+			return fmt.Errorf("load deltas: %w", err)
+		}
+		if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
+			return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID)
+		}
+		var b strings.Builder
+		for _, d := range deltas {
+			b.WriteString(d.Text)
+		}
+		head, err := t.checkpoint(p.ThreadID, c.row.HeadCheckpointID)
+		if err != nil {
+			return err
+		}
+		msgID := chat.NewID(chat.PrefixMessage)
+		cpID := chat.NewID(chat.PrefixCheckpoint)
+		if _, err := t.publishMessage(c, chat.Message{
+			MessageID: msgID, Role: chat.RoleAssistant, Kind: chat.KindFragment, Content: b.String(),
+			FragmentOf: &chat.FragmentOf{RunID: sm.RunID, MessageID: p.MessageID, LastSeq: p.LastSeq},
+		}, cpID, ""); err != nil {
+			return err
+		}
+		cp, err := t.addCheckpoint(c, chat.Checkpoint{
+			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
+			MessageIDs:     append(append([]string{}, head.MessageIDs...), msgID),
+			CompletedSteps: head.CompletedSteps, ToolResults: head.ToolResults, Pending: head.Pending,
+		}, "")
+		if err != nil {
+			return err
+		}
+		out = chat.FragmentSaved{MessageID: msgID, CheckpointID: cp.CheckpointID, StateVersion: c.row.StateVersion}
+		return nil
+	})
+	return out, err
+}
+
+// DeleteDraft removes a saved fragment from history: a new head checkpoint
+// without it and message.deleted. The message row stays for audit.
+func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
+	var out chat.DraftDeleted
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(userID, threadID)
+		if err != nil {
+			return err
+		}
+		var kind string
+		err = t.get(&kind, `SELECT kind FROM messages WHERE message_id = ? AND thread_id = ?`, messageID, threadID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return chat.NotFound("message", messageID)
+		}
+		if err != nil {
+			return fmt.Errorf("load message: %w", err)
+		}
+		if err := t.checkVersion(c, expected, ""); err != nil {
+			return err
+		}
+		if kind != chat.KindFragment {
+			return chat.Invalid("message %s is a published %s message, not a saved fragment: only drafts can be deleted", messageID, kind)
+		}
+		head, err := t.checkpoint(threadID, c.row.HeadCheckpointID)
+		if err != nil {
+			return err
+		}
+		i := slices.Index(head.MessageIDs, messageID)
+		if i < 0 {
+			return chat.NotFound("draft in this conversation's history", messageID)
+		}
+		cpID := chat.NewID(chat.PrefixCheckpoint)
+		ev := t.event(c, chat.EventMessageDeleted, "")
+		ev.MessageID = messageID
+		ev.Body = chat.MessageDeletedBody{MessageID: messageID, CheckpointID: cpID}
+		if err := t.append(ev); err != nil {
+			return err
+		}
+		cp, err := t.addCheckpoint(c, chat.Checkpoint{
+			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
+			MessageIDs:     slices.Delete(slices.Clone(head.MessageIDs), i, i+1),
+			CompletedSteps: head.CompletedSteps, ToolResults: head.ToolResults, Pending: head.Pending,
+		}, "")
+		if err != nil {
+			return err
+		}
+		out = chat.DraftDeleted{CheckpointID: cp.CheckpointID, StateVersion: c.row.StateVersion}
+		return nil
+	})
+	return out, err
+}
+
+// MaxReplay bounds one replay read; a longer gap is answered with a
+// snapshot.
+const MaxReplay = 20000
+
+// Events reads the thread's durable events from the log and its deltas from
+// the stream buffer with seq > after, merged in seq order.
+func (s *Store) Events(ctx context.Context, userID, threadID string, after int64) (chat.Replay, error) {
+	var out chat.Replay
+	err := s.read(ctx, func(q *sqlx.Tx) error {
+		var row threadRow
+		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+			return chat.NotFound("thread", threadID)
+		}
+		if err != nil {
+			return fmt.Errorf("load thread: %w", err)
+		}
+		out.LastSeq = row.LastSeq
+		if after >= row.LastSeq {
+			// Nothing missed; a seq beyond the thread's end was never
+			// sent by this server, so the reader must start over.
+			out.Complete = after == row.LastSeq
+			return nil
+		}
+		if row.LastSeq-after > MaxReplay {
+			return nil
+		}
+		var durable []struct {
+			Seq     int64  `db:"seq"`
+			Type    string `db:"type"`
+			Payload string `db:"payload"`
+		}
+		if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
+			return fmt.Errorf("read event log: %w", err)
+		}
+		var deltas []struct {
+			Seq       int64  `db:"seq"`
+			RunID     string `db:"run_id"`
+			MessageID string `db:"message_id"`
+			Text      string `db:"text"`
+			TS        int64  `db:"ts"`
+		}
+		if err := q.SelectContext(ctx, &deltas, q.Rebind(`SELECT seq, run_id, message_id, text, ts FROM stream_deltas
+			WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
+			return fmt.Errorf("read stream buffer: %w", err)
+		}
+		out.Events = make([]*chat.Event, 0, len(durable)+len(deltas))
+		next := after + 1
+		i, j := 0, 0
+		for i < len(durable) || j < len(deltas) {
+			if i < len(durable) && (j >= len(deltas) || durable[i].Seq < deltas[j].Seq) {
+				if durable[i].Seq != next {
+					out.Events = nil // a gap: purged deltas
+					return nil
+				}
+				d := durable[i]
+				out.Events = append(out.Events, &chat.Event{Type: d.Type, ThreadID: threadID, Seq: d.Seq, Raw: []byte(d.Payload)})
+				i++
+			} else {
+				d := deltas[j]
+				if d.Seq != next {
+					out.Events = nil
+					return nil
+				}
+				ev := chat.Event{Type: chat.EventMessageDelta, ThreadID: threadID, Seq: d.Seq, TS: d.TS, RunID: d.RunID,
+					Body: chat.MessageDeltaBody{MessageID: d.MessageID, Text: d.Text}}
+				if err := ev.Encode(); err != nil {
+					return err
+				}
+				out.Events = append(out.Events, &ev)
+				j++
+			}
+			next++
+		}
+		out.Complete = next == row.LastSeq+1
+		if !out.Complete {
+			out.Events = nil
+		}
+		return nil
+	})
+	return out, err
+}
+
+// PurgeStream deletes buffered deltas older than before and reports how
+// many went. History never depends on them.
+func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
+	var n int64
+	err := s.write(ctx, func(t *txn) error {
+		res, err := t.exec(`DELETE FROM stream_deltas WHERE ts < ?`, ms(before))
+		if err != nil {
+			return fmt.Errorf("purge stream buffer: %w", err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
+}
+
+// Operations lists a thread's tool calls, oldest first.
+func (s *Store) Operations(ctx context.Context, userID, threadID string) ([]chat.Operation, error) {
+	if _, err := s.Thread(ctx, userID, threadID); err != nil {
+		return nil, err
+	}
+	var rows []operationRow
+	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(`SELECT `+operationCols+` FROM operations
+		WHERE thread_id = ? ORDER BY created_at, operation_id`), threadID); err != nil {
+		return nil, fmt.Errorf("list operations: %w", err)
+	}
+	out := make([]chat.Operation, len(rows))
+	for i, r := range rows {
+		out[i] = r.operation()
+	}
+	return out, nil
+}

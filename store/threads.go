@@ -1,0 +1,383 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// MaxTitleLength is the longest thread title accepted, in bytes.
+const MaxTitleLength = 200
+
+// CreateThread creates a thread with its first checkpoint (empty history,
+// state_version 1) and returns its snapshot.
+func (s *Store) CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error) {
+	threadID := chat.NewID(chat.PrefixThread)
+	err := s.write(ctx, func(t *txn) error {
+		return t.createThread(userID, threadID, title, nil, chat.Checkpoint{})
+	})
+	if err != nil {
+		return chat.Snapshot{}, err
+	}
+	return s.Snapshot(ctx, userID, threadID)
+}
+
+// createThread inserts a thread and its root checkpoint, which copies the
+// state of root (empty for a new thread, the source's for a fork).
+func (t *txn) createThread(userID, threadID, title string, from *chat.ForkSource, root chat.Checkpoint) error {
+	now := ms(t.now)
+	var fromThread, fromCP any
+	if from != nil {
+		fromThread, fromCP = from.ThreadID, from.CheckpointID
+	}
+	if _, err := t.exec(`INSERT INTO threads (thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
+		forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at) VALUES (?, ?, ?, 0, 0, '', ?, ?, ?, ?)`,
+		threadID, userID, title, fromThread, fromCP, now, now); err != nil {
+		return fmt.Errorf("insert thread: %w", err)
+	}
+	c, err := t.thread(userID, threadID)
+	if err != nil {
+		return err
+	}
+	root.CheckpointID = chat.NewID(chat.PrefixCheckpoint)
+	root.ParentCheckpointID = nil
+	_, err = t.addCheckpoint(c, root, "")
+	return err
+}
+
+// addCheckpoint writes cp (its id set by the caller, its thread and version
+// filled here) as the thread's new head and appends checkpoint.created.
+func (t *txn) addCheckpoint(c *threadCursor, cp chat.Checkpoint, runID string) (chat.Checkpoint, error) {
+	ev := t.event(c, chat.EventCheckpointCreated, runID)
+	cp.ThreadID = c.row.ThreadID
+	cp.StateVersion = ev.StateVersion
+	cp.CreatedAt = fromMS(ms(t.now))
+	if cp.MessageIDs == nil {
+		cp.MessageIDs = []string{}
+	}
+	if cp.CompletedSteps == nil {
+		cp.CompletedSteps = []string{}
+	}
+	if cp.ToolResults == nil {
+		cp.ToolResults = []chat.ToolResult{}
+	}
+	var pending any
+	if cp.Pending != nil {
+		pending = mustJSON(cp.Pending)
+	}
+	cp.RunID = nil
+	if runID != "" {
+		cp.RunID = &runID
+	}
+	if _, err := t.exec(`INSERT INTO checkpoints (checkpoint_id, thread_id, parent_checkpoint_id, state_version,
+		message_ids, completed_steps, tool_results, pending, run_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		cp.CheckpointID, cp.ThreadID, nullStrPtr(cp.ParentCheckpointID), cp.StateVersion, mustJSON(cp.MessageIDs),
+		mustJSON(cp.CompletedSteps), mustJSON(cp.ToolResults), pending, nullStr(runID), ms(t.now)); err != nil {
+		return cp, fmt.Errorf("insert checkpoint: %w", err)
+	}
+	ev.Body = chat.CheckpointCreatedBody{CheckpointID: cp.CheckpointID, ParentCheckpointID: cp.ParentCheckpointID}
+	t.setHead(c, cp.CheckpointID)
+	return cp, t.append(ev)
+}
+
+// publishMessage writes m as published (its id, role, kind, content and
+// fragment_of set by the caller) pointing at checkpointID, and appends
+// message.published.
+func (t *txn) publishMessage(c *threadCursor, m chat.Message, checkpointID, runID string) (chat.Message, error) {
+	ev := t.event(c, chat.EventMessagePublished, runID)
+	ev.MessageID = m.MessageID
+	m.ThreadID = c.row.ThreadID
+	m.StateVersion = ev.StateVersion
+	m.CheckpointID = checkpointID
+	m.CreatedAt = fromMS(ms(t.now))
+	m.RunID = nil
+	if runID != "" {
+		m.RunID = &runID
+	}
+	var fragmentOf any
+	if m.FragmentOf != nil {
+		fragmentOf = mustJSON(m.FragmentOf)
+	}
+	if _, err := t.exec(`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version,
+		checkpoint_id, run_id, fragment_of, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		m.MessageID, m.ThreadID, m.Role, m.Kind, m.Content, m.StateVersion, checkpointID, nullStr(runID),
+		fragmentOf, ms(t.now)); err != nil {
+		return m, fmt.Errorf("insert message: %w", err)
+	}
+	ev.Body = chat.MessagePublishedBody{Message: m, CheckpointID: checkpointID}
+	return m, t.append(ev)
+}
+
+// checkpoint loads a checkpoint of the given thread; one of another thread
+// answers checkpoint_not_found.
+func (t *txn) checkpoint(threadID, checkpointID string) (chat.Checkpoint, error) {
+	return loadCheckpoint(t.ctx, t.tx, threadID, checkpointID)
+}
+
+func loadCheckpoint(ctx context.Context, q *sqlx.Tx, threadID, checkpointID string) (chat.Checkpoint, error) {
+	var row checkpointRow
+	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`), checkpointID, threadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return chat.Checkpoint{}, chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", checkpointID, threadID)
+	}
+	if err != nil {
+		return chat.Checkpoint{}, fmt.Errorf("load checkpoint: %w", err)
+	}
+	return row.checkpoint()
+}
+
+// checkVersion answers state_version_conflict when expected is not the
+// thread's current version. basedOn is the checkpoint the refused command
+// was based on ("" = the head the tab saw at expected).
+func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) error {
+	if expected == c.row.StateVersion {
+		return nil
+	}
+	if basedOn == "" {
+		var id string
+		err := t.get(&id, `SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND state_version <= ?
+			ORDER BY state_version DESC LIMIT 1`, c.row.ThreadID, expected)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("find checkpoint at version: %w", err)
+		}
+		basedOn = id
+	}
+	actions := []string{"reload"}
+	if basedOn != "" {
+		actions = append(actions, "fork_from_"+basedOn)
+	}
+	return chat.Errorf(chat.CodeStateVersionConflict,
+		"this conversation changed elsewhere (you sent version %d, it is now %d): reload it, or fork from the point you saw",
+		expected, c.row.StateVersion).
+		With("current_state_version", c.row.StateVersion).
+		With("current_checkpoint_id", c.row.HeadCheckpointID).
+		With("allowed_actions", actions)
+}
+
+// ListThreads returns the user's threads, most recently updated first, and a
+// cursor for the next page ("" when there is none).
+func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error) {
+	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ?`
+	args := []any{userID}
+	if cursor != "" {
+		updated, id, err := decodeCursor(cursor)
+		if err != nil {
+			return nil, "", chat.Invalid("cursor %q is not one this server gave out: start again without a cursor", cursor)
+		}
+		q += ` AND (updated_at < ? OR (updated_at = ? AND thread_id < ?))`
+		args = append(args, updated, updated, id)
+	}
+	q += ` ORDER BY updated_at DESC, thread_id DESC LIMIT ?`
+	args = append(args, limit+1)
+	var rows []threadRow
+	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(q), args...); err != nil {
+		return nil, "", fmt.Errorf("list threads: %w", err)
+	}
+	next := ""
+	if len(rows) > limit {
+		rows = rows[:limit]
+		last := rows[len(rows)-1]
+		next = encodeCursor(last.UpdatedAt, last.ThreadID)
+	}
+	out := make([]chat.Thread, len(rows))
+	for i, r := range rows {
+		out[i] = r.thread()
+	}
+	return out, next, nil
+}
+
+func encodeCursor(updated int64, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(updated, 10) + ":" + id))
+}
+
+func decodeCursor(c string) (int64, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, "", err
+	}
+	ts, id, ok := strings.Cut(string(b), ":")
+	if !ok || !strings.HasPrefix(id, chat.PrefixThread) {
+		return 0, "", errors.New("malformed cursor")
+	}
+	n, err := strconv.ParseInt(ts, 10, 64)
+	return n, id, err
+}
+
+// Thread returns one thread of the user.
+func (s *Store) Thread(ctx context.Context, userID, threadID string) (chat.Thread, error) {
+	var row threadRow
+	err := s.reader.GetContext(ctx, &row, s.reader.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+		return chat.Thread{}, chat.NotFound("thread", threadID)
+	}
+	if err != nil {
+		return chat.Thread{}, fmt.Errorf("load thread: %w", err)
+	}
+	return row.thread(), nil
+}
+
+// Snapshot reads a thread's state in one consistent read: the head's
+// history and the run in flight with its partial text.
+func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error) {
+	var snap chat.Snapshot
+	err := s.read(ctx, func(q *sqlx.Tx) error {
+		var err error
+		snap, err = readSnapshot(ctx, q, userID, threadID)
+		return err
+	})
+	return snap, err
+}
+
+func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (chat.Snapshot, error) {
+	var row threadRow
+	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+		return chat.Snapshot{}, chat.NotFound("thread", threadID)
+	}
+	if err != nil {
+		return chat.Snapshot{}, fmt.Errorf("load thread: %w", err)
+	}
+	head, err := loadCheckpoint(ctx, q, threadID, row.HeadCheckpointID)
+	if err != nil {
+		return chat.Snapshot{}, err
+	}
+	msgs, err := loadMessages(ctx, q, head.MessageIDs)
+	if err != nil {
+		return chat.Snapshot{}, err
+	}
+	snap := chat.Snapshot{
+		ThreadID: row.ThreadID, Title: row.Title, StateVersion: row.StateVersion,
+		HeadCheckpointID: row.HeadCheckpointID, LastSeq: row.LastSeq, Messages: msgs,
+	}
+	var run runRow
+	err = q.GetContext(ctx, &run, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ?
+		AND status NOT IN ('completed', 'failed', 'cancelled')`), threadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return snap, nil
+	}
+	if err != nil {
+		return snap, fmt.Errorf("load active run: %w", err)
+	}
+	active := &chat.ActiveRun{RunID: run.RunID, Status: run.status(), LastSeq: row.LastSeq}
+	// The message in flight: the run's latest streamed message that was not
+	// published.
+	var msgID string
+	err = q.GetContext(ctx, &msgID, q.Rebind(`SELECT message_id FROM stream_messages WHERE run_id = ?
+		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)
+		ORDER BY first_seq DESC LIMIT 1`), run.RunID, run.RunID)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return snap, fmt.Errorf("load streaming message: %w", err)
+	}
+	if msgID != "" {
+		active.MessageID = &msgID
+		var parts []string
+		if err := q.SelectContext(ctx, &parts, q.Rebind(`SELECT text FROM stream_deltas WHERE message_id = ? AND seq <= ? ORDER BY seq`), msgID, row.LastSeq); err != nil {
+			return snap, fmt.Errorf("load partial text: %w", err)
+		}
+		active.PartialText = strings.Join(parts, "")
+	}
+	snap.ActiveRun = active
+	return snap, nil
+}
+
+// loadMessages returns the messages with the given ids, in that order.
+func loadMessages(ctx context.Context, q *sqlx.Tx, ids []string) ([]chat.Message, error) {
+	out := make([]chat.Message, 0, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	query, args, err := sqlx.In(`SELECT `+messageCols+` FROM messages WHERE message_id IN (?)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	var rows []messageRow
+	if err := q.SelectContext(ctx, &rows, q.Rebind(query), args...); err != nil {
+		return nil, fmt.Errorf("load messages: %w", err)
+	}
+	byID := make(map[string]messageRow, len(rows))
+	for _, r := range rows {
+		byID[r.MessageID] = r
+	}
+	for _, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			return nil, fmt.Errorf("checkpoint names missing message %s", id)
+		}
+		m, err := r.message()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Checkpoints lists a thread's checkpoints, oldest first, with its head.
+func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error) {
+	var head string
+	var out []chat.Checkpoint
+	err := s.read(ctx, func(q *sqlx.Tx) error {
+		var row threadRow
+		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+			return chat.NotFound("thread", threadID)
+		}
+		if err != nil {
+			return fmt.Errorf("load thread: %w", err)
+		}
+		head = row.HeadCheckpointID
+		var rows []checkpointRow
+		if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? ORDER BY state_version`), threadID); err != nil {
+			return fmt.Errorf("list checkpoints: %w", err)
+		}
+		out = make([]chat.Checkpoint, 0, len(rows))
+		for _, r := range rows {
+			cp, err := r.checkpoint()
+			if err != nil {
+				return err
+			}
+			out = append(out, cp)
+		}
+		return nil
+	})
+	return head, out, err
+}
+
+// Fork copies the state at fromCheckpointID into a new thread of the same
+// user; the original is untouched.
+func (s *Store) Fork(ctx context.Context, userID, threadID, fromCheckpointID string) (chat.Thread, error) {
+	newID := chat.NewID(chat.PrefixThread)
+	err := s.write(ctx, func(t *txn) error {
+		src, err := t.thread(userID, threadID)
+		if err != nil {
+			return err
+		}
+		cp, err := t.checkpoint(threadID, fromCheckpointID)
+		if err != nil {
+			return err
+		}
+		title := forkTitle(src.row.Title)
+		return t.createThread(userID, newID, title, &chat.ForkSource{ThreadID: threadID, CheckpointID: fromCheckpointID},
+			chat.Checkpoint{MessageIDs: cp.MessageIDs, CompletedSteps: cp.CompletedSteps, ToolResults: cp.ToolResults, Pending: cp.Pending})
+	})
+	if err != nil {
+		return chat.Thread{}, err
+	}
+	return s.Thread(ctx, userID, newID)
+}
+
+func forkTitle(title string) string {
+	t := title + " (fork)"
+	if len(t) > MaxTitleLength {
+		return title
+	}
+	return t
+}

@@ -1,0 +1,139 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// txn is one write transaction. It tracks the sequencer of every thread it
+// touched and the events it appended; write() flushes the thread rows and
+// publishes the events after commit. Used by one goroutine.
+type txn struct {
+	ctx     context.Context
+	tx      *sqlx.Tx
+	now     time.Time
+	threads map[string]*threadCursor
+	events  []*chat.Event
+}
+
+// threadCursor is a thread's sequencer inside one transaction.
+type threadCursor struct {
+	row         threadRow
+	origSeq     int64
+	headChanged bool
+	touched     bool
+}
+
+func (t *txn) exec(q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(t.ctx, t.tx.Rebind(q), args...)
+}
+
+func (t *txn) get(dest any, q string, args ...any) error {
+	return t.tx.GetContext(t.ctx, dest, t.tx.Rebind(q), args...)
+}
+
+func (t *txn) sel(dest any, q string, args ...any) error {
+	return t.tx.SelectContext(t.ctx, dest, t.tx.Rebind(q), args...)
+}
+
+// thread loads a thread into the transaction as its sequencer. userID ""
+// skips the ownership check (engine-internal writes); otherwise a thread of
+// another user answers not_found.
+func (t *txn) thread(userID, threadID string) (*threadCursor, error) {
+	if c, ok := t.threads[threadID]; ok {
+		if userID != "" && c.row.UserID != userID {
+			return nil, chat.NotFound("thread", threadID)
+		}
+		return c, nil
+	}
+	var row threadRow
+	err := t.get(&row, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`, threadID)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && userID != "" && row.UserID != userID) {
+		return nil, chat.NotFound("thread", threadID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load thread: %w", err)
+	}
+	c := &threadCursor{row: row, origSeq: row.LastSeq}
+	t.threads[threadID] = c
+	return c, nil
+}
+
+// event reserves the next seq (and, for durable types, the next
+// state_version) of the thread. The caller fills Body and calls append.
+func (t *txn) event(c *threadCursor, typ, runID string) *chat.Event {
+	c.touched = true
+	c.row.LastSeq++
+	ev := &chat.Event{Type: typ, ThreadID: c.row.ThreadID, Seq: c.row.LastSeq, TS: ms(t.now), RunID: runID}
+	if ev.Durable() {
+		c.row.StateVersion++
+		ev.StateVersion = c.row.StateVersion
+	}
+	return ev
+}
+
+// append encodes ev and writes it to the event log (durable events; deltas
+// are written to the stream buffer by their caller).
+func (t *txn) append(ev *chat.Event) error {
+	if err := ev.Encode(); err != nil {
+		return err
+	}
+	if ev.Durable() {
+		if _, err := t.exec(`INSERT INTO events (thread_id, seq, type, run_id, message_id, state_version, ts, payload)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			ev.ThreadID, ev.Seq, ev.Type, nullStr(ev.RunID), nullStr(ev.MessageID), ev.StateVersion, ev.TS, string(ev.Raw)); err != nil {
+			return fmt.Errorf("append %s: %w", ev.Type, err)
+		}
+	}
+	t.events = append(t.events, ev)
+	return nil
+}
+
+// setHead moves the thread's head checkpoint.
+func (t *txn) setHead(c *threadCursor, checkpointID string) {
+	c.row.HeadCheckpointID = checkpointID
+	c.headChanged = true
+	c.touched = true
+}
+
+// flushThreads writes back every thread whose sequencer moved. The WHERE on
+// the original last_seq is a compare-and-set: a concurrent writer (another
+// instance, later) makes the transaction fail rather than fork the sequence.
+func (t *txn) flushThreads() error {
+	for _, c := range t.threads {
+		if !c.touched {
+			continue
+		}
+		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?
+			WHERE thread_id = ? AND last_seq = ?`,
+			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.ThreadID, c.origSeq)
+		if err != nil {
+			return fmt.Errorf("update thread: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("thread %s changed concurrently", c.row.ThreadID)
+		}
+	}
+	return nil
+}
+
+func nullStr(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func nullStrPtr(s *string) any {
+	if s == nil {
+		return nil
+	}
+	return *s
+}
