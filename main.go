@@ -127,7 +127,7 @@ func serve(args []string, stderr io.Writer) int {
 // order: stop accepting, end streams, hand runs back, close the store.
 func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	feed := bus.NewMemory()
-	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: feed.Publish})
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: feed.Publish, Exclusive: true})
 	if err != nil {
 		return err
 	}

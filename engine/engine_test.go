@@ -521,3 +521,31 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 		t.Fatalf("discarded = %d", r.DiscardedStreamChars)
 	}
 }
+
+// While a model streams (here: blocked before its next chunk), no write
+// transaction is held: other writes commit at once.
+func TestNoWriteTransactionHeldWhileModelStreams(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	m.release(t, 1)
+	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, ack.RunID))
+	// The worker is now inside the model's Next, waiting for the gate.
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.st.CreateThread(context.Background(), chat.LocalUserID, "other")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a write waited on the streaming run: a transaction is held open")
+	}
+}

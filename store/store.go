@@ -20,7 +20,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -41,6 +43,10 @@ type Options struct {
 	OnCommit func(events []*chat.Event)
 	// Readers is the size of the read pool (default 4).
 	Readers int
+	// Exclusive takes an advisory lock on PATH.lock for the store's
+	// lifetime, so a second server on the same file fails at start instead
+	// of recovering (stealing) the first one's runs.
+	Exclusive bool
 }
 
 // Store is safe for concurrent use. Close it once, after every user stopped.
@@ -49,6 +55,7 @@ type Store struct {
 	reader   *sqlx.DB
 	writeMu  sync.Mutex
 	onCommit func([]*chat.Event)
+	lock     *os.File
 }
 
 // Open opens (creating if needed) the SQLite database at path and runs the
@@ -59,6 +66,39 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("create database folder: %w", err)
 		}
 	}
+	var lock *os.File
+	if opts.Exclusive {
+		var err error
+		if lock, err = lockFile(path + ".lock"); err != nil {
+			return nil, err
+		}
+	}
+	st, err := open(ctx, path, opts)
+	if err != nil {
+		if lock != nil {
+			lock.Close()
+		}
+		return nil, err
+	}
+	st.lock = lock
+	return st, nil
+}
+
+// lockFile takes an exclusive advisory lock, released when the file closes
+// (also when the process dies).
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("database %s is in use by another gateway process: stop it or pass another -db", strings.TrimSuffix(path, ".lock"))
+	}
+	return f, nil
+}
+
+func open(ctx context.Context, path string, opts Options) (*Store, error) {
 	base := "file:" + (&url.URL{Path: path}).EscapedPath()
 	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous=NORMAL&_txlock=immediate")
 	if err != nil {
@@ -108,9 +148,13 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Close closes both pools.
+// Close closes both pools and releases the lock.
 func (s *Store) Close() error {
-	return errors.Join(s.reader.Close(), s.writer.Close())
+	err := errors.Join(s.reader.Close(), s.writer.Close())
+	if s.lock != nil {
+		err = errors.Join(err, s.lock.Close())
+	}
+	return err
 }
 
 // write runs fn in one immediate transaction on the writer connection and,

@@ -467,3 +467,26 @@ func TestCheckDetectsViolations(t *testing.T) {
 		}
 	}
 }
+
+func TestExclusiveOpenRefusesASecondServer(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gw.db")
+	first, err := store.Open(ctx, path, store.Options{Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Open(ctx, path, store.Options{Exclusive: true}); err == nil || !strings.Contains(err.Error(), "in use by another gateway") {
+		t.Fatalf("second exclusive open = %v", err)
+	}
+	// A reader such as `gateway check` may still open it.
+	reader, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader.Close()
+	first.Close()
+	again, err := store.Open(ctx, path, store.Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("open after the first closed: %v", err)
+	}
+	again.Close()
+}
