@@ -1,0 +1,134 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
+// httpStatus maps each protocol error code to its HTTP status. It is the only
+// place that does.
+func httpStatus(code string) int {
+	switch code {
+	case chat.CodeStateVersionConflict, chat.CodeRunNotActive, chat.CodeRunAlreadyActive, chat.CodeOperationNotPending:
+		return http.StatusConflict
+	case chat.CodeCheckpointNotFound, chat.CodeNotFound:
+		return http.StatusNotFound
+	case chat.CodeFragmentUnavailable:
+		return http.StatusGone
+	case chat.CodeInvalidRequest:
+		return http.StatusBadRequest
+	case chat.CodeUnauthorized:
+		return http.StatusUnauthorized
+	case chat.CodeForbidden:
+		return http.StatusForbidden
+	case chat.CodeRateLimited:
+		return http.StatusTooManyRequests
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// ErrorBody renders err in the protocol's error shape (without "re"). Any
+// error that is not a *chat.Error is internal: its details go to the log
+// only.
+func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
+	var ce *chat.Error
+	if !errors.As(err, &ce) {
+		log.Error("internal error", "err", err)
+		ce = chat.Errorf(chat.CodeInternal, "something went wrong on the server; try again, and report it if it persists")
+	}
+	body := map[string]any{"type": "error", "error": ce.Code, "message": ce.Message}
+	for k, v := range ce.Fields {
+		body[k] = v
+	}
+	return httpStatus(ce.Code), body
+}
+
+func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
+	status, body := ErrorBody(err, log)
+	delete(body, "type")
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decode reads one JSON object into dst: unknown fields, wrong types,
+// trailing data and oversized bodies are invalid_request with a message
+// naming the problem. An empty body decodes as {} when allowEmpty.
+func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return chat.Invalid("request body is over %d bytes", maxBody)
+		}
+		return chat.Invalid("could not read the request body: %v", err)
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return chat.Invalid("request body is empty: send a JSON object")
+	}
+	return decodeJSON(body, dst)
+}
+
+func decodeJSON(body []byte, dst any) error {
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return jsonError(err)
+	}
+	if dec.More() {
+		return chat.Invalid("request body holds more than one JSON value: send exactly one object")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return chat.Invalid("malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return chat.Invalid("request must be a JSON object, not %s", typ.Value)
+		}
+		return chat.Invalid("field %q must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return chat.Invalid("malformed JSON: the body ends early")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return chat.Invalid("unknown field %s: check the field names in the API documentation", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return chat.Invalid("malformed JSON: %v", err)
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "a string"
+	case "int64", "int", "int32", "uint64", "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "ptr", "pointer":
+		return "of the documented type"
+	}
+	return fmt.Sprintf("a %s", k)
+}

@@ -1,0 +1,148 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// subscriberBuffer bounds how many events a stream may fall behind the
+// live feed before it resyncs from the store.
+const subscriberBuffer = 1024
+
+// events streams a thread's events as Server-Sent Events: first what the
+// client missed (from Last-Event-ID or after_seq; a snapshot when the gap
+// cannot be filled or no position was given), then live events, each seq
+// exactly once and in order.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	threadID := r.PathValue("id")
+	after := int64(-1)
+	if v := r.URL.Query().Get("after_seq"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, s.log, chat.Invalid("after_seq must be a whole number, 0 or more"))
+			return
+		}
+		after = n
+	}
+	if v := r.Header.Get("Last-Event-ID"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, s.log, chat.Invalid("Last-Event-ID must be a seq this server sent"))
+			return
+		}
+		after = n
+	}
+	user := userID(r)
+	// Subscribe before reading the store: every event committed after the
+	// read arrives live; the seq check drops what the read already had.
+	sub := s.feed(threadID, subscriberBuffer)
+	defer func() { sub.Close() }()
+	first, last, err := s.catchUp(r.Context(), user, threadID, after)
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		writeError(w, s.log, errors.New("response writer cannot stream"))
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	out := bufio.NewWriter(w)
+	send := func(evs []*chat.Event) bool {
+		for _, ev := range evs {
+			writeSSE(out, ev)
+		}
+		return out.Flush() == nil
+	}
+	if !send(first) {
+		return
+	}
+	flusher.Flush()
+
+	keepAlive := time.NewTicker(s.keepAlive)
+	defer keepAlive.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-keepAlive.C:
+			out.WriteString(": keep-alive\n\n")
+			if out.Flush() != nil {
+				return
+			}
+			flusher.Flush()
+		case ev, ok := <-sub.Events():
+			var batch []*chat.Event
+			switch {
+			case !ok:
+				// Dropped for falling behind: resubscribe, then fill the gap
+				// from the store.
+				sub = s.feed(threadID, subscriberBuffer)
+				batch, last, err = s.catchUp(r.Context(), user, threadID, last)
+				if err != nil {
+					s.log.Warn("event stream resync failed", "thread_id", threadID, "err", err)
+					return
+				}
+			case ev.Seq <= last:
+				continue
+			case ev.Seq == last+1:
+				batch, last = []*chat.Event{ev}, ev.Seq
+			default:
+				batch, last, err = s.catchUp(r.Context(), user, threadID, last)
+				if err != nil {
+					s.log.Warn("event stream gap fill failed", "thread_id", threadID, "err", err)
+					return
+				}
+			}
+			if !send(batch) {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}
+
+// catchUp returns the events after the given seq (a snapshot first when
+// after < 0 or the gap cannot be filled) and the last seq they reach.
+func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64) ([]*chat.Event, int64, error) {
+	if after >= 0 {
+		replay, err := s.store.Events(ctx, user, threadID, after)
+		if err != nil {
+			return nil, 0, err
+		}
+		if replay.Complete {
+			return replay.Events, replay.LastSeq, nil
+		}
+	}
+	snap, err := s.store.Snapshot(ctx, user, threadID)
+	if err != nil {
+		return nil, 0, err
+	}
+	raw, err := chat.SnapshotEvent(snap)
+	if err != nil {
+		return nil, 0, err
+	}
+	return []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}}, snap.LastSeq, nil
+}
+
+func writeSSE(w *bufio.Writer, ev *chat.Event) {
+	w.WriteString("id: ")
+	w.WriteString(strconv.FormatInt(ev.Seq, 10))
+	w.WriteString("\nevent: ")
+	w.WriteString(ev.Type)
+	w.WriteString("\ndata: ")
+	w.Write(ev.Raw)
+	w.WriteString("\n\n")
+}
