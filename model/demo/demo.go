@@ -218,7 +218,7 @@ func compose(req model.Request) string {
 	if user == nil {
 		out = append(out, "Hello! I am the demo model of this gateway. Ask me anything and I will answer from your words.")
 		if req.ResumeNote != "" {
-			out = append([]string{"Picking up from the saved point after the previous answer was stopped:"}, out...)
+			out = append([]string{"Picking up from the saved point after the previous answer was " + why(req.ResumeNote) + ":"}, out...)
 		}
 		return strings.Join(out, " ")
 	}
@@ -239,7 +239,7 @@ func compose(req model.Request) string {
 		return strings.Join(out, " ")
 	}
 	if req.ResumeNote != "" {
-		out = append(out, "Picking up from the saved point after the previous answer was stopped, here is a fresh answer:")
+		out = append(out, "Picking up from the saved point after the previous answer was "+why(req.ResumeNote)+", here is a fresh answer:")
 	}
 	if fragment {
 		out = append(out, "I also see a saved fragment of an earlier answer, and I take it into account.")
@@ -262,4 +262,13 @@ func compose(req model.Request) string {
 		out = append(out, fmt.Sprintf(considerations[order[i%len(order)]], topic(i+1)))
 	}
 	return strings.Join(append(out, closing), " ")
+}
+
+// why says, in the reply, what happened to the previous output: the engine's
+// note says whether the user stopped it or the attempt was interrupted.
+func why(note string) string {
+	if strings.Contains(strings.ToLower(note), "interrupted") {
+		return "interrupted"
+	}
+	return "stopped"
 }

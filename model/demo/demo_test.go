@@ -106,6 +106,13 @@ func TestResumeAndFragment(t *testing.T) {
 	if !strings.HasPrefix(resumed, "Picking up from the saved point") || strings.HasPrefix(plain, "Picking up") {
 		t.Fatalf("resume note did not change the beginning:\nplain:   %q\nresumed: %q", plain, resumed)
 	}
+	if !strings.Contains(resumed, "was stopped") {
+		t.Fatalf("a user stop is not named: %q", resumed)
+	}
+	req.ResumeNote = "The previous attempt at this step was interrupted before it was published."
+	if crashed := strings.Join(collect(t, req), ""); !strings.Contains(crashed, "was interrupted") {
+		t.Fatalf("an interrupted attempt is called something else: %q", crashed)
+	}
 	req.Messages = append(req.Messages, model.Message{Role: model.RoleAssistant, Content: "Sourdough needs", Fragment: true})
 	if reply := strings.Join(collect(t, req), ""); !strings.Contains(reply, "saved fragment") {
 		t.Fatalf("fragment not mentioned: %q", reply)
