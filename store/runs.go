@@ -150,6 +150,15 @@ func inputHash(messageIDs []string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
+// transition refuses a move the run state machine does not allow; reaching
+// it is a bug, reported as internal.
+func transition(row runRow, to chat.RunStatus) error {
+	if !chat.CanTransition(row.status(), to) {
+		return fmt.Errorf("run %s: illegal transition %s -> %s", row.RunID, row.Status, to)
+	}
+	return nil
+}
+
 func (t *txn) run(runID string) (runRow, error) {
 	var row runRow
 	err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, runID)
@@ -218,6 +227,9 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 			}
 			ev := t.event(c, chat.EventRunCancelRequested, row.RunID)
 			ev.Body = chat.RunCancelRequestedBody{Reason: p.Reason, RequestedBy: p.RequestedBy}
+			if err := transition(row, chat.RunCancelRequested); err != nil {
+				return err
+			}
 			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?, cancel_reason = ?,
 				requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?, resume_checkpoint_id = ?,
 				updated_at = ? WHERE run_id = ?`,
@@ -286,6 +298,9 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	ev.Body = chat.RunCancelledBody{
 		ResumeCheckpointID: c.row.HeadCheckpointID, PublishedMessageID: fromNullString(row.CancelPublishedMessageID),
 		DiscardedStreamChars: discarded, ResumePolicy: chat.ResumePolicyRegenerate, Operations: ops,
+	}
+	if err := transition(row, chat.RunCancelled); err != nil {
+		return err
 	}
 	if _, err := t.exec(`UPDATE runs SET status = 'cancelled', discarded_stream_chars = ?, resume_checkpoint_id = ?,
 		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
@@ -475,6 +490,9 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	}
 	ev := t.event(c, typ, row.RunID)
 	ev.Body = body
+	if err := transition(row, status); err != nil {
+		return err
+	}
 	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, lease_owner = NULL,
 		lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
 		string(status), nullStr(message), c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
@@ -487,10 +505,14 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 // it streamed is published; the next attempt re-runs the pending step.
 func (s *Store) Release(ctx context.Context, runID, owner string) error {
 	return s.write(ctx, func(t *txn) error {
-		if _, err := t.ownRunning(runID, owner); err != nil {
+		row, err := t.ownRunning(runID, owner)
+		if err != nil {
 			return err
 		}
-		_, err := t.exec(`UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
+		if err := transition(row, chat.RunQueued); err != nil {
+			return err
+		}
+		_, err = t.exec(`UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
 			WHERE run_id = ?`, ms(t.now), runID)
 		return err
 	})
@@ -552,6 +574,9 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				return t.finish(row, chat.RunFailed, chat.ErrorInterrupted)
 			}
 			action = "requeued"
+			if err := transition(row, chat.RunQueued); err != nil {
+				return err
+			}
 			_, err = t.exec(`UPDATE runs SET status = 'queued', attempt = attempt + 1, lease_owner = NULL,
 				lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
 			return err
