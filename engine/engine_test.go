@@ -407,8 +407,8 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		h.start()
 		waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
 		r := h.run(ack.RunID)
-		if r.Attempt != 2 {
-			t.Fatalf("attempt = %d, want 2", r.Attempt)
+		if r.Attempt != 2 || r.DiscardedStreamChars != int64(len("half a")) {
+			t.Fatalf("attempt = %d, discarded = %d; want 2 and the interrupted attempt's %d chars", r.Attempt, r.DiscardedStreamChars, len("half a"))
 		}
 		got := h.snapshot(snap.ThreadID)
 		if len(got.Messages) != 2 || got.Messages[1].MessageID == "msg_dead" || got.Messages[1].Content != strings.Join(words, " ") {

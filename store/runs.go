@@ -284,10 +284,9 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if err != nil {
 		return err
 	}
-	var discarded int64
-	if err := t.get(&discarded, `SELECT COALESCE(SUM(chars), 0) FROM stream_messages WHERE run_id = ?
-		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)`, row.RunID, row.RunID); err != nil {
-		return fmt.Errorf("count discarded text: %w", err)
+	discarded, err := t.discarded(row.RunID)
+	if err != nil {
+		return err
 	}
 	discarded += unbuffered
 	ops, err := t.operationOutcomes(row.RunID)
@@ -308,6 +307,17 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 		return fmt.Errorf("finish cancel: %w", err)
 	}
 	return t.append(ev)
+}
+
+// discarded counts the characters a run streamed for messages that were
+// never published (cancelled output, interrupted attempts).
+func (t *txn) discarded(runID string) (int64, error) {
+	var n int64
+	if err := t.get(&n, `SELECT COALESCE(SUM(chars), 0) FROM stream_messages WHERE run_id = ?
+		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)`, runID, runID); err != nil {
+		return 0, fmt.Errorf("count discarded text: %w", err)
+	}
+	return n, nil
 }
 
 // operationOutcomes reports what each tool call of a run did.
@@ -493,9 +503,13 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	if err := transition(row, status); err != nil {
 		return err
 	}
-	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, lease_owner = NULL,
-		lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
-		string(status), nullStr(message), c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
+	discarded, err := t.discarded(row.RunID)
+	if err != nil {
+		return err
+	}
+	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, discarded_stream_chars = ?,
+		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
+		string(status), nullStr(message), c.row.HeadCheckpointID, discarded, ms(t.now), ms(t.now), row.RunID); err != nil {
 		return fmt.Errorf("finish run: %w", err)
 	}
 	return t.append(ev)
