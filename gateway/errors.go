@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"sort"
 	"strings"
 
 	"github.com/honestcancel/gateway/chat"
@@ -56,7 +59,6 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	status, body := ErrorBody(err, log)
-	delete(body, "type")
 	writeJSON(w, status, body)
 }
 
@@ -89,13 +91,51 @@ func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) er
 }
 
 func decodeJSON(body []byte, dst any) error {
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return jsonError(err)
 	}
-	if dec.More() {
+	// Anything after the object but white space is refused (dec.More alone
+	// lets a stray "}" or "]" through).
+	if _, err := dec.Token(); err != io.EOF {
 		return chat.Invalid("request body holds more than one JSON value: send exactly one object")
+	}
+	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return chat.Invalid("request must be a JSON object")
+	}
+	return exactFields(body, dst)
+}
+
+// exactFields refuses keys that encoding/json would match to a field only
+// case-insensitively ("Expected_State_Version"): the protocol's field names
+// are exact.
+func exactFields(body []byte, dst any) error {
+	t := reflect.TypeOf(dst)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return jsonError(err)
+	}
+	known := make(map[string]bool, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		known[name] = true
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !known[k] {
+			return chat.Invalid("unknown field %q: field names are case-sensitive; check them in the API documentation", k)
+		}
 	}
 	return nil
 }
