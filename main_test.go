@@ -1,0 +1,932 @@
+package main
+
+// End-to-end tests against the real binary: build it once, start it on a
+// free port with a temporary database, and drive it over HTTP and Server-Sent
+// Events the way a program using the API would. Every wait is bounded by a
+// deadline, so a bug fails the test instead of hanging it.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// ---------------------------------------------------------------------------
+// Building the binary once.
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// gatewayBinary builds the binary on first use (not race-instrumented: the
+// binary is the system under test, not the test).
+func gatewayBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "gateway-e2e-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "gateway")
+		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("cannot build the gateway binary: %v", binErr)
+	}
+	return binPath
+}
+
+// childEnv is the test's environment without any GATEWAY_* variable, so the
+// flags the tests pass are what the binary uses; extra is appended.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GATEWAY_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// ---------------------------------------------------------------------------
+// Running the server.
+
+var servingLine = regexp.MustCompile(`msg="gateway serving" addr=(http://127\.0\.0\.1:\d+)`)
+
+type server struct {
+	t    *testing.T
+	db   string
+	cmd  *exec.Cmd
+	base string
+
+	mu   sync.Mutex
+	logs []string // the last lines of stderr, for failure reports
+
+	exited  chan struct{} // closed once the process was waited for
+	waitErr error
+}
+
+const keepLogLines = 300
+
+// startServer runs the binary on a free port with db and demo pace, waits
+// until it logs its address and answers /readyz 200, and kills it when the
+// test ends (whatever happened).
+func startServer(t *testing.T, db, pace string) *server {
+	t.Helper()
+	bin := gatewayBinary(t)
+	s := &server{t: t, db: db, exited: make(chan struct{})}
+	s.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace)
+	s.cmd.Env = childEnv()
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatalf("stderr pipe: %v", err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		// Keep reading after the address line so the pipe never blocks the
+		// server; Wait only after the last read, as os/exec requires.
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			s.mu.Lock()
+			s.logs = append(s.logs, line)
+			if len(s.logs) > keepLogLines {
+				s.logs = s.logs[len(s.logs)-keepLogLines:]
+			}
+			s.mu.Unlock()
+			if m := servingLine.FindStringSubmatch(line); m != nil && !sent {
+				addr <- m[1]
+				sent = true
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		s.waitErr = s.cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		s.kill()
+		if t.Failed() {
+			t.Logf("server stderr (db %s), last lines:\n%s", db, s.stderr())
+		}
+	})
+
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	select {
+	case s.base = <-addr:
+	case <-s.exited:
+		t.Fatalf("gateway exited before serving (%v); stderr:\n%s", s.waitErr, s.stderr())
+	case <-deadline.C:
+		t.Fatalf("gateway did not log %q within 30s; stderr:\n%s", "gateway serving", s.stderr())
+	}
+	s.waitReady()
+	return s
+}
+
+func (s *server) stderr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.logs, "\n")
+}
+
+func (s *server) waitReady() {
+	s.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		resp, err := httpClient.Get(s.base + "/readyz")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("GET /readyz never answered 200 within 15s (last: %s)", last)
+		}
+		select {
+		case <-tick.C:
+		case <-s.exited:
+			s.t.Fatalf("gateway exited while waiting for /readyz (%v)", s.waitErr)
+		}
+	}
+}
+
+// kill sends SIGKILL (if the process still runs) and waits for it.
+func (s *server) kill() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Kill()
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		s.t.Errorf("gateway pid %d did not exit 15s after SIGKILL", s.cmd.Process.Pid)
+	}
+}
+
+// stop asks for a graceful shutdown (SIGTERM) and expects exit status 0.
+func (s *server) stop() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		s.t.Fatalf("SIGTERM: %v", err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(20 * time.Second):
+		s.t.Fatalf("gateway did not stop within 20s of SIGTERM")
+	}
+	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
+		s.t.Fatalf("gateway exited %d after SIGTERM (%v), want 0", code, s.waitErr)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// HTTP.
+
+var httpClient = &http.Client{Timeout: 15 * time.Second}
+
+// call sends a JSON request and decodes the JSON answer into out (if not
+// nil). It returns the status and the raw body.
+func (s *server) call(method, path string, body any, out any) (int, []byte) {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			s.t.Fatalf("encode %s %s: %v", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, s.base+path, rd)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			s.t.Fatalf("%s %s: %d answer is not the expected JSON: %v\n%s", method, path, resp.StatusCode, err, raw)
+		}
+	}
+	return resp.StatusCode, raw
+}
+
+// mustCall is call that also requires the given status.
+func (s *server) mustCall(method, path string, body any, want int, out any) []byte {
+	s.t.Helper()
+	status, raw := s.call(method, path, body, out)
+	if status != want {
+		s.t.Fatalf("%s %s: status %d, want %d; body: %s", method, path, status, want, raw)
+	}
+	return raw
+}
+
+type message struct {
+	MessageID string  `json:"message_id"`
+	ThreadID  string  `json:"thread_id"`
+	Role      string  `json:"role"`
+	Kind      string  `json:"kind"`
+	Content   string  `json:"content"`
+	RunID     *string `json:"run_id"`
+}
+
+type snapshot struct {
+	ThreadID         string    `json:"thread_id"`
+	StateVersion     int64     `json:"state_version"`
+	HeadCheckpointID string    `json:"head_checkpoint_id"`
+	LastSeq          int64     `json:"last_seq"`
+	Messages         []message `json:"messages"`
+	ActiveRun        *struct {
+		RunID  string `json:"run_id"`
+		Status string `json:"status"`
+	} `json:"active_run"`
+}
+
+type runInfo struct {
+	RunID                string  `json:"run_id"`
+	ThreadID             string  `json:"thread_id"`
+	Status               string  `json:"status"`
+	DiscardedStreamChars int64   `json:"discarded_stream_chars"`
+	Error                *string `json:"error"`
+	Attempt              int     `json:"attempt"`
+}
+
+type startAck struct {
+	RunID        string `json:"run_id"`
+	Status       string `json:"status"`
+	StateVersion int64  `json:"state_version"`
+}
+
+type cancelAck struct {
+	RunID                string  `json:"run_id"`
+	Status               string  `json:"status"`
+	AcceptedStateVersion int64   `json:"accepted_state_version"`
+	ResumeCheckpointID   string  `json:"resume_checkpoint_id"`
+	PublishedMessageID   *string `json:"published_message_id"`
+	AlreadyRequested     bool    `json:"already_requested"`
+}
+
+type apiError struct {
+	Error               string   `json:"error"`
+	Message             string   `json:"message"`
+	CurrentStateVersion int64    `json:"current_state_version"`
+	CurrentCheckpointID string   `json:"current_checkpoint_id"`
+	AllowedActions      []string `json:"allowed_actions"`
+}
+
+func (s *server) snapshot(threadID string) snapshot {
+	s.t.Helper()
+	var snap snapshot
+	s.mustCall("GET", "/api/threads/"+threadID, nil, http.StatusOK, &snap)
+	return snap
+}
+
+func (s *server) run(runID string) runInfo {
+	s.t.Helper()
+	var r runInfo
+	s.mustCall("GET", "/api/runs/"+runID, nil, http.StatusOK, &r)
+	return r
+}
+
+func (s *server) createThread() snapshot {
+	s.t.Helper()
+	var snap snapshot
+	s.mustCall("POST", "/api/threads", map[string]any{}, http.StatusCreated, &snap)
+	if !strings.HasPrefix(snap.ThreadID, "thr_") {
+		s.t.Fatalf("new thread id %q does not start with thr_", snap.ThreadID)
+	}
+	if snap.StateVersion != 1 || snap.HeadCheckpointID == "" || len(snap.Messages) != 0 {
+		s.t.Fatalf("new thread: state_version %d, head %q, %d messages; want 1, a checkpoint, none",
+			snap.StateVersion, snap.HeadCheckpointID, len(snap.Messages))
+	}
+	return snap
+}
+
+// ---------------------------------------------------------------------------
+// Server-Sent Events.
+
+type event struct {
+	Type                 string   `json:"type"`
+	ThreadID             string   `json:"thread_id"`
+	Seq                  int64    `json:"seq"`
+	StateVersion         int64    `json:"state_version"`
+	RunID                string   `json:"run_id"`
+	MessageID            string   `json:"message_id"`
+	Text                 string   `json:"text"`
+	Message              *message `json:"message"`
+	DiscardedStreamChars *int64   `json:"discarded_stream_chars"`
+	ResumeCheckpointID   string   `json:"resume_checkpoint_id"`
+	ResumePolicy         string   `json:"resume_policy"`
+	Error                string   `json:"error"`
+
+	sseID, sseType string
+	raw            string
+}
+
+// stream is one SSE connection to a thread. Its reader goroutine parses
+// frames into events; the test goroutine consumes them with next/waitFor,
+// which also check that seqs arrive in order with no gap or duplicate and
+// keep the text of each streamed message.
+type stream struct {
+	t        *testing.T
+	threadID string
+	cancel   context.CancelFunc
+	ch       chan event
+	done     chan struct{}
+	err      error // why the reader stopped; read after done
+
+	lastSeq int64
+	deltas  map[string]*strings.Builder // message id -> concatenated delta text
+	seen    []event
+}
+
+func (s *server) events(threadID string, after int64) *stream {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/threads/%s/events?after_seq=%d", s.base, threadID, after), nil)
+	if err != nil {
+		cancel()
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	// No client timeout: the stream lives until cancelled; its reads are
+	// bounded by the callers' deadlines instead.
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		s.t.Fatalf("open event stream: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		s.t.Fatalf("event stream: %s %q, want 200 text/event-stream; body: %s", resp.Status, resp.Header.Get("Content-Type"), b)
+	}
+	st := &stream{t: s.t, threadID: threadID, cancel: cancel, ch: make(chan event), done: make(chan struct{}),
+		lastSeq: after, deltas: map[string]*strings.Builder{}}
+	go st.read(ctx, resp.Body)
+	s.t.Cleanup(st.close)
+	return st
+}
+
+func (st *stream) close() {
+	st.cancel()
+	<-st.done
+}
+
+func (st *stream) read(ctx context.Context, body io.ReadCloser) {
+	defer close(st.done)
+	defer body.Close()
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	var id, typ string
+	var data []string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if len(data) == 0 {
+				id, typ = "", ""
+				continue
+			}
+			raw := strings.Join(data, "\n")
+			ev := event{sseID: id, sseType: typ, raw: raw}
+			if err := json.Unmarshal([]byte(raw), &ev); err != nil {
+				st.err = fmt.Errorf("event data is not JSON: %v: %s", err, raw)
+				return
+			}
+			id, typ, data = "", "", nil
+			select {
+			case st.ch <- ev:
+			case <-ctx.Done():
+				st.err = ctx.Err()
+				return
+			}
+		case strings.HasPrefix(line, ":"):
+			// comment (keep-alive)
+		case strings.HasPrefix(line, "id:"):
+			id = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " ")
+		case strings.HasPrefix(line, "event:"):
+			typ = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " ")
+		case strings.HasPrefix(line, "data:"):
+			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
+		}
+	}
+	st.err = sc.Err()
+	if st.err == nil {
+		st.err = io.EOF
+	}
+}
+
+// next returns the next event, failing the test at the deadline or when
+// the stream ends. It checks the frame and the seq order.
+func (st *stream) next(deadline time.Time, what string) event {
+	st.t.Helper()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	var ev event
+	select {
+	case ev = <-st.ch:
+	case <-st.done:
+		st.t.Fatalf("event stream of %s ended (%v) while waiting for %s; last seq %d", st.threadID, st.err, what, st.lastSeq)
+	case <-timer.C:
+		st.t.Fatalf("timed out waiting for %s on thread %s; last seq %d; last events:\n%s", what, st.threadID, st.lastSeq, st.tail(8))
+	}
+	if ev.sseType != ev.Type {
+		st.t.Errorf("SSE event: line %q but data type %q", ev.sseType, ev.Type)
+	}
+	if ev.sseID != strconv.FormatInt(ev.Seq, 10) {
+		st.t.Errorf("SSE id: line %q but data seq %d (%s)", ev.sseID, ev.Seq, ev.Type)
+	}
+	if ev.Type == "thread.snapshot" {
+		st.t.Fatalf("event stream of %s answered after_seq=%d with a thread.snapshot, but every event after it should still be held: %s",
+			st.threadID, st.lastSeq, ev.raw)
+	}
+	if ev.ThreadID != st.threadID {
+		st.t.Errorf("event %s seq %d has thread_id %q, want %q", ev.Type, ev.Seq, ev.ThreadID, st.threadID)
+	}
+	if ev.Seq != st.lastSeq+1 {
+		st.t.Errorf("event %s has seq %d right after seq %d: a gap or a duplicate", ev.Type, ev.Seq, st.lastSeq)
+	}
+	st.lastSeq = ev.Seq
+	if ev.Type == "message.delta" {
+		b := st.deltas[ev.MessageID]
+		if b == nil {
+			b = &strings.Builder{}
+			st.deltas[ev.MessageID] = b
+		}
+		b.WriteString(ev.Text)
+	}
+	st.seen = append(st.seen, ev)
+	return ev
+}
+
+// waitFor consumes events until one matches.
+func (st *stream) waitFor(deadline time.Time, what string, match func(event) bool) event {
+	st.t.Helper()
+	for {
+		if ev := st.next(deadline, what); match(ev) {
+			return ev
+		}
+	}
+}
+
+func (st *stream) text(messageID string) string {
+	if b := st.deltas[messageID]; b != nil {
+		return b.String()
+	}
+	return ""
+}
+
+func (st *stream) tail(n int) string {
+	from := max(0, len(st.seen)-n)
+	var b strings.Builder
+	for _, ev := range st.seen[from:] {
+		raw := ev.raw
+		if len(raw) > 300 {
+			raw = raw[:300] + "…"
+		}
+		b.WriteString("  " + raw + "\n")
+	}
+	return b.String()
+}
+
+// waitDeltas waits until n message.delta events of runID arrived and
+// returns the message id they stream.
+func (st *stream) waitDeltas(deadline time.Time, runID string, n int) string {
+	st.t.Helper()
+	messageID := ""
+	for got := 0; got < n; {
+		ev := st.next(deadline, fmt.Sprintf("%d deltas of run %s", n, runID))
+		if ev.RunID != runID {
+			continue
+		}
+		switch ev.Type {
+		case "message.delta":
+			if messageID != "" && ev.MessageID != messageID {
+				st.t.Fatalf("deltas of run %s switched message from %s to %s", runID, messageID, ev.MessageID)
+			}
+			messageID = ev.MessageID
+			got++
+		case "run.completed", "run.failed", "run.cancelled", "message.published":
+			st.t.Fatalf("run %s reached %s after only %d deltas (wanted %d first): raise the demo pace", runID, ev.Type, got, n)
+		}
+	}
+	if !strings.HasPrefix(messageID, "msg_") {
+		st.t.Fatalf("delta message_id %q does not start with msg_", messageID)
+	}
+	return messageID
+}
+
+// ---------------------------------------------------------------------------
+// The CLI.
+
+// runCLI runs the binary to completion (bounded) and returns its exit code
+// and output.
+func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gatewayBinary(t), args...)
+	cmd.Env = childEnv(env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("gateway %s did not exit within 30s (stdout %q, stderr %q)", strings.Join(args, " "), out.String(), errb.String())
+	}
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// checkDB runs `gateway check -db path` and requires exit 0 and "ok".
+func checkDB(t *testing.T, db string) {
+	t.Helper()
+	code, out, errOut := runCLI(t, nil, "check", "-db", db)
+	if code != 0 || !strings.HasPrefix(out, "ok") {
+		t.Fatalf("gateway check -db %s: exit %d, want 0 and \"ok\"\nstdout:\n%s\nstderr:\n%s", db, code, out, errOut)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Test 1: the walk-through of "Done when".
+
+func TestBinaryCancelAndContinue(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServer(t, db, "100ms")
+
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+
+	var started startAck
+	srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
+		"expected_state_version": 1,
+		"user_message":           "Explain how honest cancellation works in streaming chat gateways",
+	}, http.StatusCreated, &started)
+	if !strings.HasPrefix(started.RunID, "run_") || started.StateVersion <= 1 {
+		t.Fatalf("run.start ack %+v: want a run_ id and a state_version above 1", started)
+	}
+	runID := started.RunID
+
+	deadline := time.Now().Add(20 * time.Second)
+	streamed := evs.waitDeltas(deadline, runID, 4)
+
+	// Cancel: accepted at once, before the worker settles anything.
+	t0 := time.Now()
+	var ack cancelAck
+	srv.mustCall("POST", "/api/runs/"+runID+"/cancel", map[string]any{}, http.StatusAccepted, &ack)
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Errorf("cancel answered after %v; it must answer at once", took)
+	}
+	if ack.RunID != runID || ack.Status != "cancel_requested" || ack.AlreadyRequested {
+		t.Errorf("cancel ack %+v: want run %s, status cancel_requested, already_requested false", ack, runID)
+	}
+	if ack.AcceptedStateVersion <= started.StateVersion || ack.ResumeCheckpointID == "" {
+		t.Errorf("cancel ack %+v: want accepted_state_version above %d and a resume_checkpoint_id", ack, started.StateVersion)
+	}
+	if ack.PublishedMessageID != nil && *ack.PublishedMessageID == streamed {
+		t.Errorf("cancel ack names the unpublished streamed message %s as published", streamed)
+	}
+
+	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev event) bool {
+		if ev.RunID == runID && (ev.Type == "message.published" || ev.Type == "run.completed" || ev.Type == "run.failed") {
+			t.Fatalf("after its cancel was accepted, run %s emitted %s: %s", runID, ev.Type, ev.raw)
+		}
+		return ev.Type == "run.cancelled" && ev.RunID == runID
+	})
+	partial := evs.text(streamed)
+	if cancelled.DiscardedStreamChars == nil || *cancelled.DiscardedStreamChars <= 0 {
+		t.Fatalf("run.cancelled lacks a positive discarded_stream_chars: %s", cancelled.raw)
+	}
+	if n := int64(utf8.RuneCountInString(partial)); *cancelled.DiscardedStreamChars < n {
+		t.Errorf("run.cancelled discarded_stream_chars %d, but %d code points were streamed for the discarded message", *cancelled.DiscardedStreamChars, n)
+	}
+	if cancelled.ResumePolicy != "regenerate_pending_step" || cancelled.ResumeCheckpointID == "" {
+		t.Errorf("run.cancelled: resume_policy %q, resume_checkpoint_id %q", cancelled.ResumePolicy, cancelled.ResumeCheckpointID)
+	}
+	if r := srv.run(runID); r.Status != "cancelled" || r.DiscardedStreamChars != *cancelled.DiscardedStreamChars {
+		t.Errorf("GET /api/runs/%s after run.cancelled: %+v, want status cancelled with discarded_stream_chars %d", runID, r, *cancelled.DiscardedStreamChars)
+	}
+	// A second cancel changes nothing.
+	var again cancelAck
+	srv.mustCall("POST", "/api/runs/"+runID+"/cancel", map[string]any{}, http.StatusAccepted, &again)
+	if !again.AlreadyRequested || again.Status != "cancelled" {
+		t.Errorf("second cancel ack %+v: want already_requested true, status cancelled", again)
+	}
+
+	// Only the user message is history; the streamed text is not.
+	snap := srv.snapshot(tid)
+	if len(snap.Messages) != 1 || snap.Messages[0].Role != "user" {
+		t.Fatalf("history after cancel: %+v, want only the user message", snap.Messages)
+	}
+	userMsg := snap.Messages[0]
+	if ack.PublishedMessageID != nil && *ack.PublishedMessageID != userMsg.MessageID {
+		t.Errorf("cancel ack published_message_id %s, but the last published message is %s", *ack.PublishedMessageID, userMsg.MessageID)
+	}
+	if snap.ActiveRun != nil {
+		t.Errorf("active_run after run.cancelled: %+v, want null", snap.ActiveRun)
+	}
+	if snap.StateVersion != cancelled.StateVersion {
+		t.Errorf("snapshot state_version %d, but the last durable event (run.cancelled) carried %d", snap.StateVersion, cancelled.StateVersion)
+	}
+
+	// Continue from the saved point: no user_message, the current version.
+	var resumed startAck
+	srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
+		"expected_state_version": snap.StateVersion,
+	}, http.StatusCreated, &resumed)
+	if resumed.RunID == runID {
+		t.Fatalf("continue returned the cancelled run %s", runID)
+	}
+	var published *message
+	evs.waitFor(time.Now().Add(30*time.Second), "run.completed of the continued run", func(ev event) bool {
+		if ev.RunID == runID {
+			t.Errorf("the cancelled run %s emitted %s after run.cancelled: %s", runID, ev.Type, ev.raw)
+		}
+		if ev.Type == "message.published" && ev.RunID == resumed.RunID {
+			published = ev.Message
+		}
+		if ev.RunID == resumed.RunID && (ev.Type == "run.failed" || ev.Type == "run.cancelled") {
+			t.Fatalf("continued run ended %s: %s", ev.Type, ev.raw)
+		}
+		return ev.Type == "run.completed" && ev.RunID == resumed.RunID
+	})
+	if published == nil {
+		t.Fatalf("run.completed without a message.published of run %s", resumed.RunID)
+	}
+	if published.MessageID == streamed {
+		t.Errorf("the continued run published the discarded message id %s", streamed)
+	}
+	if got := evs.text(published.MessageID); published.Content != got || got == "" {
+		t.Errorf("published content is not the concatenation of its deltas:\ncontent: %q\ndeltas:  %q", published.Content, got)
+	}
+
+	after := srv.snapshot(tid)
+	if len(after.Messages) != 2 || after.Messages[0].MessageID != userMsg.MessageID ||
+		after.Messages[1].Role != "assistant" || after.Messages[1].MessageID != published.MessageID {
+		t.Fatalf("history after the continued run: %+v, want the user message then %s", after.Messages, published.MessageID)
+	}
+	if after.Messages[1].Content != published.Content {
+		t.Errorf("history holds %q, the published event said %q", after.Messages[1].Content, published.Content)
+	}
+	if after.ActiveRun != nil {
+		t.Errorf("active_run after run.completed: %+v, want null", after.ActiveRun)
+	}
+	if r := srv.run(resumed.RunID); r.Status != "completed" {
+		t.Errorf("continued run: %+v, want completed", r)
+	}
+
+	// A tab still at the old version tries to continue: refused honestly.
+	var conflict apiError
+	status, raw := srv.call("POST", "/api/threads/"+tid+"/runs", map[string]any{
+		"expected_state_version": snap.StateVersion,
+	}, &conflict)
+	if status != http.StatusConflict || conflict.Error != "state_version_conflict" {
+		t.Fatalf("stale continue: %d %s, want 409 state_version_conflict", status, raw)
+	}
+	hasReload, fork := false, ""
+	for _, a := range conflict.AllowedActions {
+		if a == "reload" {
+			hasReload = true
+		}
+		if strings.HasPrefix(a, "fork_from_cp_") {
+			fork = a
+		}
+	}
+	if !hasReload || fork == "" {
+		t.Errorf("stale continue allowed_actions %q: want \"reload\" and a fork_from_cp_ entry", conflict.AllowedActions)
+	}
+	if fork != "" && fork != "fork_from_"+snap.HeadCheckpointID {
+		t.Errorf("stale continue offers %s, but the refused command was based on %s", fork, snap.HeadCheckpointID)
+	}
+	if conflict.CurrentStateVersion != after.StateVersion || conflict.CurrentCheckpointID != after.HeadCheckpointID {
+		t.Errorf("conflict names version %d / checkpoint %s, the thread is at %d / %s",
+			conflict.CurrentStateVersion, conflict.CurrentCheckpointID, after.StateVersion, after.HeadCheckpointID)
+	}
+
+	evs.close()
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// Test 2: crash recovery.
+
+func TestBinaryCrashRecovery(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pace = "50ms"
+	srv := startServer(t, db, pace)
+	tid := srv.createThread().ThreadID
+
+	var runs []string
+	// Kill at different moments of the stream: right after the first
+	// delta, a little later, well into the reply.
+	for i, killAfter := range []int{1, 6, 15} {
+		snap := srv.snapshot(tid)
+		if want := 2 * i; len(snap.Messages) != want {
+			t.Fatalf("round %d: history has %d messages, want %d", i, len(snap.Messages), want)
+		}
+		evs := srv.events(tid, snap.LastSeq)
+		var started startAck
+		srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
+			"expected_state_version": snap.StateVersion,
+			"user_message":           fmt.Sprintf("Round %d: describe durable checkpoints, leases and recovery after crashes", i+1),
+		}, http.StatusCreated, &started)
+		runID := started.RunID
+		runs = append(runs, runID)
+
+		lost := evs.waitDeltas(time.Now().Add(20*time.Second), runID, killAfter)
+		seenSeq := evs.lastSeq
+		partial := evs.text(lost)
+
+		srv.kill()
+		evs.close()
+		checkDB(t, db) // the invariants hold even mid-run
+
+		srv = startServer(t, db, pace)
+		evs = srv.events(tid, seenSeq)
+		var published *message
+		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev event) bool {
+			if ev.RunID == runID {
+				switch ev.Type {
+				case "message.published":
+					if published != nil {
+						t.Errorf("run %s published twice: %s and %s", runID, published.MessageID, ev.Message.MessageID)
+					}
+					published = ev.Message
+				case "run.failed", "run.cancelled":
+					t.Fatalf("round %d: run %s ended %s after the restart: %s", i, runID, ev.Type, ev.raw)
+				}
+			}
+			return ev.Type == "run.completed" && ev.RunID == runID
+		})
+		if published == nil {
+			t.Fatalf("round %d: run %s completed without message.published", i, runID)
+		}
+		if published.MessageID == lost {
+			t.Fatalf("round %d: the interrupted message %s was published after the restart", i, lost)
+		}
+		if got := evs.text(published.MessageID); got != published.Content || got == "" {
+			t.Errorf("round %d: published content is not the concatenation of its deltas:\ncontent: %q\ndeltas:  %q", i, published.Content, got)
+		}
+		if n := len(strings.Fields(published.Content)); n < 40 {
+			t.Errorf("round %d: the published reply has %d words, want a full reply: %q", i, n, published.Content)
+		}
+		if r := srv.run(runID); r.Status != "completed" || r.Attempt != 2 {
+			t.Errorf("round %d: GET /api/runs/%s = %+v, want completed at attempt 2", i, runID, r)
+		}
+
+		snap = srv.snapshot(tid)
+		if want := 2 * (i + 1); len(snap.Messages) != want {
+			t.Fatalf("round %d: history has %d messages after recovery, want %d: %+v", i, len(snap.Messages), want, snap.Messages)
+		}
+		var ofRun []message
+		for _, m := range snap.Messages {
+			if m.MessageID == lost {
+				t.Errorf("round %d: history holds the interrupted message %s (%q)", i, lost, m.Content)
+			}
+			if m.Role == "assistant" && m.RunID != nil && *m.RunID == runID {
+				ofRun = append(ofRun, m)
+			}
+		}
+		if len(ofRun) != 1 || ofRun[0].MessageID != published.MessageID || ofRun[0].Content != published.Content {
+			t.Fatalf("round %d: history has %d assistant messages of run %s (%+v), want exactly the published %s",
+				i, len(ofRun), runID, ofRun, published.MessageID)
+		}
+		if last := snap.Messages[len(snap.Messages)-1]; last.MessageID != published.MessageID {
+			t.Errorf("round %d: the last history message is %s, want %s", i, last.MessageID, published.MessageID)
+		}
+		for _, m := range snap.Messages {
+			if m.Content == partial {
+				t.Errorf("round %d: history message %s holds exactly the interrupted text %q", i, m.MessageID, partial)
+			}
+		}
+		if snap.ActiveRun != nil {
+			t.Errorf("round %d: active_run after run.completed: %+v", i, snap.ActiveRun)
+		}
+		evs.close()
+	}
+
+	for _, id := range runs {
+		if r := srv.run(id); r.Status != "completed" {
+			t.Errorf("run %s is %s after recovery, want completed", id, r.Status)
+		}
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// Test 3: the command line.
+
+func TestCLIErrors(t *testing.T) {
+	dir := t.TempDir()
+
+	t.Run("check missing database", func(t *testing.T) {
+		missing := filepath.Join(dir, "missing.db")
+		code, out, errOut := runCLI(t, nil, "check", "-db", missing)
+		if code != 2 || !strings.Contains(errOut, missing) {
+			t.Errorf("check -db %s: exit %d, stderr %q, stdout %q; want exit 2 and a message naming the path", missing, code, errOut, out)
+		}
+		if _, err := os.Stat(missing); err == nil {
+			t.Errorf("check created %s", missing)
+		}
+	})
+
+	t.Run("unknown command", func(t *testing.T) {
+		code, out, errOut := runCLI(t, nil, "bogus")
+		if code != 2 || !strings.Contains(errOut, "bogus") || !strings.Contains(errOut, "Usage") {
+			t.Errorf("gateway bogus: exit %d, stderr %q, stdout %q; want exit 2 with the command named and the usage", code, errOut, out)
+		}
+	})
+
+	t.Run("invalid env duration", func(t *testing.T) {
+		db := filepath.Join(dir, "never.db")
+		code, out, errOut := runCLI(t, []string{"GATEWAY_DEMO_PACE=abc"}, "-addr", "127.0.0.1:0", "-db", db)
+		if code != 2 || !strings.Contains(errOut, "GATEWAY_DEMO_PACE") || !strings.Contains(errOut, "abc") {
+			t.Errorf("GATEWAY_DEMO_PACE=abc gateway -addr: exit %d, stderr %q, stdout %q; want exit 2 naming the variable and its value", code, errOut, out)
+		}
+		if _, err := os.Stat(db); err == nil {
+			t.Errorf("a refused configuration still created the database %s", db)
+		}
+	})
+
+	t.Run("invalid flags", func(t *testing.T) {
+		db := filepath.Join(dir, "never2.db")
+		for _, args := range [][]string{
+			{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", "-1s"},
+			{"-addr", "127.0.0.1:0", "-db", db, "-model", "gpt"},
+			{"-addr", "127.0.0.1:0", "-db", db, "extra"},
+			{"serve", "-no-such-flag"},
+		} {
+			if code, _, errOut := runCLI(t, nil, args...); code != 2 || errOut == "" {
+				t.Errorf("gateway %s: exit %d, stderr %q; want exit 2 with a message", strings.Join(args, " "), code, errOut)
+			}
+		}
+	})
+
+	t.Run("help", func(t *testing.T) {
+		if code, out, _ := runCLI(t, nil, "help"); code != 0 || !strings.Contains(out, "gateway check") {
+			t.Errorf("gateway help: exit %d, stdout %q; want 0 and the usage", code, out)
+		}
+	})
+}
