@@ -146,13 +146,9 @@ const MaxReplay = 20000
 func (s *Store) Events(ctx context.Context, userID, threadID string, after int64) (chat.Replay, error) {
 	var out chat.Replay
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		var row threadRow
-		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
-			return chat.NotFound("thread", threadID)
-		}
+		row, err := readThread(ctx, q, userID, threadID)
 		if err != nil {
-			return fmt.Errorf("load thread: %w", err)
+			return err
 		}
 		out.LastSeq = row.LastSeq
 		if after >= row.LastSeq {

@@ -213,13 +213,9 @@ func decodeCursor(c string) (int64, string, error) {
 
 // Thread returns one thread of the user.
 func (s *Store) Thread(ctx context.Context, userID, threadID string) (chat.Thread, error) {
-	var row threadRow
-	err := s.reader.GetContext(ctx, &row, s.reader.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
-		return chat.Thread{}, chat.NotFound("thread", threadID)
-	}
+	row, err := readThread(ctx, s.reader, userID, threadID)
 	if err != nil {
-		return chat.Thread{}, fmt.Errorf("load thread: %w", err)
+		return chat.Thread{}, err
 	}
 	return row.thread(), nil
 }
@@ -237,13 +233,9 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 }
 
 func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (chat.Snapshot, error) {
-	var row threadRow
-	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
-		return chat.Snapshot{}, chat.NotFound("thread", threadID)
-	}
+	row, err := readThread(ctx, q, userID, threadID)
 	if err != nil {
-		return chat.Snapshot{}, fmt.Errorf("load thread: %w", err)
+		return chat.Snapshot{}, err
 	}
 	head, err := loadCheckpoint(ctx, q, threadID, row.HeadCheckpointID)
 	if err != nil {
@@ -288,6 +280,26 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (cha
 	return snap, nil
 }
 
+// queryer is a read handle: the reader pool or a read transaction.
+type queryer interface {
+	GetContext(ctx context.Context, dest any, query string, args ...any) error
+	SelectContext(ctx context.Context, dest any, query string, args ...any) error
+	Rebind(query string) string
+}
+
+// readThread loads a thread of the user; another user's answers not_found.
+func readThread(ctx context.Context, q queryer, userID, threadID string) (threadRow, error) {
+	var row threadRow
+	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+		return threadRow{}, chat.NotFound("thread", threadID)
+	}
+	if err != nil {
+		return threadRow{}, fmt.Errorf("load thread: %w", err)
+	}
+	return row, nil
+}
+
 // loadMessages returns the messages with the given ids, in that order.
 func loadMessages(ctx context.Context, q *sqlx.Tx, ids []string) ([]chat.Message, error) {
 	out := make([]chat.Message, 0, len(ids))
@@ -325,13 +337,9 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 	var head string
 	var out []chat.Checkpoint
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		var row threadRow
-		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
-			return chat.NotFound("thread", threadID)
-		}
+		row, err := readThread(ctx, q, userID, threadID)
 		if err != nil {
-			return fmt.Errorf("load thread: %w", err)
+			return err
 		}
 		head = row.HeadCheckpointID
 		var rows []checkpointRow
