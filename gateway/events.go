@@ -22,18 +22,19 @@ const subscriberBuffer = 1024
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	threadID := r.PathValue("id")
 	after := int64(-1)
-	if v := r.URL.Query().Get("after_seq"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, s.log, chat.Invalid("after_seq must be a whole number, 0 or more"))
-			return
-		}
-		after = n
-	}
+	// Last-Event-ID wins over after_seq (a reconnecting EventSource sends
+	// it with the original URL), so after_seq is only read without it.
 	if v := r.Header.Get("Last-Event-ID"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			writeError(w, s.log, chat.Invalid("Last-Event-ID must be a seq this server sent"))
+			return
+		}
+		after = n
+	} else if v := r.URL.Query().Get("after_seq"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, s.log, chat.Invalid("after_seq must be a whole number, 0 or more"))
 			return
 		}
 		after = n
