@@ -15,66 +15,120 @@ import (
 // behind. The reader resumes from its last seq through the store.
 var ErrLagged = errors.New("subscriber fell behind and was dropped: resync from the last seq")
 
+// Sink receives events of the threads it is subscribed to. Deliver is
+// called by Publish for every event, in seq order per thread, and must not
+// block; it returns false when the sink cannot take the event, and the bus
+// then unsubscribes it from that thread without delivering anything more of
+// it (so the sink never sees a gap it does not know about).
+type Sink interface {
+	Deliver(ev *chat.Event) bool
+}
+
 // Memory is an in-process event bus. Publish never blocks; it is safe for
 // concurrent use.
 type Memory struct {
-	mu   sync.RWMutex
-	subs map[string]map[*Subscription]struct{}
+	mu    sync.RWMutex
+	sinks map[string]map[Sink]struct{}
 }
 
 // NewMemory returns an empty bus.
 func NewMemory() *Memory {
-	return &Memory{subs: map[string]map[*Subscription]struct{}{}}
+	return &Memory{sinks: map[string]map[Sink]struct{}{}}
 }
 
-// Subscription receives one thread's events in seq order until it is closed
-// by its owner (Close) or by the bus (Err then says why). The events are
-// shared with other subscribers and must not be modified.
-type Subscription struct {
-	c        chan *chat.Event
-	bus      *Memory
-	threadID string
-	once     sync.Once
-	err      error
-}
-
-// Subscribe starts receiving the thread's events committed from now on.
-// buffer bounds how far the reader may fall behind before it is dropped.
-func (b *Memory) Subscribe(threadID string, buffer int) *Subscription {
-	c := make(chan *chat.Event, buffer)
-	s := &Subscription{c: c, bus: b, threadID: threadID}
+// Add subscribes sink to the thread's events committed from now on.
+func (b *Memory) Add(threadID string, sink Sink) {
 	b.mu.Lock()
-	if b.subs[threadID] == nil {
-		b.subs[threadID] = map[*Subscription]struct{}{}
+	defer b.mu.Unlock()
+	if b.sinks[threadID] == nil {
+		b.sinks[threadID] = map[Sink]struct{}{}
 	}
-	b.subs[threadID][s] = struct{}{}
-	b.mu.Unlock()
-	return s
+	b.sinks[threadID][sink] = struct{}{}
 }
 
-// Publish hands events to every subscriber of their thread without
-// blocking. The caller publishes each thread's events in seq order.
+// Remove unsubscribes sink from the thread. Safe to call when it is not
+// subscribed.
+func (b *Memory) Remove(threadID string, sink Sink) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.remove(threadID, sink)
+}
+
+func (b *Memory) remove(threadID string, sink Sink) {
+	delete(b.sinks[threadID], sink)
+	if len(b.sinks[threadID]) == 0 {
+		delete(b.sinks, threadID)
+	}
+}
+
+// Publish hands events to every sink of their thread without blocking. The
+// caller publishes each thread's events in seq order (the store does, under
+// its write lock).
 func (b *Memory) Publish(events []*chat.Event) {
-	var lagged map[*Subscription]bool
+	type key struct {
+		thread string
+		sink   Sink
+	}
+	var refused map[key]bool
 	b.mu.RLock()
 	for _, ev := range events {
-		for s := range b.subs[ev.ThreadID] {
-			if lagged[s] {
-				continue // never deliver past a dropped event: no gap
+		for s := range b.sinks[ev.ThreadID] {
+			k := key{ev.ThreadID, s}
+			if refused[k] {
+				continue // never deliver past a refused event: no gap
 			}
-			select {
-			case s.c <- ev:
-			default:
-				if lagged == nil {
-					lagged = map[*Subscription]bool{}
+			if !s.Deliver(ev) {
+				if refused == nil {
+					refused = map[key]bool{}
 				}
-				lagged[s] = true
+				refused[k] = true
 			}
 		}
 	}
 	b.mu.RUnlock()
-	for s := range lagged {
-		s.end(ErrLagged)
+	if refused != nil {
+		b.mu.Lock()
+		for k := range refused {
+			b.remove(k.thread, k.sink)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// Subscription is a channel Sink for one thread: it receives the thread's
+// events in seq order until its owner closes it or it falls more than its
+// buffer behind (Err then says ErrLagged). The events are shared with other
+// subscribers and must not be modified.
+type Subscription struct {
+	c        chan *chat.Event
+	bus      *Memory
+	threadID string
+	mu       sync.Mutex
+	done     bool
+	err      error
+}
+
+// Subscribe starts a channel subscription to the thread's events committed
+// from now on; buffer bounds how far its reader may fall behind.
+func (b *Memory) Subscribe(threadID string, buffer int) *Subscription {
+	s := &Subscription{c: make(chan *chat.Event, buffer), bus: b, threadID: threadID}
+	b.Add(threadID, s)
+	return s
+}
+
+// Deliver implements Sink.
+func (s *Subscription) Deliver(ev *chat.Event) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false
+	}
+	select {
+	case s.c <- ev:
+		return true
+	default:
+		s.finish(ErrLagged)
+		return false
 	}
 }
 
@@ -83,21 +137,26 @@ func (b *Memory) Publish(events []*chat.Event) {
 func (s *Subscription) Events() <-chan *chat.Event { return s.c }
 
 // Close ends the subscription; Events is closed. Safe to call more than once.
-func (s *Subscription) Close() { s.end(nil) }
+func (s *Subscription) Close() {
+	s.bus.Remove(s.threadID, s)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.finish(nil)
+}
 
 // Err reports why the bus ended the subscription (nil if its owner did).
 // Valid once Events is closed.
-func (s *Subscription) Err() error { return s.err }
+func (s *Subscription) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
 
-func (s *Subscription) end(err error) {
-	s.once.Do(func() {
-		s.bus.mu.Lock()
-		delete(s.bus.subs[s.threadID], s)
-		if len(s.bus.subs[s.threadID]) == 0 {
-			delete(s.bus.subs, s.threadID)
-		}
-		s.err = err
-		close(s.c)
-		s.bus.mu.Unlock()
-	})
+func (s *Subscription) finish(err error) {
+	if s.done {
+		return
+	}
+	s.done = true
+	s.err = err
+	close(s.c)
 }
