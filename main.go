@@ -144,7 +144,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	api := gateway.New(gateway.Config{
 		Store: st, Runs: eng, Log: log,
-		Feed: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
+		Subscribe: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
+		Feed:      feed,
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
@@ -174,6 +175,9 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	log.Info("shutting down")
 	api.SetReady(false)
 	endStreams()
+	closing, cancelClosing := context.WithTimeout(context.Background(), 5*time.Second)
+	api.CloseWebSockets(closing)
+	cancelClosing()
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {

@@ -15,14 +15,8 @@ import (
 // behind. The reader resumes from its last seq through the store.
 var ErrLagged = errors.New("subscriber fell behind and was dropped: resync from the last seq")
 
-// Sink receives events of the threads it is subscribed to. Deliver is
-// called by Publish for every event, in seq order per thread, and must not
-// block; it returns false when the sink cannot take the event, and the bus
-// then unsubscribes it from that thread without delivering anything more of
-// it (so the sink never sees a gap it does not know about).
-type Sink interface {
-	Deliver(ev *chat.Event) bool
-}
+// Sink is what the bus delivers to (see chat.EventSink for the rules).
+type Sink = chat.EventSink
 
 // Memory is an in-process event bus. Publish never blocks; it is safe for
 // concurrent use.

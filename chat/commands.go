@@ -88,8 +88,9 @@ type Replay struct {
 	// Events holds every event with seq in (after, LastSeq], in order,
 	// with Type, Seq and Raw set.
 	Events []*Event
-	// LastSeq is the thread's last seq at the time of the read.
-	LastSeq int64
+	// LastSeq and StateVersion are the thread's at the time of the read.
+	LastSeq      int64
+	StateVersion int64
 	// Complete is false when some event in that range is no longer held
 	// (purged deltas): the reader must start from a snapshot instead.
 	Complete bool

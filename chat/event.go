@@ -45,6 +45,15 @@ type Event struct {
 	Raw       []byte
 }
 
+// EventSink receives the events of the threads it is subscribed to, in seq
+// order per thread. Deliver must not block: it is called while the store
+// publishes a commit. It returns false when the sink cannot take the event;
+// the publisher then unsubscribes it from that thread without delivering
+// anything later of it, so a sink never sees a gap it does not know about.
+type EventSink interface {
+	Deliver(ev *Event) bool
+}
+
 // Durable reports whether the event bumps state_version and is kept in the
 // event log.
 func (e *Event) Durable() bool {

@@ -46,17 +46,22 @@ type harness struct {
 	st    *store.Store
 	eng   *engine.Engine
 	model *pacedModel
+	feed  *bus.Memory
 }
 
 type options struct {
 	workers   int
 	keepAlive time.Duration
+	ws        gateway.WSConfig
 }
 
 type option func(*options)
 
 // withWorkers bounds the runs the engine executes at once.
 func withWorkers(n int) option { return func(o *options) { o.workers = n } }
+
+// withWS sets the WebSocket endpoint's configuration.
+func withWS(cfg gateway.WSConfig) option { return func(o *options) { o.ws = cfg } }
 
 // withKeepAlive sets the SSE keep-alive interval.
 func withKeepAlive(d time.Duration) option { return func(o *options) { o.keepAlive = d } }
@@ -85,13 +90,18 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	}
 	api := gateway.New(gateway.Config{
 		Store: st, Runs: eng,
-		Feed:      func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
+		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
+		Feed:      feed,
 		KeepAlive: o.keepAlive,
+		WS:        o.ws,
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(func() {
+		closing, cancel := context.WithTimeout(ctx, 5*time.Second)
+		api.CloseWebSockets(closing)
+		cancel()
 		srv.CloseClientConnections()
 		srv.Close()
 		eng.Close()
@@ -106,7 +116,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return &harness{t: t, srv: srv, st: st, eng: eng, model: m}
+	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed}
 }
 
 // with returns the harness reporting to t (a subtest).

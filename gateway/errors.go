@@ -122,11 +122,8 @@ func exactFields(body []byte, dst any) error {
 	if err := json.Unmarshal(body, &obj); err != nil {
 		return jsonError(err)
 	}
-	known := make(map[string]bool, t.NumField())
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		known[name] = true
-	}
+	known := map[string]bool{}
+	jsonNames(t, known)
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
 		keys = append(keys, k)
@@ -138,6 +135,20 @@ func exactFields(body []byte, dst any) error {
 		}
 	}
 	return nil
+}
+
+// jsonNames collects the JSON names of a struct's fields, including those
+// promoted from embedded structs.
+func jsonNames(t reflect.Type, into map[string]bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			jsonNames(f.Type, into)
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		into[name] = true
+	}
 }
 
 func jsonError(err error) error {

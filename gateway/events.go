@@ -42,7 +42,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	user := userID(r)
 	// Subscribe before reading the store: every event committed after the
 	// read arrives live; the seq check drops what the read already had.
-	sub := s.feed(threadID, subscriberBuffer)
+	sub := s.subscribe(threadID, subscriberBuffer)
 	defer func() { sub.Close() }()
 	first, last, err := s.catchUp(r.Context(), user, threadID, after)
 	if err != nil {
@@ -90,7 +90,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			case !ok:
 				// Dropped for falling behind: resubscribe, then fill the gap
 				// from the store.
-				sub = s.feed(threadID, subscriberBuffer)
+				sub = s.subscribe(threadID, subscriberBuffer)
 				batch, last, err = s.catchUp(r.Context(), user, threadID, last)
 				if err != nil {
 					s.log.Warn("event stream resync failed", "thread_id", threadID, "err", err)

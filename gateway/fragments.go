@@ -18,26 +18,33 @@ func (s *Server) saveFragment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	switch {
-	case req.MessageID == nil || *req.MessageID == "":
-		writeError(w, s.log, chat.Invalid("message_id is required: the id of the streamed message to save"))
-		return
-	case req.LastSeq == nil || *req.LastSeq < 1:
-		writeError(w, s.log, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)"))
-		return
-	case req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0:
-		writeError(w, s.log, chat.Invalid("expected_state_version is required: the state_version of the last event you applied"))
+	p, err := req.command(userID(r), r.PathValue("id"))
+	if err != nil {
+		writeError(w, s.log, err)
 		return
 	}
-	ack, err := s.store.SaveFragment(r.Context(), chat.SaveFragment{
-		UserID: userID(r), ThreadID: r.PathValue("id"), MessageID: *req.MessageID,
-		LastSeq: *req.LastSeq, ExpectedStateVersion: *req.ExpectedStateVersion,
-	})
+	ack, err := s.store.SaveFragment(r.Context(), p)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, ack)
+}
+
+// command validates the fields of fragment.save.
+func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragment, error) {
+	switch {
+	case req.MessageID == nil || *req.MessageID == "":
+		return chat.SaveFragment{}, chat.Invalid("message_id is required: the id of the streamed message to save")
+	case req.LastSeq == nil || *req.LastSeq < 1:
+		return chat.SaveFragment{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
+	case req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0:
+		return chat.SaveFragment{}, chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	}
+	return chat.SaveFragment{
+		UserID: userID, ThreadID: threadID, MessageID: *req.MessageID,
+		LastSeq: *req.LastSeq, ExpectedStateVersion: *req.ExpectedStateVersion,
+	}, nil
 }
 
 type deleteDraftRequest struct {
@@ -50,8 +57,8 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
-		writeError(w, s.log, chat.Invalid("expected_state_version is required: the state_version of the last event you applied"))
+	if err := req.validate(); err != nil {
+		writeError(w, s.log, err)
 		return
 	}
 	ack, err := s.store.DeleteDraft(r.Context(), userID(r), r.PathValue("id"), r.PathValue("message_id"), *req.ExpectedStateVersion)
@@ -60,4 +67,11 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ack)
+}
+
+func (req deleteDraftRequest) validate() error {
+	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
+		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	}
+	return nil
 }

@@ -44,17 +44,26 @@ type Subscription interface {
 	Close()
 }
 
-// Feed subscribes to a thread's live events.
-type Feed func(threadID string, buffer int) Subscription
+// Subscribe starts a channel subscription to a thread's live events (SSE).
+type Subscribe func(threadID string, buffer int) Subscription
+
+// Feed delivers a thread's live events to sinks (WebSocket connections).
+type Feed interface {
+	Add(threadID string, sink chat.EventSink)
+	Remove(threadID string, sink chat.EventSink)
+}
 
 // Config wires a Server.
 type Config struct {
-	Store Store
-	Runs  Runs
-	Feed  Feed
-	Log   *slog.Logger
+	Store     Store
+	Runs      Runs
+	Subscribe Subscribe
+	Feed      Feed
+	Log       *slog.Logger
 	// KeepAlive is the SSE comment interval (default 15s).
 	KeepAlive time.Duration
+	// WebSocket settings; zero values take the defaults of WSConfig.
+	WS WSConfig
 }
 
 // Server serves the API. It holds no per-request state; it is safe for
@@ -62,10 +71,12 @@ type Config struct {
 type Server struct {
 	store     Store
 	runs      Runs
+	subscribe Subscribe
 	feed      Feed
 	log       *slog.Logger
 	keepAlive time.Duration
 	ready     atomic.Bool
+	ws        *wsHub
 }
 
 // New returns a Server; it answers /readyz 503 until SetReady(true).
@@ -76,7 +87,9 @@ func New(cfg Config) *Server {
 	if cfg.KeepAlive <= 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
-	return &Server{store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive}
+	s := &Server{store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive}
+	s.ws = newWSHub(s, cfg.WS.withDefaults())
+	return s
 }
 
 // SetReady switches /readyz between 200 and 503.
@@ -88,6 +101,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /ws", s.ws.serve)
 
 	mux.HandleFunc("POST /api/threads", s.createThread)
 	mux.HandleFunc("GET /api/threads", s.listThreads)

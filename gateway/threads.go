@@ -85,8 +85,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	if req.FromCheckpointID == nil || *req.FromCheckpointID == "" {
-		writeError(w, s.log, chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from"))
+	if err := req.validate(); err != nil {
+		writeError(w, s.log, err)
 		return
 	}
 	t, err := s.store.Fork(r.Context(), userID(r), r.PathValue("id"), *req.FromCheckpointID)
@@ -95,6 +95,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID})
+}
+
+func (req forkRequest) validate() error {
+	if req.FromCheckpointID == nil || *req.FromCheckpointID == "" {
+		return chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from")
+	}
+	return nil
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {

@@ -150,7 +150,7 @@ func (s *Store) Events(ctx context.Context, userID, threadID string, after int64
 		if err != nil {
 			return err
 		}
-		out.LastSeq = row.LastSeq
+		out.LastSeq, out.StateVersion = row.LastSeq, row.StateVersion
 		if after >= row.LastSeq {
 			// Nothing missed; a seq beyond the thread's end was never
 			// sent by this server, so the reader must start over.

@@ -1,0 +1,327 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// Commands of the WebSocket protocol. Each frame holds one JSON object with
+// "type" and a client-chosen "id"; the fields of each command are those of
+// the matching HTTP request, decoded just as strictly.
+type wsEnvelope struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+}
+
+type wsHello struct {
+	wsEnvelope
+	TabID *string `json:"tab_id"`
+}
+
+type wsSubscribe struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	AfterSeq *int64  `json:"after_seq"`
+}
+
+type wsUnsubscribe struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+}
+
+type wsRunStart struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	startRunRequest
+}
+
+type wsRunCancel struct {
+	wsEnvelope
+	RunID *string `json:"run_id"`
+	cancelRequest
+}
+
+type wsFragmentSave struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	saveFragmentRequest
+}
+
+type wsDraftDelete struct {
+	wsEnvelope
+	ThreadID  *string `json:"thread_id"`
+	MessageID *string `json:"message_id"`
+	deleteDraftRequest
+}
+
+type wsFork struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	forkRequest
+}
+
+type subscribeAck struct {
+	ThreadID     string `json:"thread_id"`
+	Recovered    bool   `json:"recovered"`
+	StateVersion int64  `json:"state_version"`
+	LastSeq      int64  `json:"last_seq"`
+}
+
+var tabIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// command runs one client frame and queues exactly one ack or error for it
+// (re = its id when readable), before any event it caused.
+func (c *wsConn) command(data []byte) {
+	log := c.hub.s.log
+	var head map[string]json.RawMessage
+	if err := json.Unmarshal(data, &head); err != nil || head == nil {
+		c.reply(errorFrame("", chat.Invalid("a frame must hold one JSON object with \"type\" and \"id\""), log))
+		return
+	}
+	var re, typ string
+	if raw, ok := head["id"]; ok && json.Unmarshal(raw, &re) != nil {
+		c.reply(errorFrame("", chat.Invalid("\"id\" must be a string"), log))
+		return
+	}
+	c.mu.Lock()
+	allowed := c.limiter.allow(time.Now())
+	c.mu.Unlock()
+	if !allowed {
+		c.reply(errorFrame(re, chat.Errorf(chat.CodeRateLimited, "too many commands on this connection: slow down and retry this one"), log))
+		return
+	}
+	if raw, ok := head["type"]; !ok || json.Unmarshal(raw, &typ) != nil {
+		c.reply(errorFrame(re, chat.Invalid("\"type\" is required and must be a string"), log))
+		return
+	}
+	if re == "" {
+		c.reply(errorFrame("", chat.Invalid("\"id\" is required: every command needs a client-chosen id"), log))
+		return
+	}
+	c.hold()
+	var extra func()
+	ack, err := c.dispatch(typ, data, &extra)
+	var frame []byte
+	if err != nil {
+		frame, extra = errorFrame(re, err, log), nil
+	} else {
+		frame = ackFrame(re, ack)
+	}
+	c.release(frame, extra)
+}
+
+// dispatch decodes and runs one command. A subscribe also returns, in
+// extra, what to queue right after its ack (replay or snapshot).
+func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
+	ctx := c.ctx
+	s := c.hub.s
+	switch typ {
+	case "hello":
+		var cmd wsHello
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.TabID == nil || !tabIDPattern.MatchString(*cmd.TabID) {
+			return nil, chat.Invalid("tab_id is required: 1 to 64 letters, digits or . _ : -")
+		}
+		c.mu.Lock()
+		c.tab = *cmd.TabID
+		c.mu.Unlock()
+		return map[string]string{"connection_id": c.id}, nil
+
+	case "subscribe":
+		var cmd wsSubscribe
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
+			return nil, chat.Invalid("thread_id is required")
+		}
+		if cmd.AfterSeq != nil && *cmd.AfterSeq < 0 {
+			return nil, chat.Invalid("after_seq must be 0 or more (omit it to start from a snapshot)")
+		}
+		return c.subscribe(*cmd.ThreadID, cmd.AfterSeq, extra)
+
+	case "unsubscribe":
+		var cmd wsUnsubscribe
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
+			return nil, chat.Invalid("thread_id is required")
+		}
+		c.mu.Lock()
+		delete(c.subs, *cmd.ThreadID)
+		c.mu.Unlock()
+		s.feed.Remove(*cmd.ThreadID, c)
+		return struct{}{}, nil
+
+	case "run.start":
+		var cmd wsRunStart
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
+			return nil, chat.Invalid("thread_id is required")
+		}
+		p, err := cmd.command(c.user, *cmd.ThreadID)
+		if err != nil {
+			return nil, err
+		}
+		return s.runs.StartRun(ctx, p)
+
+	case "run.cancel":
+		var cmd wsRunCancel
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.RunID == nil || *cmd.RunID == "" {
+			return nil, chat.Invalid("run_id is required")
+		}
+		p, err := cmd.command(c.user, *cmd.RunID, c.requestedBy())
+		if err != nil {
+			return nil, err
+		}
+		return s.runs.CancelRun(ctx, p)
+
+	case "fragment.save":
+		var cmd wsFragmentSave
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
+			return nil, chat.Invalid("thread_id is required")
+		}
+		p, err := cmd.command(c.user, *cmd.ThreadID)
+		if err != nil {
+			return nil, err
+		}
+		return s.store.SaveFragment(ctx, p)
+
+	case "draft.delete":
+		var cmd wsDraftDelete
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" || cmd.MessageID == nil || *cmd.MessageID == "" {
+			return nil, chat.Invalid("thread_id and message_id are required")
+		}
+		if err := cmd.validate(); err != nil {
+			return nil, err
+		}
+		return s.store.DeleteDraft(ctx, c.user, *cmd.ThreadID, *cmd.MessageID, *cmd.ExpectedStateVersion)
+
+	case "thread.fork":
+		var cmd wsFork
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
+			return nil, chat.Invalid("thread_id is required")
+		}
+		if err := cmd.validate(); err != nil {
+			return nil, err
+		}
+		t, err := s.store.Fork(ctx, c.user, *cmd.ThreadID, *cmd.FromCheckpointID)
+		if err != nil {
+			return nil, err
+		}
+		return chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID}, nil
+	}
+	return nil, chat.Invalid("unknown command type %q: see the protocol's command list", typ)
+}
+
+// subscribe starts delivering a thread's live events to this connection
+// before reading what it missed, so nothing falls between the two; the
+// seq filter in queueEventLocked drops what both carry.
+func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, error) {
+	s := c.hub.s
+	c.mu.Lock()
+	_, already := c.subs[threadID]
+	if !already && len(c.subs) >= c.hub.cfg.MaxSubscriptions {
+		c.mu.Unlock()
+		return nil, chat.Errorf(chat.CodeRateLimited, "this connection already watches %d threads: unsubscribe from one first", len(c.subs))
+	}
+	c.subs[threadID] = -1
+	c.mu.Unlock()
+	s.feed.Add(threadID, c)
+
+	ack := subscribeAck{ThreadID: threadID}
+	var frames [][]byte
+	var last int64
+	var err error
+	if after != nil {
+		var replay chat.Replay
+		replay, err = s.store.Events(c.ctx, c.user, threadID, *after)
+		if err == nil && replay.Complete {
+			ack.Recovered, ack.StateVersion, ack.LastSeq, last = true, replay.StateVersion, replay.LastSeq, replay.LastSeq
+			for _, ev := range replay.Events {
+				frames = append(frames, ev.Raw)
+			}
+		}
+	}
+	if err == nil && !ack.Recovered {
+		var snap chat.Snapshot
+		snap, err = s.store.Snapshot(c.ctx, c.user, threadID)
+		if err == nil {
+			var raw []byte
+			raw, err = chat.SnapshotEvent(snap)
+			ack.StateVersion, ack.LastSeq, last, frames = snap.StateVersion, snap.LastSeq, snap.LastSeq, [][]byte{raw}
+		}
+	}
+	if err != nil {
+		c.mu.Lock()
+		delete(c.subs, threadID)
+		c.mu.Unlock()
+		s.feed.Remove(threadID, c)
+		return nil, err
+	}
+	*extra = func() { // runs under c.mu, right after the ack is queued
+		if _, ok := c.subs[threadID]; !ok {
+			return
+		}
+		for _, f := range frames {
+			c.queueLocked(f)
+		}
+		c.subs[threadID] = last
+	}
+	return ack, nil
+}
+
+func (c *wsConn) requestedBy() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tab != "" {
+		return "tab:" + c.tab
+	}
+	return "tab:" + c.id
+}
+
+// ackFrame encodes {"type":"ack","re":…} followed by the ack's fields.
+func ackFrame(re string, body any) []byte {
+	head, _ := json.Marshal(struct {
+		Type string `json:"type"`
+		Re   string `json:"re"`
+	}{"ack", re})
+	b, err := json.Marshal(body)
+	if err != nil || len(b) < 2 || b[0] != '{' || string(b) == "{}" {
+		return head
+	}
+	return append(append(head[:len(head)-1:len(head)-1], ','), b[1:]...)
+}
+
+// errorFrame encodes the protocol's error object with re (omitted when the
+// frame had no readable id).
+func errorFrame(re string, err error, log *slog.Logger) []byte {
+	_, body := ErrorBody(err, log)
+	if re != "" {
+		body["re"] = re
+	}
+	b, _ := json.Marshal(body)
+	return bytes.TrimSpace(b)
+}

@@ -1,0 +1,277 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// maxFrame bounds one coalesced server frame.
+const maxFrame = 256 << 10
+
+// wsConn is one browser tab (or program) on GET /ws. Its reader is the HTTP
+// handler goroutine, which runs commands one at a time in arrival order; its
+// writer goroutine drains the send queue, coalescing whatever is queued into
+// one frame (objects separated by "\n"). Deliver, called by the feed while
+// the store publishes a commit, never blocks: it appends the event's shared
+// encoding to the queue, or, past the queue's byte bound, marks the
+// connection too slow and lets the writer close it.
+//
+// While a command runs, events for this connection are held back and queued
+// after the command's ack, so the ack always precedes the events the
+// command caused.
+type wsConn struct {
+	hub  *wsHub
+	ws   *websocket.Conn
+	id   string
+	user string
+
+	ctx    context.Context // the connection's lifetime; ends when it closes
+	cancel context.CancelFunc
+	wake   chan struct{} // cap 1: the queue has frames, or closeCode is set
+
+	writeStarted atomic.Int64 // unix nanos of the write in progress, 0 when idle
+
+	mu          sync.Mutex
+	tab         string
+	queue       [][]byte
+	queuedBytes int
+	holding     bool
+	held        []*chat.Event
+	heldBytes   int
+	subs        map[string]int64 // thread -> last seq queued (-1 while subscribing)
+	closeCode   websocket.StatusCode
+	closeReason string
+	closed      bool
+	limiter     tokenBucket
+}
+
+func newWSConn(h *wsHub, ws *websocket.Conn, user string) *wsConn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &wsConn{
+		hub: h, ws: ws, id: chat.NewID("con_"), user: user, ctx: ctx, cancel: cancel,
+		wake: make(chan struct{}, 1), subs: map[string]int64{},
+		limiter: newTokenBucket(h.cfg.CommandRate, h.cfg.CommandBurst),
+	}
+}
+
+// run serves the connection until either side ends it, then unsubscribes
+// it everywhere and waits for its writer.
+func (c *wsConn) run() {
+	var writer sync.WaitGroup
+	writer.Go(c.write)
+	defer func() {
+		c.mu.Lock()
+		c.closed = true
+		threads := make([]string, 0, len(c.subs))
+		for t := range c.subs {
+			threads = append(threads, t)
+		}
+		c.mu.Unlock()
+		for _, t := range threads {
+			c.hub.s.feed.Remove(t, c)
+		}
+		c.cancel()
+		writer.Wait()
+		c.ws.CloseNow()
+	}()
+	for {
+		typ, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			return
+		}
+		if typ != websocket.MessageText {
+			c.reply(errorFrame("", chat.Invalid("binary frames are not understood: send one JSON object per text frame"), c.hub.s.log))
+			continue
+		}
+		c.command(data)
+	}
+}
+
+// write drains the queue until the connection ends. It pings on an idle
+// interval; a failed write or ping ends the connection.
+func (c *wsConn) write() {
+	defer c.cancel()
+	ping := time.NewTicker(c.hub.cfg.PingInterval)
+	defer ping.Stop()
+	var buf bytes.Buffer
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-ping.C:
+			ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
+			err := c.ws.Ping(ctx)
+			cancel()
+			if err != nil {
+				return
+			}
+			continue
+		case <-c.wake:
+		}
+		c.mu.Lock()
+		frames, code, reason := c.queue, c.closeCode, c.closeReason
+		c.queue, c.queuedBytes = nil, 0
+		c.mu.Unlock()
+		if code != 0 {
+			c.ws.Close(code, reason)
+			return
+		}
+		for len(frames) > 0 {
+			buf.Reset()
+			n := 0
+			for n < len(frames) && (n == 0 || buf.Len()+len(frames[n]) < maxFrame) {
+				if n > 0 {
+					buf.WriteByte('\n')
+				}
+				buf.Write(frames[n])
+				n++
+			}
+			frames = frames[n:]
+			c.writeStarted.Store(time.Now().UnixNano())
+			err := c.ws.Write(c.ctx, websocket.MessageText, buf.Bytes())
+			c.writeStarted.Store(0)
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
+// Deliver implements chat.EventSink. It never blocks.
+func (c *wsConn) Deliver(ev *chat.Event) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.closeCode != 0 {
+		return false
+	}
+	if _, ok := c.subs[ev.ThreadID]; !ok {
+		return false
+	}
+	if c.holding {
+		c.held = append(c.held, ev)
+		c.heldBytes += len(ev.Raw)
+		if c.queuedBytes+c.heldBytes > c.hub.cfg.QueueBytes {
+			c.closeLocked(closeSlow, closeSlowReason)
+			return false
+		}
+		return true
+	}
+	return c.queueEventLocked(ev)
+}
+
+// queueEventLocked queues ev unless this connection already has it; a seq
+// beyond the next one means an event was lost on the way, which the client
+// can only repair by resyncing.
+func (c *wsConn) queueEventLocked(ev *chat.Event) bool {
+	last, ok := c.subs[ev.ThreadID]
+	switch {
+	case !ok:
+		return false
+	case ev.Seq <= last:
+		return true
+	case ev.Seq != last+1:
+		c.closeLocked(closeSlow, "missed events: reconnect and subscribe with after_seq")
+		return false
+	}
+	c.subs[ev.ThreadID] = ev.Seq
+	return c.queueLocked(ev.Raw)
+}
+
+// queueLocked appends one frame for the writer; over the byte bound the
+// connection is closed as too slow.
+func (c *wsConn) queueLocked(frame []byte) bool {
+	if c.closeCode != 0 {
+		return false
+	}
+	c.queue = append(c.queue, frame)
+	c.queuedBytes += len(frame)
+	if c.queuedBytes > c.hub.cfg.QueueBytes {
+		c.closeLocked(closeSlow, closeSlowReason)
+		return false
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// closeLocked asks the writer to close the connection with code; queued
+// frames are dropped (the client resyncs by seq).
+func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
+	if c.closeCode != 0 {
+		return
+	}
+	c.closeCode, c.closeReason = code, reason
+	c.queue, c.queuedBytes, c.held, c.heldBytes = nil, 0, nil, 0
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// closeWith closes the connection now (shutdown): no more frames, then the
+// close handshake.
+func (c *wsConn) closeWith(code websocket.StatusCode, reason string) {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.ws.Close(code, reason)
+}
+
+// hold starts a command: events for this connection wait until release.
+func (c *wsConn) hold() {
+	c.mu.Lock()
+	c.holding = true
+	c.mu.Unlock()
+}
+
+// release queues the command's answer, then whatever it made wait, then
+// more frames (replay) given by extra, which runs with the lock held.
+func (c *wsConn) release(answer []byte, extra func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queueLocked(answer)
+	if extra != nil {
+		extra()
+	}
+	held := c.held
+	c.held, c.heldBytes, c.holding = nil, 0, false
+	for _, ev := range held {
+		c.queueEventLocked(ev)
+	}
+}
+
+// reply queues a frame outside any command (errors for unreadable frames).
+func (c *wsConn) reply(frame []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queueLocked(frame)
+}
+
+// tokenBucket limits commands per connection; used under wsConn.mu.
+type tokenBucket struct {
+	rate, burst, tokens float64
+	last                time.Time
+}
+
+func newTokenBucket(rate float64, burst int) tokenBucket {
+	return tokenBucket{rate: rate, burst: float64(burst), tokens: float64(burst), last: time.Now()}
+}
+
+func (b *tokenBucket) allow(now time.Time) bool {
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}

@@ -1,0 +1,196 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// WSConfig tunes the WebSocket endpoint.
+type WSConfig struct {
+	// OriginPatterns lists extra hosts (path.Match patterns, e.g.
+	// "app.example.com") whose pages may connect; same-origin pages and
+	// clients without an Origin header are always accepted.
+	OriginPatterns []string
+	// ReadLimit bounds one client frame (default 1 MiB; over it the
+	// connection closes with 1009).
+	ReadLimit int64
+	// QueueBytes bounds what may wait for one connection's writer (default
+	// 4 MiB); a connection over it is closed as too slow.
+	QueueBytes int
+	// PingInterval is the keep-alive period (default 20s).
+	PingInterval time.Duration
+	// StuckWrite is how long one write may block before the sweeper closes
+	// the connection (default 10s).
+	StuckWrite time.Duration
+	// CommandRate and CommandBurst bound commands per connection (default
+	// 20/s, burst 40); over them a command is answered rate_limited.
+	CommandRate  float64
+	CommandBurst int
+	// MaxSubscriptions bounds the threads one connection watches (default 100).
+	MaxSubscriptions int
+}
+
+func (c WSConfig) withDefaults() WSConfig {
+	if c.ReadLimit <= 0 {
+		c.ReadLimit = 1 << 20
+	}
+	if c.QueueBytes <= 0 {
+		c.QueueBytes = 4 << 20
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = 20 * time.Second
+	}
+	if c.StuckWrite <= 0 {
+		c.StuckWrite = 10 * time.Second
+	}
+	if c.CommandRate <= 0 {
+		c.CommandRate = 20
+	}
+	if c.CommandBurst <= 0 {
+		c.CommandBurst = 40
+	}
+	if c.MaxSubscriptions <= 0 {
+		c.MaxSubscriptions = 100
+	}
+	return c
+}
+
+// Close codes the server uses. The reasons tell the client what to do.
+const (
+	// closeSlow: the client fell too far behind (or its writes stalled);
+	// reconnect and subscribe with after_seq = the last seq it applied.
+	closeSlow       = websocket.StatusTryAgainLater
+	closeSlowReason = "too slow: reconnect and subscribe with after_seq"
+	// closeGoingAway: the server is shutting down; reconnect (elsewhere).
+	closeGoingAway       = websocket.StatusGoingAway
+	closeGoingAwayReason = "server shutting down: reconnect"
+)
+
+// wsHub owns the live WebSocket connections: it registers them, sweeps
+// stuck writers, and closes them all on shutdown. Each connection owns its
+// reader (the HTTP handler goroutine) and its writer goroutine; the hub owns
+// the sweeper. Safe for concurrent use.
+type wsHub struct {
+	s   *Server
+	cfg WSConfig
+
+	mu      sync.Mutex
+	conns   map[*wsConn]struct{}
+	closing bool
+	active  sync.WaitGroup // one per serving handler
+
+	sweepOnce sync.Once
+	stop      chan struct{}
+	swept     sync.WaitGroup
+}
+
+func newWSHub(s *Server, cfg WSConfig) *wsHub {
+	return &wsHub{s: s, cfg: cfg, conns: map[*wsConn]struct{}{}, stop: make(chan struct{})}
+}
+
+// serve upgrades GET /ws and runs the connection until it ends. The
+// connection's context is its own: a run started over it outlives it.
+func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		writeError(w, h.s.log, chat.Errorf(chat.CodeInternal, "server shutting down: reconnect"))
+		return
+	}
+	h.active.Add(1)
+	h.mu.Unlock()
+	defer h.active.Done()
+	h.sweepOnce.Do(func() { h.swept.Go(h.sweep) })
+
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		OriginPatterns:  h.cfg.OriginPatterns,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return // Accept answered the client (403 for a foreign origin)
+	}
+	ws.SetReadLimit(h.cfg.ReadLimit)
+	c := newWSConn(h, ws, userID(r))
+	h.mu.Lock()
+	closing := h.closing
+	if !closing {
+		h.conns[c] = struct{}{}
+	}
+	h.mu.Unlock()
+	if closing {
+		ws.Close(closeGoingAway, closeGoingAwayReason)
+		return
+	}
+	defer func() {
+		h.mu.Lock()
+		delete(h.conns, c)
+		h.mu.Unlock()
+	}()
+	c.run()
+}
+
+// sweep closes connections whose current write has been blocked for too
+// long: a peer that stopped reading and lets TCP fill up. One goroutine for
+// all connections, instead of a deadline on every write.
+func (h *wsHub) sweep() {
+	t := time.NewTicker(h.cfg.StuckWrite / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case now := <-t.C:
+			h.mu.Lock()
+			for c := range h.conns {
+				if started := c.writeStarted.Load(); started != 0 && now.Sub(time.Unix(0, started)) > h.cfg.StuckWrite {
+					c.ws.CloseNow()
+				}
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+// Shutdown closes every connection in parallel with "going away", gives the
+// close handshakes until ctx ends, then drops what is left, and waits for
+// every connection's goroutines and the sweeper.
+func (h *wsHub) shutdown(ctx context.Context) {
+	h.mu.Lock()
+	h.closing = true
+	conns := make([]*wsConn, 0, len(h.conns))
+	for c := range h.conns {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	var closing sync.WaitGroup
+	for _, c := range conns {
+		closing.Go(func() { c.closeWith(closeGoingAway, closeGoingAwayReason) })
+	}
+	done := make(chan struct{})
+	go func() {
+		closing.Wait()
+		h.active.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		for _, c := range conns {
+			c.ws.CloseNow()
+		}
+		<-done
+	}
+	close(h.stop)
+	h.swept.Wait()
+}
+
+// CloseWebSockets ends every WebSocket connection (see wsHub.shutdown). Call
+// it before http.Server.Shutdown, which does not wait for hijacked
+// connections.
+func (s *Server) CloseWebSockets(ctx context.Context) { s.ws.shutdown(ctx) }
