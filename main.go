@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ type config struct {
 	streamTTL time.Duration
 	workers   int
 	logLevel  string
+	origins   []string
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -83,12 +85,18 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
 	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
+	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, o := range strings.Split(*origins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			c.origins = append(c.origins, o)
+		}
 	}
 	if c.model != "demo" {
 		return c, fmt.Errorf("-model %q is not available: use demo", c.model)
@@ -146,6 +154,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		Store: st, Runs: eng, Log: log,
 		Subscribe: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
 		Feed:      feed,
+		WS:        gateway.WSConfig{OriginPatterns: cfg.origins},
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
