@@ -158,7 +158,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
-	web.Routes(mux)
+	web.New(st, log).Routes(mux)
 
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {

@@ -389,3 +389,19 @@ func forkTitle(title string) string {
 	}
 	return t
 }
+
+// RenameThread changes a thread's title. The title is a label, not
+// conversation state: it bumps neither state_version nor the event log, so
+// renaming never makes another tab's next command stale.
+func (s *Store) RenameThread(ctx context.Context, userID, threadID, title string) error {
+	return s.write(ctx, func(t *txn) error {
+		res, err := t.exec(`UPDATE threads SET title = ?, updated_at = ? WHERE thread_id = ? AND user_id = ?`, title, ms(t.now), threadID, userID)
+		if err != nil {
+			return fmt.Errorf("rename thread: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return chat.NotFound("thread", threadID)
+		}
+		return nil
+	})
+}

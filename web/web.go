@@ -1,32 +1,132 @@
-// Package web serves the browser pages. Until the chat UI lands it serves
-// one page that says what is running and where the API is.
+// Package web serves the browser pages: templ components rendered on the
+// server for the first paint (the client script in static/ then keeps them
+// live over the WebSocket), and the form posts that create and rename
+// conversations.
 package web
 
 import (
+	"context"
+	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/a-h/templ"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/static"
 )
 
-// Routes registers the pages on mux.
-func Routes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /{$}", index)
+//go:generate go tool templ generate
+
+// Store is what the pages read and the forms change.
+type Store interface {
+	ListThreads(ctx context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error)
+	Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error)
+	CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error)
+	RenameThread(ctx context.Context, userID, threadID, title string) error
 }
 
-func index(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
-	_, _ = w.Write([]byte(indexPage))
+// Pages serves the browser UI. Safe for concurrent use.
+type Pages struct {
+	store Store
+	log   *slog.Logger
 }
 
-const indexPage = `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>gateway</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>body{font:16px/1.5 system-ui,sans-serif;max-width:40rem;margin:3rem auto;padding:0 1rem}code{background:#8882;padding:0 .2em}</style>
-</head><body>
-<h1>gateway is running</h1>
-<p>The chat page is not built yet. The HTTP API is live under <code>/api</code>:
-create a thread with <code>POST /api/threads</code>, start a run with
-<code>POST /api/threads/{id}/runs</code>, follow it with
-<code>GET /api/threads/{id}/events</code>, and cancel it with
-<code>POST /api/runs/{id}/cancel</code>. The README lists every endpoint.</p>
-</body></html>
-`
+// New returns the pages over store.
+func New(store Store, log *slog.Logger) *Pages {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Pages{store: store, log: log}
+}
+
+// Routes registers the pages and the static files on mux. Form posts are
+// refused cross-origin.
+func (p *Pages) Routes(mux *http.ServeMux) {
+	forms := http.NewCrossOriginProtection()
+	mux.Handle("GET /static/", static.Handler())
+	mux.HandleFunc("GET /{$}", p.home)
+	mux.HandleFunc("GET /t/{id}", p.thread)
+	mux.Handle("POST /threads", forms.Handler(http.HandlerFunc(p.create)))
+	mux.Handle("POST /t/{id}/rename", forms.Handler(http.HandlerFunc(p.rename)))
+}
+
+// sidebarSize is how many conversations the sidebar lists.
+const sidebarSize = 100
+
+func (p *Pages) links(r *http.Request) []ThreadLink {
+	threads, _, err := p.store.ListThreads(r.Context(), chat.LocalUserID, sidebarSize, "")
+	if err != nil {
+		p.log.Error("list threads", "err", err)
+		return nil
+	}
+	out := make([]ThreadLink, len(threads))
+	for i, t := range threads {
+		out[i] = ThreadLink{ID: t.ThreadID, Title: t.Title}
+	}
+	return out
+}
+
+func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
+	p.render(w, r, http.StatusOK, Home(p.links(r)))
+}
+
+func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
+	snap, err := p.store.Snapshot(r.Context(), chat.LocalUserID, r.PathValue("id"))
+	if chat.ErrorCode(err) == chat.CodeNotFound {
+		p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
+		return
+	}
+	if err != nil {
+		p.fail(w, err)
+		return
+	}
+	p.render(w, r, http.StatusOK, ThreadPage(snap, p.links(r)))
+}
+
+func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
+	snap, err := p.store.CreateThread(r.Context(), chat.LocalUserID, "New conversation")
+	if err != nil {
+		p.fail(w, err)
+		return
+	}
+	http.Redirect(w, r, "/t/"+snap.ThreadID, http.StatusSeeOther)
+}
+
+func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
+	title := strings.TrimSpace(r.PostFormValue("title"))
+	id := r.PathValue("id")
+	if title == "" || len(title) > 200 || !utf8.ValidString(title) {
+		http.Error(w, "A title needs 1 to 200 characters. Go back and try again.", http.StatusBadRequest)
+		return
+	}
+	if err := p.store.RenameThread(r.Context(), chat.LocalUserID, id, title); err != nil {
+		if chat.ErrorCode(err) == chat.CodeNotFound {
+			p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
+			return
+		}
+		p.fail(w, err)
+		return
+	}
+	http.Redirect(w, r, "/t/"+id, http.StatusSeeOther)
+}
+
+func (p *Pages) render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	if err := c.Render(r.Context(), w); err != nil && !errors.Is(err, context.Canceled) {
+		p.log.Error("render page", "err", err)
+	}
+}
+
+func (p *Pages) fail(w http.ResponseWriter, err error) {
+	p.log.Error("page", "err", err)
+	http.Error(w, "Something went wrong on the server. Reload the page; if it persists, check the server log.", http.StatusInternalServerError)
+}

@@ -1,0 +1,102 @@
+// Types of the wire protocol the page speaks (see the README).
+
+export type RunStatus =
+  | "queued"
+  | "running"
+  | "waiting_confirmation"
+  | "cancel_requested"
+  | "cancelling"
+  | "completed"
+  | "failed"
+  | "cancelled";
+
+export interface Message {
+  message_id: string;
+  thread_id: string;
+  role: "user" | "assistant" | "tool";
+  kind: "text" | "card" | "fragment";
+  content: string;
+  state_version: number;
+  checkpoint_id: string;
+  run_id: string | null;
+  fragment_of: { run_id: string; message_id: string; last_seq: number } | null;
+}
+
+export interface ActiveRun {
+  run_id: string;
+  status: RunStatus;
+  message_id: string | null;
+  partial_text: string;
+  last_seq: number;
+}
+
+export interface Snapshot {
+  thread_id: string;
+  title: string;
+  state_version: number;
+  head_checkpoint_id: string;
+  last_seq: number;
+  messages: Message[];
+  active_run: ActiveRun | null;
+}
+
+export interface Checkpoint {
+  checkpoint_id: string;
+  parent_checkpoint_id: string | null;
+  state_version: number;
+  message_ids: string[];
+  pending: { step: string; input_hash: string } | null;
+  created_at: string;
+}
+
+export interface OperationOutcome {
+  operation_id: string;
+  tool: string;
+  phase: string;
+  outcome: string;
+}
+
+// ServerEvent is any event; fields beyond the common ones depend on type.
+export interface ServerEvent {
+  type: string;
+  thread_id: string;
+  seq: number;
+  ts: number;
+  state_version?: number;
+  run_id?: string;
+  // per type
+  message_id?: string;
+  text?: string;
+  message?: Message;
+  checkpoint_id?: string;
+  parent_checkpoint_id?: string | null;
+  base_checkpoint_id?: string;
+  status?: RunStatus;
+  reason?: string;
+  requested_by?: string;
+  active_operation?: { kind: string; operation_id: string };
+  resume_checkpoint_id?: string;
+  published_message_id?: string | null;
+  discarded_stream_chars?: number;
+  operations?: OperationOutcome[];
+  error?: string;
+}
+
+export interface ErrorReply {
+  type: "error";
+  re?: string;
+  error: string;
+  message: string;
+  allowed_actions?: string[];
+  current_state_version?: number;
+  [key: string]: unknown;
+}
+
+export class CommandError extends Error {
+  constructor(readonly reply: ErrorReply) {
+    super(reply.message);
+  }
+  get code(): string {
+    return this.reply.error;
+  }
+}

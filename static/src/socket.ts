@@ -1,0 +1,104 @@
+// Socket is the page's one WebSocket connection: it says hello with the
+// tab's id, reconnects with backoff when the connection drops, and turns
+// each command into a promise settled by its ack or error. A dropped
+// connection cancels nothing on the server; after reconnecting, the owner
+// resubscribes from the last seq it applied.
+
+import { CommandError, type ErrorReply, type ServerEvent } from "./protocol";
+
+export type ConnState = "connecting" | "live" | "reconnecting";
+
+interface Pending {
+  resolve: (ack: Record<string, unknown>) => void;
+  reject: (err: Error) => void;
+}
+
+export interface SocketHandlers {
+  // open runs after every (re)connect, once hello was acknowledged.
+  open: () => void;
+  event: (ev: ServerEvent) => void;
+  state: (s: ConnState, detail: string) => void;
+}
+
+function tabID(): string {
+  const key = "gateway.tab_id";
+  let id = sessionStorage.getItem(key);
+  if (!id) {
+    id = "tab-" + Math.random().toString(36).slice(2, 10);
+    sessionStorage.setItem(key, id);
+  }
+  return id;
+}
+
+export class Socket {
+  private ws: WebSocket | null = null;
+  private nextID = 0;
+  private pending = new Map<string, Pending>();
+  private backoff = 250;
+  private readonly tab = tabID();
+
+  constructor(private readonly h: SocketHandlers) {}
+
+  get tabID(): string {
+    return this.tab;
+  }
+
+  connect(): void {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${proto}//${location.host}/ws`);
+    this.ws = ws;
+    ws.onopen = () => {
+      this.backoff = 250;
+      this.send({ type: "hello", tab_id: this.tab })
+        .then(() => {
+          this.h.state("live", "");
+          this.h.open();
+        })
+        .catch(() => ws.close());
+    };
+    ws.onmessage = (m: MessageEvent) => {
+      if (typeof m.data !== "string") return;
+      for (const line of m.data.split("\n")) {
+        if (line) this.dispatch(JSON.parse(line) as Record<string, unknown>);
+      }
+    };
+    ws.onclose = (e: CloseEvent) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      for (const p of this.pending.values()) p.reject(new Error("connection lost"));
+      this.pending.clear();
+      const why = e.code === 1001 ? "server restarting" : e.code === 1013 ? "catching up" : "connection lost";
+      this.h.state("reconnecting", why);
+      const wait = this.backoff;
+      this.backoff = Math.min(this.backoff * 2, 5000);
+      setTimeout(() => this.connect(), wait);
+    };
+  }
+
+  // send runs one command and settles with its ack (or rejects with a
+  // CommandError carrying the protocol error).
+  send(cmd: Record<string, unknown>): Promise<Record<string, unknown>> {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      return Promise.reject(new Error("not connected: wait for the connection to come back"));
+    }
+    const id = `c${++this.nextID}`;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      ws.send(JSON.stringify({ ...cmd, id }));
+    });
+  }
+
+  private dispatch(obj: Record<string, unknown>): void {
+    if (obj.type === "ack" || obj.type === "error") {
+      const re = obj.re as string | undefined;
+      const p = re ? this.pending.get(re) : undefined;
+      if (!p || !re) return;
+      this.pending.delete(re);
+      if (obj.type === "ack") p.resolve(obj);
+      else p.reject(new CommandError(obj as unknown as ErrorReply));
+      return;
+    }
+    this.h.event(obj as unknown as ServerEvent);
+  }
+}

@@ -1,0 +1,542 @@
+// ThreadView keeps one conversation page true to the server: it applies the
+// thread's events in seq order, shows streamed text as provisional (never
+// history), and offers after a cancel only what the server can honour.
+
+import { Socket, type ConnState } from "./socket";
+import {
+  CommandError,
+  type Checkpoint,
+  type Message,
+  type OperationOutcome,
+  type RunStatus,
+  type ServerEvent,
+  type Snapshot,
+} from "./protocol";
+
+interface Run {
+  id: string;
+  status: RunStatus;
+}
+
+// Streamed is the reply in flight (or the one a cancel left behind).
+interface Streamed {
+  runID: string;
+  messageID: string;
+  text: string;
+  lastSeq: number; // seq of the last delta this tab displayed
+  saved: boolean;
+}
+
+interface Receipt {
+  runID: string;
+  kept: string | null;
+  discarded: number;
+  operations: OperationOutcome[];
+}
+
+const $ = <T extends HTMLElement>(root: ParentNode, sel: string): T => {
+  const el = root.querySelector<T>(sel);
+  if (!el) throw new Error(`page is missing ${sel}`);
+  return el;
+};
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else e.setAttribute(k, v);
+  }
+  e.append(...children);
+  return e;
+}
+
+function button(label: string, action: string, testid: string, cls = "btn"): HTMLButtonElement {
+  return el("button", { type: "button", class: cls, "data-action": action, "data-testid": testid }, label);
+}
+
+export class ThreadView {
+  private readonly threadID: string;
+  private stateVersion: number;
+  private lastSeq: number;
+  private head = "";
+  private messages: Message[] = [];
+  private run: Run | null = null;
+  private streamed: Streamed | null = null;
+  private receipt: Receipt | null = null;
+  private failure: string | null = null;
+  private pendingStep = false;
+  private conflictFrom: string | null = null;
+  private editing: { resumeFrom: string } | null = null;
+  private checkpoints: Checkpoint[] = [];
+  private subscribed = false;
+  private readonly socket: Socket;
+
+  private readonly list: HTMLOListElement;
+  private readonly live: HTMLElement;
+  private readonly composer: HTMLFormElement;
+  private readonly input: HTMLTextAreaElement;
+  private readonly send: HTMLButtonElement;
+  private readonly cancel: HTMLButtonElement;
+  private readonly conn: HTMLElement;
+  private readonly banner: HTMLElement;
+  private readonly notice: HTMLElement;
+  private readonly tree: HTMLElement;
+
+  constructor(private readonly root: HTMLElement) {
+    const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
+    this.threadID = snap.thread_id;
+    this.stateVersion = snap.state_version;
+    this.lastSeq = snap.last_seq;
+    this.list = $(root, "[data-testid=messages]");
+    this.live = $(root, "[data-testid=live]");
+    this.composer = $(root, "[data-testid=composer]");
+    this.input = $(root, "[data-testid=composer-input]");
+    this.send = $(root, "[data-testid=send]");
+    this.cancel = $(root, "[data-testid=cancel]");
+    this.conn = $(root, "[data-testid=conn-status]");
+    this.banner = $(root, "[data-testid=conflict-banner]");
+    this.notice = $(root, "[data-testid=notice]");
+    this.tree = $(root, "[data-testid=tree]");
+    this.applySnapshot(snap);
+    this.socket = new Socket({
+      open: () => this.resubscribe(),
+      event: (ev) => this.onEvent(ev),
+      state: (s, detail) => this.onConn(s, detail),
+    });
+  }
+
+  start(): void {
+    this.composer.addEventListener("submit", (e) => {
+      e.preventDefault();
+      void this.submit();
+    });
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+        e.preventDefault();
+        void this.submit();
+      }
+    });
+    document.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && this.run && !this.cancelAccepted()) {
+        e.preventDefault();
+        void this.cancelRun();
+      }
+    });
+    this.root.addEventListener("click", (e) => {
+      const target = (e.target as HTMLElement).closest<HTMLElement>("[data-action]");
+      if (target) void this.action(target.dataset.action ?? "", target);
+    });
+    void this.loadCheckpoints();
+    this.socket.connect();
+  }
+
+  // ---- server state ----
+
+  private applySnapshot(s: Snapshot): void {
+    this.stateVersion = s.state_version;
+    this.lastSeq = s.last_seq;
+    this.head = s.head_checkpoint_id;
+    this.messages = s.messages;
+    this.receipt = null;
+    this.failure = null;
+    this.run = s.active_run ? { id: s.active_run.run_id, status: s.active_run.status } : null;
+    this.streamed =
+      s.active_run && s.active_run.message_id
+        ? { runID: s.active_run.run_id, messageID: s.active_run.message_id, text: s.active_run.partial_text, lastSeq: s.active_run.last_seq, saved: false }
+        : null;
+    this.render();
+  }
+
+  private resubscribe(): void {
+    this.socket
+      .send({ type: "subscribe", thread_id: this.threadID, after_seq: this.lastSeq })
+      .then(() => {
+        this.subscribed = true;
+        this.render();
+      })
+      .catch((err: unknown) => this.show(`Could not follow this conversation: ${(err as Error).message}`));
+  }
+
+  private onEvent(ev: ServerEvent): void {
+    if (ev.thread_id !== this.threadID) return;
+    if (ev.type === "thread.snapshot") {
+      this.applySnapshot(ev as unknown as Snapshot);
+      void this.loadCheckpoints();
+      return;
+    }
+    if (ev.seq <= this.lastSeq) return; // already applied
+    this.lastSeq = ev.seq;
+    if (ev.state_version) this.stateVersion = ev.state_version;
+    switch (ev.type) {
+      case "run.started":
+        this.run = { id: ev.run_id ?? "", status: ev.status ?? "queued" };
+        this.streamed = null;
+        this.receipt = null;
+        this.failure = null;
+        this.pendingStep = false;
+        break;
+      case "message.delta":
+        if (!this.streamed || this.streamed.messageID !== ev.message_id) {
+          this.streamed = { runID: ev.run_id ?? "", messageID: ev.message_id ?? "", text: "", lastSeq: 0, saved: false };
+        }
+        this.streamed.text += ev.text ?? "";
+        this.streamed.lastSeq = ev.seq;
+        if (this.run && this.run.status === "queued") this.run.status = "running";
+        break;
+      case "message.published": {
+        const m = ev.message;
+        if (m && !this.messages.some((x) => x.message_id === m.message_id)) this.messages.push(m);
+        if (m && this.streamed && this.streamed.messageID === m.message_id) this.streamed = null;
+        break;
+      }
+      case "checkpoint.created":
+        this.head = ev.checkpoint_id ?? this.head;
+        break;
+      case "message.deleted":
+        this.messages = this.messages.filter((m) => m.message_id !== ev.message_id);
+        break;
+      case "run.cancel_requested":
+      case "run.cancelling":
+        if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
+        break;
+      case "run.cancelled": {
+        const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
+        this.receipt = {
+          runID: ev.run_id ?? "",
+          kept: kept ? kept.content : null,
+          discarded: ev.discarded_stream_chars ?? 0,
+          operations: ev.operations ?? [],
+        };
+        this.run = null;
+        this.pendingStep = true;
+        break;
+      }
+      case "run.completed":
+        this.run = null;
+        this.streamed = null;
+        this.pendingStep = false;
+        break;
+      case "run.failed":
+        this.run = null;
+        this.failure = ev.error ?? "the run failed";
+        this.pendingStep = true;
+        break;
+    }
+    this.render();
+    if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
+  }
+
+  private onConn(s: ConnState, detail: string): void {
+    this.conn.dataset.state = s;
+    this.conn.textContent = s === "live" ? "Live" : s === "connecting" ? "Connecting…" : `Reconnecting (${detail})…`;
+    if (s !== "live") this.subscribed = false;
+    this.render();
+  }
+
+  private cancelAccepted(): boolean {
+    return this.run !== null && (this.run.status === "cancel_requested" || this.run.status === "cancelling");
+  }
+
+  private async loadCheckpoints(): Promise<void> {
+    try {
+      const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/checkpoints`);
+      if (!r.ok) return;
+      const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: Checkpoint[] };
+      this.checkpoints = body.checkpoints;
+      const head = body.checkpoints.find((c) => c.checkpoint_id === body.head_checkpoint_id);
+      if (head && body.head_checkpoint_id === this.head) this.pendingStep = head.pending !== null && this.run === null;
+      this.render();
+      this.renderTree();
+    } catch {
+      // The tree is an aid; the conversation works without it.
+    }
+  }
+
+  // ---- commands ----
+
+  private async submit(): Promise<void> {
+    const text = this.input.value.trim();
+    if (!text || this.run || !this.subscribed) return;
+    const cmd: Record<string, unknown> = {
+      type: "run.start",
+      thread_id: this.threadID,
+      expected_state_version: this.stateVersion,
+      user_message: text,
+    };
+    if (this.editing) cmd.resume_from_checkpoint_id = this.editing.resumeFrom;
+    if (await this.command(cmd)) {
+      this.input.value = "";
+      this.editing = null;
+    }
+  }
+
+  private async cancelRun(): Promise<void> {
+    if (!this.run) return;
+    const runID = this.run.id;
+    this.run.status = "cancel_requested"; // the server's ack follows at once
+    this.render();
+    await this.command({ type: "run.cancel", run_id: runID });
+  }
+
+  private async action(name: string, target: HTMLElement): Promise<void> {
+    switch (name) {
+      case "cancel":
+        return this.cancelRun();
+      case "continue":
+        await this.command({ type: "run.start", thread_id: this.threadID, expected_state_version: this.stateVersion });
+        return;
+      case "edit": {
+        const lastUser = [...this.messages].reverse().find((m) => m.role === "user");
+        const cp = lastUser && this.checkpoints.find((c) => c.checkpoint_id === lastUser.checkpoint_id);
+        if (!lastUser || !cp || !cp.parent_checkpoint_id) {
+          this.show("There is no request to edit here: write a new message instead.");
+          return;
+        }
+        this.editing = { resumeFrom: cp.parent_checkpoint_id };
+        this.input.value = lastUser.content;
+        this.input.focus();
+        this.render();
+        return;
+      }
+      case "stop-edit":
+        this.editing = null;
+        this.input.value = "";
+        this.render();
+        return;
+      case "fork":
+        return this.fork(this.head);
+      case "fork-at":
+        return this.fork(target.dataset.checkpointId ?? "");
+      case "fork-seen":
+        return this.fork(this.conflictFrom ?? this.head);
+      case "save-fragment": {
+        const s = this.streamed;
+        if (!s) return;
+        const ok = await this.command({
+          type: "fragment.save",
+          thread_id: this.threadID,
+          message_id: s.messageID,
+          last_seq: s.lastSeq,
+          expected_state_version: this.stateVersion,
+        });
+        if (ok) s.saved = true;
+        this.render();
+        return;
+      }
+      case "delete-draft":
+        await this.command({
+          type: "draft.delete",
+          thread_id: this.threadID,
+          message_id: target.dataset.messageId,
+          expected_state_version: this.stateVersion,
+        });
+        return;
+      case "reload":
+        this.conflictFrom = null;
+        this.banner.hidden = true;
+        this.socket
+          .send({ type: "subscribe", thread_id: this.threadID })
+          .catch((err: unknown) => this.show((err as Error).message));
+        return;
+      case "toggle-tree": {
+        this.tree.hidden = !this.tree.hidden;
+        target.setAttribute("aria-expanded", String(!this.tree.hidden));
+        if (!this.tree.hidden) await this.loadCheckpoints();
+        return;
+      }
+    }
+  }
+
+  private async fork(from: string): Promise<void> {
+    try {
+      const ack = await this.socket.send({ type: "thread.fork", thread_id: this.threadID, from_checkpoint_id: from });
+      location.assign(`/t/${encodeURIComponent(String(ack.new_thread_id))}`);
+    } catch (err) {
+      this.show(`Could not fork: ${(err as Error).message}`);
+    }
+  }
+
+  // command sends one command and shows its error; it reports success.
+  private async command(cmd: Record<string, unknown>): Promise<boolean> {
+    try {
+      await this.socket.send(cmd);
+      this.show("");
+      return true;
+    } catch (err) {
+      if (err instanceof CommandError && err.code === "state_version_conflict") {
+        const fork = (err.reply.allowed_actions ?? []).find((a) => a.startsWith("fork_from_"));
+        this.conflictFrom = fork ? fork.slice("fork_from_".length) : null;
+        this.banner.hidden = false;
+        $(this.banner, "[data-action=fork-seen]").hidden = this.conflictFrom === null;
+      } else {
+        this.show((err as Error).message);
+      }
+      this.render();
+      return false;
+    }
+  }
+
+  private show(text: string): void {
+    this.notice.textContent = text;
+    this.notice.hidden = text === "";
+  }
+
+  // ---- rendering ----
+
+  private render(): void {
+    const atBottom = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
+    this.renderMessages();
+    this.renderLive();
+    if (atBottom) window.scrollTo({ top: document.documentElement.scrollHeight });
+    const busy = this.run !== null;
+    this.send.hidden = busy;
+    this.send.disabled = !this.subscribed;
+    this.cancel.hidden = !busy;
+    this.cancel.disabled = this.cancelAccepted();
+    this.cancel.textContent = this.cancelAccepted() ? "Cancelling…" : "Cancel";
+    this.input.placeholder = this.editing ? "Edit your request; sending starts a new branch from before it" : "Ask something…";
+    this.root.dataset.stateVersion = String(this.stateVersion);
+    this.root.dataset.lastSeq = String(this.lastSeq);
+    this.root.dataset.runStatus = this.run ? this.run.status : this.receipt ? "cancelled" : this.failure ? "failed" : "idle";
+  }
+
+  private renderMessages(): void {
+    const want = this.messages.map((m) => m.message_id).join(",");
+    if (this.list.dataset.ids === want) return;
+    this.list.dataset.ids = want;
+    this.list.replaceChildren(...this.messages.map((m) => this.messageItem(m)));
+  }
+
+  private messageItem(m: Message): HTMLLIElement {
+    const li = el("li", {
+      class: `msg role-${m.role} kind-${m.kind}`,
+      "data-testid": "message",
+      "data-message-id": m.message_id,
+      "data-role": m.role,
+      "data-kind": m.kind,
+    });
+    if (m.kind === "fragment") li.append(el("div", { class: "label", "data-testid": "fragment-label" }, "Saved fragment"));
+    li.append(el(m.kind === "card" ? "pre" : "div", { class: m.kind === "card" ? "body card" : "body", "data-testid": "message-body" }, m.content));
+    if (m.kind === "fragment") {
+      const del = button("Delete draft", "delete-draft", "delete-draft", "btn ghost small");
+      del.dataset.messageId = m.message_id;
+      li.append(el("div", { class: "msg-actions" }, del));
+    }
+    return li;
+  }
+
+  private renderLive(): void {
+    const parts: Node[] = [];
+    const s = this.streamed;
+    if (s && !s.saved) {
+      const streaming = this.run !== null && this.run.id === s.runID;
+      const chip = streaming
+        ? this.cancelAccepted()
+          ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancelling…")
+          : el("span", { class: "chip live", "data-testid": "run-chip" }, "Streaming · not saved yet")
+        : el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation");
+      parts.push(
+        el(
+          "div",
+          { class: `msg role-assistant provisional${streaming ? "" : " discarded"}`, "data-testid": "streaming", "aria-busy": String(streaming) },
+          chip,
+          el("div", { class: "body", "data-testid": "streaming-text" }, s.text),
+        ),
+      );
+    } else if (this.run) {
+      const label = this.cancelAccepted() ? "Cancelling…" : this.run.status === "queued" ? "Waiting for a worker…" : "Thinking…";
+      parts.push(el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label)));
+    }
+    if (this.receipt) parts.push(this.receiptCard(this.receipt));
+    if (this.failure) {
+      parts.push(
+        el(
+          "div",
+          { class: "card-box error", "data-testid": "failure", role: "alert" },
+          el("strong", {}, "The reply failed. "),
+          this.failure,
+          el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary")),
+        ),
+      );
+    } else if (!this.receipt && !this.run && this.pendingStep) {
+      parts.push(
+        el(
+          "div",
+          { class: "card-box", "data-testid": "pending" },
+          "The last reply was not finished. ",
+          el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary")),
+        ),
+      );
+    }
+    if (this.editing) {
+      parts.push(el("div", { class: "card-box", "data-testid": "editing" }, "Editing your last request: sending it starts a new branch from before it. ", button("Stop editing", "stop-edit", "action-stop-edit", "btn ghost small")));
+    }
+    this.live.replaceChildren(...parts);
+  }
+
+  private receiptCard(r: Receipt): HTMLElement {
+    const kept = r.kept === null ? "nothing yet" : `“${r.kept.length > 140 ? r.kept.slice(0, 140) + "…" : r.kept}”`;
+    const ops =
+      r.operations.length === 0
+        ? el("li", {}, "No side effects: no tool had started.")
+        : r.operations.map((o) => el("li", { "data-testid": "receipt-operation" }, `${o.tool}: ${o.outcome} (${o.phase})`));
+    const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
+    if (this.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
+    actions.append(button("Start a new branch", "fork", "action-fork"));
+    if (this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved) {
+      actions.append(button("Save visible fragment", "save-fragment", "action-save-fragment"));
+    }
+    return el(
+      "div",
+      { class: "card-box receipt", "data-testid": "receipt", role: "status" },
+      el("h3", {}, "Cancelled"),
+      el(
+        "dl",
+        {},
+        el("dt", {}, "Kept"),
+        el("dd", { "data-testid": "receipt-kept" }, kept),
+        el("dt", {}, "Discarded"),
+        el("dd", { "data-testid": "receipt-discarded" }, `${r.discarded} characters of unpublished text`),
+        el("dt", {}, "Side effects"),
+        el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))),
+      ),
+      actions,
+    );
+  }
+
+  private renderTree(): void {
+    const list = $(this.tree, "[data-testid=tree-list]");
+    const children = new Map<string, Checkpoint[]>();
+    const roots: Checkpoint[] = [];
+    const ids = new Set(this.checkpoints.map((c) => c.checkpoint_id));
+    for (const c of this.checkpoints) {
+      if (c.parent_checkpoint_id && ids.has(c.parent_checkpoint_id)) {
+        const arr = children.get(c.parent_checkpoint_id) ?? [];
+        arr.push(c);
+        children.set(c.parent_checkpoint_id, arr);
+      } else roots.push(c);
+    }
+    const item = (c: Checkpoint): HTMLLIElement => {
+      const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
+      fork.dataset.checkpointId = c.checkpoint_id;
+      const li = el(
+        "li",
+        { "data-testid": "tree-node", "data-checkpoint-id": c.checkpoint_id },
+        el(
+          "span",
+          { class: c.checkpoint_id === this.head ? "node head" : "node" },
+          `v${c.state_version} · ${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}${c.pending ? " · unfinished reply" : ""}${c.checkpoint_id === this.head ? " · current" : ""}`,
+        ),
+        fork,
+      );
+      const kids = children.get(c.checkpoint_id);
+      if (kids) li.append(el("ol", {}, ...kids.map(item)));
+      return li;
+    };
+    list.replaceChildren(...roots.map(item));
+  }
+}
