@@ -1,6 +1,20 @@
+// One conversation in one tab: stream, cancel (button and Esc), the receipt,
+// fragments and drafts, editing the request, the checkpoint tree, renaming,
+// and the phone layout. Every test opens its own page on a fresh thread.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread } from "./harness.mjs";
+import {
+  startServer,
+  launch,
+  newPage,
+  shot,
+  newThread,
+  send,
+  runStatus,
+  messageTexts,
+  interceptSocket,
+  eventually,
+} from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -9,23 +23,63 @@ before(async () => {
 });
 after(async () => {
   await browser?.close();
-  await server?.close();
+  try {
+    // Every invariant of the protocol holds after all of the file's tests.
+    assert.match(server?.check() ?? "ok", /^ok/);
+  } finally {
+    await server?.close();
+  }
 });
+
+// A question whose demo reply is long (80+ words, several seconds at 40ms a
+// word), so there is time to cancel it mid-stream.
+const LONG = "How should I plan a trip to Lisbon in spring?";
+
+// startAndStream sends text and waits until some of the reply is on screen.
+async function startAndStream(page, text = LONG) {
+  await send(page, text);
+  await page.getByTestId("run-chip").filter({ hasText: "Streaming" }).waitFor();
+  await eventually(async () => assert.ok((await page.getByTestId("streaming-text").textContent()).length > 0));
+  await runStatus(page, "running");
+}
+
+async function done(page, errors) {
+  assert.deepEqual(errors, [], "no console errors");
+  await page.close();
+}
 
 test("send, watch the reply stream, cancel mid-stream and read the receipt", async () => {
   const errors = [];
   const page = await newPage(browser, errors);
+  // Hold the server's run.cancelled (and what follows) back for a moment, as
+  // a slow network would, so the in-between state is reliably observable.
+  const socket = await interceptSocket(page);
   await newThread(page, server.url);
-  await page.getByTestId("composer-input").fill("How should I plan a trip to Lisbon in spring?");
-  await page.keyboard.press("Enter");
-  const streaming = page.getByTestId("streaming-text");
-  await streaming.waitFor();
-  await page.getByTestId("run-chip").filter({ hasText: "Streaming" }).waitFor();
+  await startAndStream(page);
   await shot(page, "streaming");
+  assert.equal(await page.getByTestId("cancel").textContent(), "Cancel");
+
+  const cancelled = socket.holdFrom((o) => o.type === "run.cancelled");
   await page.getByTestId("cancel").click();
+  await cancelled;
+  // The cancel is accepted but not finished: the page says so and offers
+  // nothing that would contradict it.
+  await runStatus(page, "cancel_requested");
+  await page.getByTestId("cancel").filter({ hasText: "Cancelling…" }).waitFor();
+  assert.ok(await page.getByTestId("cancel").isDisabled(), "no second cancel while the first is in flight");
+  await page.getByTestId("run-chip").filter({ hasText: "Cancelling…" }).waitFor();
+  assert.equal(await page.getByTestId("receipt").count(), 0, "no receipt before run.cancelled");
+  await shot(page, "cancelling");
+  socket.release();
+
   const receipt = page.getByTestId("receipt");
   await receipt.waitFor();
+  await runStatus(page, "cancelled");
+  assert.ok(await page.getByTestId("cancel").isHidden());
+  assert.ok(await page.getByTestId("send").isVisible());
+  await page.getByTestId("run-chip").filter({ hasText: "Discarded" }).waitFor();
   await shot(page, "cancelled");
+  assert.equal(await receipt.locator("h3").textContent(), "Cancelled");
   assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters of unpublished text$/);
   assert.match(await page.getByTestId("receipt-kept").textContent(), /Lisbon/);
   // Nothing of the cancelled reply became history.
@@ -34,18 +88,182 @@ test("send, watch the reply stream, cancel mid-stream and read the receipt", asy
     assert.ok(await page.getByTestId(action).isVisible(), `${action} offered after cancel`);
   }
 
-  // Save exactly the text this tab displayed.
-  const shown = await streaming.textContent();
+  // Continue from the saved point: a fresh reply is published.
+  await page.getByTestId("action-continue").click();
+  await page.locator("[data-testid=message][data-role=assistant][data-kind=text]").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle");
+  assert.equal(await page.getByTestId("receipt").count(), 0, "the receipt goes once a new run starts");
+  await shot(page, "continued");
+  await done(page, errors);
+});
+
+test("Esc cancels a streaming reply", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await startAndStream(page);
+  // Focus is still in the composer, where the user just pressed Enter.
+  await page.keyboard.press("Escape");
+  await page.getByTestId("receipt").waitFor();
+  await runStatus(page, "cancelled");
+  assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters/);
+  assert.equal(await page.locator("[data-testid=message][data-role=assistant]").count(), 0);
+  // Esc with nothing running changes nothing.
+  await page.keyboard.press("Escape");
+  await runStatus(page, "cancelled");
+  assert.equal(await page.getByTestId("notice").isHidden(), true);
+  await done(page, errors);
+});
+
+test("save the visible fragment exactly as shown, then delete the draft for good", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  await startAndStream(page);
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor();
+
+  const shown = await page.getByTestId("streaming-text").textContent();
+  assert.ok(shown.length > 0);
   await page.getByTestId("action-save-fragment").click();
   const fragment = page.locator("[data-testid=message][data-kind=fragment]");
   await fragment.waitFor();
   assert.equal(await fragment.getByTestId("fragment-label").textContent(), "Saved fragment");
-  assert.equal(await fragment.getByTestId("message-body").textContent(), shown);
+  assert.equal(await fragment.getByTestId("message-body").textContent(), shown, "the fragment is exactly the displayed text");
+  // The saved text is now history; the provisional copy and the offer go.
+  assert.equal(await page.getByTestId("streaming").count(), 0);
+  assert.equal(await page.getByTestId("action-save-fragment").count(), 0);
+  await shot(page, "fragment-saved");
 
-  // Continue from the saved point: a fresh reply is published.
-  await page.getByTestId("action-continue").click();
+  // It survives a reload: it is part of the conversation now.
+  await page.reload();
+  await fragment.waitFor();
+  assert.equal(await fragment.getByTestId("message-body").textContent(), shown);
+  await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
+
+  await fragment.getByTestId("delete-draft").click();
+  await fragment.waitFor({ state: "detached" });
+  assert.deepEqual(await messageTexts(page), [{ role: "user", kind: "text", text: LONG }]);
+  await page.goto(url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await fragment.count(), 0, "the deleted draft stays deleted after a reload");
+  assert.deepEqual(await messageTexts(page), [{ role: "user", kind: "text", text: LONG }]);
+  await done(page, errors);
+});
+
+test("edit the request after a cancel: the edited request replaces the old one on a new branch", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await startAndStream(page);
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor();
+
+  await page.getByTestId("action-edit").click();
+  await page.getByTestId("editing").waitFor();
+  const input = page.getByTestId("composer-input");
+  assert.equal(await input.inputValue(), LONG, "the composer holds the last request");
+  assert.equal(await page.getByTestId("notice").isHidden(), true, await page.getByTestId("notice").textContent());
+  await shot(page, "editing");
+
+  const edited = "Short: Porto in autumn?";
+  await input.fill(edited);
+  await input.press("Enter");
   await page.locator("[data-testid=message][data-role=assistant][data-kind=text]").waitFor({ timeout: 20000 });
-  await shot(page, "continued");
-  assert.deepEqual(errors, []);
-  assert.match(server.check(), /^ok/);
+  await runStatus(page, "idle");
+  assert.equal(await input.inputValue(), "");
+  assert.equal(await page.getByTestId("editing").count(), 0);
+  const history = await messageTexts(page);
+  assert.equal(history.length, 2, JSON.stringify(history));
+  assert.deepEqual(history[0], { role: "user", kind: "text", text: edited });
+  assert.match(history[1].text, /Porto/);
+  assert.ok(!history.some((m) => m.text === LONG), "the old request is not in the new branch");
+
+  // The tree shows the branch: the empty start has two children, the old
+  // request and the edited one.
+  await page.getByTestId("tree-toggle").click();
+  const root = page.locator("[data-testid=tree-list] > [data-testid=tree-node]");
+  await eventually(async () => assert.equal(await root.locator(":scope > ol > [data-testid=tree-node]").count(), 2));
+  await shot(page, "edited-branch");
+  await done(page, errors);
+});
+
+test("checkpoint tree: show the nodes and fork from one into a new conversation", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  const question = "Short: what is a sourdough starter?";
+  await send(page, question);
+  await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle");
+  const original = await messageTexts(page);
+  assert.equal(original.length, 2);
+
+  const toggle = page.getByTestId("tree-toggle");
+  assert.equal(await toggle.getAttribute("aria-expanded"), "false");
+  assert.ok(await page.getByTestId("tree").isHidden());
+  await toggle.click();
+  assert.equal(await toggle.getAttribute("aria-expanded"), "true");
+  await page.getByTestId("tree").waitFor();
+  const nodes = page.getByTestId("tree-node");
+  // Empty start, request accepted, reply published.
+  await eventually(async () => assert.equal(await nodes.count(), 3));
+  await page.locator("[data-testid=tree-node] .node.head").filter({ hasText: "2 messages · current" }).waitFor();
+  await shot(page, "tree");
+
+  const afterRequest = nodes.filter({ has: page.locator(":scope > .node", { hasText: /· 1 message\b/ }) });
+  assert.equal(await afterRequest.count(), 1);
+  await afterRequest.locator(":scope > [data-testid=tree-fork]").click();
+  await page.waitForURL((u) => /\/t\/thr_/.test(u.pathname) && u.href !== url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.deepEqual(await messageTexts(page), [{ role: "user", kind: "text", text: question }], "the fork holds the history up to the node");
+  // The original is untouched.
+  await page.goto(url);
+  assert.deepEqual(await messageTexts(page), original);
+  await done(page, errors);
+});
+
+test("rename a conversation: the title form and the sidebar show the new title", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  const current = page.locator("[data-testid=thread-link][aria-current=page]");
+  assert.equal(await current.textContent(), "New conversation");
+  const title = `Lisbon plans ${Date.now()}`;
+  await page.getByTestId("title-input").fill(title);
+  await page.getByRole("button", { name: "Rename" }).click();
+  await current.filter({ hasText: title }).waitFor();
+  assert.equal(page.url(), url);
+  assert.equal(await page.getByTestId("title-input").inputValue(), title);
+  assert.equal(await page.title(), `${title} · gateway`);
+  // Enter in the title field submits too, and the page stays live.
+  const again = title + " (renamed)";
+  await page.getByTestId("title-input").fill(again);
+  await page.getByTestId("title-input").press("Enter");
+  await current.filter({ hasText: again }).waitFor();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await page.locator("[data-testid=thread-link]", { hasText: title }).count(), 1, "one sidebar entry per conversation");
+  await shot(page, "renamed");
+  await done(page, errors);
+});
+
+test("phone width: the cancelled state fits without horizontal scrolling", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors, { viewport: { width: 390, height: 844 } });
+  await newThread(page, server.url);
+  await startAndStream(page);
+  assert.ok(await page.evaluate(() => document.documentElement.scrollWidth) <= 390, "no horizontal scroll while streaming");
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor();
+  await runStatus(page, "cancelled");
+  await shot(page, "phone-cancelled");
+  await shot(page, "phone-cancelled-viewport", { fullPage: false });
+  const widths = await page.evaluate(() => ({ doc: document.documentElement.scrollWidth, body: document.body.scrollWidth }));
+  assert.ok(widths.doc <= 390 && widths.body <= 390, `no horizontal scroll: ${JSON.stringify(widths)}`);
+  // Every action of the receipt is inside the screen.
+  for (const b of await page.getByTestId("receipt").locator("button").all()) {
+    const box = await b.boundingBox();
+    assert.ok(box && box.x >= 0 && box.x + box.width <= 390, `${await b.textContent()} fits: ${JSON.stringify(box)}`);
+  }
+  await done(page, errors);
 });

@@ -23,13 +23,14 @@ export function binary() {
   return built;
 }
 
-// startServer runs the binary until stop(); restart() runs it again on the
-// same database and port.
+// startServer runs the binary until stop(); start(server.addr) or restart()
+// runs it again on the same database and port, so open pages reconnect to
+// the new process.
 export async function startServer({ pace = "40ms", db } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-"));
   const dbPath = db ?? join(dir, "gw.db");
-  const server = { dir, db: dbPath, url: "", proc: null, log: [] };
-  server.start = async (addr = "127.0.0.1:0") => {
+  const server = { dir, db: dbPath, url: "", addr: "", proc: null, log: [] };
+  server.start = async (addr = server.addr || "127.0.0.1:0") => {
     const proc = spawn(binary(), ["-addr", addr, "-db", dbPath, "-demo-pace", pace], {
       stdio: ["ignore", "ignore", "pipe"],
       env: { PATH: process.env.PATH, HOME: process.env.HOME },
@@ -57,7 +58,16 @@ export async function startServer({ pace = "40ms", db } = {}) {
         reject(new Error(`gateway exited with ${code}:\n` + server.log.join("\n")));
       });
     });
+    // Remember host:port so that a restart listens where the pages reconnect.
+    server.addr = new URL(server.url).host;
     return server.url;
+  };
+  // restart stops the process with signal (SIGTERM: graceful shutdown that
+  // hands runs back; SIGKILL: a crash) and starts it again on the same
+  // address and database.
+  server.restart = async (signal = "SIGTERM") => {
+    await server.stop(signal);
+    return server.start(server.addr);
   };
   server.stop = async (signal = "SIGTERM") => {
     const proc = server.proc;
@@ -85,9 +95,19 @@ export async function launch() {
   });
 }
 
-// newPage opens a page that fails the test on any console error.
-export async function newPage(browser, errors) {
-  const page = await browser.newPage({ viewport: { width: 1100, height: 800 } });
+// newPage opens a page that collects every console error and uncaught page
+// error into errors (each test asserts it stays empty). target is a Browser
+// (a fresh context per page: tests share nothing) or a BrowserContext (pages
+// that share cookies and storage, like two tabs of one browser).
+export async function newPage(target, errors, { viewport = { width: 1100, height: 800 } } = {}) {
+  let page;
+  if (typeof target.newContext === "function") {
+    page = await target.newPage({ viewport });
+  } else {
+    page = await target.newPage();
+    await page.setViewportSize(viewport);
+  }
+  page.setDefaultTimeout(10000);
   page.on("console", (m) => {
     if (m.type() === "error") errors.push(m.text());
   });
@@ -95,9 +115,106 @@ export async function newPage(browser, errors) {
   return page;
 }
 
-export async function shot(page, name) {
+// eventually retries fn (an async assertion) until it passes or timeout ms
+// pass, then throws its last error: a wait on page state, never a fixed sleep.
+export async function eventually(fn, { timeout = 10000, interval = 50 } = {}) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, interval));
+    }
+  }
+}
+
+// runStatus waits until the thread root reports one of the statuses
+// (data-run-status: idle, queued, running, cancel_requested, cancelling,
+// cancelled, failed).
+export async function runStatus(page, statuses, timeout = 15000) {
+  const list = Array.isArray(statuses) ? statuses : [statuses];
+  await page.locator(list.map((s) => `#thread[data-run-status="${s}"]`).join(", ")).waitFor({ state: "attached", timeout });
+}
+
+// messageTexts is the rendered history: [{role, kind, text}] oldest first.
+export async function messageTexts(page) {
+  return page.locator("[data-testid=messages] > [data-testid=message]").evaluateAll((els) =>
+    els.map((e) => ({ role: e.dataset.role, kind: e.dataset.kind, text: e.querySelector("[data-testid=message-body]")?.textContent ?? "" })),
+  );
+}
+
+// send types text into the composer and presses Enter.
+export async function send(page, text) {
+  await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
+  await page.getByTestId("composer-input").fill(text);
+  await page.getByTestId("composer-input").press("Enter");
+}
+
+// interceptSocket puts the test between the page and the gateway on /ws
+// (Playwright's routeWebSocket): client frames go to the server unchanged;
+// server frames are split into their JSON objects and each is, by mode,
+//   "pass":  forwarded;
+//   "stale": forwarded if it is an ack or error, dropped if it is an event
+//            (the tab stops seeing the thread change: it goes stale);
+//   "hold":  queued until release() forwards the queue in order.
+// holdFrom(pred) switches to "hold" at the first object matching pred (that
+// object included). Call before the page opens its socket.
+export async function interceptSocket(page) {
+  const ctl = {
+    mode: "pass",
+    queue: [],
+    dropped: [],
+    fromClient: [],
+    holdPred: null,
+    held: null, // resolves when hold mode starts through holdFrom
+    connections: 0,
+    client: null,
+    holdFrom(pred) {
+      ctl.holdPred = pred;
+      return new Promise((resolve) => (ctl.held = resolve));
+    },
+    release() {
+      ctl.mode = "pass";
+      ctl.holdPred = null;
+      const q = ctl.queue.splice(0);
+      for (const line of q) ctl.client?.send(line);
+    },
+  };
+  await page.routeWebSocket(/\/ws$/, (ws) => {
+    ctl.connections++;
+    ctl.client = ws;
+    const server = ws.connectToServer();
+    ws.onMessage((m) => {
+      try {
+        ctl.fromClient.push(JSON.parse(String(m)));
+      } catch {
+        // not JSON: forward as is
+      }
+      server.send(m);
+    });
+    server.onMessage((frame) => {
+      for (const line of String(frame).split("\n")) {
+        if (!line) continue;
+        const obj = JSON.parse(line);
+        if (ctl.mode === "pass" && ctl.holdPred && ctl.holdPred(obj)) {
+          ctl.mode = "hold";
+          ctl.held?.(obj);
+        }
+        if (ctl.mode === "hold") ctl.queue.push(line);
+        else if (ctl.mode === "stale" && obj.type !== "ack" && obj.type !== "error") ctl.dropped.push(obj);
+        else ws.send(line);
+      }
+    });
+  });
+  return ctl;
+}
+
+// shot saves a screenshot into e2e/artifacts (gitignored). fullPage: false
+// keeps what the viewport shows, with sticky parts where the user sees them.
+export async function shot(page, name, { fullPage = true } = {}) {
   mkdirSync(artifacts, { recursive: true });
-  await page.screenshot({ path: join(artifacts, name + ".png"), fullPage: true });
+  await page.screenshot({ path: join(artifacts, name + ".png"), fullPage });
 }
 
 // newThread creates a conversation through the page and returns its URL.
@@ -106,5 +223,7 @@ export async function newThread(page, base) {
   await page.getByTestId("new-thread").click();
   await page.waitForURL(/\/t\/thr_/);
   await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  // Send is enabled once the page follows the thread (subscribe acknowledged).
+  await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
   return page.url();
 }

@@ -16,6 +16,9 @@ import {
 interface Run {
   id: string;
   status: RunStatus;
+  // cancelSeen: the server's run.cancel_requested (or later) event arrived,
+  // so a cancel status is the server's word, not this tab's expectation.
+  cancelSeen?: boolean;
 }
 
 // Streamed is the reply in flight (or the one a cancel left behind).
@@ -25,6 +28,10 @@ interface Streamed {
   text: string;
   lastSeq: number; // seq of the last delta this tab displayed
   saved: boolean;
+  // restarted: this run streamed another message before, and it was never
+  // published: the attempt was interrupted (a server restart) and the reply
+  // starts over.
+  restarted?: boolean;
 }
 
 interface Receipt {
@@ -143,7 +150,8 @@ export class ThreadView {
     this.messages = s.messages;
     this.receipt = null;
     this.failure = null;
-    this.run = s.active_run ? { id: s.active_run.run_id, status: s.active_run.status } : null;
+    const ar = s.active_run;
+    this.run = ar ? { id: ar.run_id, status: ar.status, cancelSeen: ar.status === "cancel_requested" || ar.status === "cancelling" } : null;
     this.streamed =
       s.active_run && s.active_run.message_id
         ? { runID: s.active_run.run_id, messageID: s.active_run.message_id, text: s.active_run.partial_text, lastSeq: s.active_run.last_seq, saved: false }
@@ -171,6 +179,7 @@ export class ThreadView {
     if (ev.seq <= this.lastSeq) return; // already applied
     this.lastSeq = ev.seq;
     if (ev.state_version) this.stateVersion = ev.state_version;
+    let branched = false;
     switch (ev.type) {
       case "run.started":
         this.run = { id: ev.run_id ?? "", status: ev.status ?? "queued" };
@@ -181,7 +190,8 @@ export class ThreadView {
         break;
       case "message.delta":
         if (!this.streamed || this.streamed.messageID !== ev.message_id) {
-          this.streamed = { runID: ev.run_id ?? "", messageID: ev.message_id ?? "", text: "", lastSeq: 0, saved: false };
+          const restarted = this.streamed !== null && this.streamed.runID === ev.run_id;
+          this.streamed = { runID: ev.run_id ?? "", messageID: ev.message_id ?? "", text: "", lastSeq: 0, saved: false, restarted };
         }
         this.streamed.text += ev.text ?? "";
         this.streamed.lastSeq = ev.seq;
@@ -194,6 +204,11 @@ export class ThreadView {
         break;
       }
       case "checkpoint.created":
+        // A new head whose parent is not the head this page shows means the
+        // conversation moved to another branch (an edited request, a
+        // continue from an older point): the history on screen is no longer
+        // the head's, and events do not say which messages it holds.
+        branched = !!ev.parent_checkpoint_id && ev.parent_checkpoint_id !== this.head;
         this.head = ev.checkpoint_id ?? this.head;
         break;
       case "message.deleted":
@@ -201,7 +216,10 @@ export class ThreadView {
         break;
       case "run.cancel_requested":
       case "run.cancelling":
-        if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
+        if (this.run && this.run.id === ev.run_id) {
+          this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
+          this.run.cancelSeen = true;
+        }
         break;
       case "run.cancelled": {
         const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
@@ -227,7 +245,16 @@ export class ThreadView {
         break;
     }
     this.render();
-    if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
+    if (branched) this.resync();
+    else if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
+  }
+
+  // resync asks for a fresh snapshot of the thread (a subscribe without
+  // after_seq); events after it follow without gap or duplicate.
+  private resync(): void {
+    this.socket
+      .send({ type: "subscribe", thread_id: this.threadID })
+      .catch((err: unknown) => this.show(`Could not reload this conversation: ${(err as Error).message}`));
   }
 
   private onConn(s: ConnState, detail: string): void {
@@ -275,11 +302,19 @@ export class ThreadView {
   }
 
   private async cancelRun(): Promise<void> {
-    if (!this.run) return;
-    const runID = this.run.id;
-    this.run.status = "cancel_requested"; // the server's ack follows at once
+    const run = this.run;
+    if (!run) return;
+    const before = run.status;
+    run.status = "cancel_requested"; // the server's ack follows at once
     this.render();
-    await this.command({ type: "run.cancel", run_id: runID });
+    const ok = await this.command({ type: "run.cancel", run_id: run.id });
+    // The cancel was refused or never reached the server (say, while
+    // reconnecting): the run goes on, so the page must not keep saying
+    // "Cancelling…" and must let the user cancel again.
+    if (!ok && this.run === run && !run.cancelSeen && run.status === "cancel_requested") {
+      run.status = before;
+      this.render();
+    }
   }
 
   private async action(name: string, target: HTMLElement): Promise<void> {
@@ -291,6 +326,9 @@ export class ThreadView {
         return;
       case "edit": {
         const lastUser = [...this.messages].reverse().find((m) => m.role === "user");
+        // The tree is only refreshed while it is open, so the checkpoint of
+        // a request sent since the page loaded may not be known yet.
+        if (lastUser && !this.checkpoints.some((c) => c.checkpoint_id === lastUser.checkpoint_id)) await this.loadCheckpoints();
         const cp = lastUser && this.checkpoints.find((c) => c.checkpoint_id === lastUser.checkpoint_id);
         if (!lastUser || !cp || !cp.parent_checkpoint_id) {
           this.show("There is no request to edit here: write a new message instead.");
@@ -338,9 +376,7 @@ export class ThreadView {
       case "reload":
         this.conflictFrom = null;
         this.banner.hidden = true;
-        this.socket
-          .send({ type: "subscribe", thread_id: this.threadID })
-          .catch((err: unknown) => this.show((err as Error).message));
+        this.resync();
         return;
       case "toggle-tree": {
         this.tree.hidden = !this.tree.hidden;
@@ -437,7 +473,7 @@ export class ThreadView {
       const chip = streaming
         ? this.cancelAccepted()
           ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancelling…")
-          : el("span", { class: "chip live", "data-testid": "run-chip" }, "Streaming · not saved yet")
+          : el("span", { class: "chip live", "data-testid": "run-chip" }, s.restarted ? "Interrupted, starting over · not saved yet" : "Streaming · not saved yet")
         : el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation");
       parts.push(
         el(

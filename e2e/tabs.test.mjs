@@ -1,0 +1,127 @@
+// Two tabs of one browser on one conversation: live sync, and what a tab
+// that fell behind is told when it acts on what it saw. Tab B is made stale
+// without any test hook in the product: the test sits on B's WebSocket and
+// drops the server's events (acks and errors still pass) while tab A moves
+// the thread on, so B's next run.start carries an old expected_state_version.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, interceptSocket, eventually } from "./harness.mjs";
+
+let server, browser;
+before(async () => {
+  server = await startServer({ pace: "40ms" });
+  browser = await launch();
+});
+after(async () => {
+  await browser?.close();
+  try {
+    assert.match(server?.check() ?? "ok", /^ok/);
+  } finally {
+    await server?.close();
+  }
+});
+
+// twoTabs opens A on a new thread and B (whose socket the test controls) on
+// the same thread, in one browser context.
+async function twoTabs() {
+  const context = await browser.newContext();
+  const errors = [];
+  const a = await newPage(context, errors);
+  const b = await newPage(context, errors);
+  const socketB = await interceptSocket(b);
+  const url = await newThread(a, server.url);
+  await b.goto(url);
+  await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await b.getByTestId("send").and(b.locator(":enabled")).waitFor();
+  return { context, errors, a, b, socketB, url };
+}
+
+// exchange sends text from page and waits for the reply to be published.
+async function exchange(page, text, messagesAfter) {
+  await send(page, text);
+  await eventually(async () => assert.equal((await messageTexts(page)).length, messagesAfter), { timeout: 15000 });
+  await runStatus(page, "idle");
+}
+
+// makeStale has A move the thread on while B sees none of it, then B sends:
+// the server refuses on version and B shows the conflict banner.
+async function makeStale({ a, b, socketB }, n) {
+  const seen = await messageTexts(b);
+  socketB.mode = "stale";
+  await exchange(a, `Short: question ${n} from tab A?`, seen.length + 2);
+  assert.ok(socketB.dropped.some((e) => e.type === "message.published"), "B missed A's messages");
+  assert.deepEqual(await messageTexts(b), seen, "B still shows the old state");
+  const staleVersion = Number(await b.locator("#thread").getAttribute("data-state-version"));
+  assert.ok(staleVersion < Number(await a.locator("#thread").getAttribute("data-state-version")));
+
+  const mine = `Short: question ${n} from tab B?`;
+  await send(b, mine);
+  const banner = b.getByTestId("conflict-banner");
+  await banner.waitFor();
+  const start = socketB.fromClient.findLast((c) => c.type === "run.start");
+  assert.equal(start.expected_state_version, staleVersion, "B sent the version it saw");
+  assert.match(await banner.textContent(), /changed in another tab/);
+  // Nothing B typed is lost, and nothing was applied.
+  assert.equal(await b.getByTestId("composer-input").inputValue(), mine);
+  assert.deepEqual(await messageTexts(b), seen);
+  await runStatus(b, "idle");
+  return { seen, mine };
+}
+
+test("two tabs: live sync, then a stale tab is told and Reload brings it up to date", async () => {
+  const tabs = await twoTabs();
+  const { context, errors, a, b, socketB } = tabs;
+
+  // Live sync: what A sends and receives appears in B without a reload.
+  await exchange(a, "Short: hello from tab A?", 2);
+  await eventually(async () => assert.deepEqual(await messageTexts(b), await messageTexts(a)));
+  await runStatus(b, "idle");
+  // And the other way round.
+  await exchange(b, "Short: hello from tab B?", 4);
+  await eventually(async () => assert.deepEqual(await messageTexts(a), await messageTexts(b)));
+
+  const { mine } = await makeStale(tabs, 1);
+  assert.ok(await b.getByTestId("conflict-reload").isVisible());
+  assert.ok(await b.getByTestId("conflict-fork").isVisible());
+  await shot(b, "tabs-conflict");
+
+  socketB.mode = "pass";
+  await b.getByTestId("conflict-reload").click();
+  await b.getByTestId("conflict-banner").waitFor({ state: "hidden" });
+  await eventually(async () => assert.deepEqual(await messageTexts(b), await messageTexts(a)));
+  assert.equal(await b.locator("#thread").getAttribute("data-state-version"), await a.locator("#thread").getAttribute("data-state-version"));
+  await shot(b, "tabs-reloaded");
+
+  // Up to date, B's request now goes through, and A sees it.
+  assert.equal(await b.getByTestId("composer-input").inputValue(), mine);
+  await b.getByTestId("composer-input").press("Enter");
+  await eventually(async () => assert.equal((await messageTexts(b)).length, 8), { timeout: 15000 });
+  await eventually(async () => assert.deepEqual(await messageTexts(a), await messageTexts(b)));
+  assert.ok(await b.getByTestId("conflict-banner").isHidden());
+  assert.deepEqual(errors, [], "no console errors");
+  await context.close();
+});
+
+test("two tabs: a stale tab forks from what it saw into a new conversation", async () => {
+  const tabs = await twoTabs();
+  const { context, errors, a, b, socketB, url } = tabs;
+  await exchange(a, "Short: bread baking at home?", 2);
+  await eventually(async () => assert.deepEqual(await messageTexts(b), await messageTexts(a)));
+  await runStatus(b, "idle");
+
+  const { seen } = await makeStale(tabs, 2);
+  socketB.mode = "pass";
+  await b.getByTestId("conflict-fork").click();
+  await b.waitForURL((u) => /^\/t\/thr_/.test(u.pathname) && u.href !== url);
+  await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.deepEqual(await messageTexts(b), seen, "the fork holds exactly what B saw");
+  assert.ok(await b.getByTestId("conflict-banner").isHidden());
+  await shot(b, "tabs-forked");
+
+  // The original conversation is untouched: A still has all four messages.
+  assert.equal((await messageTexts(a)).length, 4);
+  await a.reload();
+  assert.equal((await messageTexts(a)).length, 4);
+  assert.deepEqual(errors, [], "no console errors");
+  await context.close();
+});
