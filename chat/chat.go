@@ -6,11 +6,33 @@ package chat
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // LocalUserID owns everything until accounts exist.
 const LocalUserID = "usr_local"
+
+// DefaultTitle names a thread created without a title; its first user
+// message then names it (see TitleFrom).
+const DefaultTitle = "New conversation"
+
+// TitleFrom makes a thread title from a user message: its first line, cut
+// at a word boundary to at most 60 characters.
+func TitleFrom(message string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(message), "\n")
+	line = strings.Join(strings.Fields(line), " ")
+	if utf8.RuneCountInString(line) <= 60 {
+		return line
+	}
+	r := []rune(line)[:60]
+	cut := string(r)
+	if i := strings.LastIndexByte(cut, ' '); i > 20 {
+		cut = cut[:i]
+	}
+	return strings.TrimRight(cut, " ,.;:") + "…"
+}
 
 // Thread is one conversation, owned by one user. StateVersion and LastSeq are
 // bumped only inside the store transaction that writes the thread's events.

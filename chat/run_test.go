@@ -57,3 +57,16 @@ func TestEventEncodeSplicesBody(t *testing.T) {
 		t.Fatalf("delta %s", delta.Raw)
 	}
 }
+
+func TestTitleFrom(t *testing.T) {
+	cases := map[string]string{
+		"  How do I plan a trip?\nMore details": "How do I plan a trip?",
+		"short":                                 "short",
+		"Объясни, пожалуйста, как работают горутины и каналы в Go, с примерами и подробно": "Объясни, пожалуйста, как работают горутины и каналы в Go, с…",
+	}
+	for in, want := range cases {
+		if got := TitleFrom(in); got != want {
+			t.Errorf("TitleFrom(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

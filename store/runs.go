@@ -67,6 +67,11 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		note := ""
 		switch {
 		case p.UserMessage != nil:
+			if c.row.Title == chat.DefaultTitle && len(from.MessageIDs) == 0 {
+				if err := t.retitle(c, chat.TitleFrom(*p.UserMessage)); err != nil {
+					return err
+				}
+			}
 			msgID := chat.NewID(chat.PrefixMessage)
 			cpID := chat.NewID(chat.PrefixCheckpoint)
 			if _, err := t.publishMessage(c, chat.Message{MessageID: msgID, Role: chat.RoleUser, Kind: chat.KindText, Content: *p.UserMessage}, cpID, ""); err != nil {
@@ -122,6 +127,19 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		return nil
 	})
 	return out, err
+}
+
+// retitle names an untitled thread after its first request. The title is a
+// label, not conversation state: no version bump, no event.
+func (t *txn) retitle(c *threadCursor, title string) error {
+	if title == "" {
+		return nil
+	}
+	if _, err := t.exec(`UPDATE threads SET title = ? WHERE thread_id = ?`, title, c.row.ThreadID); err != nil {
+		return fmt.Errorf("title thread: %w", err)
+	}
+	c.row.Title = title
+	return nil
 }
 
 // resumeNote says why a pending step runs again, from the last run that

@@ -490,3 +490,27 @@ func TestExclusiveOpenRefusesASecondServer(t *testing.T) {
 	}
 	again.Close()
 }
+
+func TestFirstRequestNamesAnUntitledThread(t *testing.T) {
+	st, _ := open(t)
+	snap, err := st.CreateThread(ctx, user, chat.DefaultTitle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: 1, UserMessage: text("Plan a spring trip to Lisbon\nwith kids")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, _ := st.Thread(ctx, user, snap.ThreadID)
+	if th.Title != "Plan a spring trip to Lisbon" || th.StateVersion != ack.StateVersion {
+		t.Fatalf("thread after first request = %+v", th)
+	}
+	// A title the user chose is never replaced.
+	named := newThread(t, st)
+	if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: named.ThreadID, ExpectedStateVersion: 1, UserMessage: text("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	if th, _ := st.Thread(ctx, user, named.ThreadID); th.Title != "t" {
+		t.Fatalf("a chosen title was replaced: %q", th.Title)
+	}
+}

@@ -69,7 +69,7 @@ func Layout(title string, threads []ThreadLink, current string) templ.Component 
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\"></script></head><body><a class=\"skip\" href=\"#composer-input\">Skip to the message box</a><div class=\"app\"><nav class=\"sidebar\" aria-label=\"Conversations\"><form method=\"post\" action=\"/threads\" class=\"new-thread\"><button type=\"submit\" class=\"btn primary\" data-testid=\"new-thread\">New conversation</button></form><ul class=\"thread-list\" data-testid=\"thread-list\">")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\"></script></head><body><a class=\"skip\" href=\"#main\">Skip to the conversation</a><div class=\"app\"><nav class=\"sidebar\" aria-label=\"Conversations\"><form method=\"post\" action=\"/threads\" class=\"new-thread\"><button type=\"submit\" class=\"btn primary\" data-testid=\"new-thread\">New conversation</button></form><ul class=\"thread-list\" data-testid=\"thread-list\">")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -115,7 +115,7 @@ func Layout(title string, threads []ThreadLink, current string) templ.Component 
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "</ul></nav><main class=\"main\">")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "</ul></nav><main class=\"main\" id=\"main\" tabindex=\"-1\">")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

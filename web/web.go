@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"unicode/utf8"
 
@@ -53,6 +54,13 @@ func (p *Pages) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /t/{id}/rename", forms.Handler(http.HandlerFunc(p.rename)))
 }
 
+// Title limits, as the API's: 200 bytes, which the form's maxlength (in
+// characters) cannot express for non-ASCII text, so both are checked.
+const (
+	maxTitleChars = 200
+	maxTitleBytes = 200
+)
+
 // sidebarSize is how many conversations the sidebar lists.
 const sidebarSize = 100
 
@@ -87,7 +95,7 @@ func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
-	snap, err := p.store.CreateThread(r.Context(), chat.LocalUserID, "New conversation")
+	snap, err := p.store.CreateThread(r.Context(), chat.LocalUserID, chat.DefaultTitle)
 	if err != nil {
 		p.fail(w, err)
 		return
@@ -98,8 +106,8 @@ func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
 func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	title := strings.TrimSpace(r.PostFormValue("title"))
 	id := r.PathValue("id")
-	if title == "" || len(title) > 200 || !utf8.ValidString(title) {
-		http.Error(w, "A title needs 1 to 200 characters. Go back and try again.", http.StatusBadRequest)
+	if title == "" || !utf8.ValidString(title) || utf8.RuneCountInString(title) > maxTitleChars || len(title) > maxTitleBytes {
+		http.Error(w, "A title needs 1 to 200 characters (at most 200 bytes). Go back and try again.", http.StatusBadRequest)
 		return
 	}
 	if err := p.store.RenameThread(r.Context(), chat.LocalUserID, id, title); err != nil {
@@ -110,7 +118,7 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, err)
 		return
 	}
-	http.Redirect(w, r, "/t/"+id, http.StatusSeeOther)
+	http.Redirect(w, r, "/t/"+url.PathEscape(id), http.StatusSeeOther)
 }
 
 func (p *Pages) render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {

@@ -36,7 +36,7 @@ interface Streamed {
 
 interface Receipt {
   runID: string;
-  kept: string | null;
+  kept: Message | null; // the last published message when the cancel was accepted
   discarded: number;
   operations: OperationOutcome[];
 }
@@ -225,7 +225,7 @@ export class ThreadView {
         const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
         this.receipt = {
           runID: ev.run_id ?? "",
-          kept: kept ? kept.content : null,
+          kept: kept ?? null,
           discarded: ev.discarded_stream_chars ?? 0,
           operations: ev.operations ?? [],
         };
@@ -515,7 +515,13 @@ export class ThreadView {
   }
 
   private receiptCard(r: Receipt): HTMLElement {
-    const kept = r.kept === null ? "nothing yet" : `“${r.kept.length > 140 ? r.kept.slice(0, 140) + "…" : r.kept}”`;
+    const excerpt = (t: string): string => `“${t.length > 140 ? t.slice(0, 140) + "…" : t}”`;
+    const kept =
+      r.kept === null
+        ? "nothing: the conversation was empty"
+        : r.kept.role === "user"
+          ? `everything up to your request ${excerpt(r.kept.content)}`
+          : `everything up to the reply ${excerpt(r.kept.content)}`;
     const ops =
       r.operations.length === 0
         ? el("li", {}, "No side effects: no tool had started.")
