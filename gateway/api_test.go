@@ -47,6 +47,7 @@ type harness struct {
 	eng   *engine.Engine
 	model *pacedModel
 	feed  *bus.Memory
+	api   *gateway.Server // to shut the WebSocket endpoint down mid-test
 }
 
 type options struct {
@@ -116,7 +117,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed}
+	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed, api: api}
 }
 
 // with returns the harness reporting to t (a subtest).

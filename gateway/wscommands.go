@@ -285,9 +285,7 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 		if _, ok := c.subs[threadID]; !ok {
 			return
 		}
-		for _, f := range frames {
-			c.queueLocked(f)
-		}
+		c.queueReplayLocked(frames)
 		c.subs[threadID] = last
 	}
 	return ack, nil

@@ -41,7 +41,8 @@ type wsConn struct {
 	mu          sync.Mutex
 	tab         string
 	queue       [][]byte
-	queuedBytes int
+	queuedBytes int // live frames queued (the QueueBytes bound)
+	replayBytes int // subscribe replays queued (see queueReplayLocked)
 	holding     bool
 	held        []*chat.Event
 	heldBytes   int
@@ -117,7 +118,7 @@ func (c *wsConn) write() {
 		}
 		c.mu.Lock()
 		frames, code, reason := c.queue, c.closeCode, c.closeReason
-		c.queue, c.queuedBytes = nil, 0
+		c.queue, c.queuedBytes, c.replayBytes = nil, 0, 0
 		c.mu.Unlock()
 		if code != 0 {
 			c.ws.Close(code, reason)
@@ -203,6 +204,33 @@ func (c *wsConn) queueLocked(frame []byte) bool {
 	return true
 }
 
+// queueReplayLocked appends what a subscribe sends at once (its replay or
+// snapshot). One replay is not held to QueueBytes: that bound catches a
+// client falling behind live events, while the size of a replay is the
+// server's choice (at most store.MaxReplay events, or one snapshot), and
+// counting it would close a client that reads perfectly well, and close it
+// again on every reconnect, whenever its gap is larger than the bound.
+// Replays the writer has not taken yet do count, so a client that stops
+// reading and keeps subscribing is closed as too slow.
+func (c *wsConn) queueReplayLocked(frames [][]byte) {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	if c.replayBytes > 0 && c.replayBytes+n > c.hub.cfg.QueueBytes {
+		c.closeLocked(closeSlow, closeSlowReason)
+	}
+	if c.closeCode != 0 {
+		return
+	}
+	c.queue = append(c.queue, frames...)
+	c.replayBytes += n
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
 // closeLocked asks the writer to close the connection with code; queued
 // frames are dropped (the client resyncs by seq).
 func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
@@ -210,7 +238,7 @@ func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
 		return
 	}
 	c.closeCode, c.closeReason = code, reason
-	c.queue, c.queuedBytes, c.held, c.heldBytes = nil, 0, nil, 0
+	c.queue, c.queuedBytes, c.replayBytes, c.held, c.heldBytes = nil, 0, 0, nil, 0
 	select {
 	case c.wake <- struct{}{}:
 	default:

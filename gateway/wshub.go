@@ -2,7 +2,11 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,7 +25,8 @@ type WSConfig struct {
 	// connection closes with 1009).
 	ReadLimit int64
 	// QueueBytes bounds what may wait for one connection's writer (default
-	// 4 MiB); a connection over it is closed as too slow.
+	// 4 MiB); a connection over it is closed as too slow. A subscribe's
+	// replay or snapshot may exceed it on its own (see queueReplayLocked).
 	QueueBytes int
 	// PingInterval is the keep-alive period (default 20s).
 	PingInterval time.Duration
@@ -86,6 +91,7 @@ type wsHub struct {
 	active  sync.WaitGroup // one per serving handler
 
 	sweepOnce sync.Once
+	stopOnce  sync.Once
 	stop      chan struct{}
 	swept     sync.WaitGroup
 }
@@ -108,6 +114,13 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 	defer h.active.Done()
 	h.sweepOnce.Do(func() { h.swept.Go(h.sweep) })
 
+	// websocket.Accept refuses a foreign origin with a plain-text 403; the
+	// protocol's errors have one JSON shape everywhere, so refuse it here
+	// first, by the same rule.
+	if err := checkOrigin(r, h.cfg.OriginPatterns); err != nil {
+		writeError(w, h.s.log, chat.Errorf(chat.CodeForbidden, "%v: open the app from its own address or configure the origin", err))
+		return
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		OriginPatterns:  h.cfg.OriginPatterns,
 		CompressionMode: websocket.CompressionDisabled,
@@ -135,6 +148,36 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 	c.run()
 }
 
+// checkOrigin is websocket.Accept's origin rule: no Origin header, the
+// request's own host, or a host (or scheme://host) matching one of the
+// patterns (path.Match, case-insensitive).
+func checkOrigin(r *http.Request, patterns []string) error {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return nil
+	}
+	u, err := url.Parse(origin)
+	if err != nil {
+		return fmt.Errorf("the Origin %q is not a URL", origin)
+	}
+	if strings.EqualFold(r.Host, u.Host) {
+		return nil
+	}
+	for _, p := range patterns {
+		target := u.Host
+		if strings.Contains(p, "://") {
+			target = u.Scheme + "://" + u.Host
+		}
+		if ok, _ := path.Match(strings.ToLower(p), strings.ToLower(target)); ok {
+			return nil
+		}
+	}
+	if u.Host == "" {
+		return fmt.Errorf("the Origin %q is not a URL with a host", origin)
+	}
+	return fmt.Errorf("pages from %q may not connect", u.Host)
+}
+
 // sweep closes connections whose current write has been blocked for too
 // long: a peer that stopped reading and lets TCP fill up. One goroutine for
 // all connections, instead of a deadline on every write.
@@ -159,7 +202,8 @@ func (h *wsHub) sweep() {
 
 // Shutdown closes every connection in parallel with "going away", gives the
 // close handshakes until ctx ends, then drops what is left, and waits for
-// every connection's goroutines and the sweeper.
+// every connection's goroutines and the sweeper. Calling it again is
+// harmless.
 func (h *wsHub) shutdown(ctx context.Context) {
 	h.mu.Lock()
 	h.closing = true
@@ -186,7 +230,7 @@ func (h *wsHub) shutdown(ctx context.Context) {
 		}
 		<-done
 	}
-	close(h.stop)
+	h.stopOnce.Do(func() { close(h.stop) })
 	h.swept.Wait()
 }
 
