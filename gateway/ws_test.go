@@ -733,7 +733,7 @@ func TestWSStalledClientIsClosed(t *testing.T) {
 func TestWSStuckWriterIsDropped(t *testing.T) {
 	t.Parallel()
 	const stuck = 150 * time.Millisecond
-	h := newHarness(t, 0, withWS(gateway.WSConfig{StuckWrite: stuck}))
+	h := newHarness(t, 0, withWS(gateway.WSConfig{StuckWrite: stuck, CommandRate: 1000, CommandBurst: 1000}))
 	snap := h.createThread("")
 	th := snap.ThreadID
 	s := h.dialStalled(t)
