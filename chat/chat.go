@@ -172,4 +172,18 @@ type Snapshot struct {
 	LastSeq          int64      `json:"last_seq"`
 	Messages         []Message  `json:"messages"`
 	ActiveRun        *ActiveRun `json:"active_run"`
+	// LastRun is how the thread's latest run ended, when no run is active:
+	// a page opened after a cancel can still show the receipt.
+	LastRun *LastRun `json:"last_run"`
+}
+
+// LastRun is the outcome of a thread's latest finished run.
+type LastRun struct {
+	RunID                string             `json:"run_id"`
+	Status               RunStatus          `json:"status"`
+	Error                *string            `json:"error"`
+	DiscardedStreamChars int64              `json:"discarded_stream_chars"`
+	PublishedMessageID   *string            `json:"published_message_id"`
+	ResumeCheckpointID   *string            `json:"resume_checkpoint_id"`
+	Operations           []OperationOutcome `json:"operations"`
 }

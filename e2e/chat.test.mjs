@@ -112,6 +112,13 @@ test("Esc cancels a streaming reply", async () => {
   await page.keyboard.press("Escape");
   await runStatus(page, "cancelled");
   assert.equal(await page.getByTestId("notice").isHidden(), true);
+  // A page opened later tells the same truth: the receipt comes from the
+  // server, not from this tab's memory.
+  const discarded = await page.getByTestId("receipt-discarded").textContent();
+  await page.reload();
+  await page.getByTestId("receipt").waitFor();
+  assert.equal(await page.getByTestId("receipt-discarded").textContent(), discarded);
+  assert.ok(await page.getByTestId("action-continue").isVisible());
   await done(page, errors);
 });
 

@@ -340,8 +340,12 @@ func (t *txn) discarded(runID string) (int64, error) {
 
 // operationOutcomes reports what each tool call of a run did.
 func (t *txn) operationOutcomes(runID string) ([]chat.OperationOutcome, error) {
+	return operationOutcomes(t.ctx, t.tx, runID)
+}
+
+func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.OperationOutcome, error) {
 	var rows []operationRow
-	if err := t.sel(&rows, `SELECT `+operationCols+` FROM operations WHERE run_id = ? ORDER BY created_at`, runID); err != nil {
+	if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE run_id = ? ORDER BY created_at, operation_id`), runID); err != nil {
 		return nil, fmt.Errorf("list operations: %w", err)
 	}
 	out := make([]chat.OperationOutcome, 0, len(rows))

@@ -253,7 +253,8 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (cha
 	err = q.GetContext(ctx, &run, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ?
 		AND status NOT IN ('completed', 'failed', 'cancelled')`), threadID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return snap, nil
+		snap.LastRun, err = readLastRun(ctx, q, threadID)
+		return snap, err
 	}
 	if err != nil {
 		return snap, fmt.Errorf("load active run: %w", err)
@@ -298,6 +299,29 @@ func readThread(ctx context.Context, q queryer, userID, threadID string) (thread
 		return threadRow{}, fmt.Errorf("load thread: %w", err)
 	}
 	return row, nil
+}
+
+// readLastRun reports the thread's latest run (all are finished when this is
+// called), or nil when it never had one.
+func readLastRun(ctx context.Context, q *sqlx.Tx, threadID string) (*chat.LastRun, error) {
+	var run runRow
+	err := q.GetContext(ctx, &run, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ?
+		ORDER BY created_at DESC, run_id DESC LIMIT 1`), threadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load last run: %w", err)
+	}
+	ops, err := operationOutcomes(ctx, q, run.RunID)
+	if err != nil {
+		return nil, err
+	}
+	return &chat.LastRun{
+		RunID: run.RunID, Status: run.status(), Error: fromNullString(run.Error),
+		DiscardedStreamChars: run.DiscardedStreamChars, PublishedMessageID: fromNullString(run.CancelPublishedMessageID),
+		ResumeCheckpointID: fromNullString(run.ResumeCheckpointID), Operations: ops,
+	}, nil
 }
 
 // loadMessages returns the messages with the given ids, in that order.

@@ -30,6 +30,16 @@ export interface ActiveRun {
   last_seq: number;
 }
 
+export interface LastRun {
+  run_id: string;
+  status: RunStatus;
+  error: string | null;
+  discarded_stream_chars: number;
+  published_message_id: string | null;
+  resume_checkpoint_id: string | null;
+  operations: OperationOutcome[];
+}
+
 export interface Snapshot {
   thread_id: string;
   title: string;
@@ -38,6 +48,7 @@ export interface Snapshot {
   last_seq: number;
   messages: Message[];
   active_run: ActiveRun | null;
+  last_run: LastRun | null;
 }
 
 export interface Checkpoint {

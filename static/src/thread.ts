@@ -147,9 +147,21 @@ export class ThreadView {
     this.stateVersion = s.state_version;
     this.lastSeq = s.last_seq;
     this.head = s.head_checkpoint_id;
-    this.messages = s.messages;
+    this.messages = s.messages ?? [];
     this.receipt = null;
     this.failure = null;
+    // How the latest run ended, while it is still the last word on the
+    // conversation (nothing moved the head since): a reloaded page shows the
+    // same receipt or failure as the tab that watched it happen.
+    const last = s.last_run;
+    if (last && last.resume_checkpoint_id === s.head_checkpoint_id) {
+      if (last.status === "cancelled") {
+        const kept = last.published_message_id ? this.messages.find((m) => m.message_id === last.published_message_id) : undefined;
+        this.receipt = { runID: last.run_id, kept: kept ?? null, discarded: last.discarded_stream_chars, operations: last.operations };
+      } else if (last.status === "failed") {
+        this.failure = last.error ?? "the run failed";
+      }
+    }
     const ar = s.active_run;
     this.run = ar ? { id: ar.run_id, status: ar.status, cancelSeen: ar.status === "cancel_requested" || ar.status === "cancelling" } : null;
     this.streamed =
