@@ -2,7 +2,7 @@
 GO ?= go
 NPM ?= npm
 
-.PHONY: build test lint generate generate-check node-deps test-go test-e2e
+.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e
 
 build:
 	$(GO) build -o bin/gateway .
@@ -34,7 +34,18 @@ lint: node-deps
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-test-e2e: node-deps
+# browser installs Debian's Chromium for the browser tests when it is missing
+# (never a downloaded browser build).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's chromium for the browser tests"; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else \
+			echo "the browser tests need Chromium: sudo apt-get install -y chromium"; exit 1; \
+		fi; }
+
+test-e2e: node-deps browser
 	$(NPM) run --silent e2e
 
 test: lint generate-check test-go test-e2e
