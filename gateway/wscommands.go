@@ -139,8 +139,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
-			return nil, chat.Invalid("thread_id is required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
 		}
 		if cmd.AfterSeq != nil && *cmd.AfterSeq < 0 {
 			return nil, chat.Invalid("after_seq must be 0 or more (omit it to start from a snapshot)")
@@ -152,8 +152,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
-			return nil, chat.Invalid("thread_id is required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
 		}
 		c.mu.Lock()
 		delete(c.subs, *cmd.ThreadID)
@@ -166,8 +166,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
-			return nil, chat.Invalid("thread_id is required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
 		}
 		p, err := cmd.command(c.user, *cmd.ThreadID)
 		if err != nil {
@@ -180,8 +180,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.RunID == nil || *cmd.RunID == "" {
-			return nil, chat.Invalid("run_id is required")
+		if err := required("run_id", cmd.RunID); err != nil {
+			return nil, err
 		}
 		p, err := cmd.command(c.user, *cmd.RunID, c.requestedBy())
 		if err != nil {
@@ -194,8 +194,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
-			return nil, chat.Invalid("thread_id is required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
 		}
 		p, err := cmd.command(c.user, *cmd.ThreadID)
 		if err != nil {
@@ -208,8 +208,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" || cmd.MessageID == nil || *cmd.MessageID == "" {
-			return nil, chat.Invalid("thread_id and message_id are required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
+		}
+		if err := required("message_id", cmd.MessageID); err != nil {
+			return nil, err
 		}
 		if err := cmd.validate(); err != nil {
 			return nil, err
@@ -221,8 +224,8 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := decodeJSON(data, &cmd); err != nil {
 			return nil, err
 		}
-		if cmd.ThreadID == nil || *cmd.ThreadID == "" {
-			return nil, chat.Invalid("thread_id is required")
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
 		}
 		if err := cmd.validate(); err != nil {
 			return nil, err
@@ -289,6 +292,14 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 		c.subs[threadID] = last
 	}
 	return ack, nil
+}
+
+// required refuses a missing or empty id field.
+func required(field string, v *string) error {
+	if v == nil || *v == "" {
+		return chat.Invalid("%s is required", field)
+	}
+	return nil
 }
 
 func (c *wsConn) requestedBy() string {
