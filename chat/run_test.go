@@ -70,3 +70,14 @@ func TestTitleFrom(t *testing.T) {
 		}
 	}
 }
+
+func TestNewIDIncreasesWithinAMillisecond(t *testing.T) {
+	prev := NewID(PrefixThread)
+	for range 5000 {
+		id := NewID(PrefixThread)
+		if id <= prev {
+			t.Fatalf("%s after %s", id, prev)
+		}
+		prev = id
+	}
+}
