@@ -1,0 +1,116 @@
+// Package tools holds the tools an agent may call, each with a contract
+// that says what a cancel can honestly do to it:
+//
+//   - cancellable: can be aborted; after a cancel its result is absent and
+//     the step runs again on resume.
+//   - idempotent: safe to repeat; on cancel the engine waits for (or fetches
+//     by key) its result and records it, so the next run reuses it.
+//   - consequential: changes something outside the gateway (send, pay,
+//     book). Two phases: Prepare builds what the user sees and a business
+//     idempotency key; only after the user confirms does Commit hand the
+//     call, with the key, to the external system; Status looks the key up
+//     there to reconcile an outcome nobody saw.
+//
+// The registry is read-only after construction and safe for concurrent use.
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+)
+
+// Contracts.
+const (
+	Cancellable   = "cancellable"
+	Idempotent    = "idempotent"
+	Consequential = "consequential"
+)
+
+// Spec describes a tool to the model and to clients.
+type Spec struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Contract    string          `json:"contract"`
+	Parameters  json.RawMessage `json:"parameters"` // JSON Schema of the arguments
+}
+
+// Tool is any tool. Validate checks arguments against the schema and
+// returns them normalised (the bytes that will be stored and hashed).
+type Tool interface {
+	Spec() Spec
+	Validate(args json.RawMessage) (json.RawMessage, error)
+}
+
+// Runner is a cancellable or idempotent tool. key identifies the call (the
+// operation's idempotency key), so an idempotent tool can be asked again
+// for the same result.
+type Runner interface {
+	Tool
+	Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error)
+}
+
+// Committer is a consequential tool.
+type Committer interface {
+	Tool
+	// Prepare returns what the user must see before confirming (the draft)
+	// and the business idempotency key of the action, e.g.
+	// "email:<thread>:<draft-hash>:send". scope names the conversation.
+	Prepare(scope string, args json.RawMessage) (preview json.RawMessage, key string, err error)
+	// Commit performs the action once per key: a second Commit with the same
+	// key returns the first outcome and acts no more.
+	Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error)
+	// Status reports what the external system knows of key.
+	Status(ctx context.Context, key string) (Status, error)
+}
+
+// Status of a key at the external system.
+type Status struct {
+	Known  bool            // the system accepted the key
+	Result json.RawMessage // its result, when Known
+}
+
+// ErrRejected is returned by Commit when the external system refused the
+// action for good (it did nothing). Other errors leave the outcome unknown
+// until Status says.
+var ErrRejected = errors.New("the external system rejected the action")
+
+// InvalidArgs is returned by Validate; its message says what to fix.
+type InvalidArgs struct{ Reason string }
+
+func (e *InvalidArgs) Error() string { return "invalid tool arguments: " + e.Reason }
+
+// Registry is the set of tools, by name.
+type Registry struct {
+	byName map[string]Tool
+	order  []string
+}
+
+// NewRegistry returns a registry of the given tools; names must be unique.
+func NewRegistry(ts ...Tool) (*Registry, error) {
+	r := &Registry{byName: map[string]Tool{}}
+	for _, t := range ts {
+		name := t.Spec().Name
+		if _, dup := r.byName[name]; dup {
+			return nil, errors.New("two tools are named " + name)
+		}
+		r.byName[name] = t
+		r.order = append(r.order, name)
+	}
+	return r, nil
+}
+
+// Get returns the tool named name.
+func (r *Registry) Get(name string) (Tool, bool) {
+	t, ok := r.byName[name]
+	return t, ok
+}
+
+// Specs lists every tool, in registration order.
+func (r *Registry) Specs() []Spec {
+	out := make([]Spec, 0, len(r.order))
+	for _, n := range r.order {
+		out = append(out, r.byName[n].Spec())
+	}
+	return out
+}
