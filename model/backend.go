@@ -5,6 +5,7 @@ package model
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 )
 
@@ -24,11 +25,31 @@ const (
 type Message struct {
 	Role Role
 	// Content is the message text. A user-saved fragment arrives with
-	// Fragment set and its text unchanged in Content.
+	// Fragment set and its text unchanged in Content. A tool message's
+	// Content is the tool's result (JSON).
 	Content string
 	// Fragment marks text the user saved from an interrupted reply ("Saved
 	// fragment"): partial output, not a finished answer.
 	Fragment bool
+	// Card marks an assistant message that is one JSON document (a card).
+	Card bool
+	// Call is set on a tool message: the call whose result Content holds.
+	Call *ToolCall
+}
+
+// ToolSpec describes a tool the model may call.
+type ToolSpec struct {
+	Name        string
+	Description string
+	Parameters  json.RawMessage // JSON Schema
+}
+
+// ToolCall is the model asking for one tool call. ID is the backend's id
+// for the call ("" when it has none).
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments json.RawMessage
 }
 
 // Request is one generation step.
@@ -39,11 +60,19 @@ type Request struct {
 	// output was stopped (by the user, or by a crash); it says so in words the
 	// model can use. Discarded text is never included.
 	ResumeNote string
+	// Tools the model may call in this step.
+	Tools []ToolSpec
 }
 
-// Chunk is one piece of streamed output.
+// Chunk is one piece of streamed output: text, or (at most once per
+// stream, after any text) a tool call.
 type Chunk struct {
 	Text string
+	// Card marks the reply as a card: the concatenated text is one JSON
+	// document, published only when complete and valid.
+	Card bool
+	// Call is a complete tool call; the step ends with it.
+	Call *ToolCall
 }
 
 // Stream yields the chunks of one reply. Next returns io.EOF after the last

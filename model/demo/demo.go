@@ -1,6 +1,11 @@
 // Package demo is the embedded default "demo model": a deterministic backend
 // that needs no API key. It answers from the words of the last user message
 // with templated English sentences and streams the reply one word per pace.
+//
+// It also drives the product's tool flows (see tools.go): it asks for
+// catalog_search and send_email when they are offered and the last user
+// message asks for them, answers an "order" request with a JSON card, and
+// answers a tool result in words.
 package demo
 
 import (
@@ -40,28 +45,29 @@ func (b *Backend) Stream(ctx context.Context, req model.Request) (model.Stream, 
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
-	return &stream{ctx: ctx, pace: b.pace, words: strings.Fields(compose(req)), done: make(chan struct{})}, nil
+	return &stream{ctx: ctx, pace: b.pace, chunks: reply(req), done: make(chan struct{})}, nil
 }
 
 // stream is one reply. Next is called by one goroutine; Close may be called
 // from any goroutine at any time.
 type stream struct {
-	ctx   context.Context
-	pace  time.Duration
-	words []string
-	next  int
-	done  chan struct{}
-	once  sync.Once
+	ctx    context.Context
+	pace   time.Duration
+	chunks []model.Chunk
+	next   int
+	done   chan struct{}
+	once   sync.Once
 }
 
-// Next waits one pace and returns the next word, with its leading space for
-// all but the first. It returns model.EOF after the last word, the context's
+// Next waits one pace and returns the next chunk: a word of a text reply
+// (with its leading space for all but the first), a piece of a card, or the
+// final tool call. It returns model.EOF after the last chunk, the context's
 // cause on cancellation, and ErrClosed once Close was called.
 func (s *stream) Next(ctx context.Context) (model.Chunk, error) {
 	if err := s.check(ctx); err != nil {
 		return model.Chunk{}, err
 	}
-	if s.next >= len(s.words) {
+	if s.next >= len(s.chunks) {
 		return model.Chunk{}, model.EOF
 	}
 	if s.pace > 0 {
@@ -77,12 +83,9 @@ func (s *stream) Next(ctx context.Context) (model.Chunk, error) {
 			return model.Chunk{}, err
 		}
 	}
-	w := s.words[s.next]
-	if s.next > 0 {
-		w = " " + w
-	}
+	c := s.chunks[s.next]
 	s.next++
-	return model.Chunk{Text: w}, nil
+	return c, nil
 }
 
 func (s *stream) check(ctx context.Context) error {
