@@ -24,6 +24,7 @@ import (
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/model/demo"
 	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/web"
 )
 
@@ -65,6 +66,10 @@ type config struct {
 	workers   int
 	logLevel  string
 	origins   []string
+	// tools
+	searchLatency time.Duration
+	outboxLatency time.Duration
+	outboxFault   string
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -85,6 +90,17 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
 	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
+	searchLatency, err := envDuration("GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.searchLatency, "search-latency", searchLatency, "catalog_search: how long a search takes (GATEWAY_SEARCH_LATENCY)")
+	outboxLatency, err := envDuration("GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
+	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
@@ -141,8 +157,17 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer st.Close()
 
+	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault})
+	if err != nil {
+		return fmt.Errorf("open the embedded email provider: %w", err)
+	}
+	defer outbox.Close()
+	registry, err := tools.NewRegistry(tools.NewCatalogSearch(cfg.searchLatency), tools.NewSendEmail(outbox))
+	if err != nil {
+		return err
+	}
 	eng := engine.New(engine.Config{
-		Store: st, Model: demo.New(cfg.demoPace), Log: log, SingleInstance: true,
+		Store: st, Model: demo.New(cfg.demoPace), Tools: registry, Log: log, SingleInstance: true,
 		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
 	})
 	if err := eng.Start(ctx); err != nil {

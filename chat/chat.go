@@ -61,8 +61,35 @@ type Pending struct {
 	InputHash string `json:"input_hash"`
 }
 
-// StepGenerate is the step that produces the assistant's next message.
-const StepGenerate = "generate"
+// Steps of a run. generate produces the assistant's next message (and
+// maybe a tool call); tool performs the call recorded as an operation.
+const (
+	StepGenerate = "generate"
+	StepTool     = "tool"
+)
+
+// Operation phases and outcomes of the protocol.
+const (
+	PhasePrepared   = "prepared"
+	PhaseConfirmed  = "confirmed"
+	PhaseCommitting = "committing"
+	PhaseCommitted  = "committed"
+	PhaseRejected   = "rejected"
+	PhaseVoided     = "voided"
+	PhaseRunning    = "running"
+	PhaseCompleted  = "completed"
+	PhaseAborted    = "aborted"
+	PhaseFailed     = "failed"
+	PhaseUnknown    = "unknown"
+	PhaseReconciled = "reconciled"
+
+	OutcomeNotStarted = "not_started"
+	OutcomeAborted    = "aborted"
+	OutcomeCompleted  = "completed"
+	OutcomeCommitted  = "committed"
+	OutcomeFailed     = "failed"
+	OutcomeUnknown    = "unknown"
+)
 
 // ToolResult records a tool call whose result is part of confirmed state.
 type ToolResult struct {

@@ -1,5 +1,7 @@
 package chat
 
+import "encoding/json"
+
 // Commands and their answers, shared by the store (which performs them in
 // one transaction each), the engine and the gateway (which decodes them).
 
@@ -75,6 +77,10 @@ type RunInput struct {
 	Run        Run
 	Messages   []Message
 	ResumeNote string
+	// Pending is the head checkpoint's unfinished step, and Operation the
+	// tool call it waits on (step tool), if any.
+	Pending   *Pending
+	Operation *Operation
 }
 
 // Recovered says what crash recovery did with one run.
@@ -103,4 +109,40 @@ type ErrNotRunning struct{ Status RunStatus }
 
 func (e *ErrNotRunning) Error() string {
 	return "run is no longer running under this lease: " + string(e.Status)
+}
+
+// StepOutput is what one generate step produced: a message to publish
+// (Content "" = none) and, at most, one tool call to make next.
+type StepOutput struct {
+	MessageID string
+	Kind      string // KindText or KindCard
+	Content   string
+	Call      *ToolCall
+}
+
+// ToolCall is a tool call the engine has validated and is about to record
+// as an operation.
+type ToolCall struct {
+	OperationID string
+	Tool        string
+	Contract    string
+	Args        json.RawMessage
+	// Preview and IdempotencyKey come from a consequential tool's prepare
+	// step; a runner tool's key is its operation id.
+	Preview        json.RawMessage
+	IdempotencyKey string
+}
+
+// ToolOutcome is how a tool call ended, to record with its result.
+type ToolOutcome struct {
+	Phase   string
+	Outcome string
+	Result  json.RawMessage // published as a tool message when not nil
+}
+
+// ConfirmAck is tool.confirm's and tool.reject's answer.
+type ConfirmAck struct {
+	OperationID  string `json:"operation_id"`
+	Phase        string `json:"phase"`
+	StateVersion int64  `json:"state_version"`
 }

@@ -157,6 +157,14 @@ type RunCancelledBody struct {
 	Operations           []OperationOutcome `json:"operations"`
 }
 
+type ToolBody struct {
+	Operation Operation `json:"operation"`
+}
+
+type RunWaitingConfirmationBody struct {
+	OperationID string `json:"operation_id"`
+}
+
 type RunFailedBody struct {
 	Error string `json:"error"`
 }

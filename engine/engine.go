@@ -19,6 +19,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/model"
+	"github.com/honestcancel/gateway/tools"
 )
 
 // Store is what the engine needs from persistence. Every method is one
@@ -27,23 +28,29 @@ import (
 type Store interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
-	FinishCancel(ctx context.Context, runID string, unbufferedChars int64) (bool, error)
+	FinishCancel(ctx context.Context, runID string, unbufferedChars int64, unleasedOnly bool) (bool, error)
 	Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error)
 	RenewLeases(ctx context.Context, owner string, until time.Time) error
 	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
 	AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error
-	Publish(ctx context.Context, runID, owner, messageID, content string) (chat.Message, error)
+	PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error
+	SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error
+	RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error
+	MarkCancelling(ctx context.Context, runID, owner string, active chat.ActiveOperation) error
 	Complete(ctx context.Context, runID, owner string) error
 	Fail(ctx context.Context, runID, owner, message string) error
 	Release(ctx context.Context, runID, owner string) error
 	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
 	PurgeStream(ctx context.Context, before time.Time) (int64, error)
+	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 }
 
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
 	Store Store
 	Model model.Backend
+	// Tools the model may call (nil: none).
+	Tools *tools.Registry
 	Log   *slog.Logger
 	// InstanceID names this process in run leases.
 	InstanceID string
@@ -66,6 +73,7 @@ type Engine struct {
 	cfg   Config
 	store Store
 	model model.Backend
+	tools *tools.Registry
 	log   *slog.Logger
 
 	ctx    context.Context
@@ -107,7 +115,7 @@ func New(cfg Config) *Engine {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Engine{
-		cfg: cfg, store: cfg.Store, model: cfg.Model, log: cfg.Log,
+		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
 		running: map[string]context.CancelCauseFunc{},
 	}
@@ -153,21 +161,30 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 	e.mu.Lock()
 	stop := e.running[p.RunID]
 	e.mu.Unlock()
-	switch {
-	case stop != nil:
+	if stop != nil {
 		stop(errCancelRequested)
-	case prev != chat.RunRunning:
-		// Nobody executes it: queued runs are never claimed once a cancel
-		// is recorded. Finishing is the engine's work, not the request's.
-		e.wg.Go(func() {
-			if _, err := e.store.FinishCancel(context.WithoutCancel(e.ctx), p.RunID, 0); err != nil {
-				e.log.Error("finish cancel", "run_id", p.RunID, "err", err)
-			}
-		})
+		return ack, nil
 	}
-	// A running run whose worker has not registered yet sees the recorded
-	// cancel in its first read of the run.
+	// No worker here holds it (queued, waiting for a confirmation, or handed
+	// over between steps): finish it now, unless a worker took it in the
+	// meantime, which then sees the recorded cancel in its first read of
+	// the run. Finishing is the engine's work, not the request's.
+	e.wg.Go(func() {
+		if _, err := e.store.FinishCancel(context.WithoutCancel(e.ctx), p.RunID, 0, true); err != nil {
+			e.log.Warn("finish cancel", "run_id", p.RunID, "prev", prev, "err", err)
+		}
+	})
 	return ack, nil
+}
+
+// DecideOperation performs tool.confirm or tool.reject and wakes a worker
+// to commit the call (or to continue from the refusal).
+func (e *Engine) DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
+	ack, err := e.store.DecideOperation(ctx, userID, opID, expected, confirm)
+	if err == nil {
+		e.poke()
+	}
+	return ack, err
 }
 
 func (e *Engine) poke() {

@@ -15,6 +15,7 @@ import (
 	"github.com/honestcancel/gateway/engine"
 	"github.com/honestcancel/gateway/model"
 	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/tools"
 )
 
 // scripted is a model backend driven by the test: each Next waits for a
@@ -104,6 +105,10 @@ type harness struct {
 	feed  *bus.Memory
 	eng   *engine.Engine
 	model *scripted
+	// backend and tools, when set, configure the engine instead of model
+	// (tool tests bring their own model and tools).
+	backend model.Backend
+	tools   *tools.Registry
 }
 
 func newHarness(t *testing.T, m *scripted) *harness {
@@ -129,10 +134,19 @@ func (h *harness) open() {
 
 func (h *harness) start() {
 	h.t.Helper()
-	h.eng = engine.New(engine.Config{Store: h.st, Model: h.model, SingleInstance: true, LeaseTTL: time.Second})
+	h.eng = engine.New(h.config())
 	if err := h.eng.Start(context.Background()); err != nil {
 		h.t.Fatal(err)
 	}
+}
+
+// config is the engine configuration start uses.
+func (h *harness) config() engine.Config {
+	var m model.Backend = h.model
+	if h.backend != nil {
+		m = h.backend
+	}
+	return engine.Config{Store: h.st, Model: m, Tools: h.tools, SingleInstance: true, LeaseTTL: time.Second}
 }
 
 func (h *harness) stop() {
@@ -429,7 +443,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_done", []string{"all", " of it"}, lease); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := h.st.Publish(ctx, ack.RunID, "dead-process", "msg_done", "all of it"); err != nil {
+		if err := h.st.PublishStep(ctx, ack.RunID, "dead-process", chat.StepOutput{MessageID: "msg_done", Kind: chat.KindText, Content: "all of it"}); err != nil {
 			t.Fatal(err)
 		}
 		h.start()
@@ -503,7 +517,7 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := h.st.Publish(ctx, ack.RunID, "w", "msg_late", "late text")
+	err := h.st.PublishStep(ctx, ack.RunID, "w", chat.StepOutput{MessageID: "msg_late", Kind: chat.KindText, Content: "late text"})
 	var lost *chat.ErrNotRunning
 	if !errors.As(err, &lost) || lost.Status != chat.RunCancelRequested {
 		t.Fatalf("publish after cancel = %v", err)
@@ -511,7 +525,7 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{" more"}, lease); !errors.As(err, &lost) {
 		t.Fatalf("delta after cancel = %v", err)
 	}
-	if ok, err := h.st.FinishCancel(ctx, ack.RunID, 0); !ok || err != nil {
+	if ok, err := h.st.FinishCancel(ctx, ack.RunID, 0, false); !ok || err != nil {
 		t.Fatalf("finish cancel = %v, %v", ok, err)
 	}
 	if got := h.snapshot(snap.ThreadID); len(got.Messages) != 1 {

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/model"
+	"github.com/honestcancel/gateway/tools"
 )
 
 // storeTimeout bounds the writes a worker makes to settle its run after its
@@ -35,12 +38,20 @@ func (e *Engine) execute(run *chat.Run) {
 	}()
 
 	log := e.log.With("run_id", run.RunID, "thread_id", run.ThreadID)
-	unbuffered, err := e.generate(ctx, run.RunID)
-	if err == nil {
-		return
-	}
+	unbuffered, err := e.work(ctx, run.RunID)
 	settle, stop := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer stop()
+	if err == nil {
+		if errors.Is(context.Cause(ctx), errCancelRequested) {
+			// The run was handed over (waiting for a confirmation) just as
+			// a cancel found this worker still registered: nobody else
+			// finishes it, so do it here rather than at the next recovery.
+			if _, err := e.store.FinishCancel(settle, run.RunID, 0, true); err != nil {
+				log.Error("finish cancel", "err", err)
+			}
+		}
+		return
+	}
 	var lost *chat.ErrNotRunning
 	cause := context.Cause(ctx)
 	switch {
@@ -48,13 +59,13 @@ func (e *Engine) execute(run *chat.Run) {
 		log.Warn("run taken from this worker", "status", lost.Status)
 		return
 	case errors.As(err, &lost), errors.Is(cause, errCancelRequested):
-		if _, err := e.store.FinishCancel(settle, run.RunID, unbuffered); err != nil {
+		if _, err := e.store.FinishCancel(settle, run.RunID, unbuffered, false); err != nil {
 			log.Error("finish cancel", "err", err)
 		}
 	case errors.Is(cause, errShutdown):
 		err := e.store.Release(settle, run.RunID, e.cfg.InstanceID)
 		if errors.As(err, &lost) && lost.Status.CancelAccepted() {
-			_, err = e.store.FinishCancel(settle, run.RunID, unbuffered)
+			_, err = e.store.FinishCancel(settle, run.RunID, unbuffered, false)
 		}
 		if err != nil {
 			log.Error("hand run back", "err", err)
@@ -63,7 +74,7 @@ func (e *Engine) execute(run *chat.Run) {
 		log.Warn("run failed", "err", err)
 		ferr := e.store.Fail(settle, run.RunID, e.cfg.InstanceID, userMessage(err))
 		if errors.As(ferr, &lost) && lost.Status.CancelAccepted() {
-			_, ferr = e.store.FinishCancel(settle, run.RunID, unbuffered)
+			_, ferr = e.store.FinishCancel(settle, run.RunID, unbuffered, false)
 		}
 		if ferr != nil {
 			log.Error("record failure", "err", ferr)
@@ -71,25 +82,92 @@ func (e *Engine) execute(run *chat.Run) {
 	}
 }
 
-// generate runs the pending generate step: stream the model's reply into the
-// stream buffer in batches, then publish it with its checkpoint and complete
-// the run. The safe points are every batch (the write checks the run is
-// still running under this lease) and the context (cancelled on a cancel
-// wake-up). It returns how many received characters it never buffered.
-func (e *Engine) generate(ctx context.Context, runID string) (int64, error) {
-	in, err := e.store.RunInput(ctx, runID)
-	if err != nil {
-		return 0, err
+// work advances the run step by step until it ends, waits for a
+// confirmation, or stops at a safe point. It returns how many received
+// characters it never buffered (for the cancel's discard count).
+func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
+	for range maxSteps {
+		in, err := e.store.RunInput(ctx, runID)
+		if err != nil {
+			return 0, err
+		}
+		op := in.Operation
+		openCommit := op != nil && (op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown)
+		if in.Run.Status.CancelAccepted() && openCommit {
+			// A commit may have reached the provider: settle it by its key
+			// before the cancel can report what happened.
+			if err := e.toolStep(ctx, in); err != nil {
+				return 0, err
+			}
+			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
+		}
+		if in.Run.Status != chat.RunRunning {
+			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
+		}
+		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && openPhase(op.Phase) {
+			if err := e.toolStep(ctx, in); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && (op.Phase == chat.PhaseAborted || op.Phase == chat.PhaseVoided) {
+			// The pending step is a call a cancel stopped before it had a
+			// result (aborted) or before it was sent (voided): the step runs
+			// again as a new operation of this run, not as a new model turn.
+			tc, err := e.prepareCall(in, &model.ToolCall{ID: op.OperationID, Name: op.Tool, Arguments: op.Args})
+			if err != nil {
+				return 0, err
+			}
+			if err := e.store.PublishStep(context.WithoutCancel(ctx), runID, e.cfg.InstanceID, chat.StepOutput{Call: tc}); err != nil {
+				return 0, err
+			}
+			if tc.Contract == tools.Consequential {
+				return 0, nil // waits for the user's decision again
+			}
+			continue
+		}
+		out, unbuffered, err := e.generate(ctx, in)
+		if err != nil {
+			return unbuffered, err
+		}
+		write := context.WithoutCancel(ctx)
+		if err := e.store.PublishStep(write, runID, e.cfg.InstanceID, out); err != nil {
+			return 0, err
+		}
+		switch {
+		case out.Call == nil:
+			return 0, e.store.Complete(write, runID, e.cfg.InstanceID)
+		case out.Call.Contract == tools.Consequential:
+			return 0, nil // waits for the user's decision; no worker holds it
+		}
 	}
-	if in.Run.Status != chat.RunRunning {
-		return 0, &chat.ErrNotRunning{Status: in.Run.Status}
+	return 0, fmt.Errorf("the run took more than %d steps; it was stopped to avoid a loop", maxSteps)
+}
+
+// maxSteps bounds the steps of one run (model calls and tool calls).
+const maxSteps = 12
+
+// openPhase reports whether an operation still has work to do.
+func openPhase(phase string) bool {
+	switch phase {
+	case chat.PhaseRunning, chat.PhaseConfirmed, chat.PhaseCommitting, chat.PhaseUnknown:
+		return true
 	}
-	stream, err := e.model.Stream(ctx, modelRequest(in))
+	return false
+}
+
+// generate runs one generate step: stream the model's reply into the stream
+// buffer in batches and return what to publish. The safe points are every
+// batch (the write checks the run is still running under this lease) and
+// the context (cancelled on a cancel wake-up).
+func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutput, int64, error) {
+	runID := in.Run.RunID
+	stream, err := e.model.Stream(ctx, e.modelRequest(in))
 	if err != nil {
-		return 0, err
+		return chat.StepOutput{}, 0, err
 	}
 	streamCtx, stopStream := context.WithCancel(ctx)
-	chunks := make(chan string, e.cfg.MaxBatch)
+	chunks := make(chan model.Chunk, e.cfg.MaxBatch)
 	var received atomic.Int64
 	var pumpErr error
 	var pump sync.WaitGroup
@@ -101,12 +179,12 @@ func (e *Engine) generate(ctx context.Context, runID string) (int64, error) {
 				pumpErr = err
 				return
 			}
-			if c.Text == "" {
+			if c.Text == "" && c.Call == nil {
 				continue
 			}
 			received.Add(int64(utf8.RuneCountInString(c.Text)))
 			select {
-			case chunks <- c.Text:
+			case chunks <- c:
 			case <-streamCtx.Done():
 				pumpErr = context.Cause(streamCtx)
 				return
@@ -126,33 +204,49 @@ func (e *Engine) generate(ctx context.Context, runID string) (int64, error) {
 		return received.Load() - buffered
 	}
 
-	messageID := chat.NewID(chat.PrefixMessage)
+	out := chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText}
 	write := context.WithoutCancel(ctx)
 	var full strings.Builder
+	var call *model.ToolCall
 	batch := make([]string, 0, e.cfg.MaxBatch)
+	take := func(c model.Chunk) {
+		if c.Card {
+			out.Kind = chat.KindCard
+		}
+		if c.Call != nil && call == nil {
+			call = c.Call
+		}
+		if c.Text != "" {
+			batch = append(batch, c.Text)
+		}
+	}
 	for {
-		text, ok := <-chunks
+		c, ok := <-chunks
 		if !ok {
 			break
 		}
-		batch = append(batch[:0], text)
+		batch = batch[:0]
+		take(c)
 	drain:
 		for len(batch) < e.cfg.MaxBatch {
 			select {
-			case text, ok := <-chunks:
+			case c, ok := <-chunks:
 				if !ok {
 					break drain
 				}
-				batch = append(batch, text)
+				take(c)
 			default:
 				break drain
 			}
 		}
 		if ctx.Err() != nil { // safe point: a cancel wake-up or shutdown
-			return unbuffered(), ctx.Err()
+			return out, unbuffered(), ctx.Err()
 		}
-		if err := e.store.AppendDeltas(write, runID, e.cfg.InstanceID, messageID, batch, e.leaseUntil()); err != nil {
-			return unbuffered(), err
+		if len(batch) == 0 {
+			continue
+		}
+		if err := e.store.AppendDeltas(write, runID, e.cfg.InstanceID, out.MessageID, batch, e.leaseUntil()); err != nil {
+			return out, unbuffered(), err
 		}
 		for _, t := range batch {
 			buffered += int64(utf8.RuneCountInString(t))
@@ -160,32 +254,56 @@ func (e *Engine) generate(ctx context.Context, runID string) (int64, error) {
 		}
 	}
 	if !errors.Is(pumpErr, model.EOF) {
-		return unbuffered(), pumpErr
+		return out, unbuffered(), pumpErr
 	}
 	if ctx.Err() != nil {
-		return unbuffered(), ctx.Err()
+		return out, unbuffered(), ctx.Err()
 	}
-	if full.Len() == 0 {
-		return 0, errors.New("the model returned an empty reply")
+	out.Content = full.String()
+	if out.Kind == chat.KindCard && !json.Valid([]byte(out.Content)) {
+		return out, 0, chat.Errorf(chat.CodeInternal, "the model's card is not valid JSON, so nothing of it was published. Continue from the saved point to try again.")
 	}
-	if _, err := e.store.Publish(write, runID, e.cfg.InstanceID, messageID, full.String()); err != nil {
-		return 0, err
+	if call != nil {
+		tc, err := e.prepareCall(in, call)
+		if err != nil {
+			return out, 0, err
+		}
+		out.Call = tc
 	}
-	return 0, e.store.Complete(write, runID, e.cfg.InstanceID)
+	if out.Content == "" && out.Call == nil {
+		return out, 0, errors.New("the model returned an empty reply")
+	}
+	return out, 0, nil
 }
 
-// modelRequest builds the model's input from the confirmed context only.
-func modelRequest(in chat.RunInput) model.Request {
+// modelRequest builds the model's input from the confirmed context only:
+// published messages (tool results included) and the tools on offer.
+func (e *Engine) modelRequest(in chat.RunInput) model.Request {
 	req := model.Request{ResumeNote: in.ResumeNote, Messages: make([]model.Message, 0, len(in.Messages))}
 	for _, m := range in.Messages {
-		role := model.RoleUser
+		msg := model.Message{Role: model.RoleUser, Content: m.Content, Fragment: m.Kind == chat.KindFragment, Card: m.Kind == chat.KindCard}
 		switch m.Role {
 		case chat.RoleAssistant:
-			role = model.RoleAssistant
+			msg.Role = model.RoleAssistant
 		case chat.RoleTool:
-			role = model.RoleTool
+			msg.Role = model.RoleTool
+			var rec struct {
+				Tool        string          `json:"tool"`
+				OperationID string          `json:"operation_id"`
+				Arguments   json.RawMessage `json:"arguments"`
+				Result      json.RawMessage `json:"result"`
+			}
+			if json.Unmarshal([]byte(m.Content), &rec) == nil {
+				msg.Content = string(rec.Result)
+				msg.Call = &model.ToolCall{ID: rec.OperationID, Name: rec.Tool, Arguments: rec.Arguments}
+			}
 		}
-		req.Messages = append(req.Messages, model.Message{Role: role, Content: m.Content, Fragment: m.Kind == chat.KindFragment})
+		req.Messages = append(req.Messages, msg)
+	}
+	if e.tools != nil {
+		for _, s := range e.tools.Specs() {
+			req.Tools = append(req.Tools, model.ToolSpec{Name: s.Name, Description: s.Description, Parameters: s.Parameters})
+		}
 	}
 	return req
 }

@@ -75,3 +75,35 @@ func (req deleteDraftRequest) validate() error {
 	}
 	return nil
 }
+
+type decideRequest struct {
+	ExpectedStateVersion *int64 `json:"expected_state_version"`
+}
+
+func (req decideRequest) validate() error {
+	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
+		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	}
+	return nil
+}
+
+// decide serves POST /api/operations/{id}/confirm and /reject.
+func (s *Server) decide(confirm bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req decideRequest
+		if err := decode(w, r, &req, false); err != nil {
+			writeError(w, s.log, err)
+			return
+		}
+		if err := req.validate(); err != nil {
+			writeError(w, s.log, err)
+			return
+		}
+		ack, err := s.runs.DecideOperation(r.Context(), userID(r), r.PathValue("id"), *req.ExpectedStateVersion, confirm)
+		if err != nil {
+			writeError(w, s.log, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ack)
+	}
+}

@@ -34,6 +34,7 @@ type Store interface {
 type Runs interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error)
+	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 }
 
 // Subscription delivers one thread's committed events in seq order until it
@@ -113,6 +114,8 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/threads/{id}/drafts/{message_id}/delete", s.deleteDraft)
 	mux.HandleFunc("POST /api/threads/{id}/fork", s.fork)
 	mux.HandleFunc("GET /api/threads/{id}/operations", s.listOperations)
+	mux.HandleFunc("POST /api/operations/{id}/confirm", s.decide(true))
+	mux.HandleFunc("POST /api/operations/{id}/reject", s.decide(false))
 	mux.HandleFunc("GET /api/threads/{id}/checkpoints", s.listCheckpoints)
 	mux.HandleFunc("GET /api/threads/{id}/events", s.events)
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {

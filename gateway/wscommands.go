@@ -65,6 +65,12 @@ type wsFork struct {
 	forkRequest
 }
 
+type wsDecide struct {
+	wsEnvelope
+	OperationID *string `json:"operation_id"`
+	decideRequest
+}
+
 type subscribeAck struct {
 	ThreadID     string `json:"thread_id"`
 	Recovered    bool   `json:"recovered"`
@@ -235,6 +241,19 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		return chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID}, nil
+
+	case "tool.confirm", "tool.reject":
+		var cmd wsDecide
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if err := required("operation_id", cmd.OperationID); err != nil {
+			return nil, err
+		}
+		if err := cmd.validate(); err != nil {
+			return nil, err
+		}
+		return s.runs.DecideOperation(ctx, c.user, *cmd.OperationID, *cmd.ExpectedStateVersion, typ == "tool.confirm")
 	}
 	return nil, chat.Invalid("unknown command type %q: see the protocol's command list", typ)
 }

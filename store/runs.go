@@ -281,7 +281,10 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 //
 // unbuffered counts characters the worker received from the model but never
 // wrote to the stream buffer (the batch in hand when it saw the cancel).
-func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64) (bool, error) {
+//
+// With unleasedOnly it also does nothing while a worker holds the run: that
+// worker finishes it at its next safe point.
+func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64, unleasedOnly bool) (bool, error) {
 	done := false
 	err := s.write(ctx, func(t *txn) error {
 		row, err := t.run(runID)
@@ -289,6 +292,9 @@ func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64
 			return err
 		}
 		if st := row.status(); st != chat.RunCancelRequested && st != chat.RunCancelling {
+			return nil
+		}
+		if unleasedOnly && row.LeaseOwner.Valid {
 			return nil
 		}
 		done = true
@@ -301,6 +307,29 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	c, err := t.thread("", row.ThreadID)
 	if err != nil {
 		return err
+	}
+	// Intents never committed are voided; a tool call nobody runs any more
+	// is aborted. A commit whose outcome is open must be reconciled first.
+	var open []struct {
+		OperationID string `db:"operation_id"`
+		Phase       string `db:"phase"`
+	}
+	if err := t.sel(&open, `SELECT operation_id, phase FROM operations WHERE run_id = ?
+		AND phase IN ('prepared', 'confirmed', 'running', 'committing', 'unknown') ORDER BY created_at, operation_id`, row.RunID); err != nil {
+		return fmt.Errorf("list open operations: %w", err)
+	}
+	for _, op := range open {
+		switch op.Phase {
+		case chat.PhasePrepared, chat.PhaseConfirmed:
+			err = t.setPhase(c, op.OperationID, chat.PhaseVoided, chat.OutcomeNotStarted)
+		case chat.PhaseRunning:
+			err = t.setPhase(c, op.OperationID, chat.PhaseAborted, chat.OutcomeAborted)
+		default:
+			err = fmt.Errorf("run %s: operation %s is %s: reconcile it by its key before finishing the cancel", row.RunID, op.OperationID, op.Phase)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	discarded, err := t.discarded(row.RunID)
 	if err != nil {
@@ -359,6 +388,13 @@ func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.Op
 	return out, nil
 }
 
+// claimable runs wait for a worker: queued ones; running ones handed over
+// (a confirmed tool call to commit, a tool step to finish after a crash);
+// and cancelled ones whose commit must be reconciled before they end.
+const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'running'
+	OR (status IN ('cancel_requested', 'cancelling') AND EXISTS (SELECT 1 FROM operations o
+		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown'))))`
+
 // Claim hands the oldest queued run to owner with a lease until leaseUntil
 // and marks it running. It returns nil when nothing is queued. Claiming
 // writes no event: the run's status changes, its thread's version does not.
@@ -366,9 +402,10 @@ func (s *Store) Claim(ctx context.Context, owner string, leaseUntil time.Time) (
 	var out *chat.Run
 	err := s.write(ctx, func(t *txn) error {
 		var row runRow
-		err := t.get(&row, `UPDATE runs SET status = 'running', lease_owner = ?, lease_expires_at = ?, updated_at = ?
-			WHERE run_id = (SELECT run_id FROM runs WHERE status = 'queued' ORDER BY created_at, run_id LIMIT 1)
-			AND status = 'queued' RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
+		err := t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+			lease_owner = ?, lease_expires_at = ?, updated_at = ?
+			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1)
+			AND lease_owner IS NULL RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -447,44 +484,6 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		_, err = t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ?`, ms(leaseUntil), runID)
 		return err
 	})
-}
-
-// Publish makes a streamed message part of history: the message, a new head
-// checkpoint without a pending step, message.published and
-// checkpoint.created, in one transaction, and only while owner still runs
-// the run; a recorded cancel wins (*chat.ErrNotRunning).
-func (s *Store) Publish(ctx context.Context, runID, owner, messageID, content string) (chat.Message, error) {
-	var out chat.Message
-	err := s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
-		if err != nil {
-			return err
-		}
-		c, err := t.thread("", row.ThreadID)
-		if err != nil {
-			return err
-		}
-		head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
-		if err != nil {
-			return err
-		}
-		cpID := chat.NewID(chat.PrefixCheckpoint)
-		if out, err = t.publishMessage(c, chat.Message{MessageID: messageID, Role: chat.RoleAssistant, Kind: chat.KindText, Content: content}, cpID, runID); err != nil {
-			return err
-		}
-		step := chat.StepGenerate
-		if head.Pending != nil {
-			step = head.Pending.Step
-		}
-		_, err = t.addCheckpoint(c, chat.Checkpoint{
-			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
-			MessageIDs:     append(append([]string{}, head.MessageIDs...), messageID),
-			CompletedSteps: append(append([]string{}, head.CompletedSteps...), step),
-			ToolResults:    head.ToolResults,
-		}, runID)
-		return err
-	})
-	return out, err
 }
 
 // Complete ends a running run completed (run.completed).
@@ -571,7 +570,8 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 	// attempts) are settled here as well.
 	var orphans []string
 	if err := s.writer.SelectContext(ctx, &orphans, s.writer.Rebind(`SELECT run_id FROM runs
-		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL`)); err != nil {
+		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL AND NOT EXISTS (SELECT 1 FROM operations o
+		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown'))`)); err != nil {
 		return nil, fmt.Errorf("find orphaned cancels: %w", err)
 	}
 	ids = append(ids, orphans...)
@@ -585,6 +585,17 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			}
 			if row.status().Terminal() || (row.LeaseOwner.Valid && row.LeaseOwner.String == owner) {
 				return nil
+			}
+			var openCommit int
+			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ? AND phase IN ('committing', 'unknown')`, row.RunID); err != nil {
+				return err
+			}
+			if openCommit > 0 && row.LeaseOwner.Valid {
+				// A commit may have reached the external system: a worker
+				// reconciles it by its key before the run goes on or ends.
+				action = "handed over to reconcile"
+				_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
+				return err
 			}
 			if row.status().CancelAccepted() {
 				action = "cancelled"
@@ -604,6 +615,13 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			if head.Pending == nil && head.RunID != nil && *head.RunID == row.RunID {
 				action = "completed"
 				return t.finish(row, chat.RunCompleted, "")
+			}
+			if head.Pending != nil && head.Pending.Step == chat.StepTool {
+				// The tool step resumes with its operation (a runner tool
+				// runs again under the same key).
+				action = "handed over"
+				_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
+				return err
 			}
 			if row.Attempt >= maxAttempts {
 				action = "failed"
@@ -627,8 +645,9 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 	return out, nil
 }
 
-// RunInput loads a run's confirmed context from checkpoints and published
-// messages only.
+// RunInput loads what a worker needs for a run's next step, from the
+// thread's head checkpoint and published messages only: the history, the
+// pending step and the operation it waits on.
 func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, error) {
 	var in chat.RunInput
 	err := s.read(ctx, func(q *sqlx.Tx) error {
@@ -636,7 +655,11 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		if err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+runCols+` FROM runs WHERE run_id = ?`), runID); err != nil {
 			return fmt.Errorf("load run: %w", err)
 		}
-		cp, err := loadCheckpoint(ctx, q, row.ThreadID, row.BaseCheckpointID)
+		var head string
+		if err := q.GetContext(ctx, &head, q.Rebind(`SELECT head_checkpoint_id FROM threads WHERE thread_id = ?`), row.ThreadID); err != nil {
+			return fmt.Errorf("load head: %w", err)
+		}
+		cp, err := loadCheckpoint(ctx, q, row.ThreadID, head)
 		if err != nil {
 			return err
 		}
@@ -648,7 +671,18 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		if row.Attempt > 1 && note == "" {
 			note = "The previous attempt at this step was interrupted before it was published. Answer afresh from the confirmed conversation."
 		}
-		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note}
+		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note, Pending: cp.Pending}
+		if cp.Pending != nil && cp.Pending.Step == chat.StepTool {
+			var op operationRow
+			err := q.GetContext(ctx, &op, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE thread_id = ? AND operation_id = ?`), row.ThreadID, cp.Pending.InputHash)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("load pending operation: %w", err)
+			}
+			if err == nil {
+				o := op.operation()
+				in.Operation = &o
+			}
+		}
 		return nil
 	})
 	return in, err

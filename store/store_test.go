@@ -83,7 +83,7 @@ func streamAndCancel(t *testing.T, st *store.Store, threadID string, version int
 	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.FinishCancel(ctx, ack.RunID, 0); err != nil {
+	if _, err := st.FinishCancel(ctx, ack.RunID, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := st.Snapshot(ctx, user, threadID)
@@ -230,7 +230,7 @@ func TestCancelAnswersAndAudits(t *testing.T) {
 	if err := st.AppendDeltas(ctx, ack.RunID, "w", "msg_ok", []string{"ok"}, lease); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Publish(ctx, ack.RunID, "w", "msg_ok", "ok"); err != nil {
+	if err := st.PublishStep(ctx, ack.RunID, "w", chat.StepOutput{MessageID: "msg_ok", Kind: chat.KindText, Content: "ok"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Complete(ctx, ack.RunID, "w"); err != nil {
@@ -445,6 +445,9 @@ func TestCheckDetectsViolations(t *testing.T) {
 		// 4: an event of the run after run.cancelled.
 		`INSERT INTO events (thread_id, seq, type, run_id, state_version, ts, payload)
 			VALUES ('` + snap.ThreadID + `', 1000, 'run.completed', '` + runID + `', 1000, 0, '{}')`,
+		// 2: the provider accepted one key twice.
+		`CREATE TABLE outbox_attempts (id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT NULL, at BIGINT NOT NULL, result TEXT NOT NULL)`,
+		`INSERT INTO outbox_attempts (idempotency_key, at, result) VALUES ('email:x:send', 1, 'accepted'), ('email:x:send', 2, 'accepted')`,
 		// 3: a run starting from a missing checkpoint.
 		`UPDATE runs SET base_checkpoint_id = 'cp_missing' WHERE run_id = '` + runID + `'`,
 	}
@@ -461,7 +464,7 @@ func TestCheckDetectsViolations(t *testing.T) {
 	for _, v := range vs {
 		found[v.Invariant] = true
 	}
-	for _, inv := range []int{1, 3, 4, 7, 8} {
+	for _, inv := range []int{1, 2, 3, 4, 7, 8} {
 		if !found[inv] {
 			t.Errorf("invariant %d violation not reported; got %v", inv, vs)
 		}

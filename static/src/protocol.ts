@@ -60,6 +60,20 @@ export interface Checkpoint {
   created_at: string;
 }
 
+export interface Operation {
+  operation_id: string;
+  run_id: string;
+  tool: string;
+  contract: string;
+  phase: string;
+  args: unknown;
+  preview: unknown;
+  idempotency_key: string | null;
+  outcome: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
 export interface OperationOutcome {
   operation_id: string;
   tool: string;
@@ -90,6 +104,8 @@ export interface ServerEvent {
   published_message_id?: string | null;
   discarded_stream_chars?: number;
   operations?: OperationOutcome[];
+  operation?: Operation;
+  operation_id?: string;
   error?: string;
 }
 

@@ -7,6 +7,7 @@ import {
   CommandError,
   type Checkpoint,
   type Message,
+  type Operation,
   type OperationOutcome,
   type RunStatus,
   type ServerEvent,
@@ -79,6 +80,7 @@ export class ThreadView {
   private conflictFrom: string | null = null;
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
+  private operations = new Map<string, Operation>();
   private subscribed = false;
   private readonly socket: Socket;
 
@@ -92,6 +94,7 @@ export class ThreadView {
   private readonly banner: HTMLElement;
   private readonly notice: HTMLElement;
   private readonly tree: HTMLElement;
+  private readonly opsPanel: HTMLElement;
 
   constructor(private readonly root: HTMLElement) {
     const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
@@ -108,6 +111,7 @@ export class ThreadView {
     this.banner = $(root, "[data-testid=conflict-banner]");
     this.notice = $(root, "[data-testid=notice]");
     this.tree = $(root, "[data-testid=tree]");
+    this.opsPanel = $(root, "[data-testid=operations]");
     this.applySnapshot(snap);
     this.socket = new Socket({
       open: () => this.resubscribe(),
@@ -138,6 +142,7 @@ export class ThreadView {
       if (target) void this.action(target.dataset.action ?? "", target);
     });
     void this.loadCheckpoints();
+    void this.loadOperations();
     this.socket.connect();
   }
 
@@ -186,6 +191,7 @@ export class ThreadView {
     if (ev.type === "thread.snapshot") {
       this.applySnapshot(ev as unknown as Snapshot);
       void this.loadCheckpoints();
+      void this.loadOperations();
       return;
     }
     if (ev.seq <= this.lastSeq) return; // already applied
@@ -255,6 +261,14 @@ export class ThreadView {
         this.failure = ev.error ?? "the run failed";
         this.pendingStep = true;
         break;
+      case "tool.prepared":
+      case "tool.updated":
+        if (ev.operation) this.operations.set(ev.operation.operation_id, ev.operation);
+        break;
+      case "run.waiting_confirmation":
+        if (this.run && this.run.id === ev.run_id) this.run.status = "waiting_confirmation";
+        this.streamed = null;
+        break;
     }
     this.render();
     if (branched) this.resync();
@@ -292,6 +306,21 @@ export class ThreadView {
       this.renderTree();
     } catch {
       // The tree is an aid; the conversation works without it.
+    }
+  }
+
+  private async loadOperations(): Promise<void> {
+    try {
+      const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/operations`);
+      if (!r.ok) return;
+      const body = (await r.json()) as { operations: Operation[] };
+      for (const op of body.operations) {
+        const known = this.operations.get(op.operation_id);
+        if (!known || known.updated_at <= op.updated_at) this.operations.set(op.operation_id, op);
+      }
+      this.render();
+    } catch {
+      // The log is an aid; events keep it current once connected.
     }
   }
 
@@ -377,6 +406,14 @@ export class ThreadView {
         this.render();
         return;
       }
+      case "confirm-op":
+      case "reject-op":
+        await this.command({
+          type: name === "confirm-op" ? "tool.confirm" : "tool.reject",
+          operation_id: target.dataset.operationId,
+          expected_state_version: this.stateVersion,
+        });
+        return;
       case "delete-draft":
         await this.command({
           type: "draft.delete",
@@ -439,6 +476,7 @@ export class ThreadView {
     const atBottom = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
     this.renderMessages();
     this.renderLive();
+    this.renderOperations();
     if (atBottom) window.scrollTo({ top: document.documentElement.scrollHeight });
     const busy = this.run !== null;
     this.send.hidden = busy;
@@ -468,7 +506,11 @@ export class ThreadView {
       "data-kind": m.kind,
     });
     if (m.kind === "fragment") li.append(el("div", { class: "label", "data-testid": "fragment-label" }, "Saved fragment"));
-    li.append(el(m.kind === "card" ? "pre" : "div", { class: m.kind === "card" ? "body card" : "body", "data-testid": "message-body" }, m.content));
+    if (m.role === "tool") {
+      li.append(toolResult(m.content));
+    } else {
+      li.append(el(m.kind === "card" ? "pre" : "div", { class: m.kind === "card" ? "body card" : "body", "data-testid": "message-body" }, m.content));
+    }
     if (m.kind === "fragment") {
       const del = button("Delete draft", "delete-draft", "delete-draft", "btn ghost small");
       del.dataset.messageId = m.message_id;
@@ -496,8 +538,17 @@ export class ThreadView {
         ),
       );
     } else if (this.run) {
-      const label = this.cancelAccepted() ? "Cancelling…" : this.run.status === "queued" ? "Waiting for a worker…" : "Thinking…";
+      const label = this.cancelAccepted()
+        ? "Cancelling…"
+        : this.run.status === "queued"
+          ? "Waiting for a worker…"
+          : this.run.status === "waiting_confirmation"
+            ? "Waiting for your confirmation"
+            : "Working…";
       parts.push(el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label)));
+    }
+    for (const op of this.operations.values()) {
+      if (op.phase === "prepared" && this.run && this.run.id === op.run_id) parts.push(this.confirmCard(op));
     }
     if (this.receipt) parts.push(this.receiptCard(this.receipt));
     if (this.failure) {
@@ -526,6 +577,46 @@ export class ThreadView {
     this.live.replaceChildren(...parts);
   }
 
+  private confirmCard(op: Operation): HTMLElement {
+    const p = (op.preview ?? {}) as Record<string, unknown>;
+    const rows: Node[] = [];
+    for (const [k, v] of Object.entries(p)) {
+      rows.push(el("dt", {}, k), el("dd", { "data-testid": `preview-${k}` }, typeof v === "string" ? v : JSON.stringify(v)));
+    }
+    const confirm = button("Confirm and send", "confirm-op", "confirm-op", "btn primary");
+    const reject = button("Reject", "reject-op", "reject-op");
+    confirm.dataset.operationId = op.operation_id;
+    reject.dataset.operationId = op.operation_id;
+    return el(
+      "div",
+      { class: "card-box confirm", "data-testid": "confirm-card", "data-operation-id": op.operation_id, role: "group", "aria-label": `Confirm ${op.tool}` },
+      el("h3", {}, `${op.tool}: waiting for your confirmation`),
+      el("p", { class: "hint" }, "Nothing has been sent. It happens only if you confirm, once."),
+      el("dl", {}, ...rows),
+      el("div", { class: "actions" }, confirm, reject),
+    );
+  }
+
+  private renderOperations(): void {
+    const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
+    this.opsPanel.hidden = ops.length === 0;
+    const list = $(this.opsPanel, ".ops-list");
+    list.replaceChildren(
+      ...ops.map((op) =>
+        el(
+          "li",
+          { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase },
+          el("strong", {}, op.tool),
+          ` · ${op.contract} · phase `,
+          el("span", { class: "phase", "data-testid": "operation-phase" }, op.phase),
+          op.outcome ? ` · outcome ${op.outcome}` : "",
+          op.idempotency_key ? el("div", { class: "key" }, `key ${op.idempotency_key}`) : "",
+          el("div", { class: "hint" }, `started ${new Date(op.created_at).toLocaleTimeString()} · updated ${new Date(op.updated_at).toLocaleTimeString()}`),
+        ),
+      ),
+    );
+  }
+
   private receiptCard(r: Receipt): HTMLElement {
     const excerpt = (t: string): string => `“${t.length > 140 ? t.slice(0, 140) + "…" : t}”`;
     const kept =
@@ -537,7 +628,7 @@ export class ThreadView {
     const ops =
       r.operations.length === 0
         ? el("li", {}, "No side effects: no tool had started.")
-        : r.operations.map((o) => el("li", { "data-testid": "receipt-operation" }, `${o.tool}: ${o.outcome} (${o.phase})`));
+        : r.operations.map((o) => el("li", { "data-testid": "receipt-operation", "data-outcome": o.outcome }, operationLine(o)));
     const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
     if (this.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
     actions.append(button("Start a new branch", "fork", "action-fork"));
@@ -593,4 +684,42 @@ export class ThreadView {
     };
     list.replaceChildren(...roots.map(item));
   }
+}
+
+// operationLine says in words what a tool call did, for a cancel receipt.
+function operationLine(o: OperationOutcome): string {
+  switch (o.outcome) {
+    case "committed":
+      return `${o.tool}: already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`;
+    case "not_started":
+      return `${o.tool}: not started. Nothing was sent (${o.phase}).`;
+    case "completed":
+      return `${o.tool}: finished before the cancel. Its result is kept, and continuing reuses it.`;
+    case "aborted":
+      return `${o.tool}: stopped. It runs again if you continue.`;
+    case "unknown":
+      return `${o.tool}: outcome not known yet; it is being checked with the external system.`;
+    default:
+      return `${o.tool}: ${o.outcome} (${o.phase}).`;
+  }
+}
+
+// toolResult shows a tool message: which tool answered, and its result
+// folded away (the raw JSON is there for whoever wants it).
+function toolResult(content: string): HTMLElement {
+  let tool = "tool";
+  let pretty = content;
+  try {
+    const rec = JSON.parse(content) as { tool?: string; result?: unknown };
+    tool = rec.tool ?? tool;
+    pretty = JSON.stringify(rec.result ?? rec, null, 2);
+  } catch {
+    // not JSON: show it as it is
+  }
+  return el(
+    "details",
+    { class: "tool-result" },
+    el("summary", {}, `Result of ${tool}`),
+    el("pre", { class: "body card", "data-testid": "message-body" }, pretty),
+  );
 }

@@ -1,0 +1,93 @@
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
+
+// A slow provider and a slow search, so the moments in between can be
+// acted on by a person (and by these tests).
+let server, browser;
+before(async () => {
+  server = await startServer({ pace: "15ms", args: ["-outbox-latency", "2500ms", "-search-latency", "1500ms"] });
+  browser = await launch();
+});
+after(async () => {
+  await browser?.close();
+  assert.match(server.check(), /^ok/);
+  await server?.close();
+});
+
+test("an email is sent only after Confirm, once, and the log says so", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Please send an email to anna@example.com about the spring order");
+  const card = page.getByTestId("confirm-card");
+  await card.waitFor({ timeout: 20000 });
+  await runStatus(page, "waiting_confirmation");
+  assert.equal(await card.getByTestId("preview-to").textContent(), "anna@example.com");
+  await shot(page, "tools-confirm-card");
+  await card.getByTestId("confirm-op").click();
+  await page.locator("[data-testid=operation][data-phase=committed]").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle", 20000);
+  const history = await messageTexts(page);
+  assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
+  assert.match(history[3].text, /handed to the provider/);
+  assert.equal(await page.getByTestId("confirm-card").count(), 0);
+  await shot(page, "tools-email-sent");
+  assert.deepEqual(errors, []);
+});
+
+test("cancel while the email is being handed to the provider: the receipt says it already left", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Send an email to ops@example.com about the delayed shipment");
+  await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
+  await page.getByTestId("confirm-op").click();
+  // The provider takes 2.5 s: cancel while the commit is in flight.
+  await page.locator("[data-testid=operation][data-phase=committing]").waitFor({ timeout: 10000 });
+  await page.getByTestId("cancel").click();
+  await runStatus(page, ["cancel_requested", "cancelling"], 5000);
+  await shot(page, "tools-cancel-during-commit");
+  await page.getByTestId("receipt").waitFor({ timeout: 20000 });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), "committed");
+  assert.match(await line.textContent(), /already handed to the external system/);
+  await page.locator("[data-testid=operation][data-phase=committed]").waitFor();
+  await shot(page, "tools-cancel-receipt");
+  assert.deepEqual(errors, []);
+});
+
+test("cancel while the confirmation waits: nothing is sent", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Write an email to bob@example.com about the meeting");
+  await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor({ timeout: 10000 });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), "not_started");
+  assert.match(await line.textContent(), /Nothing was sent/);
+  assert.equal(await page.getByTestId("confirm-card").count(), 0);
+  await page.locator("[data-testid=operation][data-phase=voided]").waitFor();
+  assert.deepEqual(errors, []);
+});
+
+test("cancel during a search keeps its result, and continuing reuses it", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Search the catalog for a trekking backpack");
+  await page.locator("[data-testid=operation][data-phase=running]").waitFor({ timeout: 10000 });
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor({ timeout: 20000 });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), "completed");
+  await page.getByTestId("action-continue").click();
+  await runStatus(page, "idle", 20000);
+  const history = await messageTexts(page);
+  assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
+  // One search in the log: the continue did not search again.
+  assert.equal(await page.locator("[data-testid=operation]").count(), 1);
+  assert.deepEqual(errors, []);
+});
