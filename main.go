@@ -70,6 +70,7 @@ type config struct {
 	searchLatency time.Duration
 	outboxLatency time.Duration
 	outboxFault   string
+	toolsConfig   string
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -101,6 +102,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
 	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
+	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
@@ -162,9 +164,17 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("open the embedded email provider: %w", err)
 	}
 	defer outbox.Close()
-	registry, err := tools.NewRegistry(tools.NewCatalogSearch(cfg.searchLatency), tools.NewSendEmail(outbox))
+	all := []tools.Tool{tools.NewCatalogSearch(cfg.searchLatency), tools.NewSendEmail(outbox)}
+	if cfg.toolsConfig != "" {
+		hooks, err := tools.LoadWebhooks(cfg.toolsConfig, nil)
+		if err != nil {
+			return err
+		}
+		all = append(all, hooks...)
+	}
+	registry, err := tools.NewRegistry(all...)
 	if err != nil {
-		return err
+		return fmt.Errorf("tools: %w", err)
 	}
 	eng := engine.New(engine.Config{
 		Store: st, Model: demo.New(cfg.demoPace), Tools: registry, Log: log, SingleInstance: true,

@@ -92,7 +92,9 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 			return 0, err
 		}
 		op := in.Operation
-		openCommit := op != nil && (op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown)
+		// An operation with a recorded result is settled, whatever its phase
+		// (an outcome that could not be looked up stays unknown).
+		openCommit := op != nil && op.ResultRef == nil && (op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown)
 		if in.Run.Status.CancelAccepted() && openCommit {
 			// A commit may have reached the provider: settle it by its key
 			// before the cancel can report what happened.
@@ -104,7 +106,7 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 		if in.Run.Status != chat.RunRunning {
 			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
 		}
-		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && openPhase(op.Phase) {
+		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && op.ResultRef == nil && openPhase(op.Phase) {
 			if err := e.toolStep(ctx, in); err != nil {
 				return 0, err
 			}

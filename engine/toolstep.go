@@ -143,7 +143,8 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 		}
 	}
-	var lastErr error
+	var lastErr, lookupErr error
+	unknown := op.Phase == chat.PhaseUnknown
 	retry := op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown
 	for try := 0; try < reconcileTries; try++ {
 		if retry && (in.Run.Status.CancelAccepted() || errors.Is(context.Cause(ctx), errCancelRequested)) {
@@ -164,18 +165,30 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer
 		}
 		lastErr = err
 		// Nobody knows whether it acted: say so, then ask by key.
-		if err := e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseUnknown, chat.OutcomeUnknown, false); err != nil {
-			return err
+		if !unknown {
+			if err := e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseUnknown, chat.OutcomeUnknown, false); err != nil {
+				return err
+			}
+			unknown = true
 		}
 		select {
 		case <-time.After(reconcileBackof << try):
 		case <-callCtx.Done():
 		}
-		if st, err := t.Status(callCtx, key); err == nil && st.Known {
+		st, err := t.Status(callCtx, key)
+		lookupErr = err
+		if err == nil && st.Known {
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 		}
 		// Not known there: it never acted, and committing again under the
-		// same key is safe.
+		// same key is safe. (When the lookup itself failed, the retry rests
+		// on the system honouring the key.)
+	}
+	if lookupErr != nil {
+		// The system could not be asked: the outcome stays unknown, and the
+		// result says so instead of guessing.
+		res, _ := json.Marshal(map[string]string{"status": "unknown", "error": fmt.Sprintf("%v; looking the key up failed: %v", lastErr, lookupErr)})
+		return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, res))
 	}
 	res, _ := json.Marshal(map[string]string{"status": "failed", "error": fmt.Sprint(lastErr)})
 	return e.afterTool(ctx, record(chat.PhaseFailed, chat.OutcomeFailed, res))

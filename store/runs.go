@@ -315,7 +315,7 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 		Phase       string `db:"phase"`
 	}
 	if err := t.sel(&open, `SELECT operation_id, phase FROM operations WHERE run_id = ?
-		AND phase IN ('prepared', 'confirmed', 'running', 'committing', 'unknown') ORDER BY created_at, operation_id`, row.RunID); err != nil {
+		AND phase IN ('prepared', 'confirmed', 'running', 'committing', 'unknown') AND result_ref IS NULL ORDER BY created_at, operation_id`, row.RunID); err != nil {
 		return fmt.Errorf("list open operations: %w", err)
 	}
 	for _, op := range open {
@@ -393,7 +393,7 @@ func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.Op
 // and cancelled ones whose commit must be reconciled before they end.
 const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'running'
 	OR (status IN ('cancel_requested', 'cancelling') AND EXISTS (SELECT 1 FROM operations o
-		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown'))))`
+		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)))`
 
 // Claim hands the oldest queued run to owner with a lease until leaseUntil
 // and marks it running. It returns nil when nothing is queued. Claiming
@@ -571,7 +571,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 	var orphans []string
 	if err := s.writer.SelectContext(ctx, &orphans, s.writer.Rebind(`SELECT run_id FROM runs
 		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL AND NOT EXISTS (SELECT 1 FROM operations o
-		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown'))`)); err != nil {
+		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)`)); err != nil {
 		return nil, fmt.Errorf("find orphaned cancels: %w", err)
 	}
 	ids = append(ids, orphans...)
@@ -587,7 +587,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				return nil
 			}
 			var openCommit int
-			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ? AND phase IN ('committing', 'unknown')`, row.RunID); err != nil {
+			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ? AND phase IN ('committing', 'unknown') AND result_ref IS NULL`, row.RunID); err != nil {
 				return err
 			}
 			if openCommit > 0 && row.LeaseOwner.Valid {

@@ -1,0 +1,924 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Webhook limits and defaults.
+const (
+	// DefaultWebhookTimeout bounds one HTTP call when "timeout" is absent.
+	DefaultWebhookTimeout = 10 * time.Second
+	// MaxWebhookTimeout is the largest "timeout" accepted.
+	MaxWebhookTimeout = 10 * time.Minute
+	// MaxWebhookResponseBytes is the largest answer body accepted (1 MiB).
+	MaxWebhookResponseBytes = 1 << 20
+	// maxExcerptBytes bounds the body excerpt in a WebhookStatusError.
+	maxExcerptBytes = 200
+	// maxDescriptionBytes bounds a webhook tool's description.
+	maxDescriptionBytes = 4096
+)
+
+// WebhookConfig is one entry of the "tools" array of a webhook config file
+// (the format is described at LoadWebhooks).
+type WebhookConfig struct {
+	Name        string            `json:"name"`
+	Description string            `json:"description"`
+	Contract    string            `json:"contract"`
+	Parameters  json.RawMessage   `json:"parameters"`
+	URL         string            `json:"url"`
+	StatusURL   string            `json:"status_url,omitempty"`
+	Timeout     string            `json:"timeout,omitempty"`
+	Headers     map[string]string `json:"headers,omitempty"`
+}
+
+// webhookFields are the fields of a tool entry, in the order their errors
+// are reported.
+var webhookFields = []string{"name", "description", "contract", "parameters", "url", "status_url", "timeout", "headers"}
+
+var (
+	webhookName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+	envVarName  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// reservedHeaders are set by the gateway (or by net/http) on every call.
+var reservedHeaders = map[string]bool{
+	"Content-Type": true, "Idempotency-Key": true, "Content-Length": true,
+	"Host": true, "Transfer-Encoding": true, "Connection": true, "Te": true,
+	"Trailer": true, "Upgrade": true, "Keep-Alive": true, "Proxy-Connection": true,
+}
+
+// LoadWebhooks reads the webhook config file at path and returns its tools
+// in file order: a *WebhookRunner for a cancellable or idempotent tool, a
+// *WebhookCommitter for a consequential one. client makes the calls (nil:
+// a default client); the per-call timeout comes from the config, and
+// redirects are never followed. Every problem found is reported, each
+// naming the tool and the field.
+//
+// The file:
+//
+//	{
+//	  "tools": [
+//	    {
+//	      "name": "lookup_order",                      // ^[a-z][a-z0-9_]{0,63}$, unique
+//	      "description": "Look an order up by id.",   // for the model; required
+//	      "contract": "idempotent",                    // cancellable | idempotent | consequential
+//	      "parameters": {"type": "object", ...},       // JSON Schema, see CompileSchema
+//	      "url": "https://orders.example.com/lookup",  // http or https; POSTed to
+//	      "status_url": "https://…/status/{key}",      // consequential only, optional
+//	      "timeout": "10s",                            // optional, default 10s, at most 10m
+//	      "headers": {"Authorization": "Bearer ${ORDERS_TOKEN}"} // optional
+//	    }
+//	  ]
+//	}
+//
+// Every field but status_url, timeout and headers is required; unknown
+// fields, duplicate keys and duplicate tool names are errors. A header
+// value may reference environment variables as ${NAME} (letters, digits
+// and "_", not starting with a digit), so secrets stay out of the file; a
+// variable that is unset or empty is an error at load time. Header values
+// are never logged nor put in error messages. A "$" not followed by "{" is
+// kept as is. The headers Content-Type, Idempotency-Key, Content-Length,
+// Host and the hop-by-hop headers are set by the gateway and cannot be
+// configured. The url must not carry credentials (user:password@); put
+// them in a header. Error messages show urls without their query string.
+//
+// A call is `POST url` with the body {"arguments": <normalised
+// arguments>} and the headers Content-Type: application/json,
+// Idempotency-Key: <key>, Accept: application/json and the configured
+// ones. A 2xx answer's body, which must be JSON of at most 1 MiB, is the
+// result (compacted). Redirects are not followed (a 3xx is an error): a
+// redirect would resend the configured headers, secrets included, to
+// wherever it points.
+//
+// Contracts:
+//
+//   - cancellable and idempotent tools are Runners (*WebhookRunner). Run
+//     honours ctx at once: a cancel aborts the request.
+//   - consequential tools are Committers (*WebhookCommitter). Prepare's
+//     preview is the normalised arguments and its key is
+//     "<name>:<scope>:<16 hex of sha256(normalised arguments)>:commit".
+//     Commit sends that key as Idempotency-Key; the service must act at
+//     most once per key and answer a repeated key with the first outcome.
+//     A 4xx answer other than 408 and 429 means the service refused and
+//     did nothing: the error wraps ErrRejected. A 408, 429, 3xx or 5xx
+//     answer, a timeout, a network error or a 2xx whose body is not JSON
+//     leaves the outcome unknown (a plain error).
+//     Status GETs status_url with every "{key}" replaced by the key
+//     (escaped for the path, or for the query when the placeholder is after
+//     "?"): 200 with a JSON body means the service knows the key (Known,
+//     Result = body); 404 means it does not; anything else is an error.
+//     Without status_url an outcome left unknown (a lost answer, a crash)
+//     cannot be reconciled: Status returns an error and the outcome stays
+//     unknown (a retried Commit is then safe only because the service
+//     honours Idempotency-Key), so configure status_url for every
+//     consequential tool whose service can look a key up.
+func LoadWebhooks(path string, client *http.Client) ([]Tool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("webhook config: %w", err)
+	}
+	ts, err := ParseWebhooks(data, client)
+	if err != nil {
+		return nil, fmt.Errorf("webhook config %s: %w", path, err)
+	}
+	return ts, nil
+}
+
+// ParseWebhooks is LoadWebhooks on the file's content.
+func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
+	if err := checkJSONDocument(data); err != nil {
+		return nil, err
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, errors.New(`the file must hold one JSON object, {"tools": [...]}`)
+	}
+	var errs []error
+	for _, k := range sortedKeys(top) {
+		if k != "tools" {
+			errs = append(errs, fmt.Errorf(`unknown field %q (the file holds only "tools")`, k))
+		}
+	}
+	rawTools, ok := top["tools"]
+	if !ok {
+		errs = append(errs, errors.New(`field "tools" is missing`))
+		return nil, errors.Join(errs...)
+	}
+	var entries []json.RawMessage
+	if err := json.Unmarshal(rawTools, &entries); err != nil || entries == nil {
+		errs = append(errs, errors.New(`field "tools" must be an array of tool objects`))
+		return nil, errors.Join(errs...)
+	}
+	var out []Tool
+	seen := map[string]int{}
+	for i, raw := range entries {
+		cfg, label, ferrs, ok := decodeWebhookEntry(i, raw)
+		if ok {
+			if first, dup := seen[cfg.Name]; dup && cfg.Name != "" {
+				ferrs = append(ferrs, fmt.Errorf(`field "name": %q is already the name of tools[%d]`, cfg.Name, first))
+			} else if !dup {
+				seen[cfg.Name] = i
+			}
+			t, err := newWebhook(cfg, client)
+			switch {
+			case err != nil:
+				ferrs = append(ferrs, splitJoined(err)...)
+			case len(ferrs) == 0:
+				out = append(out, t)
+			}
+		}
+		for _, e := range ferrs {
+			errs = append(errs, fmt.Errorf("%s: %w", label, e))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if out == nil {
+		out = []Tool{}
+	}
+	return out, nil
+}
+
+// decodeWebhookEntry decodes tools[i] field by field, so that every error
+// names its field. label names the entry in messages. ok reports whether
+// every field had the right JSON type (unknown fields aside), so that cfg
+// can be checked further.
+func decodeWebhookEntry(i int, raw json.RawMessage) (cfg WebhookConfig, label string, errs []error, ok bool) {
+	label = fmt.Sprintf("tools[%d]", i)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return cfg, label, []error{errors.New("must be a JSON object")}, false
+	}
+	if n, found := fields["name"]; found && json.Unmarshal(n, &cfg.Name) == nil && cfg.Name != "" {
+		label = fmt.Sprintf("tool %q (tools[%d])", cfg.Name, i)
+	}
+	known := map[string]bool{}
+	for _, f := range webhookFields {
+		known[f] = true
+	}
+	for _, k := range sortedKeys(fields) {
+		if !known[k] {
+			errs = append(errs, fmt.Errorf("unknown field %q (known: %s)", k, strings.Join(webhookFields, ", ")))
+		}
+	}
+	ok = true
+	str := func(name string, dst *string) {
+		if v, found := fields[name]; found {
+			if err := json.Unmarshal(v, dst); err != nil || string(bytes.TrimSpace(v)) == "null" {
+				errs = append(errs, fmt.Errorf("field %q must be a string", name))
+				ok = false
+			}
+		}
+	}
+	str("name", &cfg.Name)
+	str("description", &cfg.Description)
+	str("contract", &cfg.Contract)
+	cfg.Parameters = fields["parameters"]
+	str("url", &cfg.URL)
+	str("status_url", &cfg.StatusURL)
+	str("timeout", &cfg.Timeout)
+	if v, found := fields["headers"]; found {
+		if err := json.Unmarshal(v, &cfg.Headers); err != nil || cfg.Headers == nil {
+			errs = append(errs, errors.New(`field "headers" must be an object of strings, e.g. {"Authorization": "Bearer ${TOKEN}"}`))
+			ok = false
+		}
+	}
+	return cfg, label, errs, ok
+}
+
+// NewWebhook checks cfg as LoadWebhooks does and returns its tool: a
+// *WebhookRunner or a *WebhookCommitter. ${NAME} references in header
+// values are expanded now.
+func NewWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
+	t, err := newWebhook(cfg, client)
+	if err != nil {
+		label := "webhook tool"
+		if cfg.Name != "" {
+			label = fmt.Sprintf("webhook tool %q", cfg.Name)
+		}
+		return nil, fmt.Errorf("%s: %w", label, err)
+	}
+	return t, nil
+}
+
+// newWebhook returns the tool or an errors.Join of every problem, each
+// naming its field.
+func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
+	var errs []error
+	fail := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("field %q: %s", field, fmt.Sprintf(format, a...)))
+	}
+
+	switch {
+	case cfg.Name == "":
+		fail("name", "is required")
+	case !webhookName.MatchString(cfg.Name):
+		fail("name", "%q must match ^[a-z][a-z0-9_]{0,63}$ (lower-case letters, digits and _, starting with a letter)", cfg.Name)
+	}
+	switch {
+	case strings.TrimSpace(cfg.Description) == "":
+		fail("description", "is required: the model reads it to decide when to call the tool")
+	case len(cfg.Description) > maxDescriptionBytes:
+		fail("description", "is longer than %d bytes", maxDescriptionBytes)
+	case !utf8.ValidString(cfg.Description):
+		fail("description", "is not valid UTF-8")
+	}
+	switch cfg.Contract {
+	case Cancellable, Idempotent, Consequential:
+	case "":
+		fail("contract", "is required: cancellable, idempotent or consequential")
+	default:
+		fail("contract", "%q is not one of cancellable, idempotent, consequential", cfg.Contract)
+	}
+	var schema *Schema
+	if len(bytes.TrimSpace(cfg.Parameters)) == 0 {
+		fail("parameters", `is required: a JSON Schema such as {"type": "object", "properties": {...}}`)
+	} else {
+		s, err := CompileSchema(cfg.Parameters)
+		if err != nil {
+			fail("parameters", "%v", err)
+		}
+		schema = s
+	}
+
+	h := &webhook{name: cfg.Name, contract: cfg.Contract, timeout: DefaultWebhookTimeout, headers: http.Header{}}
+	if cfg.URL == "" {
+		fail("url", "is required")
+	} else if u, err := checkWebhookURL(cfg.URL); err != nil {
+		fail("url", "%v", err)
+	} else {
+		h.url, h.shown = cfg.URL, shownURL(u)
+	}
+	if cfg.StatusURL != "" {
+		if cfg.Contract != Consequential && cfg.Contract != "" {
+			fail("status_url", "is only used by consequential tools (this one is %s)", cfg.Contract)
+		} else if err := checkStatusURL(cfg.StatusURL); err != nil {
+			fail("status_url", "%v", err)
+		} else {
+			h.statusURL = cfg.StatusURL
+		}
+	}
+	if cfg.Timeout != "" {
+		d, err := time.ParseDuration(cfg.Timeout)
+		switch {
+		case err != nil:
+			fail("timeout", "%q is not a duration such as \"10s\" or \"1m30s\"", cfg.Timeout)
+		case d <= 0:
+			fail("timeout", "%q must be positive", cfg.Timeout)
+		case d > MaxWebhookTimeout:
+			fail("timeout", "%q is longer than the maximum, %s", cfg.Timeout, MaxWebhookTimeout)
+		default:
+			h.timeout = d
+		}
+	}
+	for _, name := range sortedKeys(cfg.Headers) {
+		field := "headers." + name
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case !isHeaderName(name):
+			fail(field, "is not a valid header name")
+			continue
+		case reservedHeaders[canon]:
+			fail(field, "is set by the gateway and cannot be configured")
+			continue
+		case h.headers[canon] != nil:
+			fail(field, "is the same header as another entry (header names ignore case)")
+			continue
+		}
+		// Never echo the value: it may be, or hold, a secret.
+		v, err := expandEnvRefs(cfg.Headers[name])
+		if err != nil {
+			fail(field, "%v", err)
+			continue
+		}
+		if !isHeaderValue(v) {
+			fail(field, "the value (after ${NAME} expansion) holds a control character")
+			continue
+		}
+		h.headers[canon] = []string{v}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+
+	st, err := NewSchemaTool(Spec{Name: cfg.Name, Description: cfg.Description, Contract: cfg.Contract}, schema.JSON())
+	if err != nil {
+		return nil, errors.Join(err)
+	}
+	h.client = noRedirectClient(client)
+	if cfg.Contract == Consequential {
+		return &WebhookCommitter{SchemaTool: st, hook: h}, nil
+	}
+	return &WebhookRunner{SchemaTool: st, hook: h}, nil
+}
+
+// splitJoined returns the errors joined in err (by errors.Join).
+func splitJoined(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+func noRedirectClient(c *http.Client) *http.Client {
+	var cp http.Client
+	if c != nil {
+		cp = *c
+	}
+	cp.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &cp
+}
+
+func checkWebhookURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the url itself may hold a secret in its query
+		}
+		return nil, fmt.Errorf("is not a valid URL: %v", err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("must start with http:// or https:// (scheme %q)", u.Scheme)
+	case u.Opaque != "" || u.Host == "":
+		return nil, errors.New("has no host")
+	case u.User != nil:
+		return nil, errors.New("must not hold credentials (user:password@); put them in a header as ${NAME}")
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return nil, errors.New("must not have a #fragment")
+	}
+	return u, nil
+}
+
+const keyPlaceholder = "{key}"
+
+func checkStatusURL(raw string) error {
+	if !strings.Contains(raw, keyPlaceholder) {
+		return errors.New(`must hold the placeholder {key}, e.g. "https://api.example.com/actions/{key}"`)
+	}
+	const marker = "keyplaceholder0"
+	u, err := checkWebhookURL(strings.ReplaceAll(raw, keyPlaceholder, marker))
+	if err != nil {
+		return err
+	}
+	if strings.Contains(u.Host, marker) {
+		return errors.New("{key} must be in the path or the query, not in the host")
+	}
+	return nil
+}
+
+// shownURL is u without query nor fragment, for messages.
+func shownURL(u *url.URL) string {
+	v := *u
+	v.RawQuery, v.ForceQuery, v.Fragment, v.RawFragment = "", false, "", ""
+	return v.String()
+}
+
+// expandEnvRefs replaces every ${NAME} in v with the environment variable
+// NAME, which must be set and non-empty. Errors never hold v.
+func expandEnvRefs(v string) (string, error) {
+	var b strings.Builder
+	for {
+		i := strings.Index(v, "${")
+		if i < 0 {
+			b.WriteString(v)
+			return b.String(), nil
+		}
+		b.WriteString(v[:i])
+		rest := v[i+2:]
+		j := strings.IndexByte(rest, '}')
+		if j < 0 {
+			return "", errors.New(`a "${" has no closing "}"`)
+		}
+		name := rest[:j]
+		if !envVarName.MatchString(name) {
+			return "", errors.New("a ${...} reference does not name a variable (letters, digits and _, not starting with a digit)")
+		}
+		val, ok := os.LookupEnv(name)
+		if !ok || val == "" {
+			return "", fmt.Errorf("environment variable %s is not set (or is empty)", name)
+		}
+		b.WriteString(val)
+		v = rest[j+1:]
+	}
+}
+
+func isHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// checkJSONDocument reports a syntax error (with its line and column),
+// trailing data, or a key that appears twice in one object (which
+// encoding/json would silently resolve to the last).
+func checkJSONDocument(data []byte) error {
+	type frame struct {
+		obj       bool
+		path      string
+		keys      map[string]bool
+		expectKey bool
+		key       string
+		index     int
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var stack []*frame
+	done := false
+	childPath := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		top := stack[len(stack)-1]
+		if top.obj {
+			if top.path == "" {
+				return top.key
+			}
+			return top.path + "." + top.key
+		}
+		return fmt.Sprintf("%s[%d]", top.path, top.index)
+	}
+	valueDone := func() {
+		if len(stack) == 0 {
+			done = true
+			return
+		}
+		top := stack[len(stack)-1]
+		if top.obj {
+			top.expectKey = true
+		} else {
+			top.index++
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			if !done {
+				return errors.New("the file is empty: it must hold a JSON object")
+			}
+			return nil
+		}
+		if err != nil {
+			var se *json.SyntaxError
+			if errors.As(err, &se) {
+				line, col := lineCol(data, se.Offset)
+				return fmt.Errorf("not valid JSON at line %d, column %d: %v", line, col, se)
+			}
+			return fmt.Errorf("not valid JSON: %v", err)
+		}
+		if done {
+			return errors.New("not valid JSON: there is more after the top-level object")
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].expectKey {
+			top := stack[n-1]
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:n-1]
+				valueDone()
+				continue
+			}
+			k, _ := tok.(string)
+			if top.keys[k] {
+				where := "the top-level object"
+				if top.path != "" {
+					where = top.path
+				}
+				return fmt.Errorf("key %q appears twice in %s", k, where)
+			}
+			top.keys[k], top.key, top.expectKey = true, k, false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{obj: true, path: childPath(), keys: map[string]bool{}, expectKey: true})
+		case json.Delim('['):
+			stack = append(stack, &frame{path: childPath()})
+		case json.Delim(']'), json.Delim('}'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}
+
+func lineCol(data []byte, off int64) (line, col int) {
+	if off > int64(len(data)) {
+		off = int64(len(data))
+	}
+	before := data[:off]
+	line = bytes.Count(before, []byte("\n")) + 1
+	col = int(off) - (bytes.LastIndexByte(before, '\n') + 1)
+	return line, col
+}
+
+// webhook is the HTTP side of a webhook tool. Its headers hold secrets:
+// they are sent, never printed.
+type webhook struct {
+	name, contract string
+	url            string // as configured
+	shown          string // url without query, for messages
+	statusURL      string // "" when not configured
+	timeout        time.Duration
+	headers        http.Header // canonical names, ${NAME} expanded
+	client         *http.Client
+}
+
+// errNotSent marks a failure before anything reached the network.
+var errNotSent = errors.New("the request was not sent")
+
+// answer is an HTTP answer: its status and body. For a 2xx the body is
+// whole, unless over (larger than MaxWebhookResponseBytes); otherwise it is
+// the beginning, enough for an excerpt.
+type answer struct {
+	code int
+	body []byte
+	over bool
+}
+
+// call makes one request bounded by the configured timeout and ctx.
+func (h *webhook) call(ctx context.Context, method, target, shown, key string, body []byte) (answer, error) {
+	callCtx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(callCtx, method, target, rd)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return answer{}, fmt.Errorf("webhook %s: %s %s: cannot build the request: %v (%w)", h.name, method, shown, err, errNotSent)
+	}
+	for k, vs := range h.headers {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	if req.Header.Get("Accept") == "" {
+		req.Header.Set("Accept", "application/json")
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return answer{}, h.transportError(ctx, callCtx, method, shown, "", err)
+	}
+	defer resp.Body.Close()
+	a := answer{code: resp.StatusCode}
+	limit := int64(MaxWebhookResponseBytes)
+	if a.code/100 != 2 {
+		limit = 4 << 10 // an excerpt is all that is shown
+	}
+	if resp.ContentLength > limit && a.code/100 == 2 {
+		a.over = true
+		return a, nil
+	}
+	a.body, err = io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return answer{}, h.transportError(ctx, callCtx, method, shown, "reading the answer: ", err)
+	}
+	if int64(len(a.body)) > limit {
+		a.body = a.body[:limit]
+		a.over = a.code/100 == 2
+	}
+	return a, nil
+}
+
+// transportError explains a failed exchange: the caller's cancel, the
+// configured timeout, or the network.
+func (h *webhook) transportError(parent, callCtx context.Context, method, shown, what string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // its message repeats the url, query included
+	}
+	switch {
+	case parent.Err() != nil:
+		return fmt.Errorf("webhook %s: %s %s: %sstopped: %w", h.name, method, shown, what, context.Cause(parent))
+	case errors.Is(callCtx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("webhook %s: %s %s: %sno answer within %s: %w", h.name, method, shown, what, h.timeout, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("webhook %s: %s %s: %s%w", h.name, method, shown, what, err)
+}
+
+// result checks a 2xx answer and returns its body, compacted.
+func (h *webhook) result(method, shown string, a answer) (json.RawMessage, error) {
+	if a.over {
+		return nil, fmt.Errorf("webhook %s: %s %s answered %d with a body larger than 1 MiB", h.name, method, shown, a.code)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, a.body); err != nil {
+		return nil, fmt.Errorf("webhook %s: %s %s answered something that is not JSON (status %d): %s", h.name, method, shown, a.code, excerpt(a.body))
+	}
+	return json.RawMessage(buf.Bytes()), nil
+}
+
+func (h *webhook) statusError(method, shown string, a answer, rejected bool) *WebhookStatusError {
+	return &WebhookStatusError{Tool: h.name, Method: method, URL: shown, StatusCode: a.code, Excerpt: excerpt(a.body), Rejected: rejected}
+}
+
+// post sends {"arguments": norm} with key.
+func (h *webhook) post(ctx context.Context, key string, norm json.RawMessage) (answer, error) {
+	body := make([]byte, 0, len(norm)+16)
+	body = append(body, `{"arguments":`...)
+	body = append(body, norm...)
+	body = append(body, '}')
+	return h.call(ctx, http.MethodPost, h.url, h.shown, key, body)
+}
+
+func checkKey(tool, key string) error {
+	if key == "" {
+		return fmt.Errorf("webhook %s: empty idempotency key (%w)", tool, errNotSent)
+	}
+	if !isHeaderValue(key) || !utf8.ValidString(key) {
+		return fmt.Errorf("webhook %s: the idempotency key holds a control character or invalid UTF-8 (%w)", tool, errNotSent)
+	}
+	return nil
+}
+
+// excerpt is at most maxExcerptBytes of body, on one line, valid UTF-8.
+func excerpt(body []byte) string {
+	s := strings.TrimSpace(strings.ToValidUTF8(string(body), "\uFFFD"))
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) <= maxExcerptBytes {
+		return s
+	}
+	cut := maxExcerptBytes - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// WebhookStatusError is a webhook's answer with an HTTP status the call
+// does not accept.
+type WebhookStatusError struct {
+	Tool       string
+	Method     string
+	URL        string // without its query
+	StatusCode int
+	Excerpt    string // the start of the body, at most 200 bytes, one line
+	// Rejected: a Commit the service refused for good (a 4xx other than
+	// 408 and 429); the error then wraps ErrRejected.
+	Rejected bool
+}
+
+func (e *WebhookStatusError) Error() string {
+	s := fmt.Sprintf("webhook %s: %s %s answered %d %s", e.Tool, e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Excerpt != "" {
+		s += ": " + e.Excerpt
+	}
+	if e.Rejected {
+		s += " (" + ErrRejected.Error() + ")"
+	}
+	return s
+}
+
+// Unwrap returns ErrRejected for a rejection.
+func (e *WebhookStatusError) Unwrap() error {
+	if e.Rejected {
+		return ErrRejected
+	}
+	return nil
+}
+
+// WebhookRunner is a cancellable or idempotent webhook tool.
+type WebhookRunner struct {
+	*SchemaTool
+	hook *webhook
+}
+
+var _ Runner = (*WebhookRunner)(nil)
+
+// Run implements Runner: it validates args and POSTs them with key as
+// Idempotency-Key. The result is the 2xx answer's JSON body.
+func (t *WebhookRunner) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
+	if err := checkKey(t.hook.name, key); err != nil {
+		return nil, err
+	}
+	norm, err := t.Validate(args)
+	if err != nil {
+		return nil, err
+	}
+	a, err := t.hook.post(ctx, key, norm)
+	if err != nil {
+		return nil, err
+	}
+	if a.code/100 != 2 {
+		return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, false)
+	}
+	return t.hook.result(http.MethodPost, t.hook.shown, a)
+}
+
+// WebhookCommitter is a consequential webhook tool.
+type WebhookCommitter struct {
+	*SchemaTool
+	hook *webhook
+}
+
+var _ Committer = (*WebhookCommitter)(nil)
+
+// WebhookKey is the idempotency key of the consequential webhook tool name
+// called with the normalised arguments norm in scope:
+// "<name>:<scope>:<16 hex of sha256(norm)>:commit".
+func WebhookKey(name, scope string, norm json.RawMessage) string {
+	sum := sha256.Sum256(norm)
+	return name + ":" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":commit"
+}
+
+// Prepare implements Committer: the preview is the normalised arguments,
+// and the key depends on the tool, scope and those arguments only.
+func (t *WebhookCommitter) Prepare(scope string, args json.RawMessage) (json.RawMessage, string, error) {
+	if scope == "" {
+		return nil, "", fmt.Errorf("webhook %s: empty scope", t.hook.name)
+	}
+	if !isHeaderValue(scope) || !utf8.ValidString(scope) {
+		return nil, "", fmt.Errorf("webhook %s: the scope holds a control character or invalid UTF-8", t.hook.name)
+	}
+	norm, err := t.Validate(args)
+	if err != nil {
+		return nil, "", err
+	}
+	return append(json.RawMessage(nil), norm...), WebhookKey(t.hook.name, scope, norm), nil
+}
+
+// Commit implements Committer: it POSTs the arguments with key as
+// Idempotency-Key. An error wrapping ErrRejected means nothing was done (the
+// service refused with a 4xx other than 408 and 429, or the arguments or
+// key were invalid so nothing was sent); any other error leaves the
+// outcome unknown until Status says.
+func (t *WebhookCommitter) Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
+	if err := checkKey(t.hook.name, key); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	norm, err := t.Validate(args)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	a, err := t.hook.post(ctx, key, norm)
+	if err != nil {
+		if errors.Is(err, errNotSent) {
+			return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+		}
+		return nil, err // it may have acted: unknown
+	}
+	switch c := a.code; {
+	case c/100 == 2:
+		res, err := t.hook.result(http.MethodPost, t.hook.shown, a)
+		if err != nil {
+			return nil, fmt.Errorf("%w; the outcome is unknown", err)
+		}
+		return res, nil
+	case c/100 == 4 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
+		return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, true)
+	}
+	return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, false)
+}
+
+// Status implements Committer by GETting status_url for key: 200 with a
+// JSON body is Known, 404 is not known, anything else is an error. Without
+// status_url it always returns an error: the outcome cannot be reconciled.
+func (t *WebhookCommitter) Status(ctx context.Context, key string) (Status, error) {
+	h := t.hook
+	if h.statusURL == "" {
+		return Status{}, fmt.Errorf("webhook %s: no status_url is configured, so the outcome of key %q cannot be looked up and stays unknown", h.name, key)
+	}
+	if err := checkKey(h.name, key); err != nil {
+		return Status{}, err
+	}
+	target := statusTarget(h.statusURL, key)
+	shown := target
+	if u, err := url.Parse(target); err == nil {
+		shown = shownURL(u)
+	}
+	a, err := h.call(ctx, http.MethodGet, target, shown, "", nil)
+	if err != nil {
+		return Status{}, err
+	}
+	switch a.code {
+	case http.StatusOK:
+		res, err := h.result(http.MethodGet, shown, a)
+		if err != nil {
+			return Status{}, err
+		}
+		return Status{Known: true, Result: res}, nil
+	case http.StatusNotFound:
+		return Status{}, nil
+	}
+	return Status{}, h.statusError(http.MethodGet, shown, a, false)
+}
+
+// statusTarget replaces every {key} in tmpl with key, escaped for the path
+// or, after the "?", for the query.
+func statusTarget(tmpl, key string) string {
+	path, query, hasQuery := strings.Cut(tmpl, "?")
+	out := strings.ReplaceAll(path, keyPlaceholder, url.PathEscape(key))
+	if hasQuery {
+		out += "?" + strings.ReplaceAll(query, keyPlaceholder, url.QueryEscape(key))
+	}
+	return out
+}
+
+// String describes the tool without its headers.
+func (t *WebhookRunner) String() string { return describeWebhook(t.hook) }
+
+// String describes the tool without its headers.
+func (t *WebhookCommitter) String() string { return describeWebhook(t.hook) }
+
+func describeWebhook(h *webhook) string {
+	return "webhook " + h.name + " (" + h.contract + ", POST " + h.shown + ", timeout " + h.timeout.String() + ", " + strconv.Itoa(len(h.headers)) + " configured headers)"
+}
