@@ -104,9 +104,16 @@ const keepLogLines = 300
 // test ends (whatever happened).
 func startServer(t *testing.T, db, pace string) *server {
 	t.Helper()
+	return startServerWith(t, db, pace)
+}
+
+// startServerWith is startServer with extra flags (e.g. "-outbox-fault",
+// "crash").
+func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
+	t.Helper()
 	bin := gatewayBinary(t)
 	s := &server{t: t, db: db, exited: make(chan struct{})}
-	s.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace)
+	s.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace}, flags...)...)
 	s.cmd.Env = childEnv()
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
@@ -207,6 +214,18 @@ func (s *server) kill() {
 	case <-time.After(15 * time.Second):
 		s.t.Errorf("gateway pid %d did not exit 15s after SIGKILL", s.cmd.Process.Pid)
 	}
+}
+
+// waitExit waits (bounded) for the process to end on its own and returns
+// its exit code.
+func (s *server) waitExit(timeout time.Duration) int {
+	s.t.Helper()
+	select {
+	case <-s.exited:
+	case <-time.After(timeout):
+		s.t.Fatalf("gateway pid %d still runs %v later, want it to have exited", s.cmd.Process.Pid, timeout)
+	}
+	return s.cmd.ProcessState.ExitCode()
 }
 
 // stop asks for a graceful shutdown (SIGTERM) and expects exit status 0.

@@ -24,6 +24,7 @@ import (
 	"github.com/honestcancel/gateway/model"
 	"github.com/honestcancel/gateway/model/demo"
 	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/tools"
 )
 
 // ---- harness ----
@@ -54,6 +55,8 @@ type options struct {
 	workers   int
 	keepAlive time.Duration
 	ws        gateway.WSConfig
+	tools     *tools.Registry
+	db        string
 }
 
 type option func(*options)
@@ -67,6 +70,13 @@ func withWS(cfg gateway.WSConfig) option { return func(o *options) { o.ws = cfg 
 // withKeepAlive sets the SSE keep-alive interval.
 func withKeepAlive(d time.Duration) option { return func(o *options) { o.keepAlive = d } }
 
+// withTools offers the model the tools of reg (default: none).
+func withTools(reg *tools.Registry) option { return func(o *options) { o.tools = reg } }
+
+// withDB opens the store at path (default: a fresh file in t.TempDir()),
+// e.g. the file an embedded tool provider shares.
+func withDB(path string) option { return func(o *options) { o.db = path } }
+
 // newHarness starts the stack. At the end of the test it closes the server,
 // then the engine, then audits the database (every invariant of the
 // protocol must hold) and closes the store.
@@ -78,13 +88,16 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	}
 	ctx := context.Background()
 	feed := bus.NewMemory()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gateway.db"), store.Options{OnCommit: feed.Publish})
+	if o.db == "" {
+		o.db = filepath.Join(t.TempDir(), "gateway.db")
+	}
+	st, err := store.Open(ctx, o.db, store.Options{OnCommit: feed.Publish})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
 	m := &pacedModel{}
 	m.setPace(pace)
-	eng := engine.New(engine.Config{Store: st, Model: m, SingleInstance: true, Workers: o.workers})
+	eng := engine.New(engine.Config{Store: st, Model: m, Tools: o.tools, SingleInstance: true, Workers: o.workers})
 	if err := eng.Start(ctx); err != nil {
 		st.Close()
 		t.Fatalf("start engine: %v", err)

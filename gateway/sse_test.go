@@ -389,7 +389,12 @@ func (s *sseStream) observe(e *wireEvent) {
 			t.Errorf("message.published is inconsistent: %s", e.Data)
 			return
 		}
-		if m.RunID != nil && s.started[*m.RunID] && m.Kind != chat.KindFragment {
+		if m.Role == chat.RoleTool {
+			// A tool result is recorded whole, never streamed.
+			if s.deltas[m.MessageID] != nil {
+				t.Errorf("tool message %s had deltas", m.MessageID)
+			}
+		} else if m.RunID != nil && s.started[*m.RunID] && m.Kind != chat.KindFragment {
 			// This stream saw the whole run: the message is exactly its
 			// deltas, which carry its id.
 			b := s.deltas[m.MessageID]

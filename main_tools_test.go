@@ -1,0 +1,315 @@
+package main
+
+// End-to-end tests of the email tool against the real binary and its
+// embedded email provider's faults: a process that dies during the commit
+// after the provider accepted the key, and a provider whose answer is lost.
+// Either way the key is accepted once, the operation is reconciled as
+// committed, and the run completes.
+
+import (
+	"database/sql"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3" // read the database as an auditor would
+)
+
+type operation struct {
+	OperationID    string          `json:"operation_id"`
+	RunID          string          `json:"run_id"`
+	ThreadID       string          `json:"thread_id"`
+	Tool           string          `json:"tool"`
+	Contract       string          `json:"contract"`
+	Phase          string          `json:"phase"`
+	Preview        json.RawMessage `json:"preview"`
+	IdempotencyKey *string         `json:"idempotency_key"`
+	Outcome        *string         `json:"outcome"`
+	ResultRef      *string         `json:"result_ref"`
+}
+
+// eventOperation decodes the operation of a tool.* event.
+func eventOperation(t *testing.T, ev event) operation {
+	t.Helper()
+	var b struct {
+		Operation *operation `json:"operation"`
+	}
+	if err := json.Unmarshal([]byte(ev.raw), &b); err != nil || b.Operation == nil {
+		t.Fatalf("%s without an operation: %s", ev.Type, ev.raw)
+	}
+	return *b.Operation
+}
+
+// askEmail starts a run asking for an email and waits until it waits for
+// the decision; it returns the run id and the prepared operation.
+func (s *server) askEmail(evs *stream, threadID string, expected int64, text string) (string, operation) {
+	s.t.Helper()
+	t := s.t
+	var started startAck
+	s.mustCall("POST", "/api/threads/"+threadID+"/runs", map[string]any{
+		"expected_state_version": expected, "user_message": text,
+	}, http.StatusCreated, &started)
+	deadline := time.Now().Add(20 * time.Second)
+	var op *operation
+	evs.waitFor(deadline, "run.waiting_confirmation", func(ev event) bool {
+		if ev.RunID != started.RunID {
+			return false
+		}
+		switch ev.Type {
+		case "tool.prepared":
+			o := eventOperation(t, ev)
+			op = &o
+		case "run.completed", "run.failed", "run.cancelled":
+			t.Fatalf("run %s ended before asking for a confirmation: %s", started.RunID, ev.raw)
+		}
+		return ev.Type == "run.waiting_confirmation"
+	})
+	if op == nil {
+		t.Fatalf("run.waiting_confirmation without a tool.prepared")
+	}
+	if op.Tool != "send_email" || op.Phase != "prepared" || op.Contract != "consequential" || op.IdempotencyKey == nil ||
+		!strings.HasPrefix(*op.IdempotencyKey, "email:"+threadID+":") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
+		t.Fatalf("prepared operation %+v", op)
+	}
+	return started.RunID, *op
+}
+
+// confirm confirms the operation at the thread's current version.
+func (s *server) confirm(threadID, opID string) {
+	s.t.Helper()
+	v := s.snapshot(threadID).StateVersion
+	var ack struct {
+		OperationID  string `json:"operation_id"`
+		Phase        string `json:"phase"`
+		StateVersion int64  `json:"state_version"`
+	}
+	s.mustCall("POST", "/api/operations/"+opID+"/confirm", map[string]any{"expected_state_version": v}, http.StatusOK, &ack)
+	if ack.OperationID != opID || ack.Phase != "confirmed" || ack.StateVersion != v+1 {
+		s.t.Fatalf("confirm ack %+v, want %s confirmed at version %d", ack, opID, v+1)
+	}
+}
+
+// settled is what the stream showed of a run after its confirmation.
+type settled struct {
+	phases   []string    // of the operation's tool.updated events
+	last     operation   // the operation as the last tool.updated reported it
+	messages []message   // published by the run
+	unknown  []operation // tool.updated events in phase unknown
+}
+
+// waitCompleted reads until run.completed of runID, failing on any other
+// end, and collects what happened to opID.
+func waitCompleted(t *testing.T, evs *stream, runID, opID string) settled {
+	t.Helper()
+	var out settled
+	evs.waitFor(time.Now().Add(30*time.Second), "run.completed "+runID, func(ev event) bool {
+		switch {
+		case ev.Type == "tool.updated":
+			if op := eventOperation(t, ev); op.OperationID == opID {
+				out.phases = append(out.phases, op.Phase)
+				out.last = op
+				if op.Phase == "unknown" {
+					out.unknown = append(out.unknown, op)
+				}
+			}
+		case ev.Type == "message.published" && ev.RunID == runID:
+			out.messages = append(out.messages, *ev.Message)
+		case ev.RunID == runID && (ev.Type == "run.failed" || ev.Type == "run.cancelled"):
+			t.Fatalf("run %s ended %s: %s", runID, ev.Type, ev.raw)
+		}
+		return ev.Type == "run.completed" && ev.RunID == runID
+	})
+	return out
+}
+
+// checkSent checks the end of a sent email: the operation reconciled as
+// committed, the provider's result published as a tool message naming the
+// key, then the model's answer; and the stored state says the same.
+func checkSent(t *testing.T, srv *server, got settled, threadID, runID string, op operation) {
+	t.Helper()
+	if got.last.Phase != "reconciled" || got.last.Outcome == nil || *got.last.Outcome != "committed" || got.last.ResultRef == nil {
+		t.Fatalf("operation after the restart/reconciliation: %+v, want reconciled with outcome committed", got.last)
+	}
+	var roles []string
+	for _, m := range got.messages {
+		roles = append(roles, m.Role)
+	}
+	if !slices.Equal(roles, []string{"tool", "assistant"}) {
+		t.Fatalf("published after the confirmation: %v, want a tool message and an answer", roles)
+	}
+	tool := got.messages[0]
+	var rec struct {
+		Tool        string `json:"tool"`
+		OperationID string `json:"operation_id"`
+		Result      struct {
+			Status     string `json:"status"`
+			ProviderID string `json:"provider_id"`
+			Key        string `json:"key"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(tool.Content), &rec); err != nil || rec.Tool != "send_email" || rec.OperationID != op.OperationID ||
+		rec.Result.Status != "committed" || rec.Result.Key != *op.IdempotencyKey || !strings.HasPrefix(rec.Result.ProviderID, "prov_") {
+		t.Errorf("tool message %q (%v)", tool.Content, err)
+	}
+	if tool.MessageID != *got.last.ResultRef {
+		t.Errorf("result_ref %s, tool message %s", *got.last.ResultRef, tool.MessageID)
+	}
+	if answer := got.messages[1].Content; !strings.Contains(answer, "handed to the provider") || !strings.Contains(answer, rec.Result.ProviderID) {
+		t.Errorf("the model's answer %q does not report the send", answer)
+	}
+	var ops struct {
+		Operations []operation `json:"operations"`
+	}
+	srv.mustCall("GET", "/api/threads/"+threadID+"/operations", nil, http.StatusOK, &ops)
+	if len(ops.Operations) != 1 || ops.Operations[0].Phase != "reconciled" || ops.Operations[0].Outcome == nil || *ops.Operations[0].Outcome != "committed" {
+		t.Errorf("GET operations %+v, want the one operation reconciled / committed", ops.Operations)
+	}
+	if r := srv.run(runID); r.Status != "completed" {
+		t.Errorf("run %+v, want completed", r)
+	}
+	snap := srv.snapshot(threadID)
+	var hist []string
+	for _, m := range snap.Messages {
+		hist = append(hist, m.Role)
+	}
+	if !slices.Equal(hist, []string{"user", "assistant", "tool", "assistant"}) || snap.ActiveRun != nil {
+		t.Errorf("history %v, active_run %+v", hist, snap.ActiveRun)
+	}
+}
+
+// auditDB opens the database read-only, as an auditor would; the caller
+// closes it.
+func auditDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		t.Fatalf("open %s read-only: %v", path, err)
+	}
+	return db
+}
+
+func queryInt(t *testing.T, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func queryString(t *testing.T, db *sql.DB, q string, args ...any) string {
+	t.Helper()
+	var s string
+	if err := db.QueryRow(q, args...).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return s
+}
+
+// wantOneAcceptance requires that the provider accepted key exactly once
+// and, over all calls, saw it exactly calls times.
+func wantOneAcceptance(t *testing.T, path, key string, calls int) {
+	t.Helper()
+	db := auditDB(t, path)
+	defer db.Close()
+	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
+		t.Errorf("the provider accepted %s %d times, want 1", key, n)
+	}
+	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox WHERE idempotency_key = ?`, key); n != 1 {
+		t.Errorf("the outbox holds %s %d times, want 1", key, n)
+	}
+	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE idempotency_key = ?`, key); n != calls {
+		t.Errorf("the provider saw %d calls for %s, want %d", n, key, calls)
+	}
+	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted'`); n != 1 {
+		t.Errorf("%d acceptances in all, want 1", n)
+	}
+}
+
+// TestBinaryToolsCrashDuringCommit: the process dies during the commit,
+// after the provider recorded the key and before the gateway heard back.
+// Restarted without the fault, the gateway reconciles the operation by its
+// key (no second send) and completes the run.
+func TestBinaryToolsCrashDuringCommit(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pace = "5ms"
+	srv := startServerWith(t, db, pace, "-outbox-fault", "crash", "-outbox-latency", "50ms")
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+	runID, op := srv.askEmail(evs, tid, thread.StateVersion, "Please send an email to ann@example.com about the signed contract")
+	key := *op.IdempotencyKey
+	seen := evs.lastSeq
+
+	srv.confirm(tid, op.OperationID)
+	if code := srv.waitExit(20 * time.Second); code == 0 {
+		t.Fatalf("the gateway exited 0 during the commit, want a crash (non-zero)")
+	} else {
+		t.Logf("the gateway died during the commit with exit code %d", code)
+	}
+	evs.close()
+
+	// What the dead process left: the provider holds the key; the
+	// operation is committing (the gateway never heard the answer).
+	func() {
+		audit := auditDB(t, db)
+		defer audit.Close()
+		if n := queryInt(t, audit, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
+			t.Fatalf("after the crash the provider accepted %s %d times, want 1 (the crash comes after the acceptance)", key, n)
+		}
+		if ph := queryString(t, audit, `SELECT phase FROM operations WHERE operation_id = ?`, op.OperationID); ph != "committing" {
+			t.Fatalf("after the crash the operation is %s, want committing", ph)
+		}
+		if st := queryString(t, audit, `SELECT status FROM runs WHERE run_id = ?`, runID); st != "running" {
+			t.Fatalf("after the crash the run is %s, want running", st)
+		}
+	}()
+	checkDB(t, db) // the invariants hold even mid-commit
+
+	srv = startServerWith(t, db, pace) // no fault any more
+	evs = srv.events(tid, seen)
+	got := waitCompleted(t, evs, runID, op.OperationID)
+	if !slices.Equal(got.phases, []string{"confirmed", "committing", "reconciled"}) {
+		t.Errorf("tool.updated phases %v, want confirmed committing (before the crash) then reconciled", got.phases)
+	}
+	checkSent(t, srv, got, tid, runID, op)
+	evs.close()
+	srv.stop()
+
+	wantOneAcceptance(t, db, key, 1) // reconciled by lookup: no second call
+	checkDB(t, db)
+}
+
+// TestBinaryToolsLostAnswer: the provider accepts the key but its answer
+// is lost: the operation is reported unknown, then reconciled as committed
+// by its key, with one acceptance.
+func TestBinaryToolsLostAnswer(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-outbox-fault", "accept-then-timeout", "-outbox-latency", "50ms")
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+	runID, op := srv.askEmail(evs, tid, thread.StateVersion, "Send an email to bob@example.com about the lost parcel")
+
+	srv.confirm(tid, op.OperationID)
+	got := waitCompleted(t, evs, runID, op.OperationID)
+	if !slices.Equal(got.phases, []string{"confirmed", "committing", "unknown", "reconciled"}) {
+		t.Errorf("tool.updated phases %v, want confirmed committing unknown reconciled", got.phases)
+	}
+	for _, u := range got.unknown {
+		if u.Outcome == nil || *u.Outcome != "unknown" {
+			t.Errorf("phase unknown reported outcome %v, want unknown", u.Outcome)
+		}
+	}
+	checkSent(t, srv, got, tid, runID, op)
+	evs.close()
+	srv.stop()
+
+	wantOneAcceptance(t, db, *op.IdempotencyKey, 1)
+	checkDB(t, db)
+}
