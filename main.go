@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,7 +23,9 @@ import (
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/engine"
 	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/model"
 	"github.com/honestcancel/gateway/model/demo"
+	"github.com/honestcancel/gateway/model/openai"
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/web"
@@ -66,6 +69,8 @@ type config struct {
 	workers   int
 	logLevel  string
 	origins   []string
+	// openai is the backend of -model openai (nil for demo).
+	openai *openai.Backend
 	// tools
 	searchLatency time.Duration
 	outboxLatency time.Duration
@@ -79,7 +84,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
 	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
-	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo (GATEWAY_MODEL)")
+	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
 	pace, err := envDuration("GATEWAY_DEMO_PACE", 30*time.Millisecond)
 	if err != nil {
 		return c, err
@@ -105,6 +110,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
+	oa := openaiFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -116,8 +122,14 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 			c.origins = append(c.origins, o)
 		}
 	}
-	if c.model != "demo" {
-		return c, fmt.Errorf("-model %q is not available: use demo", c.model)
+	switch c.model {
+	case "demo":
+	case "openai":
+		if c.openai, err = oa.backend(); err != nil {
+			return c, err
+		}
+	default:
+		return c, fmt.Errorf("-model %q is not available: use demo or openai", c.model)
 	}
 	if c.demoPace < 0 || c.streamTTL <= 0 {
 		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
@@ -176,8 +188,12 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("tools: %w", err)
 	}
+	var backend model.Backend = demo.New(cfg.demoPace)
+	if cfg.openai != nil {
+		backend = cfg.openai
+	}
 	eng := engine.New(engine.Config{
-		Store: st, Model: demo.New(cfg.demoPace), Tools: registry, Log: log, SingleInstance: true,
+		Store: st, Model: backend, Tools: registry, Log: log, SingleInstance: true,
 		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
 	})
 	if err := eng.Start(ctx); err != nil {
@@ -229,6 +245,89 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	<-served
 	return nil
+}
+
+// openaiSettings are the flags of -model openai. The API key is read from
+// GATEWAY_OPENAI_API_KEY or a file, never from a flag value (flags show in
+// process lists and shell history).
+type openaiSettings struct {
+	baseURL, model, keyFile, temperature string
+	headers                              []string // "Name: value"
+	headersFromFlags                     bool
+}
+
+func openaiFlags(fs *flag.FlagSet) *openaiSettings {
+	o := &openaiSettings{}
+	fs.StringVar(&o.baseURL, "openai-base-url", env("GATEWAY_OPENAI_BASE_URL", "https://api.openai.com/v1"), "-model openai: the API's base URL, for example http://127.0.0.1:11434/v1 (GATEWAY_OPENAI_BASE_URL)")
+	fs.StringVar(&o.model, "openai-model", env("GATEWAY_OPENAI_MODEL", ""), "-model openai: the model name, required (GATEWAY_OPENAI_MODEL)")
+	fs.StringVar(&o.keyFile, "openai-api-key-file", env("GATEWAY_OPENAI_API_KEY_FILE", ""), "-model openai: file holding the API key (GATEWAY_OPENAI_API_KEY_FILE); or set GATEWAY_OPENAI_API_KEY")
+	fs.StringVar(&o.temperature, "openai-temperature", env("GATEWAY_OPENAI_TEMPERATURE", ""), "-model openai: sampling temperature from 0 to 2; unset leaves the endpoint's default (GATEWAY_OPENAI_TEMPERATURE)")
+	for _, h := range strings.Split(env("GATEWAY_OPENAI_HEADERS", ""), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			o.headers = append(o.headers, h)
+		}
+	}
+	fs.Func("openai-header", "-model openai: extra request header `Name: value`, repeatable; replaces GATEWAY_OPENAI_HEADERS (comma-separated)", func(v string) error {
+		if !o.headersFromFlags {
+			o.headers, o.headersFromFlags = nil, true
+		}
+		o.headers = append(o.headers, v)
+		return nil
+	})
+	return o
+}
+
+// backend checks the settings and builds the backend; it makes no request.
+func (o *openaiSettings) backend() (*openai.Backend, error) {
+	if strings.TrimSpace(o.model) == "" {
+		return nil, errors.New("-model openai needs a model name: set GATEWAY_OPENAI_MODEL or -openai-model (for example gpt-4o-mini)")
+	}
+	cfg := openai.Config{BaseURL: strings.TrimSpace(o.baseURL), Model: strings.TrimSpace(o.model)}
+	key := env("GATEWAY_OPENAI_API_KEY", "")
+	if o.keyFile != "" {
+		if key != "" {
+			return nil, errors.New("the OpenAI API key is set twice: use GATEWAY_OPENAI_API_KEY or -openai-api-key-file (GATEWAY_OPENAI_API_KEY_FILE), not both")
+		}
+		data, err := os.ReadFile(o.keyFile)
+		if err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return nil, fmt.Errorf("-openai-api-key-file: cannot read the API key file %s: %v", o.keyFile, err)
+		}
+		if key = strings.TrimSpace(string(data)); key == "" {
+			return nil, fmt.Errorf("-openai-api-key-file: %s is empty: put the API key in it", o.keyFile)
+		}
+	}
+	cfg.APIKey = strings.TrimSpace(key)
+	if cfg.APIKey == "" && strings.Contains(cfg.BaseURL, "api.openai.com") {
+		return nil, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
+	}
+	for _, h := range o.headers {
+		name, value, ok := strings.Cut(h, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			// The entry is not echoed: header values can be secrets.
+			return nil, errors.New("an -openai-header (GATEWAY_OPENAI_HEADERS) entry is not of the form Name: value")
+		}
+		if cfg.Headers == nil {
+			cfg.Headers = make(map[string]string)
+		}
+		cfg.Headers[name] = value
+	}
+	if o.temperature != "" {
+		t, err := strconv.ParseFloat(o.temperature, 64)
+		if err != nil || t < 0 || t > 2 {
+			return nil, fmt.Errorf("-openai-temperature (GATEWAY_OPENAI_TEMPERATURE) %q is not a number from 0 to 2", o.temperature)
+		}
+		cfg.Temperature = &t
+	}
+	b, err := openai.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-header, or their GATEWAY_OPENAI_* variables)", err)
+	}
+	return b, nil
 }
 
 func check(args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,208 @@
+package main
+
+// The real binary with -model openai against a Go fake of a chat
+// completions endpoint, and the configuration errors of -model openai.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const fakeKey = "sk-binary-test-key"
+
+// fakeOpenAI answers by the last user message: "fail" gets a 401, "stall"
+// streams one chunk and waits (closing upstreamClosed when the gateway drops
+// the request), anything else streams a short reply.
+type fakeOpenAI struct {
+	srv            *httptest.Server
+	release        chan struct{}
+	upstreamClosed chan struct{}
+	once           sync.Once
+
+	mu   sync.Mutex
+	auth []string
+}
+
+func newFakeOpenAI(t *testing.T) *fakeOpenAI {
+	f := &fakeOpenAI{release: make(chan struct{}), upstreamClosed: make(chan struct{})}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	t.Cleanup(func() { close(f.release) })
+	return f
+}
+
+func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.auth = append(f.auth, r.Header.Get("Authorization"))
+	f.mu.Unlock()
+	var body struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content any    `json:"content"`
+		} `json:"messages"`
+	}
+	raw, _ := io.ReadAll(r.Body)
+	json.Unmarshal(raw, &body)
+	last := ""
+	for _, m := range body.Messages {
+		if s, ok := m.Content.(string); ok && m.Role == "user" {
+			last = s
+		}
+	}
+	if last == "fail" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"error":{"message":"Incorrect API key provided"}}`)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	send := func(v string) {
+		fmt.Fprintf(w, "data: %s\n\n", v)
+		w.(http.Flusher).Flush()
+	}
+	chunk := func(text string) string {
+		b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+			"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": text}}}})
+		return string(b)
+	}
+	if last == "stall" {
+		send(chunk("Once upon a time"))
+		select {
+		case <-r.Context().Done():
+			f.once.Do(func() { close(f.upstreamClosed) })
+		case <-f.release:
+		}
+		return
+	}
+	for _, piece := range []string{"Hello", " from", " the fake."} {
+		send(chunk(piece))
+	}
+	send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
+	send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
+	send("[DONE]")
+}
+
+func TestBinaryOpenAI(t *testing.T) {
+	fake := newFakeOpenAI(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, []byte(fakeKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServerWith(t, filepath.Join(dir, "gw.db"), "0s",
+		"-model", "openai", "-openai-base-url", fake.srv.URL+"/v1", "-openai-model", "test-model", "-openai-api-key-file", keyFile)
+
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+	start := func(version int64, text string) startAck {
+		var ack startAck
+		srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{"expected_state_version": version, "user_message": text}, http.StatusCreated, &ack)
+		return ack
+	}
+
+	// A streamed reply is published.
+	run1 := start(1, "hello")
+	var published *message
+	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev event) bool {
+		if ev.RunID == run1.RunID && ev.Type == "run.failed" {
+			t.Fatalf("run failed: %s", ev.raw)
+		}
+		if ev.Type == "message.published" && ev.Message != nil && ev.Message.Role == "assistant" {
+			published = ev.Message
+		}
+		return ev.Type == "run.completed" && ev.RunID == run1.RunID
+	})
+	if published == nil || published.Content != "Hello from the fake." {
+		t.Fatalf("published %+v, want the fake's reply", published)
+	}
+
+	// Cancel closes the upstream request; nothing of it is published.
+	run2 := start(srv.snapshot(tid).StateVersion, "stall")
+	evs.waitDeltas(time.Now().Add(20*time.Second), run2.RunID, 1)
+	srv.mustCall("POST", "/api/runs/"+run2.RunID+"/cancel", map[string]any{}, http.StatusAccepted, nil)
+	select {
+	case <-fake.upstreamClosed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fake did not see the upstream request end within 5s of the cancel")
+	}
+	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev event) bool {
+		if ev.RunID == run2.RunID && (ev.Type == "message.published" || ev.Type == "run.completed") {
+			t.Fatalf("the cancelled run emitted %s", ev.raw)
+		}
+		return ev.Type == "run.cancelled" && ev.RunID == run2.RunID
+	})
+	if cancelled.DiscardedStreamChars == nil || *cancelled.DiscardedStreamChars != int64(len("Once upon a time")) {
+		t.Errorf("run.cancelled %s, want discarded_stream_chars %d", cancelled.raw, len("Once upon a time"))
+	}
+
+	// An upstream refusal fails the run with words a user understands.
+	run3 := start(srv.snapshot(tid).StateVersion, "fail")
+	failed := evs.waitFor(time.Now().Add(20*time.Second), "run.failed", func(ev event) bool {
+		return ev.Type == "run.failed" && ev.RunID == run3.RunID
+	})
+	if !strings.Contains(failed.raw, "refused the API key (401)") || strings.Contains(failed.raw, fakeKey) {
+		t.Errorf("run.failed %s, want the 401 explained and no key", failed.raw)
+	}
+
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	for _, a := range fake.auth {
+		if a != "Bearer "+fakeKey {
+			t.Errorf("Authorization %q, want the key from the file", a)
+		}
+	}
+	if logs := srv.stderr(); strings.Contains(logs, fakeKey) {
+		t.Error("the server log contains the API key")
+	}
+}
+
+func TestCLIOpenAIConfig(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "never.db")
+	emptyKey := filepath.Join(dir, "empty")
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(emptyKey, []byte("\n"), 0o600)
+	os.WriteFile(keyFile, []byte(fakeKey), 0o600)
+	base := []string{"-addr", "127.0.0.1:0", "-db", db, "-model", "openai"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"no model name", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, nil, "GATEWAY_OPENAI_MODEL"},
+		{"no key for api.openai.com", nil, []string{"-openai-model", "gpt-4o-mini"}, "GATEWAY_OPENAI_API_KEY"},
+		{"key twice", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, []string{"-openai-model", "m", "-openai-api-key-file", keyFile}, "not both"},
+		{"missing key file", nil, []string{"-openai-model", "m", "-openai-api-key-file", filepath.Join(dir, "nope")}, filepath.Join(dir, "nope")},
+		{"empty key file", nil, []string{"-openai-model", "m", "-openai-api-key-file", emptyKey}, "is empty"},
+		{"key as a flag", nil, []string{"-openai-model", "m", "-openai-api-key", fakeKey}, "openai-api-key"},
+		{"bad base URL", nil, []string{"-openai-model", "m", "-openai-base-url", "localhost:11434"}, "base URL"},
+		{"bad header flag", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, []string{"-openai-model", "m", "-openai-header", "X-Token " + fakeKey}, "Name: value"},
+		{"bad header env", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_HEADERS=X-A: 1, broken"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_HEADERS"},
+		{"bad temperature", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_TEMPERATURE=hot"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_TEMPERATURE"},
+		{"unknown model backend", nil, []string{"-model", "claude"}, "demo or openai"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.env, append(append([]string{}, base...), tc.args...)...)
+			if code != 2 || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d, stderr %q, stdout %q; want exit 2 and a message with %q", code, errOut, out, tc.want)
+			}
+			if strings.Contains(errOut, fakeKey) && tc.name != "key as a flag" {
+				t.Errorf("stderr shows the API key: %q", errOut)
+			}
+			if _, err := os.Stat(db); err == nil {
+				t.Fatalf("a refused configuration created the database %s", db)
+			}
+		})
+	}
+}

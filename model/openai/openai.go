@@ -1,0 +1,299 @@
+// Package openai is a model.Backend for any OpenAI-compatible chat
+// completions endpoint (OpenAI, a router, Ollama, vLLM, llama.cpp…), built on
+// the official SDK github.com/openai/openai-go/v3.
+//
+// Every client setting is passed explicitly and the SDK's environment
+// defaults are never loaded: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_ORG_ID,
+// OPENAI_PROJECT_ID, OPENAI_CUSTOM_HEADERS and the like have no effect. The
+// API key goes only to the configured base URL (the SDK refuses requests and
+// redirects to other origins) and is never logged or put in an error.
+//
+// A reply is streamed: text deltas become text chunks as they arrive; tool
+// call deltas are assembled across chunks and handed over as one final
+// Chunk{Call} when the stream finishes. The model package allows one call per
+// step, so when the model asks for several calls at once only the first one
+// (lowest index) is kept and the rest are ignored; the model sees the result
+// of that call and may ask for the next one in the following step.
+//
+// Cancel: cancelling the context of Stream or of Next, or calling Close,
+// cancels the HTTP request at once, which closes the upstream connection.
+// There is no whole-stream timeout; an idle watchdog fails a stream when the
+// endpoint sends nothing (no headers, no chunk) for Config.IdleTimeout.
+// Retries happen only before the first token: connection errors, 408, 429
+// and 5xx answers to the request itself are retried up to Config.MaxRetries
+// times with a short backoff; a stream that breaks after it started is never
+// retried (its text would be sent twice).
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	sdk "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/honestcancel/gateway/model"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultIdleTimeout = 60 * time.Second
+	DefaultMaxRetries  = 2
+)
+
+// FragmentPrefix starts the text of a user-saved fragment when it is sent
+// upstream, so the model reads it as partial output and not a finished answer.
+const FragmentPrefix = "[Saved fragment of an interrupted reply, kept by the user] "
+
+// Config configures a Backend. BaseURL and Model are required.
+type Config struct {
+	// BaseURL of the API, including its version path, for example
+	// https://api.openai.com/v1 or http://127.0.0.1:11434/v1.
+	BaseURL string
+	// Model name sent with every request.
+	Model string
+	// APIKey is sent as "Authorization: Bearer KEY" (nothing when empty, for
+	// local servers that need no key). It is never logged: Config's String,
+	// GoString and LogValue print it redacted.
+	APIKey string
+	// Headers are extra request headers (for example a router's).
+	Headers map[string]string
+	// Temperature, when set, is sent with every request (0 to 2).
+	Temperature *float64
+	// IdleTimeout fails a stream when nothing arrives for this long: neither
+	// the response headers nor a chunk. 0 means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxRetries bounds the retries before the first token. 0 means
+	// DefaultMaxRetries; a negative value disables retries.
+	MaxRetries int
+	// HTTPClient sends the requests; nil means a client of its own. Leave its
+	// Timeout 0: it would cap the whole stream (use IdleTimeout instead).
+	HTTPClient *http.Client
+}
+
+// String describes c without its API key.
+func (c Config) String() string {
+	key := "none"
+	if c.APIKey != "" {
+		key = "[redacted]"
+	}
+	return fmt.Sprintf("openai.Config{BaseURL: %q, Model: %q, APIKey: %s, Headers: %v}", c.BaseURL, c.Model, key, slices.Sorted(maps.Keys(c.Headers)))
+}
+
+// GoString is String, so %#v does not print the API key either.
+func (c Config) GoString() string { return c.String() }
+
+// LogValue keeps the API key out of structured logs.
+func (c Config) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// Backend streams chat completions from one endpoint. It is safe for
+// concurrent use; each Stream it returns is used by one goroutine, except
+// that Close may be called concurrently with Next.
+type Backend struct {
+	svc         sdk.ChatCompletionService
+	model       string
+	temperature *float64
+	idle        time.Duration
+	retries     int
+	backoff     time.Duration // first retry delay, doubled per retry
+	maxBackoff  time.Duration
+	maxWait     time.Duration // longest Retry-After honoured
+}
+
+var _ model.Backend = (*Backend)(nil)
+
+// New checks cfg and returns a backend. It makes no request.
+func New(cfg Config) (*Backend, error) {
+	if strings.TrimSpace(cfg.BaseURL) == "" {
+		return nil, errors.New("the OpenAI base URL is empty: set it to the API's URL, for example https://api.openai.com/v1")
+	}
+	u, err := url.Parse(cfg.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("the OpenAI base URL %q is not an http(s) URL: set it to the API's URL, for example https://api.openai.com/v1", cfg.BaseURL)
+	}
+	if u.User != nil {
+		return nil, errors.New("the OpenAI base URL must not contain credentials: pass the API key separately")
+	}
+	if strings.TrimSpace(cfg.Model) == "" {
+		return nil, errors.New("the OpenAI model name is empty: set the model to use, for example gpt-4o-mini")
+	}
+	for name, value := range cfg.Headers {
+		if !validHeaderName(name) {
+			return nil, fmt.Errorf("header name %q is not valid: use the form Name: value", name)
+		}
+		if strings.ContainsAny(value, "\r\n\x00") {
+			return nil, fmt.Errorf("the value of header %s contains a line break", name)
+		}
+		if strings.EqualFold(name, "Authorization") && cfg.APIKey != "" {
+			return nil, errors.New("both an API key and an Authorization header are set: keep only one")
+		}
+	}
+	if t := cfg.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 2) {
+		return nil, fmt.Errorf("temperature %v is out of range: use a number from 0 to 2", *t)
+	}
+	if cfg.IdleTimeout < 0 {
+		return nil, errors.New("the idle timeout must not be negative")
+	}
+	idle := cfg.IdleTimeout
+	if idle == 0 {
+		idle = DefaultIdleTimeout
+	}
+	retries := cfg.MaxRetries
+	switch {
+	case retries == 0:
+		retries = DefaultMaxRetries
+	case retries < 0:
+		retries = 0
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{}
+		if t, ok := http.DefaultTransport.(*http.Transport); ok {
+			hc.Transport = t.Clone()
+		}
+	}
+	// Every option the SDK would otherwise take from its defaults or the
+	// environment is set here. The service is built directly rather than
+	// through sdk.NewClient, which reads OPENAI_* variables.
+	opts := []option.RequestOption{
+		option.WithBaseURL(cfg.BaseURL),
+		option.WithAPIKey(cfg.APIKey),
+		option.WithHTTPClient(hc),
+		option.WithMaxRetries(0), // retried here, and only before the first token
+		option.WithRequestTimeout(0),
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {
+		opts = append(opts, option.WithHeader(name, cfg.Headers[name]))
+	}
+	var temp *float64
+	if cfg.Temperature != nil {
+		t := *cfg.Temperature
+		temp = &t
+	}
+	return &Backend{
+		svc:         sdk.NewChatCompletionService(opts...),
+		model:       cfg.Model,
+		temperature: temp,
+		idle:        idle,
+		retries:     retries,
+		backoff:     250 * time.Millisecond,
+		maxBackoff:  4 * time.Second,
+		maxWait:     20 * time.Second,
+	}, nil
+}
+
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Stream starts a reply for req. It makes no request yet: the first Next
+// sends it (with its retries), so every upstream error is returned by Next.
+func (b *Backend) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	params, err := b.params(req)
+	if err != nil {
+		return nil, err
+	}
+	return newStream(ctx, b, params), nil
+}
+
+// params builds the streaming chat completion request for req.
+func (b *Backend) params(req model.Request) (sdk.ChatCompletionNewParams, error) {
+	p := sdk.ChatCompletionNewParams{
+		Model:         shared.ChatModel(b.model),
+		Messages:      messages(req),
+		StreamOptions: sdk.ChatCompletionStreamOptionsParam{IncludeUsage: sdk.Bool(true)},
+	}
+	if b.temperature != nil {
+		p.Temperature = sdk.Float(*b.temperature)
+	}
+	for _, t := range req.Tools {
+		def := shared.FunctionDefinitionParam{Name: t.Name}
+		if t.Description != "" {
+			def.Description = sdk.String(t.Description)
+		}
+		params := shared.FunctionParameters{"type": "object", "properties": map[string]any{}}
+		if len(t.Parameters) > 0 {
+			params = nil
+			if err := json.Unmarshal(t.Parameters, &params); err != nil || params == nil {
+				return p, fmt.Errorf("tool %s: its parameters are not a JSON Schema object", t.Name)
+			}
+		}
+		def.Parameters = params
+		p.Tools = append(p.Tools, sdk.ChatCompletionFunctionTool(def))
+	}
+	return p, nil
+}
+
+// messages maps the confirmed conversation to chat messages: the resume note
+// first as a system message, fragments as assistant text marked with
+// FragmentPrefix, cards as assistant text, and each tool message as the
+// assistant's tool call followed by the tool's result.
+func messages(req model.Request) []sdk.ChatCompletionMessageParamUnion {
+	out := make([]sdk.ChatCompletionMessageParamUnion, 0, len(req.Messages)+1)
+	if req.ResumeNote != "" {
+		out = append(out, sdk.SystemMessage(req.ResumeNote))
+	}
+	for i, m := range req.Messages {
+		switch {
+		case m.Fragment:
+			out = append(out, sdk.AssistantMessage(FragmentPrefix+m.Content))
+		case m.Role == model.RoleSystem:
+			out = append(out, sdk.SystemMessage(m.Content))
+		case m.Role == model.RoleAssistant:
+			out = append(out, sdk.AssistantMessage(m.Content))
+		case m.Role == model.RoleTool && m.Call != nil:
+			id := m.Call.ID
+			if id == "" {
+				id = fmt.Sprintf("call_%d", i)
+			}
+			args := strings.TrimSpace(string(m.Call.Arguments))
+			if args == "" {
+				args = "{}"
+			}
+			out = append(out, sdk.ChatCompletionMessageParamUnion{OfAssistant: &sdk.ChatCompletionAssistantMessageParam{
+				ToolCalls: []sdk.ChatCompletionMessageToolCallUnionParam{{OfFunction: &sdk.ChatCompletionMessageFunctionToolCallParam{
+					ID:       id,
+					Function: sdk.ChatCompletionMessageFunctionToolCallFunctionParam{Name: m.Call.Name, Arguments: args},
+				}}},
+			}})
+			content := m.Content
+			if content == "" {
+				content = "null"
+			}
+			out = append(out, sdk.ToolMessage(content, id))
+		case m.Role == model.RoleTool:
+			// A tool result whose call is unknown cannot be a tool message
+			// (it needs a call id): keep it as text.
+			out = append(out, sdk.AssistantMessage("[Tool result] "+m.Content))
+		default:
+			out = append(out, sdk.UserMessage(m.Content))
+		}
+	}
+	return out
+}
