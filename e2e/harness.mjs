@@ -26,14 +26,14 @@ export function binary() {
 // startServer runs the binary until stop(); start(server.addr) or restart()
 // runs it again on the same database and port, so open pages reconnect to
 // the new process.
-export async function startServer({ pace = "40ms", db, args = [] } = {}) {
+export async function startServer({ pace = "40ms", db, args = [], env = {} } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-"));
   const dbPath = db ?? join(dir, "gw.db");
   const server = { dir, db: dbPath, url: "", addr: "", proc: null, log: [] };
   server.start = async (addr = server.addr || "127.0.0.1:0") => {
     const proc = spawn(binary(), ["-addr", addr, "-db", dbPath, "-demo-pace", pace, ...args], {
       stdio: ["ignore", "ignore", "pipe"],
-      env: { PATH: process.env.PATH, HOME: process.env.HOME },
+      env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env },
     });
     server.proc = proc;
     server.url = await new Promise((resolve, reject) => {
