@@ -160,6 +160,15 @@ type Run struct {
 	Attempt              int        `json:"attempt"`
 	CreatedAt            time.Time  `json:"created_at"`
 	FinishedAt           *time.Time `json:"finished_at"`
+	// Usage adds up the tokens the model endpoint reported for the run's
+	// steps (zero when it reports none, as the demo model).
+	Usage Usage `json:"usage"`
+}
+
+// Usage is a token count.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
 }
 
 // Operation is one tool call.

@@ -43,6 +43,7 @@ type Store interface {
 	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
 	PurgeStream(ctx context.Context, before time.Time) (int64, error)
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
+	AddUsage(ctx context.Context, runID string, u chat.Usage) error
 }
 
 // Config configures an Engine. Zero values take the defaults.

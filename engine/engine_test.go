@@ -563,3 +563,31 @@ func TestNoWriteTransactionHeldWhileModelStreams(t *testing.T) {
 		t.Fatal("a write waited on the streaming run: a transaction is held open")
 	}
 }
+
+// usageModel streams like scripted and reports token usage per stream, as
+// an OpenAI-compatible endpoint does with include_usage.
+type usageModel struct{ *scripted }
+
+type usageStream struct{ model.Stream }
+
+func (usageStream) Usage() (int64, int64) { return 11, 7 }
+
+func (m usageModel) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	s, err := m.scripted.Stream(ctx, req)
+	return usageStream{s}, err
+}
+
+func TestTokenUsageIsRecordedPerRun(t *testing.T) {
+	m := newScripted(words, false)
+	h := newHarness(t, m)
+	h.backend = usageModel{m}
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	defer sub.Close()
+	h.start()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
+	if u := h.run(ack.RunID).Usage; u.PromptTokens != 11 || u.CompletionTokens != 7 {
+		t.Fatalf("usage = %+v, want 11 prompt and 7 completion tokens", u)
+	}
+}

@@ -146,6 +146,27 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 	return 0, fmt.Errorf("the run took more than %d steps; it was stopped to avoid a loop", maxSteps)
 }
 
+// usageReporter is a stream that knows the tokens its request used.
+type usageReporter interface {
+	Usage() (prompt, completion int64)
+}
+
+// recordUsage adds a finished stream's token usage to its run, when the
+// backend reports it (also for a cancelled step: the tokens were spent).
+func (e *Engine) recordUsage(ctx context.Context, runID string, stream model.Stream) {
+	r, ok := stream.(usageReporter)
+	if !ok {
+		return
+	}
+	p, c := r.Usage()
+	if p == 0 && c == 0 {
+		return
+	}
+	if err := e.store.AddUsage(context.WithoutCancel(ctx), runID, chat.Usage{PromptTokens: p, CompletionTokens: c}); err != nil {
+		e.log.Warn("record token usage", "run_id", runID, "err", err)
+	}
+}
+
 // maxSteps bounds the steps of one run (model calls and tool calls).
 const maxSteps = 12
 
@@ -198,6 +219,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutpu
 		stopStream()
 		stream.Close()
 		pump.Wait()
+		e.recordUsage(ctx, runID, stream)
 	}()
 	unbuffered := func() int64 {
 		stopStream()

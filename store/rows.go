@@ -112,7 +112,7 @@ func (r messageRow) message() (chat.Message, error) {
 const runCols = `run_id, thread_id, status, base_checkpoint_id, resume_checkpoint_id, resume_note,
 	cancel_requested_at, cancel_reason, requested_by, cancel_state_version, cancel_published_message_id,
 	discarded_stream_chars, error, attempt, client_request_id, start_state_version, lease_owner,
-	lease_expires_at, created_at, updated_at, finished_at`
+	lease_expires_at, created_at, updated_at, finished_at, prompt_tokens, completion_tokens`
 
 type runRow struct {
 	RunID                    string         `db:"run_id"`
@@ -136,6 +136,8 @@ type runRow struct {
 	CreatedAt                int64          `db:"created_at"`
 	UpdatedAt                int64          `db:"updated_at"`
 	FinishedAt               sql.NullInt64  `db:"finished_at"`
+	PromptTokens             int64          `db:"prompt_tokens"`
+	CompletionTokens         int64          `db:"completion_tokens"`
 }
 
 func (r runRow) status() chat.RunStatus { return chat.RunStatus(r.Status) }
@@ -147,6 +149,7 @@ func (r runRow) run() chat.Run {
 		CancelReason: fromNullString(r.CancelReason), RequestedBy: fromNullString(r.RequestedBy),
 		DiscardedStreamChars: r.DiscardedStreamChars, Error: fromNullString(r.Error), Attempt: r.Attempt,
 		CreatedAt: fromMS(r.CreatedAt), FinishedAt: fromNullMS(r.FinishedAt),
+		Usage: chat.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
 	}
 }
 

@@ -486,6 +486,16 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 	})
 }
 
+// AddUsage adds tokens a model step used to its run's count. It is
+// bookkeeping, not state: no version bump, no event, whatever the status.
+func (s *Store) AddUsage(ctx context.Context, runID string, u chat.Usage) error {
+	return s.write(ctx, func(t *txn) error {
+		_, err := t.exec(`UPDATE runs SET prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ? WHERE run_id = ?`,
+			u.PromptTokens, u.CompletionTokens, runID)
+		return err
+	})
+}
+
 // Complete ends a running run completed (run.completed).
 func (s *Store) Complete(ctx context.Context, runID, owner string) error {
 	return s.write(ctx, func(t *txn) error {
