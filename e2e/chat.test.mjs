@@ -82,6 +82,10 @@ test("send, watch the reply stream, cancel mid-stream and read the receipt", asy
   assert.equal(await receipt.locator("h3").textContent(), "Cancelled");
   assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters of unpublished text$/);
   assert.match(await page.getByTestId("receipt-kept").textContent(), /Lisbon/);
+  // The untitled conversation took its name from the request, on this
+  // page too (title field and sidebar).
+  await eventually(async () => assert.match(await page.getByTestId("title-input").inputValue(), /Lisbon/));
+  await page.locator("[data-testid=thread-link][aria-current=page]", { hasText: "Lisbon" }).waitFor();
   // Nothing of the cancelled reply became history.
   assert.equal(await page.locator("[data-testid=message][data-role=assistant]").count(), 0);
   for (const action of ["action-continue", "action-edit", "action-fork", "action-save-fragment"]) {

@@ -200,6 +200,7 @@ export class ThreadView {
     let branched = false;
     switch (ev.type) {
       case "run.started":
+        void this.refreshTitle();
         this.run = { id: ev.run_id ?? "", status: ev.status ?? "queued" };
         this.streamed = null;
         this.receipt = null;
@@ -306,6 +307,26 @@ export class ThreadView {
       this.renderTree();
     } catch {
       // The tree is an aid; the conversation works without it.
+    }
+  }
+
+  // refreshTitle picks up the name the server gives an untitled
+  // conversation from its first request (titles are labels: no event
+  // carries them).
+  private async refreshTitle(): Promise<void> {
+    const input = this.root.querySelector<HTMLInputElement>("[data-testid=title-input]");
+    if (!input || input.value !== "New conversation") return;
+    try {
+      const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}`);
+      if (!r.ok) return;
+      const { title } = (await r.json()) as { title: string };
+      if (!title || title === input.value) return;
+      input.value = title;
+      document.title = `${title} · gateway`;
+      const link = document.querySelector<HTMLAnchorElement>(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`);
+      if (link) link.textContent = title;
+    } catch {
+      // A label only; the next page load shows it.
     }
   }
 
