@@ -2,7 +2,7 @@
 GO ?= go
 NPM ?= npm
 
-.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e
+.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e fuzz test-fuzz
 
 build:
 	$(GO) build -o bin/gateway .
@@ -31,6 +31,18 @@ lint: node-deps
 	$(GO) vet ./...
 	$(NPM) run --silent typecheck
 
+# fuzz runs each fuzz target for FUZZTIME, one after the other. Plain
+# `go test` already runs their seed corpora (testdata/fuzz/ and f.Add).
+FUZZTIME ?= 10s
+FUZZ_TARGETS = FuzzWSCommand:./gateway FuzzHTTPBody:./gateway FuzzStreamParser:./model/openai
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
@@ -48,4 +60,11 @@ browser:
 test-e2e: node-deps browser
 	$(NPM) run --silent e2e
 
-test: lint generate-check test-go test-e2e
+# test-fuzz runs each fuzz target briefly (CI's share; `make fuzz
+# FUZZTIME=5m` for a long run).
+test-fuzz:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+CI_FUZZTIME ?= 5s
+
+test: lint generate-check test-go test-fuzz test-e2e
