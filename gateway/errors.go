@@ -57,6 +57,16 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 	return httpStatus(ce.Code), body
 }
 
+// reply writes a command's answer with status, or err in the protocol's
+// error shape.
+func (s *Server) reply(w http.ResponseWriter, status int, answer any, err error) {
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	writeJSON(w, status, answer)
+}
+
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	status, body := ErrorBody(err, log)
 	writeJSON(w, status, body)

@@ -24,11 +24,7 @@ func (s *Server) saveFragment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack, err := s.store.SaveFragment(r.Context(), p)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, ack)
+	s.reply(w, http.StatusCreated, ack, err)
 }
 
 // command validates the fields of fragment.save.
@@ -62,11 +58,7 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack, err := s.store.DeleteDraft(r.Context(), userID(r), r.PathValue("id"), r.PathValue("message_id"), *req.ExpectedStateVersion)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, ack)
+	s.reply(w, http.StatusOK, ack, err)
 }
 
 func (req deleteDraftRequest) validate() error {
@@ -100,10 +92,6 @@ func (s *Server) decide(confirm bool) http.HandlerFunc {
 			return
 		}
 		ack, err := s.runs.DecideOperation(r.Context(), userID(r), r.PathValue("id"), *req.ExpectedStateVersion, confirm)
-		if err != nil {
-			writeError(w, s.log, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, ack)
+		s.reply(w, http.StatusOK, ack, err)
 	}
 }

@@ -26,11 +26,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack, err := s.runs.StartRun(r.Context(), p)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, ack)
+	s.reply(w, http.StatusCreated, ack, err)
 }
 
 // command validates the fields of run.start.
@@ -65,11 +61,7 @@ func (req startRunRequest) command(userID, threadID string) (chat.StartRun, erro
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	run, err := s.store.Run(r.Context(), userID(r), r.PathValue("id"))
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, run)
+	s.reply(w, http.StatusOK, run, err)
 }
 
 type cancelRequest struct {
@@ -89,11 +81,7 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack, err := s.runs.CancelRun(r.Context(), p)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusAccepted, ack)
+	s.reply(w, http.StatusAccepted, ack, err)
 }
 
 // command validates the fields of run.cancel. A stale

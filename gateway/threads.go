@@ -37,11 +37,7 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request) {
 		title = *req.Title
 	}
 	snap, err := s.store.CreateThread(r.Context(), userID(r), title)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, snap)
+	s.reply(w, http.StatusCreated, snap, err)
 }
 
 func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
@@ -68,11 +64,7 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request) {
 	snap, err := s.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, snap)
+	s.reply(w, http.StatusOK, snap, err)
 }
 
 type forkRequest struct {
