@@ -76,6 +76,9 @@ type config struct {
 	outboxLatency time.Duration
 	outboxFault   string
 	toolsConfig   string
+	// insecureRemote allows serving without authentication on a
+	// non-loopback address.
+	insecureRemote bool
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -107,6 +110,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
 	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
+	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "serve without authentication on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
 	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
@@ -116,6 +120,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if !c.insecureRemote && !loopback(c.addr) {
+		return c, fmt.Errorf("-addr %s is not a loopback address, and there are no accounts yet: anyone who can reach it could read and drive every conversation. Listen on 127.0.0.1 (behind an authenticating proxy), or pass -insecure-remote to accept that", c.addr)
 	}
 	for _, o := range strings.Split(*origins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
@@ -362,6 +369,19 @@ func check(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", *db)
 	return 0
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func env(key, fallback string) string {

@@ -911,6 +911,19 @@ func TestCLIErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("no accounts on a non-loopback address", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "gw.db")
+		for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+			code, _, errOut := runCLI(t, nil, "-addr", addr, "-db", db)
+			if code != 2 || !strings.Contains(errOut, "not a loopback address") || !strings.Contains(errOut, "-insecure-remote") {
+				t.Errorf("-addr %s: exit %d, stderr %q; want exit 2 naming the way out", addr, code, errOut)
+			}
+		}
+		if _, err := os.Stat(db); err == nil {
+			t.Error("a refused start created the database")
+		}
+	})
+
 	t.Run("unknown command", func(t *testing.T) {
 		code, out, errOut := runCLI(t, nil, "bogus")
 		if code != 2 || !strings.Contains(errOut, "bogus") || !strings.Contains(errOut, "Usage") {
@@ -948,4 +961,15 @@ func TestCLIErrors(t *testing.T) {
 			t.Errorf("gateway help: exit %d, stdout %q; want 0 and the usage", code, out)
 		}
 	})
+}
+
+func TestLoopbackAddresses(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:8080": true, "localhost:80": true, "[::1]:8080": true, "127.0.0.2:1": true,
+		"0.0.0.0:8080": false, ":8080": false, "[::]:8080": false, "192.168.1.10:80": false, "example.com:80": false, "nonsense": false,
+	} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
 }

@@ -104,18 +104,18 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /ws", s.ws.serve)
 
-	mux.HandleFunc("POST /api/threads", s.createThread)
+	mux.Handle("POST /api/threads", s.guard(s.createThread))
 	mux.HandleFunc("GET /api/threads", s.listThreads)
 	mux.HandleFunc("GET /api/threads/{id}", s.getThread)
-	mux.HandleFunc("POST /api/threads/{id}/runs", s.startRun)
+	mux.Handle("POST /api/threads/{id}/runs", s.guard(s.startRun))
 	mux.HandleFunc("GET /api/runs/{id}", s.getRun)
-	mux.HandleFunc("POST /api/runs/{id}/cancel", s.cancelRun)
-	mux.HandleFunc("POST /api/threads/{id}/fragments", s.saveFragment)
-	mux.HandleFunc("POST /api/threads/{id}/drafts/{message_id}/delete", s.deleteDraft)
-	mux.HandleFunc("POST /api/threads/{id}/fork", s.fork)
+	mux.Handle("POST /api/runs/{id}/cancel", s.guard(s.cancelRun))
+	mux.Handle("POST /api/threads/{id}/fragments", s.guard(s.saveFragment))
+	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", s.guard(s.deleteDraft))
+	mux.Handle("POST /api/threads/{id}/fork", s.guard(s.fork))
 	mux.HandleFunc("GET /api/threads/{id}/operations", s.listOperations)
-	mux.HandleFunc("POST /api/operations/{id}/confirm", s.decide(true))
-	mux.HandleFunc("POST /api/operations/{id}/reject", s.decide(false))
+	mux.Handle("POST /api/operations/{id}/confirm", s.guard(s.decide(true)))
+	mux.Handle("POST /api/operations/{id}/reject", s.guard(s.decide(false)))
 	mux.HandleFunc("GET /api/threads/{id}/checkpoints", s.listCheckpoints)
 	mux.HandleFunc("GET /api/threads/{id}/events", s.events)
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
@@ -129,6 +129,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// guard refuses state-changing requests that a browser sends from another
+// site (cross-site request forgery): Go's CrossOriginProtection, answering
+// in the protocol's error shape. Programs (no Origin or Sec-Fetch-Site
+// header) and same-origin pages pass.
+func (s *Server) guard(h http.HandlerFunc) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, s.log, chat.Errorf(chat.CodeForbidden, "cross-origin request refused: send it from this server's own pages, or from a program without an Origin header"))
+	}))
+	return cop.Handler(h)
 }
 
 // userID is the caller. Until accounts exist everything belongs to the one
