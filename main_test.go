@@ -785,6 +785,13 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 	evs.close()
 	srv.stop()
 	checkDB(t, db)
+	// The log says what happened, never what was said.
+	logs := srv.stderr()
+	for _, secret := range []string{"honest cancellation works", "streaming chat gateways"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the server log contains message text %q", secret)
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------
