@@ -45,6 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(args, stderr)
 	case "check":
 		return check(args, stdout, stderr)
+	case "backup":
+		return backup(args, stdout, stderr)
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -56,7 +58,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 const usage = `Usage:
   gateway [serve] [flags]   run the server (flags: gateway serve -h)
-  gateway check -db PATH    audit the protocol's invariants on a database`
+  gateway check -db PATH    audit the protocol's invariants on a database
+  gateway backup -db PATH OUT
+                            write a consistent copy of a database, also while it serves`
 
 // config is the server's configuration: flags, with environment variables
 // as defaults.
@@ -382,6 +386,36 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+func backup(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to copy")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "gateway backup: name the file to write: gateway backup -db PATH OUT")
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "gateway backup: no database at %s: pass -db PATH\n", *db)
+		return 2
+	}
+	ctx := context.Background()
+	st, err := store.Open(ctx, *db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway backup:", err)
+		return 1
+	}
+	defer st.Close()
+	if err := st.Backup(ctx, fs.Arg(0)); err != nil {
+		fmt.Fprintln(stderr, "gateway backup:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s; check it with: gateway check -db %s\n", *db, fs.Arg(0), fs.Arg(0))
+	return 0
 }
 
 func env(key, fallback string) string {

@@ -218,3 +218,21 @@ func fromNullString(v sql.NullString) *string {
 	s := v.String
 	return &s
 }
+
+// Backup writes a consistent copy of the database to dest (which must not
+// exist) while the database may be serving: SQLite's VACUUM INTO reads one
+// snapshot and writes a compact file.
+func (s *Store) Backup(ctx context.Context, dest string) error {
+	if _, err := os.Stat(dest); err == nil {
+		return fmt.Errorf("%s already exists: pick a new file name", dest)
+	}
+	if dir := filepath.Dir(dest); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create backup folder: %w", err)
+		}
+	}
+	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, dest); err != nil {
+		return fmt.Errorf("back up to %s: %w", dest, err)
+	}
+	return nil
+}

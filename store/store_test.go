@@ -517,3 +517,29 @@ func TestFirstRequestNamesAnUntitledThread(t *testing.T) {
 		t.Fatalf("a chosen title was replaced: %q", th.Title)
 	}
 }
+
+func TestBackupIsAConsistentCopy(t *testing.T) {
+	st, _ := open(t)
+	snap := newThread(t, st)
+	streamAndCancel(t, st, snap.ThreadID, 1, "a", "b")
+	dest := filepath.Join(t.TempDir(), "copy", "backup.db")
+	if err := st.Backup(ctx, dest); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Backup(ctx, dest); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("a second backup over the first = %v", err)
+	}
+	copied, err := store.Open(ctx, dest, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copied.Close()
+	if vs, err := copied.Check(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("check of the backup = %v, %v", vs, err)
+	}
+	orig, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	got, err := copied.Snapshot(ctx, user, snap.ThreadID)
+	if err != nil || got.StateVersion != orig.StateVersion || got.LastSeq != orig.LastSeq || len(got.Messages) != len(orig.Messages) {
+		t.Fatalf("backup snapshot = %+v, %v; original %+v", got, err, orig)
+	}
+}
