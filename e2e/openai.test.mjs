@@ -59,6 +59,8 @@ test("a reply streams from an OpenAI-compatible server and is published whole", 
   await newThread(page, server.url);
   const question = "Echo this back to me please, word for word.";
   await send(page, question);
+  // The page is idle before the run starts too: wait for the reply itself.
+  await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
   await runStatus(page, "idle", 20000);
   const history = await messageTexts(page);
   assert.deepEqual(history.map((m) => m.role), ["user", "assistant"]);
