@@ -44,7 +44,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// read arrives live; the seq check drops what the read already had.
 	sub := s.subscribe(threadID, subscriberBuffer)
 	defer func() { sub.Close() }()
-	first, last, err := s.catchUp(r.Context(), user, threadID, after)
+	first, err := s.catchUp(r.Context(), user, threadID, after)
+	last := first.lastSeq
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -68,7 +69,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		return out.Flush() == nil
 	}
-	if !send(first) {
+	if !send(first.events) {
 		return
 	}
 	flusher.Flush()
@@ -92,21 +93,23 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				// Dropped for falling behind: resubscribe, then fill the gap
 				// from the store.
 				sub = s.subscribe(threadID, subscriberBuffer)
-				batch, last, err = s.catchUp(r.Context(), user, threadID, last)
+				got, err := s.catchUp(r.Context(), user, threadID, last)
 				if err != nil {
 					s.log.Warn("event stream resync failed", "thread_id", threadID, "err", err)
 					return
 				}
+				batch, last = got.events, got.lastSeq
 			case ev.Seq <= last:
 				continue
 			case ev.Seq == last+1:
 				batch, last = []*chat.Event{ev}, ev.Seq
 			default:
-				batch, last, err = s.catchUp(r.Context(), user, threadID, last)
+				got, err := s.catchUp(r.Context(), user, threadID, last)
 				if err != nil {
 					s.log.Warn("event stream gap fill failed", "thread_id", threadID, "err", err)
 					return
 				}
+				batch, last = got.events, got.lastSeq
 			}
 			if !send(batch) {
 				return
@@ -116,27 +119,39 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// catchUp returns the events after the given seq (a snapshot first when
-// after < 0 or the gap cannot be filled) and the last seq they reach.
-func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64) ([]*chat.Event, int64, error) {
+// caughtUp is what a subscriber missed: the events after its seq, or a
+// snapshot when that gap cannot be filled.
+type caughtUp struct {
+	events       []*chat.Event
+	lastSeq      int64 // the last seq the events reach
+	stateVersion int64
+	recovered    bool // the events are the exact gap, not a snapshot
+}
+
+// catchUp reads what a subscriber missed after the given seq (after < 0:
+// it has nothing yet, so a snapshot). Shared by SSE and WebSocket.
+func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64) (caughtUp, error) {
 	if after >= 0 {
 		replay, err := s.store.Events(ctx, user, threadID, after)
 		if err != nil {
-			return nil, 0, err
+			return caughtUp{}, err
 		}
 		if replay.Complete {
-			return replay.Events, replay.LastSeq, nil
+			return caughtUp{events: replay.Events, lastSeq: replay.LastSeq, stateVersion: replay.StateVersion, recovered: true}, nil
 		}
 	}
 	snap, err := s.store.Snapshot(ctx, user, threadID)
 	if err != nil {
-		return nil, 0, err
+		return caughtUp{}, err
 	}
 	raw, err := chat.SnapshotEvent(snap)
 	if err != nil {
-		return nil, 0, err
+		return caughtUp{}, err
 	}
-	return []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}}, snap.LastSeq, nil
+	return caughtUp{
+		events:  []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}},
+		lastSeq: snap.LastSeq, stateVersion: snap.StateVersion,
+	}, nil
 }
 
 func writeSSE(w *bufio.Writer, ev *chat.Event) {

@@ -273,29 +273,11 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 	c.mu.Unlock()
 	s.feed.Add(threadID, c)
 
-	ack := subscribeAck{ThreadID: threadID}
-	var frames [][]byte
-	var last int64
-	var err error
+	from := int64(-1)
 	if after != nil {
-		var replay chat.Replay
-		replay, err = s.store.Events(c.ctx, c.user, threadID, *after)
-		if err == nil && replay.Complete {
-			ack.Recovered, ack.StateVersion, ack.LastSeq, last = true, replay.StateVersion, replay.LastSeq, replay.LastSeq
-			for _, ev := range replay.Events {
-				frames = append(frames, ev.Raw)
-			}
-		}
+		from = *after
 	}
-	if err == nil && !ack.Recovered {
-		var snap chat.Snapshot
-		snap, err = s.store.Snapshot(c.ctx, c.user, threadID)
-		if err == nil {
-			var raw []byte
-			raw, err = chat.SnapshotEvent(snap)
-			ack.StateVersion, ack.LastSeq, last, frames = snap.StateVersion, snap.LastSeq, snap.LastSeq, [][]byte{raw}
-		}
-	}
+	got, err := s.catchUp(c.ctx, c.user, threadID, from)
 	if err != nil {
 		c.mu.Lock()
 		delete(c.subs, threadID)
@@ -303,14 +285,18 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 		s.feed.Remove(threadID, c)
 		return nil, err
 	}
+	frames := make([][]byte, len(got.events))
+	for i, ev := range got.events {
+		frames[i] = ev.Raw
+	}
 	*extra = func() { // runs under c.mu, right after the ack is queued
 		if _, ok := c.subs[threadID]; !ok {
 			return
 		}
 		c.queueReplayLocked(frames)
-		c.subs[threadID] = last
+		c.subs[threadID] = got.lastSeq
 	}
-	return ack, nil
+	return subscribeAck{ThreadID: threadID, Recovered: got.recovered, StateVersion: got.stateVersion, LastSeq: got.lastSeq}, nil
 }
 
 // required refuses a missing or empty id field.
