@@ -32,7 +32,7 @@ type Store interface {
 	Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error)
 	RenewLeases(ctx context.Context, owner string, until time.Time) error
 	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
-	AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error
+	AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error
 	PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error
 	SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error
 	RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error

@@ -413,7 +413,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		if err != nil || run == nil || run.RunID != ack.RunID {
 			t.Fatalf("claim = %+v, %v", run, err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_dead", []string{"half", " a"}, lease); err != nil {
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_dead", []string{"half", " a"}); err != nil {
 			t.Fatal(err)
 		}
 		sub := h.feed.Subscribe(snap.ThreadID, 1024)
@@ -440,7 +440,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_done", []string{"all", " of it"}, lease); err != nil {
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_done", []string{"all", " of it"}); err != nil {
 			t.Fatal(err)
 		}
 		if err := h.st.PublishStep(ctx, ack.RunID, "dead-process", chat.StepOutput{MessageID: "msg_done", Kind: chat.KindText, Content: "all of it"}); err != nil {
@@ -466,7 +466,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_x", []string{"abc"}, lease); err != nil {
+		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_x", []string{"abc"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:x"}); err != nil {
@@ -509,7 +509,7 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	if _, err := h.st.Claim(ctx, "w", lease); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{"late", " text"}, lease); err != nil {
+	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{"late", " text"}); err != nil {
 		t.Fatal(err)
 	}
 	// The cancel commits while the last delta is "on the wire": the worker's
@@ -522,7 +522,7 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	if !errors.As(err, &lost) || lost.Status != chat.RunCancelRequested {
 		t.Fatalf("publish after cancel = %v", err)
 	}
-	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{" more"}, lease); !errors.As(err, &lost) {
+	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{" more"}); !errors.As(err, &lost) {
 		t.Fatalf("delta after cancel = %v", err)
 	}
 	if ok, err := h.st.FinishCancel(ctx, ack.RunID, 0, false); !ok || err != nil {

@@ -194,11 +194,11 @@ func (s *ilStore) hit(runID, point string, texts []string) {
 	}
 }
 
-func (s *ilStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error {
+func (s *ilStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
 	s.enter()
 	defer s.leave()
 	s.hit(runID, "append", texts)
-	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts, leaseUntil)
+	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts)
 }
 
 func (s *ilStore) PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error {
@@ -649,7 +649,7 @@ func (r *ilRun) deadPrefix(kind string) {
 	r.claimDead(owner, lease)
 	msgID := chat.NewID(chat.PrefixMessage)
 	text := []string{"dead ", "text "}
-	if err := h.st.AppendDeltas(ctx, r.runID, owner, msgID, text, lease); err != nil {
+	if err := h.st.AppendDeltas(ctx, r.runID, owner, msgID, text); err != nil {
 		r.t.Fatal(err)
 	}
 	r.step("dead worker %s claimed the run and streamed %q", owner, strings.Join(text, ""))
@@ -875,7 +875,7 @@ func (r *ilRun) crash(st string) {
 			lease := time.Now().Add(time.Hour)
 			owner := fmt.Sprintf("dead-%d-%d", r.seed, r.crashes)
 			r.claimDead(owner, lease)
-			if err := r.h.st.AppendDeltas(context.Background(), r.runID, owner, chat.NewID(chat.PrefixMessage), []string{fmt.Sprintf("dead%d ", r.crashes)}, lease); err != nil {
+			if err := r.h.st.AppendDeltas(context.Background(), r.runID, owner, chat.NewID(chat.PrefixMessage), []string{fmt.Sprintf("dead%d ", r.crashes)}); err != nil {
 				r.t.Fatal(err)
 			}
 			r.stats.deadWorkers++

@@ -74,11 +74,11 @@ func (s *raceStore) RunInput(ctx context.Context, runID string) (chat.RunInput, 
 	return s.Store.RunInput(ctx, runID)
 }
 
-func (s *raceStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, until time.Time) error {
+func (s *raceStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts, until)
+	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts)
 }
 
 func (s *raceStore) SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error {

@@ -214,17 +214,20 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutpu
 			}
 		}
 	})
-	var buffered int64
-	defer func() {
+	// stop ends the model call and waits for the pump; it runs once, at the
+	// first safe point that stops the step or when the step returns.
+	stop := sync.OnceFunc(func() {
 		stopStream()
 		stream.Close()
 		pump.Wait()
+	})
+	var buffered int64
+	defer func() {
+		stop()
 		e.recordUsage(ctx, runID, stream)
 	}()
 	unbuffered := func() int64 {
-		stopStream()
-		stream.Close()
-		pump.Wait()
+		stop()
 		return received.Load() - buffered
 	}
 
@@ -269,7 +272,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutpu
 		if len(batch) == 0 {
 			continue
 		}
-		if err := e.store.AppendDeltas(write, runID, e.cfg.InstanceID, out.MessageID, batch, e.leaseUntil()); err != nil {
+		if err := e.store.AppendDeltas(write, runID, e.cfg.InstanceID, out.MessageID, batch); err != nil {
 			return out, unbuffered(), err
 		}
 		for _, t := range batch {

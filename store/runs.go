@@ -441,9 +441,10 @@ func (t *txn) ownRunning(runID, owner string) (runRow, error) {
 
 // AppendDeltas writes one batch of a streamed message's text to the stream
 // buffer with consecutive seqs, in one transaction, if owner still runs the
-// run; otherwise it writes nothing and returns *chat.ErrNotRunning. The batch
-// transaction also renews the lease.
-func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string, leaseUntil time.Time) error {
+// run; otherwise it writes nothing and returns *chat.ErrNotRunning. (The
+// lease is renewed by the engine's maintenance loop for all its runs at
+// once, not per batch.)
+func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
 	return s.write(ctx, func(t *txn) error {
 		row, err := t.ownRunning(runID, owner)
 		if err != nil {
@@ -481,8 +482,7 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		if _, err := t.exec(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ?`, len(texts), chars, messageID); err != nil {
 			return fmt.Errorf("count streamed text: %w", err)
 		}
-		_, err = t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ?`, ms(leaseUntil), runID)
-		return err
+		return nil
 	})
 }
 
@@ -604,8 +604,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				// A commit may have reached the external system: a worker
 				// reconciles it by its key before the run goes on or ends.
 				action = "handed over to reconcile"
-				_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
-				return err
+				return t.handOver(row.RunID)
 			}
 			if row.status().CancelAccepted() {
 				action = "cancelled"
@@ -630,8 +629,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				// The tool step resumes with its operation (a runner tool
 				// runs again under the same key).
 				action = "handed over"
-				_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
-				return err
+				return t.handOver(row.RunID)
 			}
 			if row.Attempt >= maxAttempts {
 				action = "failed"
@@ -653,6 +651,12 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 		}
 	}
 	return out, nil
+}
+
+// handOver drops a run's lease so that a worker claims it (see claimable).
+func (t *txn) handOver(runID string) error {
+	_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), runID)
+	return err
 }
 
 // RunInput loads what a worker needs for a run's next step, from the

@@ -77,7 +77,7 @@ func streamAndCancel(t *testing.T, st *store.Store, threadID string, version int
 		t.Fatal(err)
 	}
 	msgID := chat.NewID(chat.PrefixMessage)
-	if err := st.AppendDeltas(ctx, ack.RunID, "w", msgID, deltas, lease); err != nil {
+	if err := st.AppendDeltas(ctx, ack.RunID, "w", msgID, deltas); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
@@ -227,7 +227,7 @@ func TestCancelAnswersAndAudits(t *testing.T) {
 	if _, err := st.Claim(ctx, "w", lease); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.AppendDeltas(ctx, ack.RunID, "w", "msg_ok", []string{"ok"}, lease); err != nil {
+	if err := st.AppendDeltas(ctx, ack.RunID, "w", "msg_ok", []string{"ok"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.PublishStep(ctx, ack.RunID, "w", chat.StepOutput{MessageID: "msg_ok", Kind: chat.KindText, Content: "ok"}); err != nil {
