@@ -14,6 +14,8 @@ const (
 	PrefixMessage    = "msg_"
 	PrefixCheckpoint = "cp_"
 	PrefixOperation  = "op_"
+	PrefixUser       = "usr_"
+	PrefixToken      = "tok_"
 )
 
 const crockford = "0123456789abcdefghjkmnpqrstvwxyz"

@@ -25,7 +25,7 @@ func (s *Store) PublishStep(ctx context.Context, runID, owner string, out chat.S
 		if out.Content == "" && out.Call == nil {
 			return errors.New("a step with neither a message nor a tool call")
 		}
-		c, err := t.thread("", row.ThreadID)
+		c, err := t.engineThread(row.ThreadID)
 		if err != nil {
 			return err
 		}
@@ -168,7 +168,7 @@ func (s *Store) SetOperationPhase(ctx context.Context, runID, owner, opID, phase
 		if needRunning && row.status() != chat.RunRunning {
 			return &chat.ErrNotRunning{Status: row.status()}
 		}
-		c, err := t.thread("", row.ThreadID)
+		c, err := t.engineThread(row.ThreadID)
 		if err != nil {
 			return err
 		}
@@ -193,7 +193,7 @@ func (s *Store) RecordToolResult(ctx context.Context, runID, owner, opID string,
 }
 
 func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) error {
-	c, err := t.thread("", row.ThreadID)
+	c, err := t.engineThread(row.ThreadID)
 	if err != nil {
 		return err
 	}
@@ -254,7 +254,7 @@ func (s *Store) MarkCancelling(ctx context.Context, runID, owner string, active 
 		if err := transition(row, chat.RunCancelling); err != nil {
 			return err
 		}
-		c, err := t.thread("", row.ThreadID)
+		c, err := t.engineThread(row.ThreadID)
 		if err != nil {
 			return err
 		}

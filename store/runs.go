@@ -304,7 +304,7 @@ func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64
 }
 
 func (t *txn) finishCancel(row runRow, unbuffered int64) error {
-	c, err := t.thread("", row.ThreadID)
+	c, err := t.engineThread(row.ThreadID)
 	if err != nil {
 		return err
 	}
@@ -450,7 +450,7 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		if err != nil {
 			return err
 		}
-		c, err := t.thread("", row.ThreadID)
+		c, err := t.engineThread(row.ThreadID)
 		if err != nil {
 			return err
 		}
@@ -519,7 +519,7 @@ func (s *Store) Fail(ctx context.Context, runID, owner, message string) error {
 }
 
 func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
-	c, err := t.thread("", row.ThreadID)
+	c, err := t.engineThread(row.ThreadID)
 	if err != nil {
 		return err
 	}
@@ -613,7 +613,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			if row.status() != chat.RunRunning {
 				return nil
 			}
-			c, err := t.thread("", row.ThreadID)
+			c, err := t.engineThread(row.ThreadID)
 			if err != nil {
 				return err
 			}

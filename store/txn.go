@@ -43,19 +43,33 @@ func (t *txn) sel(dest any, q string, args ...any) error {
 	return t.tx.SelectContext(t.ctx, dest, t.tx.Rebind(q), args...)
 }
 
-// thread loads a thread into the transaction as its sequencer. userID ""
-// skips the ownership check (engine-internal writes); otherwise a thread of
-// another user answers not_found.
+// thread loads a thread of userID into the transaction as its sequencer. A
+// thread of another user — and any thread when userID is "" (a caller that
+// was never authenticated) — answers not_found.
 func (t *txn) thread(userID, threadID string) (*threadCursor, error) {
+	if userID == "" {
+		return nil, chat.NotFound("thread", threadID)
+	}
+	return t.loadThread(userID, threadID)
+}
+
+// engineThread loads a thread for the engine's own writes (a run it
+// executes, recovery), which act for the thread's owner.
+func (t *txn) engineThread(threadID string) (*threadCursor, error) {
+	return t.loadThread("", threadID)
+}
+
+// loadThread checks ownership unless owner is "" (engine writes only).
+func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 	if c, ok := t.threads[threadID]; ok {
-		if userID != "" && c.row.UserID != userID {
+		if owner != "" && c.row.UserID != owner {
 			return nil, chat.NotFound("thread", threadID)
 		}
 		return c, nil
 	}
 	var row threadRow
 	err := t.get(&row, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`, threadID)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && userID != "" && row.UserID != userID) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && owner != "" && row.UserID != owner) {
 		return nil, chat.NotFound("thread", threadID)
 	}
 	if err != nil {

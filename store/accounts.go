@@ -1,0 +1,290 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// Accounts: users, sessions and API tokens. The store keeps hashes only;
+// hashing, name rules and sign-in policy belong to package auth.
+
+type userRow struct {
+	UserID       string         `db:"user_id"`
+	Name         string         `db:"name"`
+	CreatedAt    int64          `db:"created_at"`
+	PasswordHash sql.NullString `db:"password_hash"`
+}
+
+const userCols = `user_id, name, created_at, password_hash`
+
+func (r userRow) user() chat.User {
+	return chat.User{UserID: r.UserID, Name: r.Name, CreatedAt: fromMS(r.CreatedAt), HasPassword: r.PasswordHash.Valid}
+}
+
+func noUser(name string) error {
+	return chat.Errorf(chat.CodeNotFound, "no user %q: list them with `gateway user list`", name)
+}
+
+// CreateUser adds an account; passwordHash "" makes one that cannot sign in
+// with a password (header mode, tokens only). A name in use by an active
+// account is refused.
+func (s *Store) CreateUser(ctx context.Context, name, passwordHash string) (chat.User, error) {
+	var out chat.User
+	err := s.write(ctx, func(t *txn) error {
+		r := userRow{UserID: chat.NewID(chat.PrefixUser), Name: name, CreatedAt: ms(t.now),
+			PasswordHash: sql.NullString{String: passwordHash, Valid: passwordHash != ""}}
+		_, err := t.exec(`INSERT INTO users (user_id, name, created_at, password_hash) VALUES (?, ?, ?, ?)`,
+			r.UserID, r.Name, r.CreatedAt, r.PasswordHash)
+		if isUniqueViolation(err) {
+			return chat.Invalid("user %q already exists: pick another name, or change its password with `gateway user passwd %s`", name, name)
+		}
+		if err != nil {
+			return fmt.Errorf("create user: %w", err)
+		}
+		out = r.user()
+		return nil
+	})
+	return out, err
+}
+
+// EnsureUser returns the active account called name, creating it (without a
+// password) when there is none. Used by header mode, where the trusted proxy
+// decides who exists.
+func (s *Store) EnsureUser(ctx context.Context, name string) (chat.User, error) {
+	var r userRow
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name)
+	if err == nil {
+		return r.user(), nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return chat.User{}, fmt.Errorf("load user: %w", err)
+	}
+	u, err := s.CreateUser(ctx, name, "")
+	if chat.ErrorCode(err) == chat.CodeInvalidRequest {
+		// Created by a concurrent request in between.
+		if err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name); err != nil {
+			return chat.User{}, fmt.Errorf("load user: %w", err)
+		}
+		return r.user(), nil
+	}
+	return u, err
+}
+
+// UserByName returns the active account called name and its password hash
+// ("" when it has none).
+func (s *Store) UserByName(ctx context.Context, name string) (chat.User, string, error) {
+	var r userRow
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name)
+	if errors.Is(err, sql.ErrNoRows) {
+		return chat.User{}, "", noUser(name)
+	}
+	if err != nil {
+		return chat.User{}, "", fmt.Errorf("load user: %w", err)
+	}
+	return r.user(), r.PasswordHash.String, nil
+}
+
+// Users lists the active accounts by name.
+func (s *Store) Users(ctx context.Context) ([]chat.User, error) {
+	var rows []userRow
+	if err := s.reader.SelectContext(ctx, &rows, `SELECT `+userCols+` FROM users WHERE deleted_at IS NULL ORDER BY name`); err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	out := make([]chat.User, len(rows))
+	for i, r := range rows {
+		out[i] = r.user()
+	}
+	return out, nil
+}
+
+// SetPassword replaces an account's password hash and ends every session
+// of that account in the same transaction.
+func (s *Store) SetPassword(ctx context.Context, name, passwordHash string) error {
+	return s.write(ctx, func(t *txn) error {
+		id, err := t.activeUser(name)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE users SET password_hash = ? WHERE user_id = ?`, passwordHash, id); err != nil {
+			return fmt.Errorf("set password: %w", err)
+		}
+		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
+			return fmt.Errorf("end sessions: %w", err)
+		}
+		return nil
+	})
+}
+
+// DeleteUser removes an account's credentials: its password, sessions and
+// tokens go at once. Its threads stay (unreachable) until retention purges
+// them; its name is free for a new account, which does not see them.
+func (s *Store) DeleteUser(ctx context.Context, name string) error {
+	return s.write(ctx, func(t *txn) error {
+		id, err := t.activeUser(name)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE users SET deleted_at = ?, password_hash = NULL WHERE user_id = ?`, ms(t.now), id); err != nil {
+			return fmt.Errorf("delete user: %w", err)
+		}
+		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
+			return fmt.Errorf("end sessions: %w", err)
+		}
+		if _, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
+			return fmt.Errorf("revoke tokens: %w", err)
+		}
+		return nil
+	})
+}
+
+func (t *txn) activeUser(name string) (string, error) {
+	var id string
+	err := t.get(&id, `SELECT user_id FROM users WHERE name = ? AND deleted_at IS NULL`, name)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", noUser(name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("load user: %w", err)
+	}
+	return id, nil
+}
+
+// CreateSession stores a session of userID under the hash of its cookie
+// value, and drops sessions that expired.
+func (s *Store) CreateSession(ctx context.Context, sessionHash, userID string, expires time.Time) error {
+	return s.write(ctx, func(t *txn) error {
+		if _, err := t.exec(`DELETE FROM sessions WHERE expires_at <= ?`, ms(t.now)); err != nil {
+			return fmt.Errorf("drop expired sessions: %w", err)
+		}
+		if _, err := t.exec(`INSERT INTO sessions (session_hash, user_id, created_at, expires_at) VALUES (?, ?, ?, ?)`,
+			sessionHash, userID, ms(t.now), ms(expires)); err != nil {
+			return fmt.Errorf("create session: %w", err)
+		}
+		return nil
+	})
+}
+
+// SessionUser returns the active account of an unexpired session, or
+// not_found.
+func (s *Store) SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error) {
+	var r userRow
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash
+		FROM sessions s JOIN users u ON u.user_id = s.user_id
+		WHERE s.session_hash = ? AND s.expires_at > ? AND u.deleted_at IS NULL`), sessionHash, ms(now))
+	if errors.Is(err, sql.ErrNoRows) {
+		return chat.User{}, chat.Errorf(chat.CodeNotFound, "no such session")
+	}
+	if err != nil {
+		return chat.User{}, fmt.Errorf("load session: %w", err)
+	}
+	return r.user(), nil
+}
+
+// DeleteSession ends one session (sign out). Ending an unknown session is
+// not an error.
+func (s *Store) DeleteSession(ctx context.Context, sessionHash string) error {
+	return s.write(ctx, func(t *txn) error {
+		if _, err := t.exec(`DELETE FROM sessions WHERE session_hash = ?`, sessionHash); err != nil {
+			return fmt.Errorf("delete session: %w", err)
+		}
+		return nil
+	})
+}
+
+type tokenRow struct {
+	TokenID    string        `db:"token_id"`
+	UserID     string        `db:"user_id"`
+	UserName   string        `db:"user_name"`
+	Name       string        `db:"name"`
+	SecretHash string        `db:"secret_hash"`
+	CreatedAt  int64         `db:"created_at"`
+	ExpiresAt  sql.NullInt64 `db:"expires_at"`
+	RevokedAt  sql.NullInt64 `db:"revoked_at"`
+}
+
+func (r tokenRow) token() chat.APIToken {
+	return chat.APIToken{TokenID: r.TokenID, UserID: r.UserID, UserName: r.UserName, Name: r.Name, CreatedAt: fromMS(r.CreatedAt),
+		ExpiresAt: fromNullMS(r.ExpiresAt), RevokedAt: fromNullMS(r.RevokedAt)}
+}
+
+// CreateToken stores an API token of the active account userName under the
+// hash of its secret. tok.TokenID must be set; a zero ExpiresAt never
+// expires.
+func (s *Store) CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error) {
+	err := s.write(ctx, func(t *txn) error {
+		id, err := t.activeUser(userName)
+		if err != nil {
+			return err
+		}
+		tok.UserID, tok.CreatedAt = id, t.now.Truncate(time.Millisecond).UTC()
+		var expires sql.NullInt64
+		if tok.ExpiresAt != nil {
+			expires = sql.NullInt64{Int64: ms(*tok.ExpiresAt), Valid: true}
+		}
+		if _, err := t.exec(`INSERT INTO api_tokens (token_id, user_id, name, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			tok.TokenID, id, tok.Name, secretHash, ms(t.now), expires); err != nil {
+			return fmt.Errorf("create token: %w", err)
+		}
+		return nil
+	})
+	return tok, err
+}
+
+// TokenUser returns the account of a live (unrevoked, unexpired) token and
+// the token's secret hash for the caller to compare, or not_found.
+func (s *Store) TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error) {
+	var r struct {
+		userRow
+		SecretHash string `db:"secret_hash"`
+	}
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, t.secret_hash
+		FROM api_tokens t JOIN users u ON u.user_id = t.user_id
+		WHERE t.token_id = ? AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ?) AND u.deleted_at IS NULL`), tokenID, ms(now))
+	if errors.Is(err, sql.ErrNoRows) {
+		return chat.User{}, "", chat.Errorf(chat.CodeNotFound, "no such token")
+	}
+	if err != nil {
+		return chat.User{}, "", fmt.Errorf("load token: %w", err)
+	}
+	return r.userRow.user(), r.SecretHash, nil
+}
+
+// RevokeToken revokes a token at once; revoking it again is not an error.
+func (s *Store) RevokeToken(ctx context.Context, tokenID string) error {
+	return s.write(ctx, func(t *txn) error {
+		res, err := t.exec(`UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE token_id = ?`, ms(t.now), tokenID)
+		if err != nil {
+			return fmt.Errorf("revoke token: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return chat.Errorf(chat.CodeNotFound, "no token %q: list them with `gateway token list`", tokenID)
+		}
+		return nil
+	})
+}
+
+// Tokens lists the tokens of every account, or of one when userName is set,
+// newest first. Secrets are never returned (only their hashes exist).
+func (s *Store) Tokens(ctx context.Context, userName string) ([]chat.APIToken, error) {
+	q := `SELECT t.token_id, t.user_id, u.name AS user_name, t.name, t.secret_hash, t.created_at, t.expires_at, t.revoked_at
+		FROM api_tokens t JOIN users u ON u.user_id = t.user_id`
+	var args []any
+	if userName != "" {
+		q += ` WHERE u.name = ? AND u.deleted_at IS NULL`
+		args = append(args, userName)
+	}
+	var rows []tokenRow
+	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(q+` ORDER BY t.created_at DESC, t.token_id DESC`), args...); err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	out := make([]chat.APIToken, len(rows))
+	for i, r := range rows {
+		out[i] = r.token()
+	}
+	return out, nil
+}
