@@ -42,6 +42,11 @@ type Store interface {
 	Release(ctx context.Context, runID, owner string) error
 	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
 	PurgeStream(ctx context.Context, before time.Time) (int64, error)
+	// Retention of the other artifact classes: each removes what is older
+	// than before and reports how many rows it purged (or redacted).
+	PurgeEvents(ctx context.Context, before time.Time) (int64, error)
+	PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error)
+	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 	AddUsage(ctx context.Context, runID string, u chat.Usage) error
 }
@@ -66,6 +71,17 @@ type Config struct {
 	// MaxBatch bounds the deltas written in one stream-buffer transaction
 	// (default 64).
 	MaxBatch int
+	// Retention of the other artifact classes; 0 keeps them forever.
+	// EventTTL: durable events in the log (a thread keeps its last event
+	// and every event of a run not finished; older replays get a
+	// snapshot). AuditTTL: cancel audit rows of finished runs. DraftTTL: the
+	// text of deleted drafts (the row stays, emptied).
+	EventTTL time.Duration
+	AuditTTL time.Duration
+	DraftTTL time.Duration
+	// PurgeEvery is how often the stream buffer and the classes above are
+	// purged (default StreamTTL/4, at most a minute).
+	PurgeEvery time.Duration
 }
 
 // Engine executes runs. Create it with New, call Start once, and Close once
@@ -107,6 +123,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
+	}
+	if cfg.PurgeEvery <= 0 {
+		cfg.PurgeEvery = min(cfg.StreamTTL/4, time.Minute)
 	}
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = chat.NewID("ins_")
@@ -229,12 +248,13 @@ func (e *Engine) dispatch() {
 	}
 }
 
-// maintain renews leases, purges the stream buffer and settles runs whose
-// lease expired elsewhere.
+// maintain renews leases, applies retention (stream buffer, event log,
+// cancel audit, deleted drafts) and settles runs whose lease expired
+// elsewhere.
 func (e *Engine) maintain() {
 	renew := time.NewTicker(e.cfg.LeaseTTL / 3)
 	defer renew.Stop()
-	purge := time.NewTicker(min(e.cfg.StreamTTL/4, time.Minute))
+	purge := time.NewTicker(e.cfg.PurgeEvery)
 	defer purge.Stop()
 	for {
 		select {
@@ -248,12 +268,36 @@ func (e *Engine) maintain() {
 				e.log.Error("recover runs", "err", err)
 			}
 		case <-purge.C:
-			n, err := e.store.PurgeStream(e.ctx, time.Now().Add(-e.cfg.StreamTTL))
-			if err != nil && e.ctx.Err() == nil {
-				e.log.Error("purge stream buffer", "err", err)
-			} else if n > 0 {
-				e.log.Debug("purged stream buffer", "deltas", n)
-			}
+			e.purge(time.Now())
+		}
+	}
+}
+
+// purge removes what each artifact class keeps no longer. Each store call
+// works in short, bounded transactions; what is left goes at the next tick.
+// Only counts are logged, never content.
+func (e *Engine) purge(now time.Time) {
+	classes := []struct {
+		ttl  time.Duration
+		fn   func(context.Context, time.Time) (int64, error)
+		what string // for the log
+		unit string
+	}{
+		{e.cfg.StreamTTL, e.store.PurgeStream, "stream buffer", "deltas"},
+		{e.cfg.EventTTL, e.store.PurgeEvents, "event log", "events"},
+		{e.cfg.AuditTTL, e.store.PurgeCancelAudit, "cancel audit", "rows"},
+		{e.cfg.DraftTTL, e.store.RedactDeletedDrafts, "deleted drafts", "redacted"},
+	}
+	for _, c := range classes {
+		if c.ttl <= 0 || e.ctx.Err() != nil {
+			continue
+		}
+		n, err := c.fn(e.ctx, now.Add(-c.ttl))
+		if err != nil && e.ctx.Err() == nil {
+			e.log.Error("purge "+c.what, "err", err)
+		}
+		if n > 0 {
+			e.log.Debug("purged "+c.what, c.unit, n)
 		}
 	}
 }

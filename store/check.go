@@ -106,6 +106,51 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 		threadByID[t.ThreadID] = t
 	}
 
+	// Retention: a thread's watermark says what PurgeEvents removed from its
+	// event log: every event with seq <= events_purged_through, the last of
+	// them at events_purged_version, none with a ts after events_purged_ts.
+	// Only an event that lies there may be absent; everything above it is
+	// held to the rules as strictly as in a log never purged.
+	//
+	// A message's message.published carries the message's state_version, so
+	// it was purged exactly when that version is at or below the mark.
+	publishedPurged := func(m messageRow) bool {
+		return m.StateVersion <= threadByID[m.ThreadID].EventsPurgedVersion
+	}
+	// A run's terminal event has the run's finished_at as ts and comes after
+	// its run.started (at start_state_version): it can have been purged only
+	// when both lie within the mark.
+	terminalPurged := func(r runRow) bool {
+		th := threadByID[r.ThreadID]
+		return r.FinishedAt.Valid && r.StartStateVersion <= th.EventsPurgedVersion && r.FinishedAt.Int64 <= th.EventsPurgedTS
+	}
+	for _, t := range threads {
+		if t.EventsPurgedThrough < 0 || t.EventsPurgedThrough > t.LastSeq || (t.EventsPurgedThrough == 0) != (t.EventsPurgedVersion == 0) ||
+			(t.EventsPurgedThrough > 0 && t.EventsPurgedVersion >= t.StateVersion) {
+			add(0, "thread %s has an impossible purge watermark (seq %d, v%d; thread at seq %d, v%d)",
+				t.ThreadID, t.EventsPurgedThrough, t.EventsPurgedVersion, t.LastSeq, t.StateVersion)
+		}
+	}
+	firstSeen := map[string]bool{}
+	for _, e := range events {
+		th := threadByID[e.ThreadID]
+		if e.Seq <= th.EventsPurgedThrough {
+			add(0, "thread %s still holds event seq %d at or below its purge watermark %d", e.ThreadID, e.Seq, th.EventsPurgedThrough)
+		}
+		if !firstSeen[e.ThreadID] {
+			firstSeen[e.ThreadID] = true
+			if e.StateVersion <= th.EventsPurgedVersion {
+				add(0, "thread %s event seq %d has state_version %d, at or below its purge watermark v%d", e.ThreadID, e.Seq, e.StateVersion, th.EventsPurgedVersion)
+			}
+		}
+	}
+	terminalEvents := map[string]int{}
+	for _, e := range events {
+		if e.RunID != nil && (e.Type == chat.EventRunCompleted || e.Type == chat.EventRunFailed || e.Type == chat.EventRunCancelled) {
+			terminalEvents[*e.RunID]++
+		}
+	}
+
 	// 1. No published message without a checkpoint that contains it.
 	for _, m := range msgRows {
 		if !inSomeCheckpoint[m.MessageID] {
@@ -182,6 +227,13 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 	for _, e := range events {
 		if e.Type == chat.EventRunCancelled && e.RunID != nil {
 			cancelledAt[*e.RunID] = e.Seq
+		}
+	}
+	// A purged run.cancelled lay at or below the watermark: whatever of the
+	// run is left above it came after it.
+	for _, r := range runRows {
+		if _, ok := cancelledAt[r.RunID]; !ok && r.status() == chat.RunCancelled && terminalEvents[r.RunID] == 0 && terminalPurged(r) {
+			cancelledAt[r.RunID] = threadByID[r.ThreadID].EventsPurgedThrough
 		}
 	}
 	for _, e := range events {
@@ -268,19 +320,14 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 	}
 
 	// 7. One terminal status per run; once cancel_requested, cancelled.
-	terminalEvents := map[string]int{}
-	for _, e := range events {
-		if e.RunID != nil && (e.Type == chat.EventRunCompleted || e.Type == chat.EventRunFailed || e.Type == chat.EventRunCancelled) {
-			terminalEvents[*e.RunID]++
-		}
-	}
+	// (A terminal event may be missing only when the event purge took it.)
 	active := map[string]string{}
 	for _, r := range runRows {
 		st := r.status()
 		if !st.Valid() {
 			add(7, "run %s has unknown status %q", r.RunID, r.Status)
 		}
-		if n := terminalEvents[r.RunID]; n > 1 || (st.Terminal() && n != 1) || (!st.Terminal() && n != 0) {
+		if n := terminalEvents[r.RunID]; n > 1 || (st.Terminal() && n != 1 && !(n == 0 && terminalPurged(r))) || (!st.Terminal() && n != 0) {
 			add(7, "run %s is %s with %d terminal events", r.RunID, st, n)
 		}
 		if r.CancelRequestedAt.Valid && !st.CancelAccepted() {
@@ -296,7 +343,8 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 
 	// 8. Per thread, seqs strictly increase (durable events and deltas
 	// share one sequence); every published message has exactly one
-	// message.published event.
+	// message.published event (none when the event purge took it), which
+	// carries the message as it is stored (a redacted draft: without text).
 	seen := map[string]map[int64]bool{}
 	mark := func(thread string, seq int64, what string) {
 		if seen[thread] == nil {
@@ -323,16 +371,22 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 			var body struct {
 				Message struct {
 					MessageID string `json:"message_id"`
+					Content   string `json:"content"`
 				} `json:"message"`
 			}
 			if err := json.Unmarshal([]byte(e.Payload), &body); err != nil || body.Message.MessageID != *e.MessageID {
 				add(8, "message.published seq %d of thread %s does not carry message %s", e.Seq, e.ThreadID, *e.MessageID)
+			} else if m, ok := msgs[*e.MessageID]; ok && body.Message.Content != m.Content {
+				add(0, "message.published seq %d of thread %s carries another text than message %s", e.Seq, e.ThreadID, *e.MessageID)
 			}
 		}
 	}
 	for _, m := range msgRows {
-		if n := publishedEvents[m.MessageID]; n != 1 {
+		if n := publishedEvents[m.MessageID]; n != 1 && !(n == 0 && publishedPurged(m)) {
 			add(8, "message %s has %d message.published events", m.MessageID, n)
+		}
+		if m.RedactedAt.Valid && (m.Content != "" || !m.DeletedAt.Valid || m.Kind != chat.KindFragment) {
+			add(0, "message %s is marked redacted but is not an emptied deleted draft", m.MessageID)
 		}
 	}
 	return vs, nil

@@ -11,7 +11,8 @@ import (
 // Row types mirror the tables; they convert to the domain types of chat.
 
 const threadCols = `thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
-	forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at`
+	forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at,
+	events_purged_through, events_purged_version, events_purged_ts`
 
 type threadRow struct {
 	ThreadID               string         `db:"thread_id"`
@@ -24,6 +25,10 @@ type threadRow struct {
 	ForkedFromCheckpointID sql.NullString `db:"forked_from_checkpoint_id"`
 	CreatedAt              int64          `db:"created_at"`
 	UpdatedAt              int64          `db:"updated_at"`
+	// The event log's purge watermark (see PurgeEvents).
+	EventsPurgedThrough int64 `db:"events_purged_through"`
+	EventsPurgedVersion int64 `db:"events_purged_version"`
+	EventsPurgedTS      int64 `db:"events_purged_ts"`
 }
 
 func (r threadRow) thread() chat.Thread {
@@ -79,7 +84,7 @@ func (r checkpointRow) checkpoint() (chat.Checkpoint, error) {
 }
 
 const messageCols = `message_id, thread_id, role, kind, content, state_version, checkpoint_id, run_id,
-	fragment_of, created_at`
+	fragment_of, created_at, deleted_at, redacted_at`
 
 type messageRow struct {
 	MessageID    string         `db:"message_id"`
@@ -92,6 +97,8 @@ type messageRow struct {
 	RunID        sql.NullString `db:"run_id"`
 	FragmentOf   sql.NullString `db:"fragment_of"`
 	CreatedAt    int64          `db:"created_at"`
+	DeletedAt    sql.NullInt64  `db:"deleted_at"`  // a draft removed from history
+	RedactedAt   sql.NullInt64  `db:"redacted_at"` // its text purged (see RedactDeletedDrafts)
 }
 
 func (r messageRow) message() (chat.Message, error) {

@@ -86,7 +86,8 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 }
 
 // DeleteDraft removes a saved fragment from history: a new head checkpoint
-// without it and message.deleted. The message row stays for audit.
+// without it and message.deleted. The message row stays for audit, marked
+// deleted_at, until the draft TTL redacts its text (RedactDeletedDrafts).
 func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
 	var out chat.DraftDeleted
 	err := s.write(ctx, func(t *txn) error {
@@ -123,6 +124,9 @@ func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID str
 		if err := t.append(ev); err != nil {
 			return err
 		}
+		if _, err := t.exec(`UPDATE messages SET deleted_at = ? WHERE message_id = ?`, ms(t.now), messageID); err != nil {
+			return fmt.Errorf("mark draft deleted: %w", err)
+		}
 		cp, err := t.addCheckpoint(c, chat.Checkpoint{
 			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
 			MessageIDs:     slices.Delete(slices.Clone(head.MessageIDs), i, i+1),
@@ -142,7 +146,10 @@ func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID str
 const MaxReplay = 20000
 
 // Events reads the thread's durable events from the log and its deltas from
-// the stream buffer with seq > after, merged in seq order.
+// the stream buffer with seq > after, merged in seq order. It answers
+// without events and not Complete when it cannot give every event after
+// after: deltas purged from the stream buffer, or after below the thread's
+// event-log watermark (PurgeEvents); the reader then needs a snapshot.
 func (s *Store) Events(ctx context.Context, userID, threadID string, after int64) (chat.Replay, error) {
 	var out chat.Replay
 	err := s.read(ctx, func(q *sqlx.Tx) error {
@@ -157,7 +164,7 @@ func (s *Store) Events(ctx context.Context, userID, threadID string, after int64
 			out.Complete = after == row.LastSeq
 			return nil
 		}
-		if row.LastSeq-after > MaxReplay {
+		if row.LastSeq-after > MaxReplay || after < row.EventsPurgedThrough {
 			return nil
 		}
 		var durable []struct {

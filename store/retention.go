@@ -1,0 +1,347 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// Retention per artifact class. Besides the stream buffer (PurgeStream),
+// three classes age out, each by its own method taking the cutoff (what is
+// older than before goes):
+//
+//   - PurgeEvents: the event log, per thread a prefix of seqs; a thread's
+//     watermark records what went (see below).
+//   - PurgeCancelAudit: cancel audit rows of finished runs.
+//   - RedactDeletedDrafts: the text of deleted drafts; the row stays.
+//
+// None of them changes conversation state: no state_version bump, no event.
+// Each works in short write transactions of at most purgeBatch rows and
+// stops after purgeMaxBatches of them; what is left goes at the next call.
+
+var (
+	purgeBatch      = 1000
+	purgeMaxBatches = 100
+)
+
+const terminalStatuses = `('completed', 'failed', 'cancelled')`
+
+// PurgeEvents deletes, per thread, the oldest durable events with ts before
+// before, as a prefix of seqs that stops
+//
+//   - at the first event not older than before,
+//   - before the first event of a run that is not finished, and
+//   - before the thread's last event, which always stays (its state_version
+//     is the thread's).
+//
+// The thread's watermark then says what went: events_purged_through (no
+// event with a seq at or below it remains), events_purged_version (that
+// event's state_version) and events_purged_ts (the latest ts purged). A
+// replay from below the watermark answers with a gap (see Events); Check
+// uses it to tell purged from missing. It reports how many events went.
+func (s *Store) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
+	cutoff := ms(before)
+	var total int64
+	batches := 0
+	from := ""
+	for batches < purgeMaxBatches {
+		// Threads whose first remaining event could go, read without the
+		// writer; each is checked again in the write transaction.
+		var threads []string
+		err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT t.thread_id FROM threads t
+			JOIN events f ON f.thread_id = t.thread_id AND f.seq = (SELECT MIN(e.seq) FROM events e
+				WHERE e.thread_id = t.thread_id AND e.seq > t.events_purged_through)
+			LEFT JOIN runs r ON r.run_id = f.run_id
+			WHERE t.thread_id > ? AND t.created_at < ? AND f.ts < ?
+			AND (r.run_id IS NULL OR r.status IN `+terminalStatuses+`)
+			AND f.seq < (SELECT MAX(e.seq) FROM events e WHERE e.thread_id = t.thread_id)
+			ORDER BY t.thread_id LIMIT ?`), from, cutoff, cutoff, purgeBatch)
+		if err != nil {
+			return total, fmt.Errorf("find threads to purge: %w", err)
+		}
+		if len(threads) == 0 {
+			break
+		}
+		from = threads[len(threads)-1]
+		for i := 0; i < len(threads) && batches < purgeMaxBatches; batches++ {
+			var n int64
+			err := s.write(ctx, func(t *txn) error {
+				for i < len(threads) && n < int64(purgeBatch) {
+					d, more, err := t.purgeThreadEvents(threads[i], cutoff, int64(purgeBatch)-n)
+					if err != nil {
+						return err
+					}
+					n += d
+					if !more {
+						i++
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return total, err
+			}
+			total += n
+		}
+		if len(threads) < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// purgeThreadEvents deletes at most budget events of one thread's purgeable
+// prefix and moves its watermark; more reports that the budget ran out.
+func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, bool, error) {
+	var mark struct {
+		Through int64 `db:"events_purged_through"`
+		TS      int64 `db:"events_purged_ts"`
+	}
+	if err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`, threadID); err != nil {
+		return 0, false, fmt.Errorf("load purge watermark: %w", err)
+	}
+	var bounds struct {
+		Last   sql.NullInt64 `db:"last_seq"`
+		Young  sql.NullInt64 `db:"young_seq"`
+		Active sql.NullInt64 `db:"active_seq"`
+	}
+	if err := t.get(&bounds, `SELECT
+		(SELECT MAX(seq) FROM events WHERE thread_id = ?) AS last_seq,
+		(SELECT seq FROM events WHERE thread_id = ? AND seq > ? AND ts >= ? ORDER BY seq LIMIT 1) AS young_seq,
+		(SELECT MIN(e.seq) FROM runs r JOIN events e ON e.run_id = r.run_id AND e.thread_id = r.thread_id
+			WHERE r.thread_id = ? AND r.status NOT IN `+terminalStatuses+`) AS active_seq`,
+		threadID, threadID, mark.Through, cutoff, threadID); err != nil {
+		return 0, false, fmt.Errorf("bound purge: %w", err)
+	}
+	if !bounds.Last.Valid {
+		return 0, false, nil
+	}
+	upTo := bounds.Last.Int64 - 1
+	if bounds.Young.Valid {
+		upTo = min(upTo, bounds.Young.Int64-1)
+	}
+	if bounds.Active.Valid {
+		upTo = min(upTo, bounds.Active.Int64-1)
+	}
+	var rows []struct {
+		Seq          int64 `db:"seq"`
+		StateVersion int64 `db:"state_version"`
+		TS           int64 `db:"ts"`
+	}
+	if err := t.sel(&rows, `SELECT seq, state_version, ts FROM events WHERE thread_id = ? AND seq > ? AND seq <= ?
+		ORDER BY seq LIMIT ?`, threadID, mark.Through, upTo, budget); err != nil {
+		return 0, false, fmt.Errorf("list events to purge: %w", err)
+	}
+	if len(rows) == 0 {
+		return 0, false, nil
+	}
+	last := rows[len(rows)-1]
+	maxTS := mark.TS
+	for _, r := range rows {
+		maxTS = max(maxTS, r.TS)
+	}
+	res, err := t.exec(`DELETE FROM events WHERE thread_id = ? AND seq > ? AND seq <= ?`, threadID, mark.Through, last.Seq)
+	if err != nil {
+		return 0, false, fmt.Errorf("purge events: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != int64(len(rows)) {
+		return 0, false, fmt.Errorf("purge events of thread %s: deleted %d, expected %d", threadID, n, len(rows))
+	}
+	if _, err := t.exec(`UPDATE threads SET events_purged_through = ?, events_purged_version = ?, events_purged_ts = ?
+		WHERE thread_id = ?`, last.Seq, last.StateVersion, maxTS, threadID); err != nil {
+		return 0, false, fmt.Errorf("move purge watermark: %w", err)
+	}
+	return int64(len(rows)), int64(len(rows)) == budget, nil
+}
+
+// PurgeCancelAudit deletes cancel audit rows requested before before whose
+// run is finished, and reports how many went.
+func (s *Store) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for range purgeMaxBatches {
+		var n int64
+		err := s.write(ctx, func(t *txn) error {
+			res, err := t.exec(`DELETE FROM cancel_audit WHERE audit_id IN (SELECT a.audit_id FROM cancel_audit a
+				JOIN runs r ON r.run_id = a.run_id
+				WHERE a.requested_at < ? AND r.status IN `+terminalStatuses+` ORDER BY a.requested_at LIMIT ?)`,
+				ms(before), purgeBatch)
+			if err != nil {
+				return fmt.Errorf("purge cancel audit: %w", err)
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < int64(purgeBatch) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// RedactDeletedDrafts purges the text of drafts deleted before before: the
+// message's content and the content in its message.published event become
+// "" (ids, fragment_of and the event stay, so every invariant still holds)
+// and redacted_at is set. A draft whose id is in the head checkpoint of its
+// thread or of a fork of it is history again and keeps its text. It reports
+// how many drafts were redacted.
+func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	var afterAt int64 = -1 << 62
+	afterID := ""
+	for range purgeMaxBatches {
+		var n, seen int
+		err := s.write(ctx, func(t *txn) error {
+			var drafts []struct {
+				MessageID string `db:"message_id"`
+				ThreadID  string `db:"thread_id"`
+				DeletedAt int64  `db:"deleted_at"`
+			}
+			if err := t.sel(&drafts, `SELECT message_id, thread_id, deleted_at FROM messages
+				WHERE deleted_at IS NOT NULL AND redacted_at IS NULL AND kind = ? AND deleted_at < ?
+				AND (deleted_at > ? OR (deleted_at = ? AND message_id > ?))
+				ORDER BY deleted_at, message_id LIMIT ?`,
+				chat.KindFragment, ms(before), afterAt, afterAt, afterID, purgeBatch); err != nil {
+				return fmt.Errorf("find deleted drafts: %w", err)
+			}
+			seen = len(drafts)
+			for _, d := range drafts {
+				afterAt, afterID = d.DeletedAt, d.MessageID
+				inHead, err := t.inSomeHead(d.ThreadID, d.MessageID)
+				if err != nil {
+					return err
+				}
+				if inHead {
+					continue
+				}
+				if err := t.redactDraft(d.ThreadID, d.MessageID); err != nil {
+					return err
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int64(n)
+		if seen < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// inSomeHead reports whether a message of threadID is in the head
+// checkpoint of that thread or of a thread forked from it (at any depth):
+// only those copy its id.
+func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
+	var heads []string
+	if err := t.sel(&heads, `WITH RECURSIVE lineage (thread_id) AS (
+			SELECT CAST(? AS TEXT)
+			UNION
+			SELECT th.thread_id FROM threads th JOIN lineage l ON th.forked_from_thread_id = l.thread_id
+		)
+		SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
+		JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`, threadID); err != nil {
+		return false, fmt.Errorf("find heads holding a draft: %w", err)
+	}
+	for _, raw := range heads {
+		var ids []string
+		if err := json.Unmarshal([]byte(raw), &ids); err != nil {
+			return false, fmt.Errorf("head message_ids: %w", err)
+		}
+		if slices.Contains(ids, messageID) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// redactDraft empties a draft's text in its row and in its message.published
+// event (when the event log still holds it).
+func (t *txn) redactDraft(threadID, messageID string) error {
+	if _, err := t.exec(`UPDATE messages SET content = '', redacted_at = ? WHERE message_id = ?`, ms(t.now), messageID); err != nil {
+		return fmt.Errorf("redact draft: %w", err)
+	}
+	var evs []struct {
+		Seq     int64  `db:"seq"`
+		Payload string `db:"payload"`
+	}
+	if err := t.sel(&evs, `SELECT seq, payload FROM events WHERE thread_id = ? AND message_id = ? AND type = ?`,
+		threadID, messageID, chat.EventMessagePublished); err != nil {
+		return fmt.Errorf("load draft event: %w", err)
+	}
+	for _, ev := range evs {
+		payload, err := redactPublished([]byte(ev.Payload))
+		if err != nil {
+			return fmt.Errorf("redact message.published seq %d of thread %s: %w", ev.Seq, threadID, err)
+		}
+		if _, err := t.exec(`UPDATE events SET payload = ? WHERE thread_id = ? AND seq = ?`, string(payload), threadID, ev.Seq); err != nil {
+			return fmt.Errorf("redact draft event: %w", err)
+		}
+	}
+	return nil
+}
+
+// redactPublished returns a message.published payload with the message's
+// content "" and everything else unchanged. It re-encodes the event as the
+// store writes it (same field order); a payload that does not round-trip
+// so is rewritten field by field instead.
+func redactPublished(payload []byte) ([]byte, error) {
+	var want map[string]any
+	if err := json.Unmarshal(payload, &want); err != nil {
+		return nil, err
+	}
+	msg, ok := want["message"].(map[string]any)
+	if !ok {
+		return nil, errors.New("no message object")
+	}
+	msg["content"] = ""
+
+	var p struct {
+		Type         string `json:"type"`
+		ThreadID     string `json:"thread_id"`
+		Seq          int64  `json:"seq"`
+		TS           int64  `json:"ts"`
+		StateVersion int64  `json:"state_version"`
+		RunID        string `json:"run_id"`
+		chat.MessagePublishedBody
+	}
+	if err := json.Unmarshal(payload, &p); err == nil {
+		p.Message.Content = ""
+		ev := chat.Event{Type: p.Type, ThreadID: p.ThreadID, Seq: p.Seq, TS: p.TS, StateVersion: p.StateVersion,
+			RunID: p.RunID, Body: p.MessagePublishedBody}
+		if err := ev.Encode(); err == nil {
+			var got map[string]any
+			if json.Unmarshal(ev.Raw, &got) == nil && reflect.DeepEqual(got, want) {
+				return ev.Raw, nil
+			}
+		}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &fields); err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(fields["message"], &m); err != nil {
+		return nil, err
+	}
+	m["content"] = json.RawMessage(`""`)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	fields["message"] = b
+	return json.Marshal(fields)
+}
