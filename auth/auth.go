@@ -1,0 +1,239 @@
+// Package auth decides who is calling. It knows three modes — none (one
+// local user), password (accounts, bcrypt, session cookies) and header (a
+// trusted reverse proxy names the user) — plus API tokens for programs in
+// the last two. It turns a request into a chat.Principal or an
+// unauthorized error; what to do with either (a JSON 401, a redirect to the
+// sign-in page) is the caller's business.
+//
+// An Authenticator is safe for concurrent use. It keeps no per-request
+// state; the sign-in limiter is its only shared mutable state and has its
+// own lock.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// Mode is how users prove who they are.
+type Mode string
+
+// The modes.
+const (
+	ModeNone     Mode = "none"
+	ModePassword Mode = "password"
+	ModeHeader   Mode = "header"
+)
+
+// ParseMode accepts none, password or header.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeNone, ModePassword, ModeHeader:
+		return m, nil
+	}
+	return "", fmt.Errorf("-auth %q: use none, password or header", s)
+}
+
+// Store is the account storage the Authenticator needs (package store).
+type Store interface {
+	UserByName(ctx context.Context, name string) (chat.User, string, error)
+	EnsureUser(ctx context.Context, name string) (chat.User, error)
+	CreateSession(ctx context.Context, sessionHash, userID string, expires time.Time) error
+	SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error)
+	DeleteSession(ctx context.Context, sessionHash string) error
+	TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error)
+}
+
+// Config configures an Authenticator.
+type Config struct {
+	Mode  Mode
+	Store Store
+	// ProxyHeader names the user in header mode (default X-Forwarded-User).
+	ProxyHeader string
+	// TrustedProxies are the addresses whose ProxyHeader, X-Forwarded-For
+	// and X-Forwarded-Proto are believed. Required in header mode.
+	TrustedProxies []netip.Prefix
+	// SessionTTL is how long a sign-in lasts (default 7 days). Sessions
+	// do not slide: after it the user signs in again.
+	SessionTTL time.Duration
+	// SecureCookies forces the Secure cookie attribute; it is set anyway
+	// when the request came over TLS or a trusted proxy says https.
+	SecureCookies bool
+	// BcryptCost for new password hashes (default bcrypt.DefaultCost).
+	BcryptCost int
+	// Limits of the sign-in limiter (defaults in limiter.go).
+	Limiter LimiterConfig
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
+}
+
+// Authenticator authenticates requests. Create it with New.
+type Authenticator struct {
+	cfg     Config
+	limiter *limiter
+	// dummyHash is compared against when the account does not exist or
+	// has no password, so a wrong name costs as much time as a wrong
+	// password.
+	dummyHash string
+}
+
+// SessionCookie is the name of the session cookie.
+const SessionCookie = "gateway_session"
+
+// New checks cfg and returns an Authenticator.
+func New(cfg Config) (*Authenticator, error) {
+	if cfg.ProxyHeader == "" {
+		cfg.ProxyHeader = "X-Forwarded-User"
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 7 * 24 * time.Hour
+	}
+	if cfg.BcryptCost == 0 {
+		cfg.BcryptCost = defaultCost
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	switch cfg.Mode {
+	case ModeNone, ModePassword:
+	case ModeHeader:
+		if len(cfg.TrustedProxies) == 0 {
+			return nil, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", cfg.ProxyHeader)
+		}
+	default:
+		return nil, fmt.Errorf("unknown auth mode %q", cfg.Mode)
+	}
+	if cfg.Mode != ModeNone && cfg.Store == nil {
+		return nil, fmt.Errorf("auth mode %s needs a store", cfg.Mode)
+	}
+	dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
+	if err != nil {
+		return nil, fmt.Errorf("bcrypt cost %d: %w", cfg.BcryptCost, err)
+	}
+	return &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), dummyHash: string(dummy)}, nil
+}
+
+// Mode reports the configured mode.
+func (a *Authenticator) Mode() Mode { return a.cfg.Mode }
+
+// unauthorized says what to do instead.
+func (a *Authenticator) unauthorized(format string, args ...any) error {
+	return chat.Errorf(chat.CodeUnauthorized, format, args...)
+}
+
+// Authenticate returns the caller of r, or an unauthorized (401) or
+// forbidden (403) *chat.Error that says how to get in. A bearer token is
+// accepted in password and header modes; mode none ignores credentials.
+func (a *Authenticator) Authenticate(r *http.Request) (chat.Principal, error) {
+	if a.cfg.Mode == ModeNone {
+		return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+	}
+	if h := r.Header.Get("Authorization"); h != "" {
+		scheme, token, _ := strings.Cut(h, " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			return chat.Principal{}, a.unauthorized("the Authorization header must be \"Bearer <token>\": create a token with `gateway token create -user NAME`")
+		}
+		return a.token(r.Context(), strings.TrimSpace(token))
+	}
+	switch a.cfg.Mode {
+	case ModeHeader:
+		return a.header(r)
+	default:
+		return a.session(r)
+	}
+}
+
+// Revalidate reports whether p's credential still holds (a session not
+// ended or expired, a token not revoked or expired); long-lived
+// connections call it to end themselves when it no longer does.
+func (a *Authenticator) Revalidate(ctx context.Context, p chat.Principal) error {
+	kind, id, _ := strings.Cut(p.Credential, ":")
+	var err error
+	switch kind {
+	case chat.AuthSession:
+		_, err = a.cfg.Store.SessionUser(ctx, id, a.cfg.Now())
+	case chat.AuthToken:
+		_, _, err = a.cfg.Store.TokenUser(ctx, id, a.cfg.Now())
+	default:
+		return nil
+	}
+	if chat.ErrorCode(err) == chat.CodeNotFound {
+		return a.unauthorized("your %s was ended (signed out, revoked or expired): sign in again", kind)
+	}
+	return err
+}
+
+func (a *Authenticator) session(r *http.Request) (chat.Principal, error) {
+	c, err := r.Cookie(SessionCookie)
+	if err != nil || c.Value == "" {
+		return chat.Principal{}, a.unauthorized("sign in at /login, or send Authorization: Bearer <token> (create one with `gateway token create -user NAME`)")
+	}
+	hash := hashSecret(c.Value)
+	u, err := a.cfg.Store.SessionUser(r.Context(), hash, a.cfg.Now())
+	if chat.ErrorCode(err) == chat.CodeNotFound {
+		return chat.Principal{}, a.unauthorized("your session ended (signed out, expired or password changed): sign in again at /login")
+	}
+	if err != nil {
+		return chat.Principal{}, err
+	}
+	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthSession, Credential: chat.AuthSession + ":" + hash}, nil
+}
+
+func (a *Authenticator) token(ctx context.Context, token string) (chat.Principal, error) {
+	id, secret, ok := strings.Cut(token, ".")
+	if !ok || !strings.HasPrefix(id, chat.PrefixToken) || secret == "" {
+		return chat.Principal{}, a.unauthorized("malformed bearer token: it looks like tok_….…; create one with `gateway token create -user NAME`")
+	}
+	u, want, err := a.cfg.Store.TokenUser(ctx, id, a.cfg.Now())
+	if chat.ErrorCode(err) == chat.CodeNotFound {
+		return chat.Principal{}, a.unauthorized("the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`")
+	}
+	if err != nil {
+		return chat.Principal{}, err
+	}
+	if subtle.ConstantTimeCompare([]byte(hashSecret(secret)), []byte(want)) != 1 {
+		return chat.Principal{}, a.unauthorized("the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`")
+	}
+	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthToken, Credential: chat.AuthToken + ":" + id}, nil
+}
+
+func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
+	if !a.fromTrustedProxy(r) {
+		return chat.Principal{}, a.unauthorized("this server takes identities only from its reverse proxy: go through it, or use a bearer token")
+	}
+	raw := r.Header.Get(a.cfg.ProxyHeader)
+	if raw == "" {
+		return chat.Principal{}, a.unauthorized("the proxy sent no %s header: sign in through the proxy", a.cfg.ProxyHeader)
+	}
+	name, err := NormalizeName(raw)
+	if err != nil {
+		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy's %s is not a usable user name: %v", a.cfg.ProxyHeader, err)
+	}
+	u, err := a.cfg.Store.EnsureUser(r.Context(), name)
+	if err != nil {
+		return chat.Principal{}, err
+	}
+	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthHeader}, nil
+}
+
+// hashSecret is the stored form of a high-entropy secret (session cookie,
+// token secret): SHA-256, hex. Passwords use bcrypt instead.
+func hashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// PasswordSignIn reports whether users sign in with a password on /login.
+func (a *Authenticator) PasswordSignIn() bool { return a.cfg.Mode == ModePassword }
