@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/honestcancel/gateway/chat"
 )
 
-// maxBody bounds a request body.
+// maxBody bounds a request body (the largest valid one, a run.start with a
+// 32768-byte user_message, is at most about 200 KiB even fully escaped);
+// over it the answer is invalid_request, read no further.
 const maxBody = 1 << 20
 
 // httpStatus maps each protocol error code to its HTTP status. It is the only
@@ -67,8 +70,14 @@ func (s *Server) reply(w http.ResponseWriter, status int, answer any, err error)
 	writeJSON(w, status, answer)
 }
 
+// writeError writes err in the protocol's error shape; a rate_limited
+// error that knows when to retry (retry_after_seconds) also sets
+// Retry-After.
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	status, body := ErrorBody(err, log)
+	if secs, ok := body["retry_after_seconds"].(int); ok && status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+	}
 	writeJSON(w, status, body)
 }
 
@@ -151,7 +160,7 @@ func exactFields(body []byte, dst any) error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !known[k] {
-			return chat.Invalid("unknown field %q: field names are case-sensitive; check them in the API documentation", k)
+			return chat.Invalid("unknown field %s: field names are case-sensitive; check them in the API documentation", quoteShort(k))
 		}
 	}
 	return nil
@@ -185,7 +194,11 @@ func jsonError(err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return chat.Invalid("malformed JSON: the body ends early")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return chat.Invalid("unknown field %s: check the field names in the API documentation", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		if unq, err := strconv.Unquote(name); err == nil {
+			name = unq
+		}
+		return chat.Invalid("unknown field %s: check the field names in the API documentation", quoteShort(name))
 	}
 	return chat.Invalid("malformed JSON: %v", err)
 }

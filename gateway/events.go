@@ -19,8 +19,22 @@ const subscriberBuffer = 1024
 // client missed (from Last-Event-ID or after_seq; a snapshot when the gap
 // cannot be filled or no position was given), then live events, each seq
 // exactly once and in order.
+//
+// A stream holds one of its user's connection slots (MaxConnsPerUser, shared
+// with WebSocket connections) while it is open; past the bound it is
+// refused with 429 rate_limited before anything else is looked at.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	threadID := r.PathValue("id")
+	user := userID(r)
+	if err := s.limits.join(user); err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	defer s.limits.leave(user)
+	threadID, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
 	after := int64(-1)
 	// Last-Event-ID wins over after_seq (a reconnecting EventSource sends
 	// it with the original URL), so after_seq is only read without it.
@@ -39,7 +53,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
-	user := userID(r)
 	// Subscribe before reading the store: every event committed after the
 	// read arrives live; the seq check drops what the read already had.
 	sub := s.subscribe(threadID, subscriberBuffer)

@@ -18,7 +18,12 @@ func (s *Server) saveFragment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	p, err := req.command(userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	p, err := req.command(userID(r), id)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -32,6 +37,8 @@ func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragme
 	switch {
 	case req.MessageID == nil || *req.MessageID == "":
 		return chat.SaveFragment{}, chat.Invalid("message_id is required: the id of the streamed message to save")
+	case len(*req.MessageID) > MaxIDBytes:
+		return chat.SaveFragment{}, checkID("message_id", *req.MessageID)
 	case req.LastSeq == nil || *req.LastSeq < 1:
 		return chat.SaveFragment{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
 	case req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0:
@@ -53,11 +60,19 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	if err := req.validate(); err != nil {
+	threadID, err := pathID(r, "id", "thread_id")
+	var messageID string
+	if err == nil {
+		messageID, err = pathID(r, "message_id", "message_id")
+	}
+	if err == nil {
+		err = req.validate()
+	}
+	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	ack, err := s.store.DeleteDraft(r.Context(), userID(r), r.PathValue("id"), r.PathValue("message_id"), *req.ExpectedStateVersion)
+	ack, err := s.store.DeleteDraft(r.Context(), userID(r), threadID, messageID, *req.ExpectedStateVersion)
 	s.reply(w, http.StatusOK, ack, err)
 }
 
@@ -87,11 +102,15 @@ func (s *Server) decide(confirm bool) http.HandlerFunc {
 			writeError(w, s.log, err)
 			return
 		}
-		if err := req.validate(); err != nil {
+		id, err := pathID(r, "id", "operation_id")
+		if err == nil {
+			err = req.validate()
+		}
+		if err != nil {
 			writeError(w, s.log, err)
 			return
 		}
-		ack, err := s.runs.DecideOperation(r.Context(), userID(r), r.PathValue("id"), *req.ExpectedStateVersion, confirm)
+		ack, err := s.runs.DecideOperation(r.Context(), userID(r), id, *req.ExpectedStateVersion, confirm)
 		s.reply(w, http.StatusOK, ack, err)
 	}
 }

@@ -126,7 +126,8 @@ func newFuzzServer() (*Server, *fuzzFake) {
 	s := New(Config{Store: fake, Runs: fake, Feed: fake,
 		Subscribe: func(string, int) Subscription { panic("fuzz: no SSE") },
 		// No rate limit: every frame must reach the decoder.
-		WS: WSConfig{CommandRate: 1e12, CommandBurst: 1 << 40}})
+		WS: WSConfig{CommandRate: 1e12, CommandBurst: 1 << 40,
+			UserCommandRate: 1e12, UserCommandBurst: 1 << 40, CancelRate: 1e12, CancelBurst: 1 << 40}})
 	return s, fake
 }
 
@@ -311,7 +312,7 @@ func FuzzWSCommand(f *testing.F) {
 		roundTrip(t, data, &env)
 
 		// The whole command path of one connection.
-		c := newWSConn(s.ws, nil, chat.LocalUserID)
+		c := newWSConn(s.ws, nil, chat.Principal{UserID: chat.LocalUserID, Method: chat.AuthLocal})
 		defer c.cancel()
 		fake.take()
 		c.command(data)
@@ -338,6 +339,9 @@ func FuzzWSCommand(f *testing.F) {
 			if raw, ok := head["type"]; ok {
 				_ = json.Unmarshal(raw, &typ)
 			}
+		}
+		if len(id) > MaxCommandIDBytes {
+			id = "" // refused without echoing it
 		}
 		if re, _ := answer["re"].(string); re != id {
 			t.Fatalf("answer re = %q, want the frame's id %q: %s", re, id, frames[0])

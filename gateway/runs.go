@@ -20,7 +20,12 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	p, err := req.command(userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	p, err := req.command(userID(r), id)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -48,6 +53,9 @@ func (req startRunRequest) command(userID, threadID string) (chat.StartRun, erro
 		if *req.ResumeFromCheckpointID == "" {
 			return p, chat.Invalid("resume_from_checkpoint_id must not be empty: omit it to continue from the head")
 		}
+		if err := checkID("resume_from_checkpoint_id", *req.ResumeFromCheckpointID); err != nil {
+			return p, err
+		}
 		p.ResumeFromCheckpointID = *req.ResumeFromCheckpointID
 	}
 	if req.ClientRequestID != nil {
@@ -60,7 +68,12 @@ func (req startRunRequest) command(userID, threadID string) (chat.StartRun, erro
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
-	run, err := s.store.Run(r.Context(), userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "run_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	run, err := s.store.Run(r.Context(), userID(r), id)
 	s.reply(w, http.StatusOK, run, err)
 }
 
@@ -75,7 +88,12 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	p, err := req.command(userID(r), r.PathValue("id"), "api:"+clientName(r))
+	id, err := pathID(r, "id", "run_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	p, err := req.command(userID(r), id, "api:"+clientName(r))
 	if err != nil {
 		writeError(w, s.log, err)
 		return

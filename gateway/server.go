@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -54,8 +55,20 @@ type Feed interface {
 	Remove(threadID string, sink chat.EventSink)
 }
 
+// Authenticator tells who is calling (package auth).
+type Authenticator interface {
+	// Authenticate returns the caller, or an unauthorized, forbidden or
+	// rate_limited *chat.Error saying how to get in.
+	Authenticate(r *http.Request) (chat.Principal, error)
+	// Revalidate reports whether a connection's credential still holds.
+	Revalidate(ctx context.Context, p chat.Principal) error
+}
+
 // Config wires a Server.
 type Config struct {
+	// Auth authenticates every /api and /ws request; nil serves everyone
+	// as the one local user (auth mode none).
+	Auth      Authenticator
 	Store     Store
 	Runs      Runs
 	Subscribe Subscribe
@@ -67,9 +80,11 @@ type Config struct {
 	WS WSConfig
 }
 
-// Server serves the API. It holds no per-request state; it is safe for
-// concurrent use.
+// Server serves the API. It holds no per-request state; its shared state
+// is the WebSocket hub and the per-user limits (limits.go), each guarded by
+// its own lock. It is safe for concurrent use.
 type Server struct {
+	auth      Authenticator
 	store     Store
 	runs      Runs
 	subscribe Subscribe
@@ -78,6 +93,7 @@ type Server struct {
 	keepAlive time.Duration
 	ready     atomic.Bool
 	ws        *wsHub
+	limits    *userLimits
 }
 
 // New returns a Server; it answers /readyz 503 until SetReady(true).
@@ -88,8 +104,13 @@ func New(cfg Config) *Server {
 	if cfg.KeepAlive <= 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
-	s := &Server{store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive}
-	s.ws = newWSHub(s, cfg.WS.withDefaults())
+	if cfg.Auth == nil {
+		cfg.Auth = localAuth{}
+	}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive}
+	ws := cfg.WS.withDefaults()
+	s.limits = newUserLimits(ws)
+	s.ws = newWSHub(s, ws)
 	return s
 }
 
@@ -102,25 +123,29 @@ func (s *Server) Routes(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.HandleFunc("GET /ws", s.ws.serve)
+	mux.Handle("GET /ws", s.authed(s.ws.serve))
 
-	mux.Handle("POST /api/threads", s.guard(s.createThread))
-	mux.HandleFunc("GET /api/threads", s.listThreads)
-	mux.HandleFunc("GET /api/threads/{id}", s.getThread)
-	mux.Handle("POST /api/threads/{id}/runs", s.guard(s.startRun))
-	mux.HandleFunc("GET /api/runs/{id}", s.getRun)
-	mux.Handle("POST /api/runs/{id}/cancel", s.guard(s.cancelRun))
-	mux.Handle("POST /api/threads/{id}/fragments", s.guard(s.saveFragment))
-	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", s.guard(s.deleteDraft))
-	mux.Handle("POST /api/threads/{id}/fork", s.guard(s.fork))
-	mux.HandleFunc("GET /api/threads/{id}/operations", s.listOperations)
-	mux.Handle("POST /api/operations/{id}/confirm", s.guard(s.decide(true)))
-	mux.Handle("POST /api/operations/{id}/reject", s.guard(s.decide(false)))
-	mux.HandleFunc("GET /api/threads/{id}/checkpoints", s.listCheckpoints)
-	mux.HandleFunc("GET /api/threads/{id}/events", s.events)
-	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+	// State-changing requests: cross-site ones refused, then charged to
+	// the user's command budget (a cancel to its own reserve, see
+	// WSConfig.CancelRate) before anything of them is read.
+	post := func(h http.HandlerFunc) http.Handler { return s.authed(s.guard(s.limited(false, h))) }
+	mux.Handle("POST /api/threads", post(s.createThread))
+	mux.Handle("GET /api/threads", s.authed(s.listThreads))
+	mux.Handle("GET /api/threads/{id}", s.authed(s.getThread))
+	mux.Handle("POST /api/threads/{id}/runs", post(s.startRun))
+	mux.Handle("GET /api/runs/{id}", s.authed(s.getRun))
+	mux.Handle("POST /api/runs/{id}/cancel", s.authed(s.guard(s.limited(true, s.cancelRun))))
+	mux.Handle("POST /api/threads/{id}/fragments", post(s.saveFragment))
+	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", post(s.deleteDraft))
+	mux.Handle("POST /api/threads/{id}/fork", post(s.fork))
+	mux.Handle("GET /api/threads/{id}/operations", s.authed(s.listOperations))
+	mux.Handle("POST /api/operations/{id}/confirm", post(s.decide(true)))
+	mux.Handle("POST /api/operations/{id}/reject", post(s.decide(false)))
+	mux.Handle("GET /api/threads/{id}/checkpoints", s.authed(s.listCheckpoints))
+	mux.Handle("GET /api/threads/{id}/events", s.authed(s.events))
+	mux.Handle("/api/", s.authed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, chat.Errorf(chat.CodeNotFound, "no API endpoint %s %s: see the README's API section", r.Method, r.URL.Path))
-	})
+	}))
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -135,14 +160,40 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // site (cross-site request forgery): Go's CrossOriginProtection, answering
 // in the protocol's error shape. Programs (no Origin or Sec-Fetch-Site
 // header) and same-origin pages pass.
-func (s *Server) guard(h http.HandlerFunc) http.Handler {
+func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, chat.Errorf(chat.CodeForbidden, "cross-origin request refused: send it from this server's own pages, or from a program without an Origin header"))
 	}))
-	return cop.Handler(h)
+	return cop.Handler(h).ServeHTTP
 }
 
-// userID is the caller. Until accounts exist everything belongs to the one
-// local user.
-func userID(*http.Request) string { return chat.LocalUserID }
+// authed runs h for authenticated callers only, with the caller in the
+// request's context; everybody else gets the authenticator's error (401,
+// 403 or 429) and nothing runs.
+func (s *Server) authed(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.auth.Authenticate(r)
+		if err == nil && p.UserID == "" {
+			err = errors.New("authenticator returned a caller without a user id")
+		}
+		if err != nil {
+			writeError(w, s.log, err)
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(chat.NewContextWithPrincipal(r.Context(), p)))
+	})
+}
+
+// userID is the authenticated caller ("" if authed did not run, which the
+// store answers with not_found).
+func userID(r *http.Request) string { return chat.UserIDFromContext(r.Context()) }
+
+// localAuth is auth mode none: everyone is the one local user.
+type localAuth struct{}
+
+func (localAuth) Authenticate(*http.Request) (chat.Principal, error) {
+	return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+}
+
+func (localAuth) Revalidate(context.Context, chat.Principal) error { return nil }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"unicode/utf8"
@@ -8,12 +9,36 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// Limits on what a client may send.
+// Limits on what a client may send. Every string a client sends has one;
+// over it the answer is invalid_request with a message naming the field
+// and the limit, and nothing is executed.
+//
+//	title                       1–200 bytes (POST /api/threads)
+//	user_message                1–32768 bytes (run.start)
+//	reason                      1–200 bytes (run.cancel)
+//	client_request_id           1–128 bytes (run.start)
+//	tab_id                      1–64 of A–Z a–z 0–9 . _ : - (hello)
+//	id (a WebSocket command's)  1–128 bytes (MaxCommandIDBytes)
+//	type (a WebSocket command)  one of the protocol's command types
+//	any id of an object         1–64 bytes: thread_id, run_id, message_id,
+//	                            resume_from_checkpoint_id,
+//	                            from_checkpoint_id, operation_id, in a
+//	                            body, a command or a path segment
+//	cursor (GET /api/threads)   at most 128 bytes
+//	a request body              at most 1 MiB (maxBody)
+//	a WebSocket frame           at most WSConfig.ReadLimit (1 MiB; over it
+//	                            the connection closes with 1009)
+//
+// A saved fragment's text is not sent by the client: the server takes it
+// from the deltas it streamed (up to last_seq).
 const (
 	MaxTitleBytes       = 200
 	MaxUserMessageBytes = 32768
 	MaxReasonBytes      = 200
 	MaxClientRequestID  = 128
+	MaxTabIDBytes       = 64
+	MaxIDBytes          = 64
+	MaxCursorBytes      = 128
 	DefaultThreadPage   = 50
 	MaxThreadPage       = 200
 )
@@ -50,20 +75,30 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	threads, next, err := s.store.ListThreads(r.Context(), userID(r), limit, r.URL.Query().Get("cursor"))
+	cursor := r.URL.Query().Get("cursor")
+	if len(cursor) > MaxCursorBytes {
+		writeError(w, s.log, chat.Invalid("cursor is %d bytes; the maximum is %d: pass back the next_cursor this server gave out", len(cursor), MaxCursorBytes))
+		return
+	}
+	threads, next, err := s.store.ListThreads(r.Context(), userID(r), limit, cursor)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	var cursor *string
+	var nextCursor *string
 	if next != "" {
-		cursor = &next
+		nextCursor = &next
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"threads": threads, "next_cursor": cursor})
+	writeJSON(w, http.StatusOK, map[string]any{"threads": threads, "next_cursor": nextCursor})
 }
 
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	snap, err := s.store.Snapshot(r.Context(), userID(r), id)
 	s.reply(w, http.StatusOK, snap, err)
 }
 
@@ -77,11 +112,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	if err := req.validate(); err != nil {
+	id, err := pathID(r, "id", "thread_id")
+	if err == nil {
+		err = req.validate()
+	}
+	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	t, err := s.store.Fork(r.Context(), userID(r), r.PathValue("id"), *req.FromCheckpointID)
+	t, err := s.store.Fork(r.Context(), userID(r), id, *req.FromCheckpointID)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -93,11 +132,16 @@ func (req forkRequest) validate() error {
 	if req.FromCheckpointID == nil || *req.FromCheckpointID == "" {
 		return chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from")
 	}
-	return nil
+	return checkID("from_checkpoint_id", *req.FromCheckpointID)
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
-	head, cps, err := s.store.Checkpoints(r.Context(), userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	head, cps, err := s.store.Checkpoints(r.Context(), userID(r), id)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -106,7 +150,12 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
-	ops, err := s.store.Operations(r.Context(), userID(r), r.PathValue("id"))
+	id, err := pathID(r, "id", "thread_id")
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	ops, err := s.store.Operations(r.Context(), userID(r), id)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -126,4 +175,39 @@ func checkText(field, v string, minBytes, maxBytes int) error {
 		return chat.Invalid("%s is not valid UTF-8", field)
 	}
 	return nil
+}
+
+// checkID validates an object id a client names (thread_id, run_id, …):
+// required, and at most MaxIDBytes (the server's ids are about 30).
+func checkID(field, v string) error {
+	if v == "" {
+		return chat.Invalid("%s is required", field)
+	}
+	if len(v) > MaxIDBytes {
+		return chat.Invalid("%s is %d bytes; ids are at most %d bytes", field, len(v), MaxIDBytes)
+	}
+	return nil
+}
+
+// pathID reads the id in path segment name, checked as field.
+func pathID(r *http.Request, name, field string) (string, error) {
+	v := r.PathValue(name)
+	if err := checkID(field+" (in the path)", v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// quoteShort quotes a client's string for an error message, cut to 64
+// bytes, so that an answer never echoes an arbitrarily large input.
+func quoteShort(v string) string {
+	const n = 64
+	if len(v) <= n {
+		return strconv.Quote(v)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return strconv.Quote(v[:cut]) + fmt.Sprintf("… (%d bytes)", len(v))
 }

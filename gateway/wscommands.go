@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"regexp"
-	"time"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -80,33 +79,58 @@ type subscribeAck struct {
 
 var tabIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 
+// MaxCommandIDBytes bounds a command's client-chosen "id", which every
+// answer echoes in "re". A longer id is refused invalid_request without
+// "re" (it is not echoed).
+const MaxCommandIDBytes = 128
+
 // command runs one client frame and queues exactly one ack or error for it
-// (re = its id when readable), before any event it caused.
+// (re = its id when readable), before any event it caused. Every frame is
+// charged to the rate limits first, unreadable ones included (see admit).
 func (c *wsConn) command(data []byte) {
 	log := c.hub.s.log
 	var head map[string]json.RawMessage
-	if err := json.Unmarshal(data, &head); err != nil || head == nil {
+	parsed := json.Unmarshal(data, &head) == nil && head != nil
+	var re, typ string
+	var idErr error
+	if raw, ok := head["id"]; ok && json.Unmarshal(raw, &re) != nil {
+		re, idErr = "", chat.Invalid("\"id\" must be a string")
+	} else if len(re) > MaxCommandIDBytes {
+		re, idErr = "", chat.Invalid("\"id\" is %d bytes; the maximum is %d", len(re), MaxCommandIDBytes)
+	}
+	typeOK := false
+	if raw, ok := head["type"]; ok {
+		typeOK = json.Unmarshal(raw, &typ) == nil
+	}
+	if err := c.admit(typ); err != nil {
+		c.reply(errorFrame(re, err, log))
+		return
+	}
+	switch {
+	case !parsed:
 		c.reply(errorFrame("", chat.Invalid("a frame must hold one JSON object with \"type\" and \"id\""), log))
 		return
-	}
-	var re, typ string
-	if raw, ok := head["id"]; ok && json.Unmarshal(raw, &re) != nil {
-		c.reply(errorFrame("", chat.Invalid("\"id\" must be a string"), log))
+	case idErr != nil:
+		c.reply(errorFrame("", idErr, log))
 		return
-	}
-	c.mu.Lock()
-	allowed := c.limiter.allow(time.Now())
-	c.mu.Unlock()
-	if !allowed {
-		c.reply(errorFrame(re, chat.Errorf(chat.CodeRateLimited, "too many commands on this connection: slow down and retry this one"), log))
-		return
-	}
-	if raw, ok := head["type"]; !ok || json.Unmarshal(raw, &typ) != nil {
+	case !typeOK:
 		c.reply(errorFrame(re, chat.Invalid("\"type\" is required and must be a string"), log))
 		return
-	}
-	if re == "" {
+	case re == "":
 		c.reply(errorFrame("", chat.Invalid("\"id\" is required: every command needs a client-chosen id"), log))
+		return
+	}
+	// A session or token ended while the connection was open: the command
+	// is not run, the connection closes with 1008 (the writer also
+	// re-checks every ping interval for connections that only listen).
+	if err := c.hub.s.auth.Revalidate(c.ctx, c.principal); err != nil {
+		if chat.ErrorCode(err) == chat.CodeUnauthorized {
+			c.mu.Lock()
+			c.closeLocked(closeAuthEnded, closeAuthEndedReason)
+			c.mu.Unlock()
+			return
+		}
+		c.reply(errorFrame(re, err, log))
 		return
 	}
 	c.hold()
@@ -121,6 +145,34 @@ func (c *wsConn) command(data []byte) {
 	c.release(frame, extra)
 }
 
+// admit charges one frame of type typ ("" when unreadable) to the rate
+// limits: run.cancel to its user's cancel reserve only; anything else to
+// this connection's bucket, then to its user's command bucket (the
+// connection's token is given back when the user's bucket refuses). It
+// returns the rate_limited error to answer with, or nil.
+func (c *wsConn) admit(typ string) error {
+	limits := c.hub.s.limits
+	if typ == "run.cancel" {
+		return limits.take(c.user, true)
+	}
+	now := c.hub.cfg.Now()
+	c.mu.Lock()
+	ok := c.limiter.allow(now)
+	wait := c.limiter.retryAfter()
+	c.mu.Unlock()
+	if !ok {
+		secs := retrySeconds(wait)
+		return chat.Errorf(chat.CodeRateLimited, "too many commands on this connection: wait %d s and retry this one", secs).With("retry_after_seconds", secs)
+	}
+	if err := limits.take(c.user, false); err != nil {
+		c.mu.Lock()
+		c.limiter.refund()
+		c.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // dispatch decodes and runs one command. A subscribe also returns, in
 // extra, what to queue right after its ack (replay or snapshot).
 func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
@@ -133,7 +185,10 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		if cmd.TabID == nil || !tabIDPattern.MatchString(*cmd.TabID) {
-			return nil, chat.Invalid("tab_id is required: 1 to 64 letters, digits or . _ : -")
+			if cmd.TabID != nil && len(*cmd.TabID) > MaxTabIDBytes {
+				return nil, chat.Invalid("tab_id is %d bytes; the maximum is %d (letters, digits or . _ : -)", len(*cmd.TabID), MaxTabIDBytes)
+			}
+			return nil, chat.Invalid("tab_id is required: 1 to %d letters, digits or . _ : -", MaxTabIDBytes)
 		}
 		c.mu.Lock()
 		c.tab = *cmd.TabID
@@ -162,8 +217,12 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		c.mu.Lock()
+		_, watched := c.subs[*cmd.ThreadID]
 		delete(c.subs, *cmd.ThreadID)
 		c.mu.Unlock()
+		if watched {
+			s.limits.unwatch(c.user, 1)
+		}
 		s.feed.Remove(*cmd.ThreadID, c)
 		return struct{}{}, nil
 
@@ -255,7 +314,7 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		}
 		return s.runs.DecideOperation(ctx, c.user, *cmd.OperationID, *cmd.ExpectedStateVersion, typ == "tool.confirm")
 	}
-	return nil, chat.Invalid("unknown command type %q: see the protocol's command list", typ)
+	return nil, chat.Invalid("unknown command type %s: see the protocol's command list", quoteShort(typ))
 }
 
 // subscribe starts delivering a thread's live events to this connection
@@ -265,9 +324,15 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 	s := c.hub.s
 	c.mu.Lock()
 	_, already := c.subs[threadID]
-	if !already && len(c.subs) >= c.hub.cfg.MaxSubscriptions {
-		c.mu.Unlock()
-		return nil, chat.Errorf(chat.CodeRateLimited, "this connection already watches %d threads: unsubscribe from one first", len(c.subs))
+	if !already {
+		if len(c.subs) >= c.hub.cfg.MaxSubscriptions {
+			c.mu.Unlock()
+			return nil, chat.Errorf(chat.CodeRateLimited, "this connection already watches %d threads: unsubscribe from one first", len(c.subs))
+		}
+		if err := s.limits.watch(c.user); err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
 	}
 	c.subs[threadID] = -1
 	c.mu.Unlock()
@@ -282,6 +347,7 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 		c.mu.Lock()
 		delete(c.subs, threadID)
 		c.mu.Unlock()
+		s.limits.unwatch(c.user, 1)
 		s.feed.Remove(threadID, c)
 		return nil, err
 	}
@@ -299,12 +365,12 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 	return subscribeAck{ThreadID: threadID, Recovered: got.recovered, StateVersion: got.stateVersion, LastSeq: got.lastSeq}, nil
 }
 
-// required refuses a missing or empty id field.
+// required refuses a missing, empty or over-long id field.
 func required(field string, v *string) error {
-	if v == nil || *v == "" {
+	if v == nil {
 		return chat.Invalid("%s is required", field)
 	}
-	return nil
+	return checkID(field, *v)
 }
 
 func (c *wsConn) requestedBy() string {

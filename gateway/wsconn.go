@@ -27,10 +27,11 @@ const maxFrame = 256 << 10
 // after the command's ack, so the ack always precedes the events the
 // command caused.
 type wsConn struct {
-	hub  *wsHub
-	ws   *websocket.Conn
-	id   string
-	user string
+	hub       *wsHub
+	ws        *websocket.Conn
+	id        string
+	user      string         // principal.UserID: the owner of everything it touches
+	principal chat.Principal // re-checked every ping interval
 
 	ctx    context.Context // the connection's lifetime; ends when it closes
 	cancel context.CancelFunc
@@ -46,19 +47,22 @@ type wsConn struct {
 	holding     bool
 	held        []*chat.Event
 	heldBytes   int
-	subs        map[string]int64 // thread -> last seq queued (-1 while subscribing)
+	// subs: thread -> last seq queued (-1 while subscribing). Only the
+	// reader adds or removes keys; each key holds one of its user's
+	// subscription slots (userLimits.watch), given back when it goes.
+	subs        map[string]int64
 	closeCode   websocket.StatusCode
 	closeReason string
 	closed      bool
-	limiter     tokenBucket
+	limiter     tokenBucket // this connection's command budget (its user's is in hub.s.limits)
 }
 
-func newWSConn(h *wsHub, ws *websocket.Conn, user string) *wsConn {
+func newWSConn(h *wsHub, ws *websocket.Conn, p chat.Principal) *wsConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &wsConn{
-		hub: h, ws: ws, id: chat.NewID("con_"), user: user, ctx: ctx, cancel: cancel,
+		hub: h, ws: ws, id: chat.NewID("con_"), user: p.UserID, principal: p, ctx: ctx, cancel: cancel,
 		wake: make(chan struct{}, 1), subs: map[string]int64{},
-		limiter: newTokenBucket(h.cfg.CommandRate, h.cfg.CommandBurst),
+		limiter: newTokenBucket(h.cfg.CommandRate, h.cfg.CommandBurst, h.cfg.Now()),
 	}
 }
 
@@ -78,6 +82,7 @@ func (c *wsConn) run() {
 		for _, t := range threads {
 			c.hub.s.feed.Remove(t, c)
 		}
+		c.hub.s.limits.unwatch(c.user, len(threads))
 		c.cancel()
 		writer.Wait()
 		c.ws.CloseNow()
@@ -88,7 +93,11 @@ func (c *wsConn) run() {
 			return
 		}
 		if typ != websocket.MessageText {
-			c.reply(errorFrame("", chat.Invalid("binary frames are not understood: send one JSON object per text frame"), c.hub.s.log))
+			err := c.admit("")
+			if err == nil {
+				err = chat.Invalid("binary frames are not understood: send one JSON object per text frame")
+			}
+			c.reply(errorFrame("", err, c.hub.s.log))
 			continue
 		}
 		c.command(data)
@@ -96,7 +105,9 @@ func (c *wsConn) run() {
 }
 
 // write drains the queue until the connection ends. It pings on an idle
-// interval; a failed write or ping ends the connection.
+// interval; a failed write or ping ends the connection, and so does a
+// credential that no longer holds (signed out, revoked, expired), checked
+// at the same interval.
 func (c *wsConn) write() {
 	defer c.cancel()
 	ping := time.NewTicker(c.hub.cfg.PingInterval)
@@ -108,7 +119,13 @@ func (c *wsConn) write() {
 			return
 		case <-ping.C:
 			ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
-			err := c.ws.Ping(ctx)
+			err := c.hub.s.auth.Revalidate(ctx, c.principal)
+			if chat.ErrorCode(err) == chat.CodeUnauthorized {
+				cancel()
+				c.ws.Close(closeAuthEnded, closeAuthEndedReason)
+				return
+			}
+			err = c.ws.Ping(ctx)
 			cancel()
 			if err != nil {
 				return
@@ -282,24 +299,4 @@ func (c *wsConn) reply(frame []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queueLocked(frame)
-}
-
-// tokenBucket limits commands per connection; used under wsConn.mu.
-type tokenBucket struct {
-	rate, burst, tokens float64
-	last                time.Time
-}
-
-func newTokenBucket(rate float64, burst int) tokenBucket {
-	return tokenBucket{rate: rate, burst: float64(burst), tokens: float64(burst), last: time.Now()}
-}
-
-func (b *tokenBucket) allow(now time.Time) bool {
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
 }

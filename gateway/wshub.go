@@ -15,7 +15,8 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// WSConfig tunes the WebSocket endpoint.
+// WSConfig tunes the WebSocket endpoint and the per-user limits that the
+// HTTP API shares with it (see limits.go). Zero values take the defaults.
 type WSConfig struct {
 	// OriginPatterns lists extra hosts (path.Match patterns, e.g.
 	// "app.example.com") whose pages may connect; same-origin pages and
@@ -33,12 +34,61 @@ type WSConfig struct {
 	// StuckWrite is how long one write may block before the sweeper closes
 	// the connection (default 10s).
 	StuckWrite time.Duration
-	// CommandRate and CommandBurst bound commands per connection (default
-	// 20/s, burst 40); over them a command is answered rate_limited.
+	// CommandRate and CommandBurst bound the frames of one connection
+	// (default 20/s, burst 40), so one tab cannot take its user's whole
+	// budget; over them a command is answered rate_limited. run.cancel is
+	// not charged here (see CancelRate).
 	CommandRate  float64
 	CommandBurst int
 	// MaxSubscriptions bounds the threads one connection watches (default 100).
 	MaxSubscriptions int
+
+	// UserCommandRate and UserCommandBurst bound the commands of one user
+	// over all its WebSocket connections and its state-changing HTTP
+	// requests together (default 60/s, burst 120: three busy tabs at the
+	// per-connection rate, and a burst that lets a page resubscribe to a
+	// hundred threads on reconnect). Over them a WebSocket command is
+	// answered rate_limited with its re, an HTTP request 429 rate_limited
+	// with Retry-After; both carry retry_after_seconds. Nothing of a
+	// refused command is executed.
+	UserCommandRate  float64
+	UserCommandBurst int
+	// CancelRate and CancelBurst are the cancel reserve: run.cancel and
+	// POST /api/runs/{id}/cancel are charged to this bucket of their user
+	// only, never to UserCommand* nor to the connection's CommandRate
+	// (default 20/s, burst 64: every run the engine executes at once by
+	// default, cancelled in one go).
+	//
+	// Why: the product's promise is that Cancel always works. A user whose
+	// own script, runaway tab or reconnect loop floods commands would
+	// otherwise find the one command that stops the damage refused. With a
+	// bucket of its own, no amount of other traffic, on any connection of
+	// the user, can make a cancel rate_limited. It is not unlimited: a
+	// cancel is a database transaction, and HTTP has no per-connection
+	// bucket, so an exempt cancel would be an unbounded write path; only a
+	// flood of cancels themselves can exhaust this bucket, and then the
+	// cancel is refused loudly (rate_limited with retry_after_seconds),
+	// never silently. A repeated cancel of a run already cancelled
+	// answers already_requested and is charged like any other.
+	CancelRate  float64
+	CancelBurst int
+	// MaxConnsPerUser bounds one user's open WebSocket connections and
+	// event streams (GET /api/threads/{id}/events) together (default 32:
+	// plenty of tabs and programs; it stops a reconnect loop from holding
+	// thousands of sockets). Both hold a socket, a goroutine and a live
+	// feed, so they share one bound. Over it the upgrade or the stream is
+	// refused before it starts with 429 rate_limited in the protocol's
+	// JSON error shape; a slot frees when one of them closes.
+	MaxConnsPerUser int
+	// MaxSubscriptionsPerUser bounds the threads one user watches over all
+	// its WebSocket connections (default 500: five connections at
+	// MaxSubscriptions); an event stream watches one thread and counts as
+	// a connection instead. Over it subscribe answers rate_limited and
+	// changes nothing.
+	MaxSubscriptionsPerUser int
+	// Now is the clock of every rate limit (default time.Now); tests move
+	// it.
+	Now func() time.Time
 }
 
 func (c WSConfig) withDefaults() WSConfig {
@@ -63,6 +113,27 @@ func (c WSConfig) withDefaults() WSConfig {
 	if c.MaxSubscriptions <= 0 {
 		c.MaxSubscriptions = 100
 	}
+	if c.UserCommandRate <= 0 {
+		c.UserCommandRate = 60
+	}
+	if c.UserCommandBurst <= 0 {
+		c.UserCommandBurst = 120
+	}
+	if c.CancelRate <= 0 {
+		c.CancelRate = 20
+	}
+	if c.CancelBurst <= 0 {
+		c.CancelBurst = 64
+	}
+	if c.MaxConnsPerUser <= 0 {
+		c.MaxConnsPerUser = 32
+	}
+	if c.MaxSubscriptionsPerUser <= 0 {
+		c.MaxSubscriptionsPerUser = 500
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
@@ -72,6 +143,10 @@ const (
 	// reconnect and subscribe with after_seq = the last seq it applied.
 	closeSlow       = websocket.StatusTryAgainLater
 	closeSlowReason = "too slow: reconnect and subscribe with after_seq"
+	// closeAuthEnded: the connection's session or token was ended; sign
+	// in again before reconnecting.
+	closeAuthEnded       = websocket.StatusPolicyViolation
+	closeAuthEndedReason = "signed out: sign in again"
 	// closeGoingAway: the server is shutting down; reconnect (elsewhere).
 	closeGoingAway       = websocket.StatusGoingAway
 	closeGoingAwayReason = "server shutting down: reconnect"
@@ -121,6 +196,14 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, h.s.log, chat.Errorf(chat.CodeForbidden, "%v: open the app from its own address or configure the origin", err))
 		return
 	}
+	// Past the user's connection bound, refuse before accepting, so the
+	// client gets the protocol's JSON error with its 429.
+	p, _ := chat.PrincipalFromContext(r.Context())
+	if err := h.s.limits.join(p.UserID); err != nil {
+		writeError(w, h.s.log, err)
+		return
+	}
+	defer h.s.limits.leave(p.UserID)
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		OriginPatterns:  h.cfg.OriginPatterns,
 		CompressionMode: websocket.CompressionDisabled,
@@ -129,7 +212,7 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 		return // Accept answered the client (403 for a foreign origin)
 	}
 	ws.SetReadLimit(h.cfg.ReadLimit)
-	c := newWSConn(h, ws, userID(r))
+	c := newWSConn(h, ws, p)
 	h.mu.Lock()
 	closing := h.closing
 	if !closing {
