@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/engine"
@@ -32,10 +34,10 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cmd := "serve"
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
@@ -47,6 +49,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return check(args, stdout, stderr)
 	case "backup":
 		return backup(args, stdout, stderr)
+	case "user":
+		return userCmd(args, stdin, stdout, stderr)
+	case "token":
+		return tokenCmd(args, stdout, stderr)
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -60,7 +66,11 @@ const usage = `Usage:
   gateway [serve] [flags]   run the server (flags: gateway serve -h)
   gateway check -db PATH    audit the protocol's invariants on a database
   gateway backup -db PATH OUT
-                            write a consistent copy of a database, also while it serves`
+                            write a consistent copy of a database, also while it serves
+  gateway user add|passwd|del|list ...
+                            manage the accounts of -auth password (gateway user help)
+  gateway token create|revoke|list ...
+                            manage API tokens for programs (gateway token help)`
 
 // config is the server's configuration: flags, with environment variables
 // as defaults.
@@ -70,9 +80,15 @@ type config struct {
 	model     string
 	demoPace  time.Duration
 	streamTTL time.Duration
-	workers   int
-	logLevel  string
-	origins   []string
+	// retention of the other artifact classes; 0 keeps forever
+	eventTTL, auditTTL, draftTTL time.Duration
+	workers                      int
+	logLevel                     string
+	origins                      []string
+	wsPing                       time.Duration
+	// per-user limits
+	userConns, userSubs int
+	userRate            float64
 	// openai is the backend of -model openai (nil for demo).
 	openai *openai.Backend
 	// tools
@@ -80,8 +96,13 @@ type config struct {
 	outboxLatency time.Duration
 	outboxFault   string
 	toolsConfig   string
-	// insecureRemote allows serving without authentication on a
-	// non-loopback address.
+	// auth
+	authMode       auth.Mode
+	authHeader     string
+	trustedProxies []netip.Prefix
+	sessionTTL     time.Duration
+	secureCookies  bool
+	// insecureRemote allows auth mode none on a non-loopback address.
 	insecureRemote bool
 }
 
@@ -102,6 +123,22 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 		return c, err
 	}
 	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
+	for _, r := range []struct {
+		dst           *time.Duration
+		flag, envName string
+		def           time.Duration
+		usage         string
+	}{
+		{&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30 * 24 * time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever"},
+		{&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365 * 24 * time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever"},
+		{&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7 * 24 * time.Hour, "how long a deleted draft's text is kept (for audit) before it is erased; 0 keeps it forever"},
+	} {
+		d, err := envDuration(r.envName, r.def)
+		if err != nil {
+			return c, err
+		}
+		fs.DurationVar(r.dst, r.flag, d, r.usage+" ("+r.envName+")")
+	}
 	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
 	searchLatency, err := envDuration("GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond)
 	if err != nil {
@@ -114,9 +151,38 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
 	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
-	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "serve without authentication on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
+	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
+	fs.StringVar(&c.authHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
+	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
+	sessionTTL, err := envDuration("GATEWAY_SESSION_TTL", 7*24*time.Hour)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.sessionTTL, "session-ttl", sessionTTL, "-auth password: how long a sign-in lasts (GATEWAY_SESSION_TTL)")
+	fs.BoolVar(&c.secureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
+	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
 	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
+	wsPing, err := envDuration("GATEWAY_WS_PING_INTERVAL", 20*time.Second)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.wsPing, "ws-ping-interval", wsPing, "WebSocket keep-alive period; a signed-out or revoked connection ends within it (GATEWAY_WS_PING_INTERVAL)")
+	userConns, err := envInt("GATEWAY_MAX_CONNS_PER_USER", 32)
+	if err != nil {
+		return c, err
+	}
+	fs.IntVar(&c.userConns, "max-conns-per-user", userConns, "WebSocket connections and event streams one user may hold open (GATEWAY_MAX_CONNS_PER_USER)")
+	userSubs, err := envInt("GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500)
+	if err != nil {
+		return c, err
+	}
+	fs.IntVar(&c.userSubs, "max-subscriptions-per-user", userSubs, "threads one user may watch over all its WebSocket connections (GATEWAY_MAX_SUBSCRIPTIONS_PER_USER)")
+	userRate, err := envInt("GATEWAY_USER_COMMAND_RATE", 60)
+	if err != nil {
+		return c, err
+	}
+	fs.Float64Var(&c.userRate, "user-command-rate", float64(userRate), "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	oa := openaiFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -125,8 +191,26 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if !c.insecureRemote && !loopback(c.addr) {
-		return c, fmt.Errorf("-addr %s is not a loopback address, and there are no accounts yet: anyone who can reach it could read and drive every conversation. Listen on 127.0.0.1 (behind an authenticating proxy), or pass -insecure-remote to accept that", c.addr)
+	if c.authMode, err = auth.ParseMode(*mode); err != nil {
+		return c, err
+	}
+	if c.trustedProxies, err = auth.ParsePrefixes(*proxies); err != nil {
+		return c, err
+	}
+	if c.authMode == auth.ModeNone && !c.insecureRemote && !loopback(c.addr) {
+		return c, fmt.Errorf("-addr %s is not a loopback address and -auth is none: anyone who can reach it could read and drive every conversation. Use -auth password (create accounts with gateway user add) or -auth header behind an authenticating proxy, listen on 127.0.0.1, or pass -insecure-remote to accept that", c.addr)
+	}
+	if c.authMode == auth.ModeHeader && len(c.trustedProxies) == 0 {
+		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.authHeader)
+	}
+	if c.sessionTTL <= 0 {
+		return c, errors.New("-session-ttl must be more than 0")
+	}
+	if c.userConns < 1 || c.userSubs < 1 || c.userRate <= 0 {
+		return c, errors.New("-max-conns-per-user, -max-subscriptions-per-user and -user-command-rate must be more than 0")
+	}
+	if c.wsPing < 100*time.Millisecond {
+		return c, errors.New("-ws-ping-interval must be at least 100ms")
 	}
 	for _, o := range strings.Split(*origins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
@@ -144,6 +228,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.demoPace < 0 || c.streamTTL <= 0 {
 		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
+	}
+	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
+		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")
 	}
 	return c, nil
 }
@@ -206,25 +293,41 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	eng := engine.New(engine.Config{
 		Store: st, Model: backend, Tools: registry, Log: log, SingleInstance: true,
 		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
+		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,
 	})
 	if err := eng.Start(ctx); err != nil {
 		return err
 	}
 	defer eng.Close()
 
+	authn, err := auth.New(auth.Config{Mode: cfg.authMode, Store: st, ProxyHeader: cfg.authHeader,
+		TrustedProxies: cfg.trustedProxies, SessionTTL: cfg.sessionTTL, SecureCookies: cfg.secureCookies})
+	if err != nil {
+		return err
+	}
+	if cfg.authMode == auth.ModePassword {
+		if users, err := st.Users(ctx); err == nil && !hasPassword(users) {
+			log.Warn("no account can sign in yet: create one with `gateway user add NAME`")
+		}
+	}
 	api := gateway.New(gateway.Config{
-		Store: st, Runs: eng, Log: log,
+		Auth: authn, Store: st, Runs: eng, Log: log,
 		Subscribe: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
 		Feed:      feed,
-		WS:        gateway.WSConfig{OriginPatterns: cfg.origins},
+		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
+			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
+			UserCommandRate: cfg.userRate, UserCommandBurst: int(2 * cfg.userRate)},
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
-	web.New(st, log).Routes(mux)
+	web.New(st, authn, log).Routes(mux)
 
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w (is another gateway running? pick another -addr)", cfg.addr, err)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("listen on %s: %w (is another gateway running? pick another -addr)", cfg.addr, err)
+		}
+		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
@@ -236,7 +339,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	api.SetReady(true)
-	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "user", chat.LocalUserID)
+	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "auth", cfg.authMode)
 
 	select {
 	case err := <-served:
@@ -375,6 +478,15 @@ func check(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+func hasPassword(users []chat.User) bool {
+	for _, u := range users {
+		if u.HasPassword {
+			return true
+		}
+	}
+	return false
+}
+
 // loopback reports whether addr (host:port) listens on loopback only.
 func loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -423,6 +535,18 @@ func env(key, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+func envInt(key string, fallback int) (int, error) {
+	v := env(key, "")
+	if v == "" {
+		return fallback, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a whole number", key, v)
+	}
+	return n, nil
 }
 
 func envDuration(key string, fallback time.Duration) (time.Duration, error) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -29,30 +30,168 @@ type Store interface {
 	RenameThread(ctx context.Context, userID, threadID, title string) error
 }
 
+// Auth signs users in and out and tells who is calling (package auth).
+type Auth interface {
+	Authenticate(r *http.Request) (chat.Principal, error)
+	// PasswordSignIn reports whether users sign in on /login (auth mode
+	// password); otherwise identity comes from elsewhere (none, header).
+	PasswordSignIn() bool
+	SignIn(w http.ResponseWriter, r *http.Request, name, password string) (chat.User, error)
+	SignOut(w http.ResponseWriter, r *http.Request) error
+}
+
 // Pages serves the browser UI. Safe for concurrent use.
 type Pages struct {
 	store Store
+	auth  Auth
 	log   *slog.Logger
 }
 
-// New returns the pages over store.
-func New(store Store, log *slog.Logger) *Pages {
+// New returns the pages over store; auth nil serves everyone as the one
+// local user (auth mode none).
+func New(store Store, auth Auth, log *slog.Logger) *Pages {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Pages{store: store, log: log}
+	if auth == nil {
+		auth = localAuth{}
+	}
+	return &Pages{store: store, auth: auth, log: log}
 }
 
-// Routes registers the pages and the static files on mux. Form posts are
-// refused cross-origin.
+// Routes registers the pages and the static files on mux. Pages need a
+// signed-in user (others are sent to /login, or refused when identity comes
+// from a proxy); form posts are refused cross-origin.
 func (p *Pages) Routes(mux *http.ServeMux) {
 	forms := http.NewCrossOriginProtection()
 	mux.Handle("GET /static/", static.Handler())
-	mux.HandleFunc("GET /{$}", p.home)
-	mux.HandleFunc("GET /t/{id}", p.thread)
-	mux.Handle("POST /threads", forms.Handler(http.HandlerFunc(p.create)))
-	mux.Handle("POST /t/{id}/rename", forms.Handler(http.HandlerFunc(p.rename)))
+	mux.HandleFunc("GET /login", p.loginPage)
+	mux.Handle("POST /login", forms.Handler(http.HandlerFunc(p.login)))
+	mux.Handle("POST /logout", forms.Handler(http.HandlerFunc(p.logout)))
+	mux.Handle("GET /{$}", p.signedIn(p.home))
+	mux.Handle("GET /t/{id}", p.signedIn(p.thread))
+	mux.Handle("POST /threads", forms.Handler(p.signedIn(p.create)))
+	mux.Handle("POST /t/{id}/rename", forms.Handler(p.signedIn(p.rename)))
 }
+
+// signedIn runs h with the caller in the request's context. Without one, a
+// password server sends the browser to /login (and back here afterwards);
+// other modes show why the request was refused.
+func (p *Pages) signedIn(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		who, err := p.auth.Authenticate(r)
+		if err == nil {
+			h(w, r.WithContext(chat.NewContextWithPrincipal(r.Context(), who)))
+			return
+		}
+		if chat.ErrorCode(err) == chat.CodeUnauthorized && p.auth.PasswordSignIn() {
+			next := r.URL.Path
+			if r.Method != http.MethodGet {
+				next = "/"
+			}
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(next), http.StatusSeeOther)
+			return
+		}
+		p.refuse(w, r, err)
+	})
+}
+
+// refuse shows an authentication error as a page.
+func (p *Pages) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	var e *chat.Error
+	if !errors.As(err, &e) {
+		p.fail(w, err)
+		return
+	}
+	status := http.StatusUnauthorized
+	switch e.Code {
+	case chat.CodeForbidden:
+		status = http.StatusForbidden
+	case chat.CodeRateLimited:
+		status = http.StatusTooManyRequests
+	}
+	p.render(w, r, status, Refused(e.Message))
+}
+
+// localNext keeps a post-sign-in redirect on this site: a path of this
+// server with an optional query, nothing a browser could read as another
+// host ("//host", "/\host", control characters it strips).
+func localNext(next string) string {
+	u, err := url.Parse(next)
+	if err != nil || next == "" || next[0] != '/' || u.Scheme != "" || u.Host != "" || u.Opaque != "" ||
+		strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\") ||
+		strings.IndexFunc(next, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		return "/"
+	}
+	return next
+}
+
+func (p *Pages) loginPage(w http.ResponseWriter, r *http.Request) {
+	next := localNext(r.URL.Query().Get("next"))
+	if !p.auth.PasswordSignIn() {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	if _, err := p.auth.Authenticate(r); err == nil {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	p.render(w, r, http.StatusOK, Login(LoginForm{Next: next}))
+}
+
+func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	name, password := r.PostFormValue("name"), r.PostFormValue("password")
+	form := LoginForm{Name: name, Next: localNext(r.PostFormValue("next"))}
+	if !p.auth.PasswordSignIn() {
+		http.Redirect(w, r, form.Next, http.StatusSeeOther)
+		return
+	}
+	_, err := p.auth.SignIn(w, r, name, password)
+	if err == nil {
+		http.Redirect(w, r, form.Next, http.StatusSeeOther)
+		return
+	}
+	var e *chat.Error
+	if !errors.As(err, &e) {
+		p.fail(w, err)
+		return
+	}
+	form.Error = e.Message
+	status := http.StatusUnauthorized
+	if e.Code == chat.CodeRateLimited {
+		status = http.StatusTooManyRequests
+		if secs, ok := e.Fields["retry_after_seconds"].(int); ok {
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+		}
+	}
+	p.log.Info("sign-in refused", "code", e.Code)
+	p.render(w, r, status, Login(form))
+}
+
+func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
+	if err := p.auth.SignOut(w, r); err != nil {
+		p.fail(w, err)
+		return
+	}
+	target := "/login"
+	if !p.auth.PasswordSignIn() {
+		target = "/"
+	}
+	http.Redirect(w, r, target, http.StatusSeeOther)
+}
+
+// localAuth is auth mode none: everyone is the one local user.
+type localAuth struct{}
+
+func (localAuth) Authenticate(*http.Request) (chat.Principal, error) {
+	return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+}
+func (localAuth) PasswordSignIn() bool { return false }
+func (localAuth) SignIn(http.ResponseWriter, *http.Request, string, string) (chat.User, error) {
+	return chat.User{}, chat.Errorf(chat.CodeInvalidRequest, "this server has no accounts: there is nothing to sign in to")
+}
+func (localAuth) SignOut(http.ResponseWriter, *http.Request) error { return nil }
 
 // Title limits, as the API's: 200 bytes, which the form's maxlength (in
 // characters) cannot express for non-ASCII text, so both are checked.
@@ -65,7 +204,7 @@ const (
 const sidebarSize = 100
 
 func (p *Pages) links(r *http.Request) []ThreadLink {
-	threads, _, err := p.store.ListThreads(r.Context(), chat.LocalUserID, sidebarSize, "")
+	threads, _, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, "")
 	if err != nil {
 		p.log.Error("list threads", "err", err)
 		return nil
@@ -82,7 +221,7 @@ func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
-	snap, err := p.store.Snapshot(r.Context(), chat.LocalUserID, r.PathValue("id"))
+	snap, err := p.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
 	if chat.ErrorCode(err) == chat.CodeNotFound {
 		p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
 		return
@@ -95,7 +234,7 @@ func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
-	snap, err := p.store.CreateThread(r.Context(), chat.LocalUserID, chat.DefaultTitle)
+	snap, err := p.store.CreateThread(r.Context(), userID(r), chat.DefaultTitle)
 	if err != nil {
 		p.fail(w, err)
 		return
@@ -110,7 +249,7 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "A title needs 1 to 200 characters (at most 200 bytes). Go back and try again.", http.StatusBadRequest)
 		return
 	}
-	if err := p.store.RenameThread(r.Context(), chat.LocalUserID, id, title); err != nil {
+	if err := p.store.RenameThread(r.Context(), userID(r), id, title); err != nil {
 		if chat.ErrorCode(err) == chat.CodeNotFound {
 			p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
 			return
@@ -120,6 +259,10 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	}
 	http.Redirect(w, r, "/t/"+url.PathEscape(id), http.StatusSeeOther)
 }
+
+// userID is the signed-in caller ("" outside signedIn: the store answers
+// not_found).
+func userID(r *http.Request) string { return chat.UserIDFromContext(r.Context()) }
 
 func (p *Pages) render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {
 	h := w.Header()

@@ -1,0 +1,1128 @@
+package main
+
+// Authentication (issue #8) against the real binary: the serve flags that
+// refuse an unsafe start, the account and token commands run as an
+// administrator would (also while the server runs), sign-in over the form,
+// session cookies and bearer tokens on HTTP and WebSocket, the sign-in
+// brake, and that one user never sees another's conversations. Helpers of
+// main_test.go (gatewayBinary, startServerWith, runCLI, checkDB) start and
+// stop the binary; every wait is bounded.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+// runCLIInput is runCLI with stdin (a password line for user add/passwd).
+func runCLIInput(t *testing.T, input string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gatewayBinary(t), args...)
+	cmd.Env = childEnv()
+	cmd.Stdin = strings.NewReader(input)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("gateway %s did not exit within 30s (stdout %q, stderr %q)", strings.Join(args, " "), out.String(), errb.String())
+	}
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// addUser runs `gateway user add NAME -db DB` with the password on stdin.
+func addUser(t *testing.T, db, name, password string) {
+	t.Helper()
+	code, out, errOut := runCLIInput(t, password+"\n", "user", "add", name, "-db", db)
+	if code != 0 || !strings.Contains(out, "created user "+strings.ToLower(name)) {
+		t.Fatalf("user add %s: exit %d, stdout %q, stderr %q; want 0 and \"created user\"", name, code, out, errOut)
+	}
+}
+
+var tokenLine = regexp.MustCompile(`^(tok_[A-Za-z0-9]+)\.[A-Za-z0-9]+\n$`)
+
+// createToken runs `gateway token create` and returns the whole token and
+// its id; the token is the only line on stdout.
+func createToken(t *testing.T, db, user string, extra ...string) (token, id string) {
+	t.Helper()
+	code, out, errOut := runCLI(t, nil, append([]string{"token", "create", "-user", user, "-db", db}, extra...)...)
+	m := tokenLine.FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("token create -user %s: exit %d, stdout %q, stderr %q; want 0 and one line tok_<id>.<secret>", user, code, out, errOut)
+	}
+	if !strings.Contains(errOut, m[1]) || !strings.Contains(errOut, "gateway token revoke "+m[1]) {
+		t.Errorf("token create: stderr %q does not name the token id %s and how to revoke it", errOut, m[1])
+	}
+	return strings.TrimSpace(out), m[1]
+}
+
+// noRedirects is an HTTP client that shows redirects instead of following
+// them and keeps no cookies: each request carries exactly what the test
+// gives it.
+var noRedirects = &http.Client{
+	Timeout:       15 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// who is the credential a request carries: a session cookie, a bearer
+// token, or nothing.
+type who struct {
+	cookie string // value of gateway_session
+	bearer string
+	header http.Header // more headers (Origin, X-Forwarded-User…)
+}
+
+func (w who) apply(h http.Header) {
+	if w.cookie != "" {
+		h.Set("Cookie", "gateway_session="+w.cookie)
+	}
+	if w.bearer != "" {
+		h.Set("Authorization", "Bearer "+w.bearer)
+	}
+	for k, v := range w.header {
+		h[k] = v
+	}
+}
+
+// send makes one request as w and returns the answer with its body read.
+func (s *server) send(w who, method, path string, body any) (*http.Response, []byte) {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, s.base+path, rd)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	w.apply(req.Header)
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return resp, raw
+}
+
+// as requires status and decodes the JSON answer into out (if not nil).
+func (s *server) as(w who, method, path string, body any, want int, out any) []byte {
+	s.t.Helper()
+	resp, raw := s.send(w, method, path, body)
+	if resp.StatusCode != want {
+		s.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, raw, want)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			s.t.Fatalf("%s %s: answer is not the expected JSON: %v\n%s", method, path, err, raw)
+		}
+	}
+	return raw
+}
+
+// wantUnauthorized requires the API's 401 in the protocol's error shape.
+func (s *server) wantUnauthorized(w who, method, path, why string) {
+	s.t.Helper()
+	var body any
+	if method == "POST" {
+		body = map[string]any{}
+	}
+	resp, raw := s.send(w, method, path, body)
+	var e struct{ Type, Error, Message string }
+	_ = json.Unmarshal(raw, &e)
+	if resp.StatusCode != http.StatusUnauthorized || e.Type != "error" || e.Error != "unauthorized" || e.Message == "" ||
+		!strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		s.t.Fatalf("%s: %s %s answered %d %q %s, want 401 JSON {type:error, error:unauthorized, message}", why, method, path, resp.StatusCode, resp.Header.Get("Content-Type"), raw)
+	}
+}
+
+// wantLoginRedirect requires a page to send the browser to /login?next=path.
+func (s *server) wantLoginRedirect(w who, path, why string) {
+	s.t.Helper()
+	resp, raw := s.send(w, "GET", path, nil)
+	want := "/login?next=" + url.QueryEscape(path)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+		s.t.Fatalf("%s: GET %s answered %d Location %q (%.200s), want 303 to %s", why, path, resp.StatusCode, resp.Header.Get("Location"), raw, want)
+	}
+}
+
+// login posts the sign-in form (as the page does: same origin) and returns
+// the answer, the body and the new session cookie ("" when none was set).
+func (s *server) login(name, password, next string, extra http.Header) (*http.Response, string, string) {
+	s.t.Helper()
+	form := url.Values{"name": {name}, "password": {password}, "next": {next}}
+	req, err := http.NewRequest("POST", s.base+"/login", strings.NewReader(form.Encode()))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range extra {
+		req.Header[k] = v
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		s.t.Fatalf("POST /login: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	cookie := ""
+	for _, c := range resp.Cookies() {
+		if c.Name == "gateway_session" && c.MaxAge >= 0 && c.Value != "" {
+			cookie = c.Value
+		}
+	}
+	return resp, string(body), cookie
+}
+
+// signIn requires a successful sign-in and returns the session cookie.
+func (s *server) signIn(name, password string) string {
+	s.t.Helper()
+	resp, body, cookie := s.login(name, password, "/", nil)
+	if resp.StatusCode != http.StatusSeeOther || cookie == "" {
+		s.t.Fatalf("sign in as %s: %d, cookie %q, body %.300s; want 303 with a session cookie", name, resp.StatusCode, cookie, body)
+	}
+	return cookie
+}
+
+// wantSignInRefused requires a sign-in to fail with status (401 or 429)
+// and the page's error, and no cookie.
+func (s *server) wantSignInRefused(name, password string, status int, why string) *http.Response {
+	s.t.Helper()
+	resp, body, cookie := s.login(name, password, "/", nil)
+	if resp.StatusCode != status || cookie != "" || !strings.Contains(body, `data-testid="login-error"`) {
+		s.t.Fatalf("%s: sign in as %s answered %d (cookie %q), want %d with the form's error; body %.400s", why, name, resp.StatusCode, cookie, status, body)
+	}
+	return resp
+}
+
+// wsClient is one WebSocket connection speaking the /ws protocol.
+type wsClient struct {
+	t    *testing.T
+	conn *websocket.Conn
+	n    int
+}
+
+// dialWS opens /ws as w. It returns the handshake answer (its body is
+// readable when the upgrade was refused).
+func (s *server) dialWS(w who) (*wsClient, *http.Response, error) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h := http.Header{}
+	w.apply(h)
+	conn, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(s.base, "http")+"/ws", &websocket.DialOptions{HTTPHeader: h})
+	if err != nil {
+		return nil, resp, err
+	}
+	conn.SetReadLimit(16 << 20)
+	s.t.Cleanup(func() { conn.CloseNow() })
+	return &wsClient{t: s.t, conn: conn}, resp, nil
+}
+
+// mustDialWS requires the upgrade to succeed and the hello to be acked.
+func (s *server) mustDialWS(w who, why string) *wsClient {
+	s.t.Helper()
+	c, resp, err := s.dialWS(w)
+	if err != nil {
+		status, body := 0, []byte(nil)
+		if resp != nil {
+			status = resp.StatusCode
+			body, _ = io.ReadAll(resp.Body)
+		}
+		s.t.Fatalf("%s: /ws refused (%d %s): %v", why, status, body, err)
+	}
+	if ack := c.cmd(map[string]any{"type": "hello", "tab_id": "auth-test"}); ack["type"] != "ack" {
+		s.t.Fatalf("%s: hello answered %v, want an ack", why, ack)
+	}
+	return c
+}
+
+// wantWSRefused requires the upgrade to be answered 401 in JSON.
+func (s *server) wantWSRefused(w who, why string) {
+	s.t.Helper()
+	c, resp, err := s.dialWS(w)
+	if err == nil {
+		c.conn.CloseNow()
+		s.t.Fatalf("%s: /ws was upgraded, want 401", why)
+	}
+	if resp == nil {
+		s.t.Fatalf("%s: /ws failed without an HTTP answer: %v", why, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	var e struct{ Type, Error string }
+	_ = json.Unmarshal(body, &e)
+	if resp.StatusCode != http.StatusUnauthorized || e.Type != "error" || e.Error != "unauthorized" {
+		s.t.Fatalf("%s: /ws answered %d %s, want 401 {type:error, error:unauthorized}", why, resp.StatusCode, body)
+	}
+}
+
+// close ends the connection from the client side at once (so a graceful
+// server stop does not wait for a close handshake the test never reads).
+func (c *wsClient) close() { c.conn.CloseNow() }
+
+// cmd sends one command and returns its ack or error, skipping events.
+func (c *wsClient) cmd(m map[string]any) map[string]any {
+	c.t.Helper()
+	c.n++
+	id := fmt.Sprintf("c%d", c.n)
+	m["id"] = id
+	b, _ := json.Marshal(m)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.conn.Write(ctx, websocket.MessageText, b); err != nil {
+		c.t.Fatalf("ws send %s: %v", m["type"], err)
+	}
+	for {
+		_, frame, err := c.conn.Read(ctx)
+		if err != nil {
+			c.t.Fatalf("ws: no answer to %s: %v", m["type"], err)
+		}
+		for _, line := range bytes.Split(frame, []byte("\n")) {
+			if len(line) == 0 {
+				continue
+			}
+			var obj map[string]any
+			if err := json.Unmarshal(line, &obj); err != nil {
+				c.t.Fatalf("ws frame line is not JSON: %v: %s", err, line)
+			}
+			if obj["re"] == id {
+				return obj
+			}
+		}
+	}
+}
+
+// waitRun polls GET /api/runs/{id} as w until the run is completed.
+func (s *server) waitRun(w who, runID string) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var r runInfo
+		s.as(w, "GET", "/api/runs/"+runID, nil, http.StatusOK, &r)
+		switch r.Status {
+		case "completed":
+			return
+		case "failed", "cancelled":
+			s.t.Fatalf("run %s ended %s", runID, r.Status)
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("run %s still %s after 30s", runID, r.Status)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// threadList is GET /api/threads as w.
+func (s *server) threadList(w who) []string {
+	s.t.Helper()
+	var l struct {
+		Threads []struct {
+			ThreadID string `json:"thread_id"`
+		} `json:"threads"`
+	}
+	s.as(w, "GET", "/api/threads", nil, http.StatusOK, &l)
+	var ids []string
+	for _, th := range l.Threads {
+		ids = append(ids, th.ThreadID)
+	}
+	return ids
+}
+
+// startOrRefuse runs `gateway serve args…` until it exits (its code and
+// stderr) or logs "gateway serving" (then it is killed at once: served).
+func startOrRefuse(t *testing.T, env []string, args ...string) (code int, stderr string, served bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gatewayBinary(t), args...)
+	cmd.Env = childEnv(env...)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.Contains(sc.Text(), `msg="gateway serving"`) {
+			served = true
+			_ = cmd.Process.Kill()
+			break
+		}
+	}
+	_, _ = io.Copy(io.Discard, pipe)
+	err = cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("gateway %s neither exited nor served within 30s; stderr:\n%s", strings.Join(args, " "), strings.Join(lines, "\n"))
+	}
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
+	}
+	return cmd.ProcessState.ExitCode(), strings.Join(lines, "\n"), served
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// ---------------------------------------------------------------------------
+// (a) Starting: what the serve flags refuse and accept.
+
+// A test must never listen on a public address. Refusals are checked on
+// 0.0.0.0, ":0" and "[::]" — the binary exits before it opens anything.
+// Acceptance of a non-loopback address (with -insecure-remote or with
+// accounts) is checked on 192.0.2.1, an address of TEST-NET-1 (RFC 5737)
+// that no interface holds: the configuration passes, then the listen fails
+// with "cannot assign requested address", so nothing is ever reachable and
+// the exit message proves the refusal was lifted. The serving path of
+// -auth password is exercised on 127.0.0.1 by every other test here.
+func TestAuthServeFlags(t *testing.T) {
+	dir := t.TempDir()
+	refusal := "is not a loopback address and -auth is none"
+
+	t.Run("no accounts on a non-loopback address", func(t *testing.T) {
+		db := filepath.Join(dir, "none.db")
+		for _, tc := range []struct {
+			env  []string
+			args []string
+		}{
+			{nil, []string{"-addr", "0.0.0.0:0", "-db", db}},
+			{nil, []string{"serve", "-addr", ":0", "-db", db, "-auth", "none"}},
+			{[]string{"GATEWAY_ADDR=[::]:0", "GATEWAY_AUTH=none"}, []string{"-db", db}},
+		} {
+			code, out, errOut := runCLI(t, tc.env, tc.args...)
+			if code != 2 || !strings.Contains(errOut, refusal) || !strings.Contains(errOut, "-auth password") || !strings.Contains(errOut, "-insecure-remote") {
+				t.Errorf("%v gateway %s: exit %d, stdout %q, stderr %q; want exit 2 naming -auth password and -insecure-remote", tc.env, strings.Join(tc.args, " "), code, out, errOut)
+			}
+		}
+		if exists(db) {
+			t.Error("a refused start created the database")
+		}
+	})
+
+	t.Run("header mode needs trusted proxies", func(t *testing.T) {
+		db := filepath.Join(dir, "header.db")
+		for _, tc := range []struct {
+			env  []string
+			args []string
+		}{
+			{nil, []string{"-addr", "127.0.0.1:0", "-db", db, "-auth", "header"}},
+			{[]string{"GATEWAY_AUTH=header"}, []string{"-addr", "127.0.0.1:0", "-db", db}},
+			{nil, []string{"-addr", "127.0.0.1:0", "-db", db, "-auth", "header", "-trusted-proxies", " , "}},
+		} {
+			code, _, errOut := runCLI(t, tc.env, tc.args...)
+			if code != 2 || !strings.Contains(errOut, "-auth header needs -trusted-proxies") || !strings.Contains(errOut, "X-Forwarded-User") {
+				t.Errorf("%v gateway %s: exit %d, stderr %q; want exit 2 asking for -trusted-proxies", tc.env, strings.Join(tc.args, " "), code, errOut)
+			}
+		}
+		if exists(db) {
+			t.Error("a refused start created the database")
+		}
+	})
+
+	t.Run("bad auth settings", func(t *testing.T) {
+		db := filepath.Join(dir, "bad.db")
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"-auth", "basic"}, "use none, password or header"},
+			{[]string{"-auth", "header", "-trusted-proxies", "10.0.0.0/8,proxy.internal"}, `"proxy.internal" is neither an address nor a CIDR prefix`},
+			{[]string{"-auth", "password", "-session-ttl", "0s"}, "-session-ttl must be more than 0"},
+		} {
+			code, _, errOut := runCLI(t, nil, append([]string{"-addr", "127.0.0.1:0", "-db", db}, tc.args...)...)
+			if code != 2 || !strings.Contains(errOut, tc.want) {
+				t.Errorf("gateway %s: exit %d, stderr %q; want exit 2 with %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+			}
+		}
+		if exists(db) {
+			t.Error("a refused start created the database")
+		}
+	})
+
+	t.Run("accepted on a non-loopback address that is never reachable", func(t *testing.T) {
+		const unreachable = "192.0.2.1:0"
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if strings.HasPrefix(a.String(), "192.0.2.1/") {
+				t.Skip("this host holds 192.0.2.1: listening on it could be reachable")
+			}
+		}
+		for _, tc := range []struct {
+			name string
+			env  []string
+			args []string
+		}{
+			{"-insecure-remote", nil, []string{"-insecure-remote"}},
+			{"GATEWAY_INSECURE_REMOTE=1", []string{"GATEWAY_INSECURE_REMOTE=1"}, nil},
+			{"-auth password", nil, []string{"-auth", "password"}},
+			{"-auth header", nil, []string{"-auth", "header", "-trusted-proxies", "10.0.0.0/8"}},
+		} {
+			db := filepath.Join(t.TempDir(), "gw.db")
+			code, errOut, served := startOrRefuse(t, tc.env, append([]string{"-addr", unreachable, "-db", db}, tc.args...)...)
+			if strings.Contains(errOut, refusal) || strings.Contains(errOut, "needs -trusted-proxies") {
+				t.Errorf("%s on %s was refused: %s", tc.name, unreachable, errOut)
+				continue
+			}
+			// Either the listen failed (the usual case), or the kernel
+			// allows binding foreign addresses (ip_nonlocal_bind) and it
+			// served on an address no packet reaches; both mean accepted.
+			if !served && (code != 1 || !strings.Contains(errOut, "listen on "+unreachable)) {
+				t.Errorf("%s on %s: exit %d, stderr %q; want the configuration accepted and the listen to fail", tc.name, unreachable, code, errOut)
+			}
+			if tc.name == "-auth password" && !strings.Contains(errOut, "no account can sign in yet") {
+				t.Errorf("-auth password on an empty database did not warn that nobody can sign in: %s", errOut)
+			}
+		}
+	})
+
+	t.Run("password mode serves on loopback", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "gw.db")
+		srv := startServerWith(t, db, "5ms", "-auth", "password")
+		if !strings.Contains(srv.stderr(), "auth=password") {
+			t.Errorf("the serving line does not say auth=password: %s", srv.stderr())
+		}
+		srv.wantUnauthorized(who{}, "GET", "/api/threads", "no credentials")
+		srv.stop()
+	})
+}
+
+// -auth header: the trusted proxy (here: the test, from 127.0.0.1) names
+// the user; without the header nothing is served; each name is its own
+// account.
+func TestAuthHeaderMode(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-auth", "header", "-trusted-proxies", "127.0.0.1/32", "-auth-header", "X-Test-User")
+	carol := who{header: http.Header{"X-Test-User": {"Carol"}}}
+	dave := who{header: http.Header{"X-Test-User": {"dave"}}}
+	srv.wantUnauthorized(who{}, "GET", "/api/threads", "no proxy header")
+	srv.wantUnauthorized(who{header: http.Header{"X-Forwarded-User": {"carol"}}}, "GET", "/api/threads", "the default header when -auth-header names another")
+	var th snapshot
+	srv.as(carol, "POST", "/api/threads", map[string]any{"title": "carol's"}, http.StatusCreated, &th)
+	if got := srv.threadList(carol); len(got) != 1 || got[0] != th.ThreadID {
+		t.Fatalf("carol lists %v, want [%s]", got, th.ThreadID)
+	}
+	if got := srv.threadList(dave); len(got) != 0 {
+		t.Fatalf("dave lists %v, want nothing", got)
+	}
+	srv.as(dave, "GET", "/api/threads/"+th.ThreadID, nil, http.StatusNotFound, nil)
+	// A name that is no user name is refused, not mapped to someone.
+	resp, raw := srv.send(who{header: http.Header{"X-Test-User": {"carol smith"}}}, "GET", "/api/threads", nil)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("X-Test-User \"carol smith\": %d %s, want 403", resp.StatusCode, raw)
+	}
+	// The page shows who is signed in and offers no sign-out (the proxy
+	// owns the session); without the header it explains instead of
+	// redirecting to a sign-in form that cannot work.
+	resp, raw = srv.send(carol, "GET", "/", nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `data-testid="account-name">carol<`) || strings.Contains(string(raw), `data-testid="logout"`) {
+		t.Errorf("GET / as carol: %d, want 200 naming carol without a sign-out button; body %.500s", resp.StatusCode, raw)
+	}
+	resp, raw = srv.send(who{}, "GET", "/", nil)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(raw), `data-testid="refused"`) {
+		t.Errorf("GET / without the header: %d, want 401 with the refusal page; body %.300s", resp.StatusCode, raw)
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// (b) Accounts, sign-in, sessions.
+
+func TestUserCommands(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "gw.db")
+
+	// Reading commands never create a database.
+	if code, _, errOut := runCLI(t, nil, "user", "list", "-db", db); code == 0 || !strings.Contains(errOut, "no database at "+db) {
+		t.Errorf("user list on a missing database: exit %d, stderr %q; want an error naming the path", code, errOut)
+	}
+	// Refused input: a clear message, non-zero, and nothing created.
+	for _, tc := range []struct {
+		name, input, want string
+	}{
+		{"bad name", "a good password\n", "a user name may hold only"},
+		{"al!ce", "a good password\n", "a user name may hold only"},
+		{strings.Repeat("a", 65), "a good password\n", "1 to 64 characters"},
+		{"alice", "short\n", "at least 8 characters"},
+		{"alice", strings.Repeat("x", 73) + "\n", "at most 72 bytes"},
+		{"alice", "", "no password on stdin"},
+		{"alice", "\n", "no password on stdin"},
+	} {
+		code, out, errOut := runCLIInput(t, tc.input, "user", "add", tc.name, "-db", db)
+		if code == 0 || !strings.Contains(errOut, tc.want) || out != "" {
+			t.Errorf("user add %q with %d bytes of stdin: exit %d, stdout %q, stderr %q; want non-zero and %q", tc.name, len(tc.input), code, out, errOut, tc.want)
+		}
+	}
+	if code, _, errOut := runCLIInput(t, "a good password\n", "user", "add", "-db", db); code != 2 || !strings.Contains(errOut, "NAME") {
+		t.Errorf("user add without a name: exit %d, stderr %q", code, errOut)
+	}
+	if exists(db) {
+		t.Fatal("a refused user add created the database")
+	}
+
+	// Names are case-insensitive: Alice is alice; flags may come first.
+	addUser(t, db, "Alice", "correct horse battery")
+	for _, name := range []string{"alice", "ALICE", " alice "} {
+		code, out, errOut := runCLIInput(t, "another password\n", "user", "add", "-db", db, name)
+		if code == 0 || !strings.Contains(errOut, `user "alice" already exists`) {
+			t.Errorf("duplicate user add %q: exit %d, stdout %q, stderr %q; want refused as already existing", name, code, out, errOut)
+		}
+	}
+	if code, _, errOut := runCLIInput(t, "short\n", "user", "add", "bob", "-db", db); code == 0 || !strings.Contains(errOut, "at least 8") {
+		t.Errorf("user add bob with a short password: exit %d, stderr %q", code, errOut)
+	}
+	for _, tc := range [][]string{{"passwd", "nobody"}, {"del", "nobody"}} {
+		if code, _, errOut := runCLIInput(t, "long enough pw\n", "user", tc[0], tc[1], "-db", db); code == 0 || !strings.Contains(errOut, `no user "nobody"`) {
+			t.Errorf("user %s nobody: exit %d, stderr %q", tc[0], code, errOut)
+		}
+	}
+	code, out, errOut := runCLI(t, nil, "user", "list", "-db", db)
+	// (The list also shows "local", the owner of -auth none's
+	// conversations, which every database has.)
+	if code != 0 || !strings.HasPrefix(out, "NAME") || !regexp.MustCompile(`(?m)^alice\s+usr_\S+\s+yes\s`).MatchString(out) ||
+		regexp.MustCompile(`(?m)^bob\s`).MatchString(out) {
+		t.Errorf("user list: exit %d, stdout %q, stderr %q; want a header and alice with a password (and no bob)", code, out, errOut)
+	}
+	if code, _, errOut := runCLI(t, nil, "user", "frobnicate", "-db", db); code != 2 || !strings.Contains(errOut, "Usage") {
+		t.Errorf("user frobnicate: exit %d, stderr %q", code, errOut)
+	}
+	checkDB(t, db)
+}
+
+func TestLoginSessionsAndPasswordChange(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pw, pw2 = "correct horse battery", "staple stapler staple"
+	addUser(t, db, "alice", pw)
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	if strings.Contains(srv.stderr(), "no account can sign in yet") {
+		t.Errorf("warned that nobody can sign in although alice can")
+	}
+
+	// Signed out: pages go to the sign-in form, the API and /ws answer 401.
+	srv.wantLoginRedirect(who{}, "/", "no cookie")
+	srv.wantLoginRedirect(who{}, "/t/thr_0000000000000000000000000a", "no cookie")
+	srv.wantUnauthorized(who{}, "GET", "/api/threads", "no cookie")
+	srv.wantUnauthorized(who{}, "POST", "/api/threads", "no cookie")
+	srv.wantUnauthorized(who{cookie: "forged-session-value"}, "GET", "/api/threads", "a made-up cookie")
+	srv.wantWSRefused(who{}, "no cookie")
+	resp, raw := srv.send(who{}, "GET", "/login?next=/t/x", nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `data-testid="login-form"`) || !strings.Contains(string(raw), `value="/t/x"`) {
+		t.Fatalf("GET /login: %d, want 200 with the form carrying next; body %.400s", resp.StatusCode, raw)
+	}
+	// A POST to a page without a session does not run it.
+	resp, _ = srv.send(who{}, "POST", "/threads", nil)
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/login") {
+		t.Errorf("POST /threads signed out: %d Location %q, want 303 to /login", resp.StatusCode, resp.Header.Get("Location"))
+	}
+
+	// Wrong password and unknown user: the same 401 page, no cookie.
+	r1 := srv.wantSignInRefused("alice", "not the password", http.StatusUnauthorized, "wrong password")
+	r2 := srv.wantSignInRefused("mallory", "not the password", http.StatusUnauthorized, "unknown user")
+	if r1.Header.Get("Retry-After") != "" || r2.Header.Get("Retry-After") != "" {
+		t.Errorf("a plain failed sign-in carries Retry-After")
+	}
+	_, body, _ := srv.login("alice", "not the password", "/", nil)
+	if !strings.Contains(body, "wrong user name or password") || !strings.Contains(body, `value="alice"`) {
+		t.Errorf("the failed sign-in page does not say what failed or lost the typed name: %.600s", body)
+	}
+	// A form posted from another site is refused before the password is
+	// looked at (http.CrossOriginProtection).
+	resp, _, cookie := srv.login("alice", pw, "/", http.Header{"Origin": {"https://evil.example"}, "Sec-Fetch-Site": {"cross-site"}})
+	if resp.StatusCode != http.StatusForbidden || cookie != "" {
+		t.Errorf("cross-site sign-in: %d, cookie %q; want 403 and no session", resp.StatusCode, cookie)
+	}
+
+	// The right password: 303 to next, an HttpOnly SameSite=Lax cookie.
+	resp, body, cookie = srv.login("Alice", pw, "/t/thr_0000000000000000000000000b", nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/t/thr_0000000000000000000000000b" || cookie == "" {
+		t.Fatalf("sign in: %d Location %q cookie %q; want 303 to next with a cookie; body %.300s", resp.StatusCode, resp.Header.Get("Location"), cookie, body)
+	}
+	setCookie := resp.Header.Get("Set-Cookie")
+	for _, attr := range []string{"gateway_session=", "Path=/", "HttpOnly", "SameSite=Lax", "Max-Age="} {
+		if !strings.Contains(setCookie, attr) {
+			t.Errorf("session cookie %q lacks %s", setCookie, attr)
+		}
+	}
+	if strings.Contains(setCookie, "Secure") {
+		t.Errorf("session cookie %q is Secure on plain http without -secure-cookies", setCookie)
+	}
+	// next never leads off the site.
+	for _, next := range []string{"//evil.example/x", "https://evil.example/", `/\evil.example`, "javascript:alert(1)", ""} {
+		resp, _, _ := srv.login("alice", pw, next, nil)
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+			t.Errorf("sign in with next=%q: %d Location %q, want 303 to /", next, resp.StatusCode, resp.Header.Get("Location"))
+		}
+	}
+	alice := who{cookie: cookie}
+	resp, _ = srv.send(alice, "GET", "/login?next=/t/y", nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/t/y" {
+		t.Errorf("GET /login signed in: %d Location %q, want 303 to next", resp.StatusCode, resp.Header.Get("Location"))
+	}
+
+	// The cookie reads and writes the API and the pages.
+	if got := srv.threadList(alice); len(got) != 0 {
+		t.Fatalf("a new account lists %v", got)
+	}
+	var th snapshot
+	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "alice's first"}, http.StatusCreated, &th)
+	if got := srv.threadList(alice); len(got) != 1 || got[0] != th.ThreadID {
+		t.Fatalf("alice lists %v, want [%s]", got, th.ThreadID)
+	}
+	resp, raw = srv.send(alice, "GET", "/t/"+th.ThreadID, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `data-testid="account-name">alice<`) || !strings.Contains(string(raw), `data-testid="logout"`) {
+		t.Errorf("GET /t/%s as alice: %d, want 200 naming alice with a sign-out button; body %.500s", th.ThreadID, resp.StatusCode, raw)
+	}
+	// A cookie does not let another site drive the API (CSRF).
+	resp, raw = srv.send(who{cookie: cookie, header: http.Header{"Origin": {"https://evil.example"}, "Sec-Fetch-Site": {"cross-site"}}},
+		"POST", "/api/threads", map[string]any{})
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(raw), `"forbidden"`) {
+		t.Errorf("cross-site POST /api/threads with alice's cookie: %d %s, want 403 forbidden", resp.StatusCode, raw)
+	}
+
+	// The WebSocket: the cookie opens it and follows alice's thread; a
+	// foreign page's socket is refused even with the cookie.
+	ws := srv.mustDialWS(alice, "alice's cookie")
+	if ack := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); ack["type"] != "ack" {
+		t.Fatalf("subscribe to alice's thread with her cookie: %v", ack)
+	}
+	if _, resp, err := srv.dialWS(who{cookie: cookie, header: http.Header{"Origin": {"https://evil.example"}}}); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("/ws from a foreign origin with alice's cookie: %v (%v), want 403", err, resp)
+	}
+
+	// A second session (another browser), then the password changes while
+	// serving: every session ends at once, the old password stops working,
+	// the new one works.
+	other := srv.signIn("alice", pw)
+	code, out, errOut := runCLIInput(t, pw2+"\n", "user", "passwd", "alice", "-db", db)
+	if code != 0 || !strings.Contains(out, "signed out all their sessions") {
+		t.Fatalf("user passwd alice while serving: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for _, c := range []string{cookie, other} {
+		srv.wantUnauthorized(who{cookie: c}, "GET", "/api/threads", "a session from before user passwd")
+		srv.wantUnauthorized(who{cookie: c}, "POST", "/api/threads", "a session from before user passwd")
+		srv.wantLoginRedirect(who{cookie: c}, "/", "a session from before user passwd")
+		srv.wantWSRefused(who{cookie: c}, "a session from before user passwd")
+	}
+	srv.wantSignInRefused("alice", pw, http.StatusUnauthorized, "the old password after user passwd")
+	alice = who{cookie: srv.signIn("alice", pw2)}
+	if got := srv.threadList(alice); len(got) != 1 || got[0] != th.ThreadID {
+		t.Fatalf("after the password change alice lists %v, want [%s]", got, th.ThreadID)
+	}
+
+	// Sign out: the cookie is cleared and its session ended on the server
+	// (a copy of the cookie is worthless).
+	resp, _ = srv.send(alice, "POST", "/logout", nil)
+	cleared := false
+	for _, c := range resp.Cookies() {
+		cleared = cleared || (c.Name == "gateway_session" && c.MaxAge < 0)
+	}
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login" || !cleared {
+		t.Errorf("POST /logout: %d Location %q Set-Cookie %q; want 303 to /login clearing the cookie", resp.StatusCode, resp.Header.Get("Location"), resp.Header.Get("Set-Cookie"))
+	}
+	srv.wantUnauthorized(alice, "GET", "/api/threads", "the cookie after sign-out")
+	resp, _ = srv.send(who{cookie: srv.signIn("alice", pw2), header: http.Header{"Origin": {"https://evil.example"}, "Sec-Fetch-Site": {"cross-site"}}}, "POST", "/logout", nil)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("cross-site POST /logout: %d, want 403", resp.StatusCode)
+	}
+
+	ws.close()
+	srv.stop()
+	checkDB(t, db)
+	for _, secret := range []string{pw, pw2, cookie, other} {
+		if strings.Contains(srv.stderr(), secret) {
+			t.Errorf("the server log contains a password or session value %q", secret)
+		}
+	}
+}
+
+// The sign-in brake: 3 free failures per user name, then a lock of 1 s
+// (doubling); while locked even the right password is refused 429 with
+// Retry-After, without being checked. Another account is not locked by
+// it. A client address gets 9 free failures over all names.
+func TestLoginBruteForce(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pw, bobPW = "correct horse battery", "bobs password here"
+	addUser(t, db, "alice", pw)
+	addUser(t, db, "bob", bobPW)
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+
+	for i := 1; i <= 4; i++ {
+		srv.wantSignInRefused("alice", fmt.Sprintf("guess %d", i), http.StatusUnauthorized, fmt.Sprintf("wrong password %d of 4 (not locked yet)", i))
+	}
+	resp := srv.wantSignInRefused("alice", "guess 5", http.StatusTooManyRequests, "a 5th wrong password right after the 4th")
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > 60 {
+		t.Errorf("429 Retry-After %q, want whole seconds from 1 to 60", resp.Header.Get("Retry-After"))
+	}
+	_, body, _ := srv.login("alice", pw, "/", nil)
+	if !strings.Contains(body, "too many failed sign-ins") {
+		t.Errorf("the locked sign-in page does not say why: %.500s", body)
+	}
+	locked := time.Now()
+	resp = srv.wantSignInRefused("alice", pw, http.StatusTooManyRequests, "the right password while locked")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("a locked sign-in with the right password has no Retry-After")
+	}
+	// Locking alice does not lock bob out (4 failures counted from this
+	// address so far, under its 9).
+	bob := who{cookie: srv.signIn("bob", bobPW)}
+	srv.threadList(bob)
+
+	// The lock ends by itself: the right password works again within
+	// Retry-After (plus slack). Refused attempts while locked are not
+	// failures, so polling does not extend it.
+	deadline := locked.Add(time.Duration(retry)*time.Second + 5*time.Second)
+	for {
+		resp, _, cookie := srv.login("alice", pw, "/", nil)
+		if resp.StatusCode == http.StatusSeeOther && cookie != "" {
+			break
+		}
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("sign in as alice while waiting for the lock to end: %d, want 429 then 303", resp.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice is still locked %v after the lock began (Retry-After %d)", time.Since(locked), retry)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+	}
+
+	// One address guessing many names: 9 free failures, then locked for
+	// every name, existing or not, even with the right password. The
+	// address already has alice's 4 failures (a success clears only the
+	// name's record, so a valid account cannot reset its address's brake):
+	// 6 more reach 10, and the 10th locks.
+	for i := 1; i <= 6; i++ {
+		srv.wantSignInRefused(fmt.Sprintf("nobody%d", i), "whatever pw", http.StatusUnauthorized, fmt.Sprintf("unknown name %d of 6 from one address", i))
+	}
+	srv.wantSignInRefused("nobody7", "whatever pw", http.StatusTooManyRequests, "a failure after the 10th from one address")
+	srv.wantSignInRefused("bob", bobPW, http.StatusTooManyRequests, "bob's right password from a locked address")
+	// Sessions already open are not affected by the brake.
+	srv.threadList(bob)
+
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// (c) Tokens.
+
+func TestTokenLifecycle(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	addUser(t, db, "alice", "correct horse battery")
+
+	if code, out, errOut := runCLI(t, nil, "token", "create", "-user", "nobody", "-db", db); code == 0 || out != "" || !strings.Contains(errOut, `no user "nobody"`) {
+		t.Errorf("token create -user nobody: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, out, errOut := runCLI(t, nil, "token", "create", "-db", db); code != 2 || out != "" || !strings.Contains(errOut, "-user NAME") {
+		t.Errorf("token create without -user: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	token, id := createToken(t, db, "Alice", "-name", "ci")
+	expired, _ := createToken(t, db, "alice", "-ttl", "1ms")
+	code, out, _ := runCLI(t, nil, "token", "list", "-db", db)
+	if code != 0 || !regexp.MustCompile(`(?m)^`+id+`\s+alice\s+ci\s.*\s-\s*$`).MatchString(out) {
+		t.Errorf("token list: exit %d, stdout %q; want %s named ci, not revoked", code, out, id)
+	}
+	secret := strings.SplitN(token, ".", 2)[1]
+	if strings.Contains(out, secret) {
+		t.Error("token list shows the token's secret")
+	}
+
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	alice := who{bearer: token}
+	var th snapshot
+	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "from a program"}, http.StatusCreated, &th)
+	got := srv.snapshot2(alice, th.ThreadID)
+	if got.ThreadID != th.ThreadID {
+		t.Fatalf("GET /api/threads/%s with the token: %+v", th.ThreadID, got)
+	}
+	var ack startAck
+	srv.as(alice, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
+		"expected_state_version": th.StateVersion, "user_message": "a short answer please",
+	}, http.StatusCreated, &ack)
+	srv.waitRun(alice, ack.RunID)
+	if ids := srv.threadList(alice); len(ids) != 1 || ids[0] != th.ThreadID {
+		t.Fatalf("the token lists %v, want [%s]", ids, th.ThreadID)
+	}
+
+	// Wrong, malformed and expired tokens.
+	for _, bad := range []who{
+		{bearer: id + ".not-the-secret"},
+		{bearer: "not-a-token"},
+		{bearer: "tok_doesnotexist.abc"},
+		{bearer: expired},
+		{header: http.Header{"Authorization": {"Basic YWxpY2U6cHc="}}},
+		{header: http.Header{"Authorization": {"Bearer"}}},
+	} {
+		srv.wantUnauthorized(bad, "GET", "/api/threads", fmt.Sprintf("bad credential %+v", bad))
+	}
+
+	// A WebSocket opened with the token works.
+	ws := srv.mustDialWS(alice, "alice's token")
+	if a := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); a["type"] != "ack" {
+		t.Fatalf("subscribe with the token: %v", a)
+	}
+
+	// Revoked while serving: refused at once on HTTP (revoking by the whole
+	// token names its id too); revoking twice is no error.
+	code, out, errOut := runCLI(t, nil, "token", "revoke", token, "-db", db)
+	if code != 0 || strings.TrimSpace(out) != "revoked token "+id {
+		t.Fatalf("token revoke: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	srv.wantUnauthorized(alice, "GET", "/api/threads", "a revoked token")
+	srv.wantUnauthorized(alice, "POST", "/api/threads", "a revoked token")
+	srv.wantUnauthorized(alice, "GET", "/api/threads/"+th.ThreadID, "a revoked token")
+	srv.wantWSRefused(alice, "a revoked token")
+	if code, _, errOut := runCLI(t, nil, "token", "revoke", id, "-db", db); code != 0 {
+		t.Errorf("revoking a revoked token again: exit %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut := runCLI(t, nil, "token", "revoke", "tok_unknown", "-db", db); code == 0 || !strings.Contains(errOut, `no token "tok_unknown"`) {
+		t.Errorf("revoking an unknown token: exit %d, stderr %q", code, errOut)
+	}
+	code, out, _ = runCLI(t, nil, "token", "list", "-user", "alice", "-db", db)
+	if code != 0 || regexp.MustCompile(`(?m)^`+id+`\s.*\s-\s*$`).MatchString(out) || !strings.Contains(out, id) {
+		t.Errorf("token list after revoke: exit %d, stdout %q; want %s with a revoked time", code, out, id)
+	}
+	// The open socket is closed by the server within one ping interval
+	// (20 s, not configurable): see TestTokenRevokeEndsWebSocket.
+	ws.close()
+
+	srv.stop()
+	checkDB(t, db)
+	if strings.Contains(srv.stderr(), secret) {
+		t.Error("the server log contains a token secret")
+	}
+}
+
+// snapshot2 is GET /api/threads/{id} as w.
+func (s *server) snapshot2(w who, threadID string) snapshot {
+	s.t.Helper()
+	var snap snapshot
+	s.as(w, "GET", "/api/threads/"+threadID, nil, http.StatusOK, &snap)
+	return snap
+}
+
+// An open WebSocket of a revoked token is closed with 1008: at its next
+// command (which is not run), or within one ping interval when it only
+// listens.
+func TestTokenRevokeEndsWebSocket(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	addUser(t, db, "alice", "correct horse battery")
+	listener, listenerID := createToken(t, db, "alice")
+	commander, commanderID := createToken(t, db, "alice")
+	keeper, _ := createToken(t, db, "alice")
+	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
+	var th snapshot
+	srv.as(who{bearer: keeper}, "POST", "/api/threads", map[string]any{}, http.StatusCreated, &th)
+
+	closedWith1008 := func(ws *wsClient, what string, since time.Time) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for {
+			_, _, err := ws.conn.Read(ctx)
+			if err == nil {
+				continue
+			}
+			if st := websocket.CloseStatus(err); st != websocket.StatusPolicyViolation {
+				t.Fatalf("%s: the revoked token's socket ended with %v (status %d) after %v, want a 1008 close", what, err, st, time.Since(since))
+			}
+			t.Logf("%s: closed with 1008 %v after the revocation", what, time.Since(since).Round(time.Millisecond))
+			return
+		}
+	}
+
+	// A socket that only listens ends within the ping interval.
+	ws := srv.mustDialWS(who{bearer: listener}, "the listening token")
+	if a := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); a["type"] != "ack" {
+		t.Fatalf("subscribe: %v", a)
+	}
+	if code, _, errOut := runCLI(t, nil, "token", "revoke", listenerID, "-db", db); code != 0 {
+		t.Fatalf("token revoke: %d %s", code, errOut)
+	}
+	closedWith1008(ws, "listening", time.Now())
+
+	// A socket that sends a command after the revocation: the command is
+	// not run, the socket closes.
+	ws2 := srv.mustDialWS(who{bearer: commander}, "the commanding token")
+	if code, _, errOut := runCLI(t, nil, "token", "revoke", commanderID, "-db", db); code != 0 {
+		t.Fatalf("token revoke: %d %s", code, errOut)
+	}
+	revoked := time.Now()
+	b, _ := json.Marshal(map[string]any{"type": "run.start", "id": "after-revoke", "thread_id": th.ThreadID,
+		"expected_state_version": th.StateVersion, "user_message": "short: sent after the revocation"})
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := ws2.conn.Write(wctx, websocket.MessageText, b); err != nil {
+		t.Fatal(err)
+	}
+	closedWith1008(ws2, "commanding", revoked)
+	if after := srv.snapshot2(who{bearer: keeper}, th.ThreadID); after.StateVersion != th.StateVersion {
+		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// (d) Two users.
+
+func TestUsersSeeOnlyTheirOwn(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	addUser(t, db, "alice", "correct horse battery")
+	addUser(t, db, "bob", "bobs password here")
+	aliceToken, _ := createToken(t, db, "alice")
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	alice := who{bearer: aliceToken}
+	bob := who{cookie: srv.signIn("bob", "bobs password here")}
+
+	var th snapshot
+	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "alice's secret"}, http.StatusCreated, &th)
+	var ack startAck
+	srv.as(alice, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
+		"expected_state_version": th.StateVersion, "user_message": "keep it short: alice's private question",
+	}, http.StatusCreated, &ack)
+	srv.waitRun(alice, ack.RunID)
+	snap := srv.snapshot2(alice, th.ThreadID)
+
+	if got := srv.threadList(bob); len(got) != 0 {
+		t.Fatalf("bob lists %v, want nothing", got)
+	}
+	notFound := func(method, path string, body any) {
+		t.Helper()
+		resp, raw := srv.send(bob, method, path, body)
+		var e struct{ Error string }
+		_ = json.Unmarshal(raw, &e)
+		if resp.StatusCode != http.StatusNotFound || e.Error != "not_found" {
+			t.Errorf("bob %s %s: %d %s, want 404 not_found", method, path, resp.StatusCode, raw)
+		}
+		if strings.Contains(string(raw), "private question") {
+			t.Errorf("bob %s %s leaks alice's text: %s", method, path, raw)
+		}
+	}
+	notFound("GET", "/api/threads/"+th.ThreadID, nil)
+	notFound("GET", "/api/runs/"+ack.RunID, nil)
+	notFound("GET", "/api/threads/"+th.ThreadID+"/events?after_seq=0", nil)
+	notFound("GET", "/api/threads/"+th.ThreadID+"/checkpoints", nil)
+	notFound("GET", "/api/threads/"+th.ThreadID+"/operations", nil)
+	notFound("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{"expected_state_version": snap.StateVersion, "user_message": "hijack"})
+	notFound("POST", "/api/threads/"+th.ThreadID+"/fork", map[string]any{"from_checkpoint_id": snap.HeadCheckpointID})
+	notFound("POST", "/api/runs/"+ack.RunID+"/cancel", map[string]any{})
+	resp, raw := srv.send(bob, "GET", "/t/"+th.ThreadID, nil)
+	if resp.StatusCode != http.StatusNotFound || strings.Contains(string(raw), "alice's secret") || strings.Contains(string(raw), "private question") {
+		t.Errorf("bob GET /t/%s: %d, want 404 without alice's title or text; body %.400s", th.ThreadID, resp.StatusCode, raw)
+	}
+	resp, raw = srv.send(bob, "GET", "/", nil)
+	if resp.StatusCode != http.StatusOK || strings.Contains(string(raw), th.ThreadID) || strings.Contains(string(raw), "alice's secret") {
+		t.Errorf("bob's home page: %d lists alice's thread; body %.400s", resp.StatusCode, raw)
+	}
+	ws := srv.mustDialWS(bob, "bob's cookie")
+	if e := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); e["type"] != "error" || e["error"] != "not_found" {
+		t.Errorf("bob subscribes to alice's thread: %v, want error not_found", e)
+	}
+	if e := ws.cmd(map[string]any{"type": "run.start", "thread_id": th.ThreadID, "expected_state_version": snap.StateVersion, "user_message": "hijack"}); e["type"] != "error" || e["error"] != "not_found" {
+		t.Errorf("bob starts a run on alice's thread over /ws: %v, want error not_found", e)
+	}
+	// Nothing bob tried changed alice's thread.
+	if after := srv.snapshot2(alice, th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
+		t.Errorf("alice's thread changed after bob's attempts: version %d→%d, %d→%d messages", snap.StateVersion, after.StateVersion, len(snap.Messages), len(after.Messages))
+	}
+	if got := srv.threadList(alice); len(got) != 1 {
+		t.Errorf("alice lists %v, want her one thread", got)
+	}
+	ws.close()
+	srv.stop()
+	checkDB(t, db)
+}
+
+// ---------------------------------------------------------------------------
+// (e) Deleting a user.
+
+func TestUserDeleteEndsAccess(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pw = "correct horse battery"
+	addUser(t, db, "alice", pw)
+	token, _ := createToken(t, db, "alice")
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	viaToken, viaCookie := who{bearer: token}, who{cookie: srv.signIn("alice", pw)}
+	var th snapshot
+	srv.as(viaCookie, "POST", "/api/threads", map[string]any{"title": "before deletion"}, http.StatusCreated, &th)
+	srv.threadList(viaToken)
+
+	code, out, errOut := runCLI(t, nil, "user", "del", "alice", "-db", db)
+	if code != 0 || !strings.Contains(out, "deleted user alice") {
+		t.Fatalf("user del alice while serving: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for _, w := range []who{viaToken, viaCookie} {
+		srv.wantUnauthorized(w, "GET", "/api/threads", "a credential of a deleted user")
+		srv.wantUnauthorized(w, "GET", "/api/threads/"+th.ThreadID, "a credential of a deleted user")
+		srv.wantWSRefused(w, "a credential of a deleted user")
+	}
+	srv.wantLoginRedirect(viaCookie, "/", "the session of a deleted user")
+	srv.wantSignInRefused("alice", pw, http.StatusUnauthorized, "the password of a deleted user")
+	if code, out, _ := runCLI(t, nil, "user", "list", "-db", db); code != 0 || strings.Contains(out, "alice") {
+		t.Errorf("user list after del: exit %d, stdout %q; want no alice", code, out)
+	}
+	if code, _, errOut := runCLI(t, nil, "user", "del", "alice", "-db", db); code == 0 || !strings.Contains(errOut, `no user "alice"`) {
+		t.Errorf("deleting alice twice: exit %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut := runCLI(t, nil, "token", "create", "-user", "alice", "-db", db); code == 0 {
+		t.Errorf("token create for a deleted user: exit 0, stderr %q", errOut)
+	}
+
+	// The name is free again, for a new account that sees nothing of the
+	// old one.
+	addUser(t, db, "alice", "a brand new password")
+	again := who{cookie: srv.signIn("alice", "a brand new password")}
+	if got := srv.threadList(again); len(got) != 0 {
+		t.Errorf("the new alice lists %v, want nothing of the deleted account", got)
+	}
+	srv.as(again, "GET", "/api/threads/"+th.ThreadID, nil, http.StatusNotFound, nil)
+	srv.wantUnauthorized(viaToken, "GET", "/api/threads", "the deleted account's token after the name was reused")
+	srv.wantUnauthorized(viaCookie, "GET", "/api/threads", "the deleted account's session after the name was reused")
+	srv.stop()
+	checkDB(t, db)
+}
