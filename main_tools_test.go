@@ -271,7 +271,7 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	}()
 	checkDB(t, db) // the invariants hold even mid-commit
 
-	srv = startServerWith(t, db, pace) // no fault any more
+	srv = startServerWith(t, db, pace, "-log-level", "debug") // no fault any more
 	evs = srv.events(tid, seen)
 	got := waitCompleted(t, evs, runID, op.OperationID)
 	if !slices.Equal(got.phases, []string{"confirmed", "committing", "reconciled"}) {
@@ -283,6 +283,13 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 
 	wantOneAcceptance(t, db, key, 1) // reconciled by lookup: no second call
 	checkDB(t, db)
+	// Even at debug level, recovery and reconciliation log ids and phases,
+	// never the message, the tool's arguments or the email's address.
+	for _, secret := range []string{"ann@example.com", "signed contract"} {
+		if logs := srv.stderr(); strings.Contains(logs, secret) {
+			t.Errorf("the debug server log contains %q", secret)
+		}
+	}
 }
 
 // TestBinaryToolsLostAnswer: the provider accepts the key but its answer
