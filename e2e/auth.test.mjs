@@ -25,7 +25,7 @@ before(async () => {
     env: { PATH: process.env.PATH, HOME: process.env.HOME },
   });
   assert.match(out, /^created user alice /);
-  server = await startServer({ pace: "20ms", db, args: ["-auth", "password"] });
+  server = await startServer({ pace: "20ms", db, args: ["-auth", "password", "-ws-ping-interval", "300ms"] });
   browser = await launch();
 });
 
@@ -138,6 +138,20 @@ test("sign in, chat, sign out; a browser without the cookie sees only the sign-i
   await other.reload();
   await other.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
   assert.equal(await other.getByTestId("account-name").textContent(), "alice");
+
+  // An administrator changes alice's password while her page is open: the
+  // server ends her session and the open page goes to the sign-in form by
+  // itself (its WebSocket is closed with 1008 within the ping interval),
+  // coming back to the conversation afterwards.
+  execFileSync(binary(), ["user", "passwd", "alice", "-db", server.db], {
+    input: PASSWORD + " 2\n",
+    encoding: "utf8",
+    env: { PATH: process.env.PATH, HOME: process.env.HOME },
+  });
+  await other.waitForURL((u) => u.pathname === "/login" && u.searchParams.get("next") === path, { timeout: 10000 });
+  await signIn(other, "alice", PASSWORD + " 2");
+  await other.waitForURL(url);
+  await other.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
 
   assert.deepEqual(pageErrors(errors), [], "no console errors");
   assert.deepEqual(pageErrors(otherErrors), [], "no console errors in the other browser");

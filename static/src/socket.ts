@@ -30,6 +30,11 @@ function tabID(): string {
   return id;
 }
 
+// signIn leaves for the sign-in page, coming back here afterwards.
+function signIn(): void {
+  location.assign("/login?next=" + encodeURIComponent(location.pathname));
+}
+
 export class Socket {
   private ws: WebSocket | null = null;
   private nextID = 0;
@@ -47,7 +52,9 @@ export class Socket {
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(`${proto}//${location.host}/ws`);
     this.ws = ws;
+    let opened = false;
     ws.onopen = () => {
+      opened = true;
       this.backoff = 250;
       this.send({ type: "hello", tab_id: this.tab })
         .then(() => {
@@ -67,6 +74,20 @@ export class Socket {
       this.ws = null;
       for (const p of this.pending.values()) p.reject(new Error("connection lost"));
       this.pending.clear();
+      // 1008: the session ended (signed out elsewhere, password changed,
+      // token revoked). An upgrade refused before opening may be the same
+      // (401): ask the API, which says so in JSON.
+      if (e.code === 1008) {
+        signIn();
+        return;
+      }
+      if (!opened) {
+        fetch("/api/threads?limit=1", { credentials: "same-origin" })
+          .then((r) => {
+            if (r.status === 401) signIn();
+          })
+          .catch(() => {});
+      }
       const why = e.code === 1001 ? "server restarting" : e.code === 1013 ? "catching up" : "connection lost";
       this.h.state("reconnecting", why);
       const wait = this.backoff;
