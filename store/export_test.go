@@ -7,3 +7,16 @@ func SetPurgeLimits(batch, maxBatches int) (restore func()) {
 	purgeBatch, purgeMaxBatches = batch, maxBatches
 	return func() { purgeBatch, purgeMaxBatches = b, m }
 }
+
+// HoldWriter takes the writer, as a long transaction would, until release.
+func (s *Store) HoldWriter() (release func()) {
+	s.writeMu.Lock()
+	return s.writeMu.Unlock
+}
+
+// QueuedWrites is how many grouped writes wait for the writer.
+func (s *Store) QueuedWrites() int {
+	s.queue.mu.Lock()
+	defer s.queue.mu.Unlock()
+	return len(s.queue.pending)
+}

@@ -443,12 +443,26 @@ func (t *txn) ownRunning(runID, owner string) (runRow, error) {
 // buffer with consecutive seqs, in one transaction, if owner still runs the
 // run; otherwise it writes nothing and returns *chat.ErrNotRunning. (The
 // lease is renewed by the engine's maintenance loop for all its runs at
-// once, not per batch.)
+// once, not per batch.) Concurrent calls of different runs share
+// transactions (group commit, see group.go).
 func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
-	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
+	return s.writeGrouped(ctx, func(t *txn) error {
+		// The safe point: only the run's status and lease, not the whole
+		// row (this runs once per batch of every streaming run).
+		var row struct {
+			ThreadID   string         `db:"thread_id"`
+			Status     string         `db:"status"`
+			LeaseOwner sql.NullString `db:"lease_owner"`
+		}
+		err := t.get(&row, `SELECT thread_id, status, lease_owner FROM runs WHERE run_id = ?`, runID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return chat.NotFound("run", runID)
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("load run: %w", err)
+		}
+		if st := chat.RunStatus(row.Status); st != chat.RunRunning || row.LeaseOwner.String != owner {
+			return &chat.ErrNotRunning{Status: st}
 		}
 		c, err := t.engineThread(row.ThreadID)
 		if err != nil {

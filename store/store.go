@@ -54,6 +54,7 @@ type Store struct {
 	writer   *sqlx.DB
 	reader   *sqlx.DB
 	writeMu  sync.Mutex
+	queue    writeQueue // group commit of AppendDeltas (group.go)
 	onCommit func([]*chat.Event)
 	lock     *os.File
 }
@@ -100,7 +101,7 @@ func lockFile(path string) (*os.File, error) {
 
 func open(ctx context.Context, path string, opts Options) (*Store, error) {
 	base := "file:" + (&url.URL{Path: path}).EscapedPath()
-	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous=NORMAL&_txlock=immediate")
+	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous=NORMAL&_txlock=immediate&_stmt_cache_size=128")
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -115,7 +116,7 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		writer.Close()
 		return nil, err
 	}
-	reader, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_query_only=1")
+	reader, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_query_only=1&_stmt_cache_size=64")
 	if err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("open %s for reading: %w", path, err)
