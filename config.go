@@ -1,0 +1,310 @@
+package main
+
+// The server's configuration: flags, with environment variables as their
+// defaults, checked before anything starts.
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/model/openai"
+)
+
+// config is the server's configuration: flags, with environment variables
+// as defaults.
+type config struct {
+	addr      string
+	db        string
+	model     string
+	demoPace  time.Duration
+	streamTTL time.Duration
+	// retention of the other artifact classes; 0 keeps forever
+	eventTTL, auditTTL, draftTTL time.Duration
+	workers                      int
+	logLevel                     string
+	origins                      []string
+	wsPing                       time.Duration
+	// per-user limits
+	userConns, userSubs int
+	userRate            float64
+	// openai is the backend of -model openai (nil for demo).
+	openai *openai.Backend
+	// tools
+	searchLatency time.Duration
+	outboxLatency time.Duration
+	outboxFault   string
+	toolsConfig   string
+	// auth
+	authMode       auth.Mode
+	authHeader     string
+	trustedProxies []netip.Prefix
+	sessionTTL     time.Duration
+	secureCookies  bool
+	// insecureRemote allows auth mode none on a non-loopback address.
+	insecureRemote bool
+}
+
+func parseServe(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
+	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
+	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
+	pace, err := envDuration("GATEWAY_DEMO_PACE", 30*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.demoPace, "demo-pace", pace, "demo model: time per streamed word (GATEWAY_DEMO_PACE)")
+	ttl, err := envDuration("GATEWAY_STREAM_TTL", 10*time.Minute)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
+	for _, r := range []struct {
+		dst           *time.Duration
+		flag, envName string
+		def           time.Duration
+		usage         string
+	}{
+		{&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30 * 24 * time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever"},
+		{&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365 * 24 * time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever"},
+		{&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7 * 24 * time.Hour, "how long a deleted draft's text is kept (for audit) before it is erased; 0 keeps it forever"},
+	} {
+		d, err := envDuration(r.envName, r.def)
+		if err != nil {
+			return c, err
+		}
+		fs.DurationVar(r.dst, r.flag, d, r.usage+" ("+r.envName+")")
+	}
+	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
+	searchLatency, err := envDuration("GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.searchLatency, "search-latency", searchLatency, "catalog_search: how long a search takes (GATEWAY_SEARCH_LATENCY)")
+	outboxLatency, err := envDuration("GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
+	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
+	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
+	fs.StringVar(&c.authHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
+	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
+	sessionTTL, err := envDuration("GATEWAY_SESSION_TTL", 7*24*time.Hour)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.sessionTTL, "session-ttl", sessionTTL, "-auth password: how long a sign-in lasts (GATEWAY_SESSION_TTL)")
+	fs.BoolVar(&c.secureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
+	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
+	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
+	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
+	wsPing, err := envDuration("GATEWAY_WS_PING_INTERVAL", 20*time.Second)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.wsPing, "ws-ping-interval", wsPing, "WebSocket keep-alive period; a signed-out or revoked connection ends within it (GATEWAY_WS_PING_INTERVAL)")
+	userConns, err := envInt("GATEWAY_MAX_CONNS_PER_USER", 32)
+	if err != nil {
+		return c, err
+	}
+	fs.IntVar(&c.userConns, "max-conns-per-user", userConns, "WebSocket connections and event streams one user may hold open (GATEWAY_MAX_CONNS_PER_USER)")
+	userSubs, err := envInt("GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500)
+	if err != nil {
+		return c, err
+	}
+	fs.IntVar(&c.userSubs, "max-subscriptions-per-user", userSubs, "threads one user may watch over all its WebSocket connections (GATEWAY_MAX_SUBSCRIPTIONS_PER_USER)")
+	userRate, err := envInt("GATEWAY_USER_COMMAND_RATE", 60)
+	if err != nil {
+		return c, err
+	}
+	fs.Float64Var(&c.userRate, "user-command-rate", float64(userRate), "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
+	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
+	oa := openaiFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.authMode, err = auth.ParseMode(*mode); err != nil {
+		return c, err
+	}
+	if c.trustedProxies, err = auth.ParsePrefixes(*proxies); err != nil {
+		return c, err
+	}
+	if c.authMode == auth.ModeNone && !c.insecureRemote && !loopback(c.addr) {
+		return c, fmt.Errorf("-addr %s is not a loopback address and -auth is none: anyone who can reach it could read and drive every conversation. Use -auth password (create accounts with gateway user add) or -auth header behind an authenticating proxy, listen on 127.0.0.1, or pass -insecure-remote to accept that", c.addr)
+	}
+	if c.authMode == auth.ModeHeader && len(c.trustedProxies) == 0 {
+		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.authHeader)
+	}
+	if c.sessionTTL <= 0 {
+		return c, errors.New("-session-ttl must be more than 0")
+	}
+	if c.userConns < 1 || c.userSubs < 1 || c.userRate <= 0 {
+		return c, errors.New("-max-conns-per-user, -max-subscriptions-per-user and -user-command-rate must be more than 0")
+	}
+	if c.wsPing < 100*time.Millisecond {
+		return c, errors.New("-ws-ping-interval must be at least 100ms")
+	}
+	for _, o := range strings.Split(*origins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			c.origins = append(c.origins, o)
+		}
+	}
+	switch c.model {
+	case "demo":
+	case "openai":
+		if c.openai, err = oa.backend(); err != nil {
+			return c, err
+		}
+	default:
+		return c, fmt.Errorf("-model %q is not available: use demo or openai", c.model)
+	}
+	if c.demoPace < 0 || c.streamTTL <= 0 {
+		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
+	}
+	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
+		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")
+	}
+	return c, nil
+}
+
+// openaiSettings are the flags of -model openai. The API key is read from
+// GATEWAY_OPENAI_API_KEY or a file, never from a flag value (flags show in
+// process lists and shell history).
+type openaiSettings struct {
+	baseURL, model, keyFile, temperature string
+	headers                              []string // "Name: value"
+	headersFromFlags                     bool
+}
+
+func openaiFlags(fs *flag.FlagSet) *openaiSettings {
+	o := &openaiSettings{}
+	fs.StringVar(&o.baseURL, "openai-base-url", env("GATEWAY_OPENAI_BASE_URL", "https://api.openai.com/v1"), "-model openai: the API's base URL, for example http://127.0.0.1:11434/v1 (GATEWAY_OPENAI_BASE_URL)")
+	fs.StringVar(&o.model, "openai-model", env("GATEWAY_OPENAI_MODEL", ""), "-model openai: the model name, required (GATEWAY_OPENAI_MODEL)")
+	fs.StringVar(&o.keyFile, "openai-api-key-file", env("GATEWAY_OPENAI_API_KEY_FILE", ""), "-model openai: file holding the API key (GATEWAY_OPENAI_API_KEY_FILE); or set GATEWAY_OPENAI_API_KEY")
+	fs.StringVar(&o.temperature, "openai-temperature", env("GATEWAY_OPENAI_TEMPERATURE", ""), "-model openai: sampling temperature from 0 to 2; unset leaves the endpoint's default (GATEWAY_OPENAI_TEMPERATURE)")
+	for _, h := range strings.Split(env("GATEWAY_OPENAI_HEADERS", ""), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			o.headers = append(o.headers, h)
+		}
+	}
+	fs.Func("openai-header", "-model openai: extra request header `Name: value`, repeatable; replaces GATEWAY_OPENAI_HEADERS (comma-separated)", func(v string) error {
+		if !o.headersFromFlags {
+			o.headers, o.headersFromFlags = nil, true
+		}
+		o.headers = append(o.headers, v)
+		return nil
+	})
+	return o
+}
+
+// backend checks the settings and builds the backend; it makes no request.
+func (o *openaiSettings) backend() (*openai.Backend, error) {
+	if strings.TrimSpace(o.model) == "" {
+		return nil, errors.New("-model openai needs a model name: set GATEWAY_OPENAI_MODEL or -openai-model (for example gpt-4o-mini)")
+	}
+	cfg := openai.Config{BaseURL: strings.TrimSpace(o.baseURL), Model: strings.TrimSpace(o.model)}
+	key := env("GATEWAY_OPENAI_API_KEY", "")
+	if o.keyFile != "" {
+		if key != "" {
+			return nil, errors.New("the OpenAI API key is set twice: use GATEWAY_OPENAI_API_KEY or -openai-api-key-file (GATEWAY_OPENAI_API_KEY_FILE), not both")
+		}
+		data, err := os.ReadFile(o.keyFile)
+		if err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return nil, fmt.Errorf("-openai-api-key-file: cannot read the API key file %s: %v", o.keyFile, err)
+		}
+		if key = strings.TrimSpace(string(data)); key == "" {
+			return nil, fmt.Errorf("-openai-api-key-file: %s is empty: put the API key in it", o.keyFile)
+		}
+	}
+	cfg.APIKey = strings.TrimSpace(key)
+	if cfg.APIKey == "" && strings.Contains(cfg.BaseURL, "api.openai.com") {
+		return nil, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
+	}
+	for _, h := range o.headers {
+		name, value, ok := strings.Cut(h, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			// The entry is not echoed: header values can be secrets.
+			return nil, errors.New("an -openai-header (GATEWAY_OPENAI_HEADERS) entry is not of the form Name: value")
+		}
+		if cfg.Headers == nil {
+			cfg.Headers = make(map[string]string)
+		}
+		cfg.Headers[name] = value
+	}
+	if o.temperature != "" {
+		t, err := strconv.ParseFloat(o.temperature, 64)
+		if err != nil || t < 0 || t > 2 {
+			return nil, fmt.Errorf("-openai-temperature (GATEWAY_OPENAI_TEMPERATURE) %q is not a number from 0 to 2", o.temperature)
+		}
+		cfg.Temperature = &t
+	}
+	b, err := openai.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-header, or their GATEWAY_OPENAI_* variables)", err)
+	}
+	return b, nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func env(key, fallback string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return fallback
+}
+
+func envInt(key string, fallback int) (int, error) {
+	v := env(key, "")
+	if v == "" {
+		return fallback, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a whole number", key, v)
+	}
+	return n, nil
+}
+
+func envDuration(key string, fallback time.Duration) (time.Duration, error) {
+	v := env(key, "")
+	if v == "" {
+		return fallback, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a duration (for example 30ms or 10m)", key, v)
+	}
+	return d, nil
+}

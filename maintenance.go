@@ -1,0 +1,77 @@
+package main
+
+// Offline maintenance commands: check and backup.
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/honestcancel/gateway/store"
+)
+
+func check(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to audit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "gateway check: no database at %s: pass -db PATH\n", *db)
+		return 2
+	}
+	ctx := context.Background()
+	st, err := store.Open(ctx, *db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	defer st.Close()
+	violations, err := st.Check(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	for _, v := range violations {
+		fmt.Fprintln(stdout, v)
+	}
+	if len(violations) > 0 {
+		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), *db)
+		return 1
+	}
+	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", *db)
+	return 0
+}
+
+func backup(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to copy")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "gateway backup: name the file to write: gateway backup -db PATH OUT")
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "gateway backup: no database at %s: pass -db PATH\n", *db)
+		return 2
+	}
+	ctx := context.Background()
+	st, err := store.Open(ctx, *db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway backup:", err)
+		return 1
+	}
+	defer st.Close()
+	if err := st.Backup(ctx, fs.Arg(0)); err != nil {
+		fmt.Fprintln(stderr, "gateway backup:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s; check it with: gateway check -db %s\n", *db, fs.Arg(0), fs.Arg(0))
+	return 0
+}
