@@ -4,8 +4,10 @@ NPM ?= npm
 
 .PHONY: build test lint generate generate-check node-deps browser test-go test-e2e fuzz test-fuzz
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
 build:
-	$(GO) build -o bin/gateway .
+	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/gateway .
 
 # generate rewrites the committed generated files: templ components and the
 # browser bundle.

@@ -31,6 +31,8 @@ type config struct {
 	eventTTL, auditTTL, draftTTL time.Duration
 	workers                      int
 	logLevel                     string
+	logFormat                    string
+	adminAddr                    string
 	origins                      []string
 	wsPing                       time.Duration
 	// per-user limits
@@ -86,7 +88,11 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 		}
 		fs.DurationVar(r.dst, r.flag, d, r.usage+" ("+r.envName+")")
 	}
-	fs.IntVar(&c.workers, "workers", 64, "runs executed at once")
+	workers, err := envInt("GATEWAY_WORKERS", 64)
+	if err != nil {
+		return c, err
+	}
+	fs.IntVar(&c.workers, "workers", workers, "runs executed at once (GATEWAY_WORKERS)")
 	searchLatency, err := envDuration("GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond)
 	if err != nil {
 		return c, err
@@ -131,9 +137,19 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.Float64Var(&c.userRate, "user-command-rate", float64(userRate), "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
+	fs.StringVar(&c.logFormat, "log-format", env("GATEWAY_LOG_FORMAT", "text"), "log lines as text (key=value) or json (GATEWAY_LOG_FORMAT)")
+	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
+	fs.String("config", "", "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if path := configPath(args); path != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if err := applyConfigFile(fs, path, set); err != nil {
+			return c, err
+		}
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -175,6 +191,15 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.demoPace < 0 || c.streamTTL <= 0 {
 		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
+	}
+	if c.workers < 1 {
+		return c, errors.New("-workers must be 1 or more")
+	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return c, fmt.Errorf("-log-format %q: use text or json", c.logFormat)
+	}
+	if c.adminAddr != "" && !loopback(c.adminAddr) {
+		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.adminAddr)
 	}
 	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")

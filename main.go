@@ -12,8 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -49,6 +52,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return userCmd(args, stdin, stdout, stderr)
 	case "token":
 		return tokenCmd(args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version())
+		return 0
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -66,7 +72,44 @@ const usage = `Usage:
   gateway user add|passwd|del|list ...
                             manage the accounts of -auth password (gateway user help)
   gateway token create|revoke|list ...
-                            manage API tokens for programs (gateway token help)`
+                            manage API tokens for programs (gateway token help)
+  gateway version           print the build's version, commit and Go version`
+
+// buildVersion is set by `make build` (-ldflags -X main.buildVersion=…)
+// from git describe; otherwise the toolchain's build information is used.
+var buildVersion string
+
+// version describes the build from what the Go toolchain recorded in it.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "gateway " + buildVersion + " (no build information)"
+	}
+	v, rev, at, dirty := info.Main.Version, "", "", ""
+	if buildVersion != "" {
+		v = buildVersion
+	}
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = " (modified)"
+			}
+		}
+	}
+	out := "gateway " + v
+	if rev != "" {
+		out += " commit " + rev[:min(12, len(rev))] + dirty
+	}
+	if at != "" {
+		out += " " + at
+	}
+	return out + " " + info.GoVersion + " " + runtime.GOOS + "/" + runtime.GOARCH
+}
 
 func serve(args []string, stderr io.Writer) int {
 	cfg, err := parseServe(args, stderr)
@@ -82,7 +125,12 @@ func serve(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gateway: -log-level:", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
+	if cfg.logFormat == "json" {
+		handler = slog.NewJSONHandler(stderr, opts)
+	}
+	log := slog.New(handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := serveUntilDone(ctx, cfg, log); err != nil {
@@ -162,6 +210,14 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
+	if cfg.adminAddr != "" {
+		stopAdmin, err := serveAdmin(cfg.adminAddr, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopAdmin()
+	}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
 	srv := &http.Server{
@@ -201,4 +257,32 @@ func hasPassword(users []chat.User) bool {
 		}
 	}
 	return false
+}
+
+// serveAdmin runs the admin listener (Go's profiles) on a loopback address
+// until the returned stop is called; stop waits for it.
+func serveAdmin(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin listener", "err", err)
+		}
+	}()
+	log.Info("admin listener", "addr", "http://"+ln.Addr().String()+"/debug/pprof/")
+	return func() {
+		srv.Close()
+		<-done
+	}, nil
 }

@@ -1,0 +1,148 @@
+package main
+
+// The configuration story against the real binary: a settings file, its
+// precedence below environment variables and flags, its errors, the
+// version command, JSON logs and the admin listener.
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeConfig(t *testing.T, lines ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gateway.conf")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestConfigFilePrecedence(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		args    []string
+		lines   []string
+		want    string // in stderr
+		notWant string
+	}{
+		{"the file applies", nil, nil,
+			[]string{"# a comment", "", "workers = 0"}, "-workers must be 1 or more", ""},
+		{"the environment beats the file", []string{"GATEWAY_WORKERS=4"}, nil,
+			[]string{"workers = 0", "log-format = yaml"}, `-log-format "yaml"`, "-workers"},
+		{"a flag beats the file", nil, []string{"-log-format", "text"},
+			[]string{"log-format = yaml", "admin-addr = 0.0.0.0:1"}, "-admin-addr 0.0.0.0:1 is not a loopback", "log-format"},
+		{"GATEWAY_CONFIG names the file", []string{"GATEWAY_CONFIG="}, nil,
+			[]string{"workers = 0"}, "-workers must be 1 or more", ""},
+		{"an unknown setting", nil, nil,
+			[]string{"addr = 127.0.0.1:0", "colour = blue"}, `line 2: no setting "colour"`, ""},
+		{"a setting twice", nil, nil,
+			[]string{"workers = 2", "workers = 3"}, "line 2: workers is already set on line 1", ""},
+		{"a bad value", nil, nil,
+			[]string{"demo-pace = fast"}, "line 1: demo-pace", ""},
+		{"no equals sign", nil, nil,
+			[]string{"workers 3"}, `line 1: want "name = value"`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.lines...)
+			args := append([]string{"serve", "-db", db, "-addr", "127.0.0.1:0"}, tc.args...)
+			env := tc.env
+			if len(env) > 0 && env[0] == "GATEWAY_CONFIG=" {
+				env = []string{"GATEWAY_CONFIG=" + path}
+			} else {
+				args = append(args, "-config", path)
+			}
+			code, _, stderr := runCLI(t, env, args...)
+			if code != 2 || !strings.Contains(stderr, tc.want) || (tc.notWant != "" && strings.Contains(stderr, tc.notWant)) {
+				t.Fatalf("exit %d, stderr %q; want 2 with %q (and without %q)", code, stderr, tc.want, tc.notWant)
+			}
+		})
+	}
+	if code, _, stderr := runCLI(t, nil, "serve", "-config", filepath.Join(t.TempDir(), "missing.conf")); code != 2 || !strings.Contains(stderr, "no such file") {
+		t.Fatalf("missing file: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(db); err == nil {
+		t.Fatal("a refused configuration created the database")
+	}
+}
+
+// A server started from a file runs with its settings.
+func TestConfigFileRunsTheServer(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	path := writeConfig(t, "auth = password", "session-ttl = 1h")
+	srv := startServerWith(t, db, "5ms", "-config", path)
+	resp, err := http.Get(srv.base + "/api/threads")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET /api/threads under auth = password from the file: %d %s, want 401", resp.StatusCode, body)
+	}
+	srv.stop()
+}
+
+func TestVersionAndJSONLogs(t *testing.T) {
+	code, out, _ := runCLI(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "gateway ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("version: exit %d, %q", code, out)
+	}
+	// JSON logs: every line one object; the refusal below is logged
+	// before exit, so one run suffices.
+	db := filepath.Join(t.TempDir(), "gw.db")
+	code, _, stderr := runCLI(t, nil, "serve", "-db", db, "-addr", "127.0.0.1:0", "-log-format", "json", "-tools-config", filepath.Join(t.TempDir(), "none.json"))
+	if code == 0 {
+		t.Fatalf("serve with a missing tools config exited 0")
+	}
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	for _, l := range lines {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(l), &obj); err != nil || obj["level"] == nil || obj["msg"] == nil {
+			t.Fatalf("log line is not a JSON record with level and msg: %q", l)
+		}
+	}
+}
+
+func TestAdminListener(t *testing.T) {
+	if code, _, stderr := runCLI(t, nil, "serve", "-admin-addr", "0.0.0.0:0"); code != 2 || !strings.Contains(stderr, "not a loopback address") {
+		t.Fatalf("public admin address: exit %d, %q", code, stderr)
+	}
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0")
+	var admin string
+	for _, l := range strings.Split(srv.stderr(), "\n") {
+		if i := strings.Index(l, `msg="admin listener" addr=`); i >= 0 {
+			admin = strings.TrimSpace(l[i+len(`msg="admin listener" addr=`):])
+		}
+	}
+	if admin == "" {
+		t.Fatalf("no admin listener line in the log:\n%s", srv.stderr())
+	}
+	resp, err := http.Get(admin + "goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "goroutine profile") {
+		t.Fatalf("pprof goroutine profile: %d %.200s", resp.StatusCode, body)
+	}
+	// The public listener does not serve profiles.
+	resp, err = http.Get(srv.base + "/debug/pprof/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == 200 {
+		t.Fatal("the public listener serves /debug/pprof/")
+	}
+	srv.stop()
+}
