@@ -1,0 +1,143 @@
+package main
+
+// Graceful shutdown against the real binary: SIGTERM in the middle of
+// several streaming runs. Readiness goes 503 (or the port closes) before
+// the process ends, every WebSocket gets 1001 going away, the process exits
+// 0, and after a restart on the same database every run continues to
+// completion — none cancelled, none failed, one published reply each — and
+// the invariants hold.
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pace = "60ms"
+	srv := startServer(t, db, pace)
+	const n = 4
+	type live struct {
+		thread snapshot
+		runID  string
+		evs    *stream
+	}
+	runs := make([]live, n)
+	for i := range runs {
+		th := srv.createThread()
+		var ack startAck
+		srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
+			"expected_state_version": th.StateVersion,
+			"user_message":           "Tell me about graceful restarts of streaming servers, in detail",
+		}, http.StatusCreated, &ack)
+		runs[i] = live{thread: th, runID: ack.RunID, evs: srv.events(th.ThreadID, th.LastSeq)}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, r := range runs {
+		r.evs.waitDeltas(deadline, r.runID, 3) // streaming, far from done
+	}
+
+	// A WebSocket tab watching the first thread must be told to go away.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.base, "http")+"/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	closed := make(chan websocket.StatusCode, 1)
+	go func() {
+		for {
+			if _, _, err := ws.Read(ctx); err != nil {
+				closed <- websocket.CloseStatus(err)
+				return
+			}
+		}
+	}()
+
+	// Watch readiness while shutting down: it must stop being 200 before
+	// the process is gone.
+	var sawNotReady bool
+	var watch sync.WaitGroup
+	stopWatch := make(chan struct{})
+	watch.Go(func() {
+		client := &http.Client{Timeout: time.Second}
+		for i := 0; i < 2000; i++ {
+			select {
+			case <-stopWatch:
+				return
+			default:
+			}
+			resp, err := client.Get(srv.base + "/readyz")
+			if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+				sawNotReady = true
+				if resp != nil {
+					resp.Body.Close()
+				}
+				return
+			}
+			resp.Body.Close()
+			time.Sleep(5 * time.Millisecond) // polling readiness, bounded
+		}
+	})
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := srv.waitExit(20 * time.Second); code != 0 {
+		t.Fatalf("graceful shutdown exited %d, want 0; log:\n%s", code, srv.stderr())
+	}
+	close(stopWatch)
+	watch.Wait()
+	if !sawNotReady {
+		t.Error("/readyz never stopped answering 200 during the shutdown")
+	}
+	select {
+	case code := <-closed:
+		if code != websocket.StatusGoingAway {
+			t.Errorf("the WebSocket ended with %d, want 1001 going away", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the WebSocket was not closed by the shutdown")
+	}
+	for _, r := range runs {
+		r.evs.close()
+	}
+	checkDB(t, db) // nothing half-written
+
+	// Restarted on the same database: every run continues.
+	srv = startServer(t, db, "5ms")
+	for _, r := range runs {
+		snap := srv.snapshot(r.thread.ThreadID)
+		evs := srv.events(r.thread.ThreadID, snap.LastSeq)
+		if snap.ActiveRun != nil {
+			evs.waitFor(time.Now().Add(30*time.Second), "the continued run's end", func(ev event) bool {
+				return ev.RunID == r.runID && (ev.Type == "run.completed" || ev.Type == "run.failed" || ev.Type == "run.cancelled")
+			})
+		}
+		evs.close()
+		got := srv.run(r.runID)
+		if got.Status != "completed" {
+			t.Errorf("run %s after a graceful restart: %s (error %v), want completed", r.runID, got.Status, got.Error)
+		}
+		after := srv.snapshot(r.thread.ThreadID)
+		replies := 0
+		for _, m := range after.Messages {
+			if m.Role == "assistant" && m.RunID != nil && *m.RunID == r.runID {
+				replies++
+			}
+		}
+		if replies != 1 || len(after.Messages) != 2 {
+			t.Errorf("thread %s after the restart holds %d messages with %d replies of the run, want the question and one reply", r.thread.ThreadID, len(after.Messages), replies)
+		}
+	}
+	srv.stop()
+	checkDB(t, db)
+}
