@@ -2,7 +2,7 @@
 GO ?= go
 NPM ?= npm
 
-.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e fuzz test-fuzz
+.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e fuzz test-fuzz bench
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
@@ -70,3 +70,14 @@ test-fuzz:
 CI_FUZZTIME ?= 5s
 
 test: lint generate-check test-go test-fuzz test-e2e
+
+# bench runs the load generator's standard scenarios (idle, fanout, cancel,
+# storage) against the real binary and the bare coder/websocket floor, in
+# about a minute; it prints every figure with its ratio to the floor and
+# writes the report to bin/bench.json. Figures never fail it: it fails only
+# on protocol errors or a failed `gateway check`. See BENCHMARKS.md;
+# BENCH_FLAGS passes flags (go run ./bench/cmd/loadgen -h).
+BENCH_FLAGS ?=
+bench:
+	@mkdir -p bin
+	$(GO) run ./bench/cmd/loadgen -json bin/bench.json $(BENCH_FLAGS)

@@ -1,0 +1,90 @@
+package loadgen
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	_ "github.com/mattn/go-sqlite3" // the gateway's own SQLite driver, to read its database after the run
+)
+
+// storeStats is what the gateway's database says about one window
+// [from, to) in Unix milliseconds (the ts the store stamps on every event
+// and delta: the start time of the transaction that wrote it).
+type storeStats struct {
+	Deltas      int64 // stream_deltas rows: message.delta events committed
+	DeltaMillis int64 // distinct ts among them: a lower bound on delta transactions
+	RunBatches  int64 // distinct (run, ts): per-run batches; one transaction each without group commit
+	Durable     int64 // events rows: durable events committed
+	DurableTx   int64 // distinct (thread, ts) among them: about one per durable transaction
+}
+
+// readStoreStats reads the stopped gateway's database.
+func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats, error) {
+	var st storeStats
+	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return st, err
+	}
+	defer conn.Close()
+	queries := []struct {
+		q   string
+		dst []any
+	}{
+		{`SELECT COUNT(*), COUNT(DISTINCT ts) FROM stream_deltas WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis}},
+		{`SELECT COUNT(*) FROM (SELECT 1 FROM stream_deltas WHERE ts >= ? AND ts < ? GROUP BY run_id, ts)`, []any{&st.RunBatches}},
+		{`SELECT COUNT(*) FROM events WHERE ts >= ? AND ts < ?`, []any{&st.Durable}},
+		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts)`, []any{&st.DurableTx}},
+	}
+	for _, q := range queries {
+		if err := conn.QueryRowContext(ctx, q.q, from, to).Scan(q.dst...); err != nil {
+			return st, fmt.Errorf("read %s: %w", db, err)
+		}
+	}
+	return st, nil
+}
+
+// publishGaps reads, for assistant messages published in [from, to), the
+// time from the transaction of the message's last delta to the one that
+// published it, as the store stamped them (ms resolution): the engine's
+// step from the end of the stream to publish + checkpoint, including the
+// wait for the writer.
+func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
+	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts) FROM stream_deltas d WHERE d.message_id = e.message_id)
+		FROM events e WHERE e.type = 'message.published' AND e.run_id IS NOT NULL AND e.ts >= ? AND e.ts < ?
+		AND EXISTS (SELECT 1 FROM stream_deltas d WHERE d.message_id = e.message_id)`, from, to)
+}
+
+// cancelGaps reads, for runs whose cancel was recorded in [from, to), the
+// time from the run.cancel_requested event to the run.cancelled event as
+// the store stamped them (ms resolution): the engine's share of a cancel,
+// without the WebSocket hops and the wait for the writer before the
+// cancel's own transaction.
+func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
+	return gaps(ctx, db, `SELECT c.ts - r.ts FROM events r JOIN events c ON c.run_id = r.run_id AND c.type = 'run.cancelled'
+		WHERE r.type = 'run.cancel_requested' AND r.ts >= ? AND r.ts < ?`, from, to)
+}
+
+// gaps runs a query of millisecond differences over [from, to) and returns
+// them in microseconds.
+func gaps(ctx context.Context, db, query string, from, to int64) ([]int32, error) {
+	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	rows, err := conn.QueryContext(ctx, query, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", db, err)
+	}
+	defer rows.Close()
+	var out []int32
+	for rows.Next() {
+		var ms int64
+		if err := rows.Scan(&ms); err != nil {
+			return nil, err
+		}
+		out = append(out, int32(ms*1000))
+	}
+	return out, rows.Err()
+}

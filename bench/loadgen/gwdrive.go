@@ -1,0 +1,296 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// maxRunsPerThread bounds the runs one driver starts.
+const maxRunsPerThread = 100_000
+
+// longMessage makes the demo model answer with at least 80 words (a
+// message without the word "short").
+func longMessage(scenario string, thread, i int) string {
+	return fmt.Sprintf("Explain goroutines, channels and backpressure for the %s benchmark, thread %d, round %d", scenario, thread, i)
+}
+
+func terminal(typ string) bool {
+	return typ == typeRunCompleted || typ == typeRunFailed || typ == typeRunCancelled
+}
+
+// connect makes tabsPer tabs for every thread, starts their goroutines in
+// wg under ctx, and waits until every tab is subscribed (at most timeout).
+// Tab 0 of each thread sends run notes to its driver; so does every tab
+// when notesAll.
+func (e *gwEnv) connect(ctx context.Context, threads []*gwThread, tabsPer int, notesAll bool, wg *sync.WaitGroup, timeout time.Duration) error {
+	var all []*gwTab
+	for _, th := range threads {
+		for k := range tabsPer {
+			t := newGWTab(th, k)
+			t.notes = k == 0 || notesAll
+			th.tabs = append(th.tabs, t)
+			all = append(all, t)
+		}
+	}
+	for _, t := range all {
+		wg.Go(func() { t.run(ctx) })
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for i, t := range all {
+		select {
+		case <-t.ready:
+		case <-deadline.C:
+			return fmt.Errorf("only %d of %d tabs subscribed within %s", i, len(all), timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// startRun starts a run from tab 0 with the driver's known state_version.
+func (th *gwThread) startRun(ctx context.Context, text string) (string, bool) {
+	e := th.env
+	r, _, err := th.tabs[0].do(ctx, map[string]any{"type": "run.start", "thread_id": th.id,
+		"expected_state_version": th.version, "user_message": text})
+	if err != nil {
+		if ctx.Err() == nil {
+			e.errs.add("command_failed", fmt.Sprintf("run.start on %s: %v", th.id, err))
+		}
+		return "", false
+	}
+	if r.msg.Type == typeError {
+		e.errs.add("run.start_"+r.msg.Error, fmt.Sprintf("%s: %s", th.id, r.msg.text()))
+		return "", false
+	}
+	th.version = r.msg.StateVersion
+	return r.msg.RunID, true
+}
+
+// runTimeout bounds the wait for one run's end.
+func runTimeout(pace time.Duration) time.Duration { return 30*time.Second + 300*pace }
+
+// awaitEnd waits for tab 0's terminal event of runID, cancelling the run
+// from tab 0 once stopAt passes. It updates the driver's state_version and
+// reports whether the run ended.
+func (th *gwThread) awaitEnd(ctx context.Context, runID string, stopAt time.Time, pace time.Duration) bool {
+	e := th.env
+	stop := time.NewTimer(time.Until(stopAt))
+	defer stop.Stop()
+	limit := time.NewTimer(runTimeout(pace))
+	defer limit.Stop()
+	for {
+		select {
+		case n := <-th.notes:
+			if n.tab == 0 && n.runID == runID && terminal(n.typ) {
+				th.version = n.stateVersion
+				return true
+			}
+		case <-stop.C:
+			r, _, err := th.tabs[0].do(ctx, map[string]any{"type": "run.cancel", "run_id": runID, "reason": "bench phase ended"})
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					e.errs.add("command_failed", fmt.Sprintf("run.cancel %s: %v", runID, err))
+				}
+				return false
+			case r.msg.Type == typeError && r.msg.Error != codeRunNotActive:
+				e.errs.add("run.cancel_"+r.msg.Error, r.msg.text())
+				return false
+			}
+		case <-limit.C:
+			e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s", runID, runTimeout(pace)))
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// driveContinuous keeps one run streaming on the thread until stopAt:
+// each run that ends is followed by the next; the one active at stopAt is
+// cancelled and waited for.
+func (th *gwThread) driveContinuous(ctx context.Context, stopAt time.Time, pace time.Duration) {
+	for i := range maxRunsPerThread {
+		if ctx.Err() != nil || !time.Now().Before(stopAt) {
+			return
+		}
+		runID, ok := th.startRun(ctx, longMessage(th.env.scenario, th.idx, i))
+		if !ok || !th.awaitEnd(ctx, runID, stopAt, pace) {
+			return
+		}
+	}
+}
+
+// cancelStats is what one cancel driver measured.
+type cancelStats struct {
+	ack, cancelled samples // µs from sending run.cancel
+	sent, missed   int     // cancels sent; runs that completed first
+}
+
+// awaitNote waits for a note of typ about runID from tab, up to timeout,
+// keeping track of the driver's state_version from tab 0's terminal
+// events. It returns the note, or the terminal note of the run if the run
+// ended first.
+func (th *gwThread) awaitNote(ctx context.Context, runID string, tab int, typ string, timeout time.Duration) (note, bool) {
+	limit := time.NewTimer(timeout)
+	defer limit.Stop()
+	for {
+		select {
+		case n := <-th.notes:
+			if n.runID != runID {
+				continue
+			}
+			if n.tab == 0 && terminal(n.typ) {
+				th.version = n.stateVersion
+			}
+			if (n.tab == tab && n.typ == typ) || (n.tab == 0 && terminal(n.typ)) {
+				return n, true
+			}
+		case <-limit.C:
+			return note{}, false
+		case <-ctx.Done():
+			return note{}, false
+		}
+	}
+}
+
+// driveCancels repeats, until stopAt: start a run, wait until it streams,
+// wait a random moment in [0, maxDelay], cancel it from a random tab of
+// the thread, and wait for run.cancelled on that tab and on tab 0. Only
+// cancels sent while the environment measures are sampled.
+func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay, pace time.Duration, rng *rand.Rand, st *cancelStats) {
+	e := th.env
+	for round := range maxRunsPerThread {
+		if ctx.Err() != nil || !time.Now().Before(stopAt) {
+			return
+		}
+		runID, ok := th.startRun(ctx, longMessage(e.scenario, th.idx, round))
+		if !ok {
+			return
+		}
+		n, ok := th.awaitNote(ctx, runID, 0, noteFirstDelta, runTimeout(pace))
+		if !ok {
+			if ctx.Err() == nil {
+				e.errs.add("run_never_streamed", runID)
+			}
+			return
+		}
+		if terminal(n.typ) {
+			e.errs.add("run_ended_before_streaming", fmt.Sprintf("%s: %s", runID, n.typ))
+			continue
+		}
+		delay := time.Duration(rng.Int64N(int64(maxDelay) + 1))
+		if n, ok := th.awaitNote(ctx, runID, -1, "", delay); ok && terminal(n.typ) {
+			st.missed++ // it completed before its cancel moment
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		k := rng.IntN(len(th.tabs))
+		sampled := e.measuring.Load()
+		r, sent, err := th.tabs[k].do(ctx, map[string]any{"type": "run.cancel", "run_id": runID})
+		st.sent++
+		if err != nil {
+			if ctx.Err() == nil {
+				e.errs.add("command_failed", fmt.Sprintf("run.cancel %s: %v", runID, err))
+			}
+			return
+		}
+		if r.msg.Type == typeError {
+			if r.msg.Error == codeRunNotActive {
+				st.missed++
+			} else {
+				e.errs.add("run.cancel_"+r.msg.Error, r.msg.text())
+			}
+			if _, ok := th.awaitNote(ctx, runID, 0, typeRunCompleted, runTimeout(pace)); !ok {
+				return
+			}
+			continue
+		}
+		if r.msg.AlreadyRequested {
+			e.errs.add("cancel_already_requested", runID)
+		}
+		if sampled {
+			st.ack.add(r.at.Sub(sent).Microseconds())
+		}
+		gotK, got0 := false, false
+		limit := time.NewTimer(runTimeout(pace))
+	wait:
+		for !gotK || !got0 {
+			select {
+			case n := <-th.notes:
+				if n.runID != runID || !terminal(n.typ) {
+					continue
+				}
+				if n.typ != typeRunCancelled {
+					e.errs.add("accepted_cancel_ended_"+n.typ, runID)
+				}
+				if n.tab == k && !gotK {
+					gotK = true
+					if sampled {
+						st.cancelled.add(n.at.Sub(sent).Microseconds())
+					}
+				}
+				if n.tab == 0 {
+					got0 = true
+					th.version = n.stateVersion
+				}
+			case <-limit.C:
+				e.errs.add("run_cancelled_missing", fmt.Sprintf("%s: tab %d got it %v, tab 0 %v", runID, k, gotK, got0))
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+		limit.Stop()
+		if !got0 {
+			return
+		}
+	}
+}
+
+// verifyEnd checks that every tab received every event of its thread: it
+// reads each thread's last seq from the server and waits (at most
+// timeout) for every tab to reach it; tabs that do not are errors.
+func (e *gwEnv) verifyEnd(ctx context.Context, threads []*gwThread, timeout time.Duration) {
+	final := make([]int64, len(threads))
+	for i, th := range threads {
+		s, err := e.lastSeq(ctx, th)
+		if err != nil {
+			e.errs.add("http", err.Error())
+			return
+		}
+		final[i] = s
+	}
+	deadline := time.Now().Add(timeout)
+	for range 100_000 {
+		behind := 0
+		for i, th := range threads {
+			for _, t := range th.tabs {
+				if t.lastSeqA.Load() < final[i] {
+					behind++
+				}
+			}
+		}
+		if behind == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i, th := range threads {
+		for _, t := range th.tabs {
+			if s := t.lastSeqA.Load(); s < final[i] {
+				e.errs.add("missing_events_at_end", fmt.Sprintf("tab %s at seq %d, thread at %d", t.tabID, s, final[i]))
+			}
+		}
+	}
+}

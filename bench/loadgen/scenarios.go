@@ -1,0 +1,638 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+var nan = math.NaN()
+
+// settle is how long a server is left alone before its RSS is read.
+const settle = 2 * time.Second
+
+// idle: IdleTabs tabs connected and subscribed, no traffic; RSS per tab =
+// (VmRSS with the tabs - VmRSS before them) / tabs, for the gateway and
+// for the floor.
+func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
+	c := r.cfg
+	per := c.IdleTabs / c.IdleThreads
+	n := per * c.IdleThreads
+	s.Shape = fmt.Sprintf("%d tabs over %d threads (%d each), connected and subscribed, no traffic", n, c.IdleThreads, per)
+	gw0, gw1, fl0, fl1 := nan, nan, nan, nan
+	var gwConnect, flConnect float64 = nan, nan
+	pw := &promWindow{seconds: 1}
+
+	if p, err := r.startGateway("idle", c.Pace, 64); err != nil {
+		s.Failure = err.Error()
+	} else {
+		func() {
+			defer p.finish(ctx, &s)
+			if err := p.createThreads(ctx, c.IdleThreads); err != nil {
+				s.Failure = err.Error()
+				return
+			}
+			sleep(ctx, settle)
+			if v, err := rssKiB(p.proc.pid); err == nil {
+				gw0 = float64(v)
+			}
+			pw.before = p.scrape(ctx)
+			began := time.Now()
+			if err := p.connectTabs(ctx, per, false); err != nil {
+				s.Failure = err.Error()
+				return
+			}
+			gwConnect = time.Since(began).Seconds()
+			sleep(ctx, settle)
+			if v, err := rssKiB(p.proc.pid); err == nil {
+				gw1 = float64(v)
+			}
+			pw.after = p.scrape(ctx)
+			p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+		}()
+	}
+
+	if p, err := r.startFloor("idle"); err != nil {
+		s.Failure = err.Error()
+	} else {
+		func() {
+			defer p.finish(&s)
+			sleep(ctx, settle)
+			if v, err := rssKiB(p.proc.pid); err == nil {
+				fl0 = float64(v)
+			}
+			began := time.Now()
+			if err := p.setup(ctx, c.IdleThreads, per); err != nil {
+				s.Failure = err.Error()
+				return
+			}
+			flConnect = time.Since(began).Seconds()
+			sleep(ctx, settle)
+			if v, err := rssKiB(p.proc.pid); err == nil {
+				fl1 = float64(v)
+			}
+		}()
+	}
+	s.Metrics = []Metric{
+		compared("RSS per idle tab", "KiB", (gw1-gw0)/float64(n), (fl1-fl0)/float64(n), "≤ 40 KiB"),
+		compared("RSS before the tabs", "MiB", gw0/1024, fl0/1024, ""),
+		compared("RSS with the tabs", "MiB", gw1/1024, fl1/1024, ""),
+		compared("connect + subscribe all tabs", "s", gwConnect, flConnect, ""),
+	}
+	// The gateway's Go runtime metrics split its share: stacks, heap,
+	// goroutines per tab.
+	if pw.has("go_goroutines") {
+		per := func(series string) float64 { return pw.delta(series) / float64(n) }
+		s.Metrics = append(s.Metrics,
+			metric("server metric: goroutines per tab", "count", per("go_goroutines"), ""),
+			metric("server metric: Go stack in use per tab", "KiB", per("go_memstats_stack_inuse_bytes")/1024, ""),
+			metric("server metric: Go heap in use per tab", "KiB", per("go_memstats_heap_inuse_bytes")/1024, ""),
+		)
+	}
+	return s
+}
+
+// fanFigures is what one fan-out window measured on one server.
+type fanFigures struct {
+	window                float64 // seconds
+	deliveries, deltas    float64 // per second, all tabs
+	offered               float64 // deliveries per second the shape asks for
+	cpuPerDelta           float64 // server µs per delivered delta
+	serverCores, genCores float64
+	machineBusy           float64
+	otherCores            float64 // CPU used by neither the server nor the generator
+	lat, spread, publish  Dist
+	reconnects, resyncs   int64
+	replayed              int64
+	store                 *storeStats
+	storeErr              error
+	deltaRate             float64     // distinct deltas per second per thread
+	deltaSize             float64     // mean bytes per delta event
+	published             float64     // floor: messages published per second
+	prom                  *promWindow // the gateway's own metrics over the window
+	eventsDelivered       int64       // all events the tabs received in the window
+	serverPublish         Dist        // store ts: last delta's transaction → publish transaction
+}
+
+func (f *fanFigures) fill(m *cpuMeter, window time.Duration, deliveries, deltas int64) {
+	f.window = window.Seconds()
+	f.deliveries = float64(deliveries) / f.window
+	f.deltas = float64(deltas) / f.window
+	f.cpuPerDelta = nan
+	if m.err() == nil && deltas > 0 {
+		f.cpuPerDelta = float64(m.serverMicros()) / float64(deltas)
+	}
+	f.serverCores = float64(m.serverMicros()) / (f.window * 1e6)
+	f.genCores = float64(m.selfMicros()) / (f.window * 1e6)
+	f.machineBusy = m.machineBusy()
+	f.otherCores = max(0, f.machineBusy*float64(runtime.NumCPU())-f.serverCores-f.genCores)
+}
+
+// dropper drops each of tabs once, at a random moment within window.
+func dropper(ctx context.Context, tabs []*gwTab, window time.Duration, rng *rand.Rand) {
+	at := make([]time.Duration, len(tabs))
+	for i := range at {
+		at[i] = time.Duration(rng.Int64N(int64(window)))
+	}
+	order := make([]int, len(tabs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return int(at[a] - at[b]) })
+	began := time.Now()
+	for _, i := range order {
+		sleep(ctx, at[i]-time.Since(began))
+		if ctx.Err() != nil {
+			return
+		}
+		tabs[i].drop()
+	}
+}
+
+// fanoutGateway runs FanoutThreads threads with FanoutTabs tabs each; tab
+// 0 of every thread keeps a run streaming at Pace; a fraction of the other
+// tabs drop once during the window and resubscribe with after_seq.
+func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigures {
+	c := r.cfg
+	p, err := r.startGateway("fanout", c.Pace, c.FanoutThreads+16)
+	if err != nil {
+		s.Failure = err.Error()
+		return nil
+	}
+	defer p.finish(ctx, s)
+	if err := p.setup(ctx, c.FanoutThreads, c.FanoutTabs, false); err != nil {
+		s.Failure = err.Error()
+		return nil
+	}
+	f := &fanFigures{offered: float64(c.FanoutThreads*c.FanoutTabs) / c.Pace.Seconds()}
+	stopAt := time.Now().Add(c.Warmup + c.Window)
+	var drivers sync.WaitGroup
+	for _, th := range p.threads {
+		drivers.Go(func() { th.driveContinuous(ctx, stopAt, c.Pace) })
+	}
+	r.logf("fanout: gateway warming up %s", c.Warmup)
+	sleep(ctx, c.Warmup)
+
+	var droppable []*gwTab
+	for _, t := range p.tabsOf() {
+		if t.k != 0 {
+			droppable = append(droppable, t)
+		}
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, 1))
+	rng.Shuffle(len(droppable), func(i, j int) { droppable[i], droppable[j] = droppable[j], droppable[i] })
+	droppable = droppable[:int(math.Round(c.ReconnectFraction*float64(len(droppable))))]
+
+	r.logf("fanout: gateway measuring %s (%d tabs drop and resubscribe)", c.Window, len(droppable))
+	var m cpuMeter
+	f.prom = &promWindow{before: p.scrape(ctx)}
+	p.env.measuring.Store(true)
+	d0, x0 := p.counts()
+	m.start(p.proc.pid)
+	w0 := time.Now()
+	perf := r.startPerf("fanout-gateway", p.proc.pid, c.Window)
+	prof := p.startPprof("fanout-gateway", c.Window-time.Second)
+	var drops sync.WaitGroup
+	dropCtx, stopDrops := context.WithCancel(ctx)
+	drops.Go(func() { dropper(dropCtx, droppable, c.Window, rng) })
+	sleep(ctx, c.Window)
+	m.finish()
+	w1 := time.Now()
+	d1, x1 := p.counts()
+	p.env.measuring.Store(false)
+	f.prom.after, f.prom.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
+	stopDrops()
+	drops.Wait()
+	perf.wait(r)
+	prof.wait(r)
+	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
+	f.eventsDelivered = d1 - d0
+
+	drivers.Wait()
+	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+	p.closeTabs()
+	var lat, spread, publish []*samples
+	var produced, bytes int64
+	for _, th := range p.threads {
+		produced += th.deltasProduced.Load()
+		bytes += th.deltaBytes.Load()
+		for _, t := range th.tabs {
+			lat, spread, publish = append(lat, &t.lat), append(spread, &t.spreadUs), append(publish, &t.publishUs)
+			f.reconnects += t.reconnects.Load()
+			f.resyncs += t.resyncs.Load()
+			f.replayed += t.replayed.Load()
+		}
+	}
+	f.lat, f.spread, f.publish = summarize(merged(lat...)), summarize(merged(spread...)), summarize(merged(publish...))
+	if produced > 0 {
+		f.deltaRate = float64(produced) / f.window / float64(len(p.threads))
+		f.deltaSize = float64(bytes) / float64(produced)
+	}
+	p.finish(ctx, s)
+	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	f.store, f.storeErr = &st, err
+	pg, err := publishGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side publish figures unavailable: "+err.Error())
+	}
+	f.serverPublish = summarize(pg)
+	return f
+}
+
+// fanoutFloor drives the floor with the gateway's shape: as many topics
+// and subscribers, one publisher per topic at the gateway's measured delta
+// rate per thread, messages of the gateway's mean delta size.
+func (r *runner) fanoutFloor(ctx context.Context, s *ScenarioReport) *fanFigures {
+	c := r.cfg
+	interval := c.Pace
+	if r.gwDeltaRate > 0 {
+		interval = time.Duration(float64(time.Second) / r.gwDeltaRate)
+	}
+	size := r.gwDeltaSize
+	if size <= 0 {
+		size = 200
+	}
+	p, err := r.startFloor("fanout")
+	if err != nil {
+		s.Failure = err.Error()
+		return nil
+	}
+	defer p.finish(s)
+	if err := p.setup(ctx, c.FanoutThreads, c.FanoutTabs); err != nil {
+		s.Failure = err.Error()
+		return nil
+	}
+	f := &fanFigures{offered: float64(c.FanoutThreads*c.FanoutTabs) * float64(time.Second) / float64(interval)}
+	stopAt := time.Now().Add(c.Warmup + c.Window)
+	maxMessages := int64((c.Warmup+c.Window)/interval) + 1
+	var pubs sync.WaitGroup
+	for i, t := range p.topics {
+		offset := interval * time.Duration(i) / time.Duration(len(p.topics))
+		pubs.Go(func() { t.publish(ctx, offset, interval, size, stopAt, maxMessages) })
+	}
+	r.logf("fanout: floor publishing every %s per topic, %d-byte messages; warming up %s", interval.Round(time.Microsecond), size, c.Warmup)
+	sleep(ctx, c.Warmup)
+	r.logf("fanout: floor measuring %s", c.Window)
+	var m cpuMeter
+	p.env.measuring.Store(true)
+	d0 := p.deliveries()
+	m.start(p.proc.pid)
+	w0 := time.Now()
+	perf := r.startPerf("fanout-floor", p.proc.pid, c.Window)
+	sleep(ctx, c.Window)
+	m.finish()
+	w1 := time.Now()
+	d1 := p.deliveries()
+	p.env.measuring.Store(false)
+	perf.wait(r)
+	f.fill(&m, w1.Sub(w0), d1-d0, d1-d0)
+	pubs.Wait()
+
+	// every subscriber must get every message
+	deadline := time.Now().Add(5 * time.Second)
+	for range 100_000 {
+		behind := 0
+		for _, t := range p.topics {
+			for _, sub := range t.subs {
+				if sub.lastSeqA.Load() < t.final.Load() {
+					behind++
+				}
+			}
+		}
+		if behind == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, t := range p.topics {
+		for _, sub := range t.subs {
+			if got := sub.lastSeqA.Load(); got < t.final.Load() {
+				p.env.errs.add("missing_messages_at_end", fmt.Sprintf("%s at %d of %d", sub.name, got, t.final.Load()))
+			}
+		}
+	}
+	p.closeSubs()
+	var lat, spread []*samples
+	var published int64
+	for _, t := range p.topics {
+		published += t.published.Load()
+		for _, sub := range t.subs {
+			lat, spread = append(lat, &sub.lat), append(spread, &sub.spreadUs)
+		}
+	}
+	f.lat, f.spread = summarize(merged(lat...)), summarize(merged(spread...))
+	f.published = float64(published) / f.window
+	p.finish(s)
+	return f
+}
+
+func (r *runner) fanout(ctx context.Context) (s ScenarioReport) {
+	c := r.cfg
+	s.Shape = fmt.Sprintf("%d threads × %d tabs, one run streaming per thread at %s a word, %s measured after %s warm-up, %.0f%% of tabs reconnect once",
+		c.FanoutThreads, c.FanoutTabs, c.Pace, c.Window, c.Warmup, 100*c.ReconnectFraction)
+	gw := r.fanoutGateway(ctx, &s)
+	if gw != nil && gw.deltaRate > 0 {
+		r.gwDeltaRate, r.gwDeltaSize = gw.deltaRate, int(math.Round(gw.deltaSize))
+	}
+	fl := r.fanoutFloor(ctx, &s)
+	if gw == nil {
+		gw = &fanFigures{}
+		*gw = nanFigures()
+	}
+	if fl == nil {
+		fl = &fanFigures{}
+		*fl = nanFigures()
+	}
+	s.Metrics = []Metric{
+		compared("deliveries/s, deltas", "1/s", gw.deltas, fl.deltas, "50,000 at p99 ≤ 25 ms"),
+		compared("deliveries/s offered by the shape", "1/s", gw.offered, fl.offered, ""),
+		compared("server CPU per delivered delta", "µs", gw.cpuPerDelta, fl.cpuPerDelta, "≤ 1.3× floor"),
+		compared("delta delivery latency p50", "ms", gw.lat.P50, fl.lat.P50, ""),
+		compared("delta delivery latency p99", "ms", gw.lat.P99, fl.lat.P99, "≤ 25 ms"),
+		compared("fan-out spread p50", "ms", gw.spread.P50, fl.spread.P50, ""),
+		compared("fan-out spread p99", "ms", gw.spread.P99, fl.spread.P99, ""),
+		compared("server CPU", "cores", gw.serverCores, fl.serverCores, ""),
+		compared("generator CPU", "cores", gw.genCores, fl.genCores, ""),
+		compared("machine busy", "%", 100*gw.machineBusy, 100*fl.machineBusy, ""),
+		compared("CPU of other processes", "cores", gw.otherCores, fl.otherCores, ""),
+		compared("deltas per thread", "1/s", gw.deltaRate, fl.published/float64(c.FanoutThreads), ""),
+		metric("all events delivered", "1/s", gw.deliveries, ""),
+		metric("publish latency p50 (last delta → message.published)", "ms", gw.publish.P50, ""),
+		metric("publish latency p99 (last delta → message.published)", "ms", gw.publish.P99, "≤ 10 ms"),
+		metric("server: last delta → publish tx p50 (store ts)", "ms", gw.serverPublish.P50, ""),
+		metric("server: last delta → publish tx p99 (store ts)", "ms", gw.serverPublish.P99, ""),
+		metric("reconnects (after_seq)", "count", float64(gw.reconnects), ""),
+		metric("snapshot resyncs", "count", float64(gw.resyncs), ""),
+		metric("replayed events", "count", float64(gw.replayed), ""),
+	}
+	s.Metrics = append(s.Metrics, storeMetrics(gw, &s)...)
+	s.Metrics = append(s.Metrics, serverMetrics(gw, &s)...)
+	return s
+}
+
+func nanFigures() fanFigures {
+	d := Dist{P50: nan, P99: nan, Max: nan}
+	return fanFigures{deliveries: nan, deltas: nan, offered: nan, cpuPerDelta: nan, serverCores: nan, genCores: nan,
+		machineBusy: nan, otherCores: nan, lat: d, spread: d, publish: d, serverPublish: d, deltaRate: nan, deltaSize: nan, published: nan}
+}
+
+// storeMetrics turns the database's counts of a window into rates.
+func storeMetrics(f *fanFigures, s *ScenarioReport) []Metric {
+	if f == nil || f.store == nil {
+		return nil
+	}
+	if f.storeErr != nil {
+		s.Notes = append(s.Notes, "store figures unavailable: "+f.storeErr.Error())
+		return nil
+	}
+	st, w := f.store, f.window
+	perBatch := nan
+	if st.RunBatches > 0 {
+		perBatch = float64(st.Deltas) / float64(st.RunBatches)
+	}
+	return []Metric{
+		metric("deltas committed (stream buffer)", "1/s", float64(st.Deltas)/w, ""),
+		metric("durable events committed", "1/s", float64(st.Durable)/w, ""),
+		metric("store commits (est.: delta ms-stamps + durable tx)", "1/s", float64(st.DeltaMillis+st.DurableTx)/w, ""),
+		metric("per-run delta batches", "1/s", float64(st.RunBatches)/w, ""),
+		metric("deltas per run batch", "count", perBatch, ""),
+	}
+}
+
+// The gateway's own metrics (package metrics) used when its admin
+// listener serves them.
+const (
+	promTx        = "gateway_store_transaction_seconds"
+	promTxWrite   = `gateway_store_transaction_seconds_count{kind="write"}`
+	promTxGrouped = `gateway_store_transaction_seconds_count{kind="grouped"}`
+	promTxWriteS  = `gateway_store_transaction_seconds_sum{kind="write"}`
+	promTxGroupS  = `gateway_store_transaction_seconds_sum{kind="grouped"}`
+	promGroupSum  = "gateway_store_group_commit_requests_sum"
+	promGroupN    = "gateway_store_group_commit_requests_count"
+	promDeltas    = "gateway_deltas_streamed_total"
+	promFramesOut = "gateway_websocket_frames_sent_total"
+	promCancelAck = "gateway_cancel_ack_seconds"
+	promSettle    = "gateway_cancel_to_cancelled_seconds"
+)
+
+// serverMetrics turns the gateway's own metrics over a window into
+// figures; none when it exposes none.
+func serverMetrics(f *fanFigures, s *ScenarioReport) []Metric {
+	if f == nil || f.prom == nil || !f.prom.has(promTxWrite) {
+		s.Notes = append(s.Notes, "no server metrics (the gateway has no admin listener with /metrics): store commits are estimated from the database")
+		return nil
+	}
+	w := f.prom
+	ms := func(v float64) float64 { return 1000 * v }
+	perFrame := nan
+	if frames := w.delta(promFramesOut); frames > 0 && f.eventsDelivered > 0 {
+		perFrame = float64(f.eventsDelivered) / frames
+	}
+	return []Metric{
+		metric("server metric: store commits, grouped (stream buffer)", "1/s", w.rate(promTxGrouped), ""),
+		metric("server metric: store commits, other writes", "1/s", w.rate(promTxWrite), ""),
+		metric("server metric: delta batches per group commit", "count", w.delta(promGroupSum)/w.delta(promGroupN), ""),
+		metric("server metric: writer busy (write + grouped tx time / window)", "%", 100*(w.delta(promTxWriteS)+w.delta(promTxGroupS))/w.seconds, ""),
+		metric("server metric: grouped commit p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="grouped"`, 0.99)), ""),
+		metric("server metric: other write tx p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="write"`, 0.99)), "≤ 10 ms (publish + checkpoint)"),
+		metric("server metric: deltas streamed", "1/s", w.rate(promDeltas), ""),
+		metric("events per WebSocket frame (coalescing)", "count", perFrame, ""),
+	}
+}
+
+// cancel: CancelRuns threads with CancelTabs tabs each; every thread
+// keeps a run streaming and cancels it at a random moment from a random
+// tab of the thread, then starts the next, until the window ends.
+func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
+	c := r.cfg
+	maxDelay := c.cancelMaxDelay()
+	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each; each run cancelled at a random moment (0–%s after its first delta) from a random tab, then the next started; %s measured after %s warm-up",
+		c.CancelRuns, c.Pace, c.CancelTabs, maxDelay, c.CancelWindow, c.Warmup)
+	p, err := r.startGateway("cancel", c.Pace, c.CancelRuns+16)
+	if err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	defer p.finish(ctx, &s)
+	if err := p.setup(ctx, c.CancelRuns, c.CancelTabs, true); err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	stats := make([]cancelStats, len(p.threads))
+	stopAt := time.Now().Add(c.Warmup + c.CancelWindow)
+	var drivers sync.WaitGroup
+	for i, th := range p.threads {
+		rng := rand.New(rand.NewPCG(c.Seed, uint64(1000+i)))
+		drivers.Go(func() { th.driveCancels(ctx, stopAt, maxDelay, c.Pace, rng, &stats[i]) })
+	}
+	sleep(ctx, c.Warmup)
+	r.logf("cancel: measuring %s", c.CancelWindow)
+	var m cpuMeter
+	pw := &promWindow{before: p.scrape(ctx)}
+	p.env.measuring.Store(true)
+	d0, x0 := p.counts()
+	m.start(p.proc.pid)
+	w0 := time.Now()
+	perf := r.startPerf("cancel-gateway", p.proc.pid, c.CancelWindow)
+	prof := p.startPprof("cancel-gateway", c.CancelWindow-time.Second)
+	sleep(ctx, c.CancelWindow)
+	m.finish()
+	w1 := time.Now()
+	d1, x1 := p.counts()
+	p.env.measuring.Store(false)
+	pw.after, pw.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
+	perf.wait(r)
+	prof.wait(r)
+	drivers.Wait()
+	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+	p.closeTabs()
+
+	var f fanFigures
+	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
+	f.prom, f.eventsDelivered = pw, d1-d0
+	var ack, done, lat, publish []*samples
+	sent, missed := 0, 0
+	for i := range stats {
+		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
+		sent += stats[i].sent
+		missed += stats[i].missed
+	}
+	for _, t := range p.tabsOf() {
+		lat = append(lat, &t.lat)
+		publish = append(publish, &t.publishUs)
+	}
+	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
+	p.finish(ctx, &s)
+	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	f.store, f.storeErr = &st, err
+	streaming := nan
+	if f.window > 0 {
+		streaming = float64(st.Deltas) / f.window * c.Pace.Seconds()
+	}
+	gaps, err := cancelGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
+	}
+	g := summarize(gaps)
+	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
+	s.Metrics = []Metric{
+		metric("cancel ack p50", "ms", a.P50, ""),
+		metric("cancel ack p99", "ms", a.P99, "≤ 10 ms"),
+		metric("cancel → run.cancelled p50", "ms", d.P50, ""),
+		metric("cancel → run.cancelled p99", "ms", d.P99, target),
+		metric("cancel → run.cancelled max", "ms", d.Max, ""),
+		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
+		metric("server metric: cancel accepted → cancelled p99 (bucket bound)", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
+		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", g.P50, ""),
+		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+		metric("cancels measured", "count", float64(a.N), ""),
+		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
+		metric("runs completed before their cancel", "count", float64(missed), ""),
+		metric("runs streaming at once (deltas/s × pace)", "runs", streaming, ""),
+		metric("delta delivery latency p50", "ms", l.P50, ""),
+		metric("delta delivery latency p99", "ms", l.P99, ""),
+		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
+		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, ""),
+		metric("server CPU", "cores", f.serverCores, ""),
+		metric("generator CPU", "cores", f.genCores, ""),
+		metric("machine busy", "%", 100*f.machineBusy, ""),
+		metric("CPU of other processes", "cores", f.otherCores, ""),
+	}
+	s.Metrics = append(s.Metrics, storeMetrics(&f, &s)...)
+	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+	return s
+}
+
+// storage: StorageRuns threads, one tab each, runs streaming back to back
+// at StoragePace; the deltas the store committed in the window are counted
+// in its database afterwards.
+func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
+	c := r.cfg
+	s.Shape = fmt.Sprintf("%d runs streaming back to back at %s a word, one tab each, %s measured after %s warm-up",
+		c.StorageRuns, c.StoragePace, c.StorageWindow, c.Warmup)
+	p, err := r.startGateway("storage", c.StoragePace, c.StorageRuns+16)
+	if err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	defer p.finish(ctx, &s)
+	if err := p.setup(ctx, c.StorageRuns, 1, false); err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	stopAt := time.Now().Add(c.Warmup + c.StorageWindow)
+	var drivers sync.WaitGroup
+	for _, th := range p.threads {
+		drivers.Go(func() { th.driveContinuous(ctx, stopAt, c.StoragePace) })
+	}
+	sleep(ctx, c.Warmup)
+	r.logf("storage: measuring %s", c.StorageWindow)
+	var m cpuMeter
+	pw := &promWindow{before: p.scrape(ctx)}
+	p.env.measuring.Store(true)
+	d0, x0 := p.counts()
+	m.start(p.proc.pid)
+	w0 := time.Now()
+	perf := r.startPerf("storage-gateway", p.proc.pid, c.StorageWindow)
+	prof := p.startPprof("storage-gateway", c.StorageWindow-time.Second)
+	sleep(ctx, c.StorageWindow)
+	m.finish()
+	w1 := time.Now()
+	d1, x1 := p.counts()
+	p.env.measuring.Store(false)
+	pw.after, pw.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
+	perf.wait(r)
+	prof.wait(r)
+	drivers.Wait()
+	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+	p.closeTabs()
+	var f fanFigures
+	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
+	f.prom, f.eventsDelivered = pw, d1-d0
+	var publish, lat []*samples
+	for _, t := range p.tabsOf() {
+		publish = append(publish, &t.publishUs)
+		lat = append(lat, &t.lat)
+	}
+	pub, l := summarize(merged(publish...)), summarize(merged(lat...))
+	p.finish(ctx, &s)
+	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "store figures unavailable: "+err.Error())
+	}
+	cpuPerCommitted := nan
+	if st.Deltas > 0 && m.err() == nil {
+		cpuPerCommitted = float64(m.serverMicros()) / float64(st.Deltas)
+	}
+	f.store = &st
+	f.storeErr = err
+	pg, err := publishGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side publish figures unavailable: "+err.Error())
+	}
+	sp := summarize(pg)
+	s.Metrics = []Metric{
+		metric("deltas buffered (committed)", "1/s", float64(st.Deltas)/f.window, "≥ 30,000"),
+		metric("publish latency p50 (last delta → message.published)", "ms", pub.P50, ""),
+		metric("publish latency p99 (last delta → message.published)", "ms", pub.P99, "≤ 10 ms"),
+		metric("server: last delta → publish tx p50 (store ts)", "ms", sp.P50, ""),
+		metric("server: last delta → publish tx p99 (store ts)", "ms", sp.P99, ""),
+		metric("publishes measured", "count", float64(pub.N), ""),
+		metric("server CPU per committed delta", "µs", cpuPerCommitted, ""),
+		metric("delta delivery latency p99", "ms", l.P99, ""),
+		metric("server CPU", "cores", f.serverCores, ""),
+		metric("generator CPU", "cores", f.genCores, ""),
+		metric("machine busy", "%", 100*f.machineBusy, ""),
+		metric("CPU of other processes", "cores", f.otherCores, ""),
+	}
+	if more := storeMetrics(&f, &s); len(more) > 1 {
+		s.Metrics = append(s.Metrics, more[1:]...) // the first is the deltas/s above
+	}
+	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+	return s
+}
