@@ -53,6 +53,9 @@ type config struct {
 	secureCookies  bool
 	// insecureRemote allows auth mode none on a non-loopback address.
 	insecureRemote bool
+	// metricsPublic serves /metrics on the main listener in every auth
+	// mode (under none it always is).
+	metricsPublic bool
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -138,7 +141,8 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.userRate, "user-command-rate", float64(userRate), "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	fs.StringVar(&c.logFormat, "log-format", env("GATEWAY_LOG_FORMAT", "text"), "log lines as text (key=value) or json (GATEWAY_LOG_FORMAT)")
-	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
+	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/ and the metrics on /metrics, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
+	fs.BoolVar(&c.metricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
 	fs.String("config", "", "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
 	if err := fs.Parse(args); err != nil {

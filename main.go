@@ -25,6 +25,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/engine"
 	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/metrics"
 	"github.com/honestcancel/gateway/model"
 	"github.com/honestcancel/gateway/model/demo"
 	"github.com/honestcancel/gateway/store"
@@ -144,7 +145,13 @@ func serve(args []string, stderr io.Writer) int {
 // order: stop accepting, end streams, hand runs back, close the store.
 func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	feed := bus.NewMemory()
-	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: feed.Publish, Exclusive: true})
+	m := metrics.New()
+	// Counted before fan-out: a client that saw an event finds it counted.
+	committed := func(events []*chat.Event) {
+		m.Committed(events)
+		feed.Publish(events)
+	}
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true})
 	if err != nil {
 		return err
 	}
@@ -175,6 +182,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		Store: st, Model: backend, Tools: registry, Log: log, SingleInstance: true,
 		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,
+		Metrics: m,
 	})
 	if err := eng.Start(ctx); err != nil {
 		return err
@@ -195,6 +203,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		Auth: authn, Store: st, Runs: eng, Log: log,
 		Subscribe: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
 		Feed:      feed,
+		Metrics:   m,
 		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
 			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
 			UserCommandRate: cfg.userRate, UserCommandBurst: int(2 * cfg.userRate)},
@@ -202,6 +211,14 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	api.Routes(mux)
 	web.New(st, authn, log).Routes(mux)
+	// Metrics hold no user content, but they are the server's own business:
+	// on the main listener only when everyone who reaches it is trusted
+	// anyway (-auth none) or when asked for (-metrics-public); always on the
+	// loopback admin listener.
+	publicMetrics := cfg.authMode == auth.ModeNone || cfg.metricsPublic
+	if publicMetrics {
+		mux.Handle("GET /metrics", m.Handler())
+	}
 
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
@@ -211,7 +228,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
 	if cfg.adminAddr != "" {
-		stopAdmin, err := serveAdmin(cfg.adminAddr, log)
+		stopAdmin, err := serveAdmin(cfg.adminAddr, m.Handler(), log)
 		if err != nil {
 			ln.Close()
 			return err
@@ -229,6 +246,11 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	api.SetReady(true)
 	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "auth", cfg.authMode)
+	if publicMetrics {
+		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	} else {
+		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
+	}
 
 	select {
 	case err := <-served:
@@ -259,9 +281,9 @@ func hasPassword(users []chat.User) bool {
 	return false
 }
 
-// serveAdmin runs the admin listener (Go's profiles) on a loopback address
-// until the returned stop is called; stop waits for it.
-func serveAdmin(addr string, log *slog.Logger) (stop func(), err error) {
+// serveAdmin runs the admin listener (Go's profiles and the metrics) on a
+// loopback address until the returned stop is called; stop waits for it.
+func serveAdmin(addr string, metrics http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener on %s: %w", addr, err)
@@ -272,6 +294,7 @@ func serveAdmin(addr string, log *slog.Logger) (stop func(), err error) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("GET /metrics", metrics)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
@@ -281,6 +304,7 @@ func serveAdmin(addr string, log *slog.Logger) (stop func(), err error) {
 		}
 	}()
 	log.Info("admin listener", "addr", "http://"+ln.Addr().String()+"/debug/pprof/")
+	log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	return func() {
 		srv.Close()
 		<-done

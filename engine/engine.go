@@ -82,16 +82,20 @@ type Config struct {
 	// PurgeEvery is how often the stream buffer and the classes above are
 	// purged (default StreamTTL/4, at most a minute).
 	PurgeEvery time.Duration
+	// Metrics records runs executing, time to first token and tokens used
+	// (nil: nothing is recorded).
+	Metrics Metrics
 }
 
 // Engine executes runs. Create it with New, call Start once, and Close once
 // to stop: Close cancels every goroutine it started and waits for them.
 type Engine struct {
-	cfg   Config
-	store Store
-	model model.Backend
-	tools *tools.Registry
-	log   *slog.Logger
+	cfg     Config
+	store   Store
+	model   model.Backend
+	tools   *tools.Registry
+	log     *slog.Logger
+	metrics Metrics
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -133,9 +137,12 @@ func New(cfg Config) *Engine {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Engine{
-		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log,
+		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log, metrics: cfg.Metrics,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
 		running: map[string]context.CancelCauseFunc{},
 	}
@@ -229,9 +236,10 @@ func (e *Engine) dispatch() {
 				e.log.Error("claim run", "err", err)
 			}
 			if run != nil {
+				claimed := time.Now()
 				e.wg.Go(func() {
 					defer func() { <-slots; e.poke() }()
-					e.execute(run)
+					e.execute(run, claimed)
 				})
 				continue
 			}

@@ -20,11 +20,13 @@ import (
 // own context ended.
 const storeTimeout = 10 * time.Second
 
-// execute owns one claimed run until it is settled: completed, failed,
-// cancelled, or handed back to the queue on shutdown.
-func (e *Engine) execute(run *chat.Run) {
+// execute owns one run, claimed at claimed, until it is settled: completed,
+// failed, cancelled, or handed back to the queue on shutdown.
+func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 	ctx, cancel := context.WithCancelCause(e.ctx)
 	defer cancel(nil)
+	e.metrics.RunsExecuting(1)
+	defer e.metrics.RunsExecuting(-1)
 	// Register before the first read of the run: a cancel recorded after
 	// that read finds the registration; one recorded before it is seen by
 	// the read.
@@ -38,7 +40,7 @@ func (e *Engine) execute(run *chat.Run) {
 	}()
 
 	log := e.log.With("run_id", run.RunID, "thread_id", run.ThreadID)
-	unbuffered, err := e.work(ctx, run.RunID)
+	unbuffered, err := e.work(ctx, run.RunID, &firstToken{claimed: claimed})
 	settle, stop := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer stop()
 	if err == nil {
@@ -85,7 +87,7 @@ func (e *Engine) execute(run *chat.Run) {
 // work advances the run step by step until it ends, waits for a
 // confirmation, or stops at a safe point. It returns how many received
 // characters it never buffered (for the cancel's discard count).
-func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
+func (e *Engine) work(ctx context.Context, runID string, first *firstToken) (int64, error) {
 	for range maxSteps {
 		in, err := e.store.RunInput(ctx, runID)
 		if err != nil {
@@ -98,6 +100,7 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 		if in.Run.Status.CancelAccepted() && openCommit {
 			// A commit may have reached the provider: settle it by its key
 			// before the cancel can report what happened.
+			first.done = true
 			if err := e.toolStep(ctx, in); err != nil {
 				return 0, err
 			}
@@ -107,6 +110,7 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
 		}
 		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && op.ResultRef == nil && openPhase(op.Phase) {
+			first.done = true // the claim's first wait is the tool's
 			if err := e.toolStep(ctx, in); err != nil {
 				return 0, err
 			}
@@ -128,7 +132,7 @@ func (e *Engine) work(ctx context.Context, runID string) (int64, error) {
 			}
 			continue
 		}
-		out, unbuffered, err := e.generate(ctx, in)
+		out, unbuffered, err := e.generate(ctx, in, first)
 		if err != nil {
 			return unbuffered, err
 		}
@@ -162,6 +166,7 @@ func (e *Engine) recordUsage(ctx context.Context, runID string, stream model.Str
 	if p == 0 && c == 0 {
 		return
 	}
+	e.metrics.TokensUsed(p, c)
 	if err := e.store.AddUsage(context.WithoutCancel(ctx), runID, chat.Usage{PromptTokens: p, CompletionTokens: c}); err != nil {
 		e.log.Warn("record token usage", "run_id", runID, "err", err)
 	}
@@ -183,7 +188,9 @@ func openPhase(phase string) bool {
 // buffer in batches and return what to publish. The safe points are every
 // batch (the write checks the run is still running under this lease) and
 // the context (cancelled on a cancel wake-up).
-func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutput, int64, error) {
+//
+// first records the claim's time to the model's first chunk.
+func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstToken) (chat.StepOutput, int64, error) {
 	runID := in.Run.RunID
 	stream, err := e.model.Stream(ctx, e.modelRequest(in))
 	if err != nil {
@@ -252,6 +259,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput) (chat.StepOutpu
 		if !ok {
 			break
 		}
+		first.chunk(e.metrics)
 		batch = batch[:0]
 		take(c)
 	drain:

@@ -57,6 +57,7 @@ type options struct {
 	ws        gateway.WSConfig
 	tools     *tools.Registry
 	db        string
+	metrics   gateway.Metrics
 }
 
 type option func(*options)
@@ -72,6 +73,9 @@ func withKeepAlive(d time.Duration) option { return func(o *options) { o.keepAli
 
 // withTools offers the model the tools of reg (default: none).
 func withTools(reg *tools.Registry) option { return func(o *options) { o.tools = reg } }
+
+// withMetrics records the gateway's measurements in m.
+func withMetrics(m gateway.Metrics) option { return func(o *options) { o.metrics = m } }
 
 // withDB opens the store at path (default: a fresh file in t.TempDir()),
 // e.g. the file an embedded tool provider shares.
@@ -108,6 +112,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 		Feed:      feed,
 		KeepAlive: o.keepAlive,
 		WS:        o.ws,
+		Metrics:   o.metrics,
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)

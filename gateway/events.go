@@ -26,6 +26,8 @@ const subscriberBuffer = 1024
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	user := userID(r)
 	if err := s.limits.join(user); err != nil {
+		s.metrics.RateLimited(limitConnections)
+		s.metrics.ConnRefused(transportSSE)
 		writeError(w, s.log, err)
 		return
 	}
@@ -74,6 +76,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	s.metrics.ConnOpened(transportSSE)
+	defer s.metrics.ConnClosed(transportSSE)
 	w.WriteHeader(http.StatusOK)
 	out := bufio.NewWriter(w)
 	send := func(evs []*chat.Event) bool {

@@ -227,11 +227,20 @@ func (s *Server) TrackedUsers() int { return s.limits.tracked() }
 func (s *Server) limited(cancel bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := s.limits.take(userID(r), cancel); err != nil {
+			s.metrics.RateLimited(takeKind(cancel))
 			writeError(w, s.log, err)
 			return
 		}
 		h(w, r)
 	}
+}
+
+// takeKind names the limit behind a refused take, for Metrics.RateLimited.
+func takeKind(cancel bool) string {
+	if cancel {
+		return limitCancels
+	}
+	return limitUserCommands
 }
 
 // tokenBucket is a token bucket on an explicit clock. Not safe for

@@ -78,6 +78,9 @@ type Config struct {
 	KeepAlive time.Duration
 	// WebSocket settings; zero values take the defaults of WSConfig.
 	WS WSConfig
+	// Metrics records connections, frames, slow consumers, refusals and
+	// cancel ack latency (nil: nothing is recorded).
+	Metrics Metrics
 }
 
 // Server serves the API. It holds no per-request state; its shared state
@@ -94,6 +97,7 @@ type Server struct {
 	ready     atomic.Bool
 	ws        *wsHub
 	limits    *userLimits
+	metrics   Metrics
 }
 
 // New returns a Server; it answers /readyz 503 until SetReady(true).
@@ -107,7 +111,10 @@ func New(cfg Config) *Server {
 	if cfg.Auth == nil {
 		cfg.Auth = localAuth{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
+	}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)
@@ -134,7 +141,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /api/threads/{id}", s.authed(s.getThread))
 	mux.Handle("POST /api/threads/{id}/runs", post(s.startRun))
 	mux.Handle("GET /api/runs/{id}", s.authed(s.getRun))
-	mux.Handle("POST /api/runs/{id}/cancel", s.authed(s.guard(s.limited(true, s.cancelRun))))
+	mux.Handle("POST /api/runs/{id}/cancel", s.timedCancel(s.authed(s.guard(s.limited(true, s.cancelRun)))))
 	mux.Handle("POST /api/threads/{id}/fragments", post(s.saveFragment))
 	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", post(s.deleteDraft))
 	mux.Handle("POST /api/threads/{id}/fork", post(s.fork))

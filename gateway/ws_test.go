@@ -661,7 +661,8 @@ func TestWSStaleTabGetsConflict(t *testing.T) {
 func TestWSStalledClientIsClosed(t *testing.T) {
 	t.Parallel()
 	const queue = 32 << 10
-	h := newHarness(t, 0, withWS(gateway.WSConfig{QueueBytes: queue, StuckWrite: time.Minute}))
+	ml := newMetricsLog()
+	h := newHarness(t, 0, withWS(gateway.WSConfig{QueueBytes: queue, StuckWrite: time.Minute}), withMetrics(ml))
 	snap := h.createThread("")
 	th := snap.ThreadID
 	s := h.dialStalled(t)
@@ -706,6 +707,12 @@ func TestWSStalledClientIsClosed(t *testing.T) {
 	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
 		t.Errorf("stalled client closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)
 	}
+	if q, st := ml.count("slow:queue_overflow"), ml.count("slow:stuck_write"); q != 1 || st != 0 {
+		t.Errorf("slow closes counted: %d queue_overflow, %d stuck_write; want 1 and 0", q, st)
+	}
+	if got := ml.waitCount("open:websocket", 2); got != 2 {
+		t.Errorf("%d WebSocket connections counted open after the slow close, want the 2 reading tabs", got)
+	}
 	last := s.view(th).last()
 	if last >= final.LastSeq {
 		t.Fatalf("the stalled client got all %d events: the test did not stall it", last)
@@ -733,7 +740,8 @@ func TestWSStalledClientIsClosed(t *testing.T) {
 func TestWSStuckWriterIsDropped(t *testing.T) {
 	t.Parallel()
 	const stuck = 150 * time.Millisecond
-	h := newHarness(t, 0, withWS(gateway.WSConfig{StuckWrite: stuck, CommandRate: 1000, CommandBurst: 1000}))
+	ml := newMetricsLog()
+	h := newHarness(t, 0, withWS(gateway.WSConfig{StuckWrite: stuck, CommandRate: 1000, CommandBurst: 1000}), withMetrics(ml))
 	snap := h.createThread("")
 	th := snap.ThreadID
 	s := h.dialStalled(t)
@@ -768,6 +776,9 @@ func TestWSStuckWriterIsDropped(t *testing.T) {
 	}
 	if code := websocket.CloseStatus(err); code != -1 {
 		t.Errorf("stuck client ended with close code %d (%v), want a dropped connection", code, err)
+	}
+	if q, st := ml.count("slow:queue_overflow"), ml.count("slow:stuck_write"); q != 0 || st != 1 {
+		t.Errorf("slow closes counted: %d queue_overflow, %d stuck_write; want 0 and 1", q, st)
 	}
 	last := s.view(th).last()
 	if last >= final.LastSeq {
@@ -1341,7 +1352,8 @@ func TestWSDefaultReadLimit(t *testing.T) {
 // connection serves commands again once the rate allows.
 func TestWSRateLimited(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, 20*time.Millisecond, withWS(gateway.WSConfig{CommandRate: 100, CommandBurst: 5}))
+	ml := newMetricsLog()
+	h := newHarness(t, 20*time.Millisecond, withWS(gateway.WSConfig{CommandRate: 100, CommandBurst: 5}), withMetrics(ml))
 	th := h.createThread("").ThreadID
 	c := h.dial(t)
 	c.subscribe(th, nil)
@@ -1368,6 +1380,12 @@ func TestWSRateLimited(t *testing.T) {
 	}
 	if acked < 4 || limited == 0 {
 		t.Errorf("flood of %d: %d acked, %d rate_limited", len(ids), acked, limited)
+	}
+	if got := ml.count("limited:connection_commands"); got != limited {
+		t.Errorf("%d rate_limited answers counted as connection_commands, want %d", got, limited)
+	}
+	if in := ml.count("frames_in"); in < len(ids)+1 || ml.count("bytes_in") < in*20 {
+		t.Errorf("%d frames of %d bytes counted in, want at least %d", in, ml.count("bytes_in"), len(ids)+1)
 	}
 	if got := h.snapshotBytes(th); got != before {
 		t.Errorf("the flood changed the thread")
@@ -1397,6 +1415,16 @@ func TestWSRateLimited(t *testing.T) {
 		t.Errorf("requested_by %v, want tab:%s (the last hello accepted)", ev["requested_by"], lastTab)
 	}
 	c.untilEvent(th, chat.EventRunCancelled, runID)
+	if got := ml.count("ack:websocket"); got != 1 {
+		t.Errorf("%d cancel acks measured, want 1", got)
+	}
+	if ml.count("frames_out") == 0 || ml.count("bytes_out") == 0 {
+		t.Errorf("no frames counted out")
+	}
+	c.conn.CloseNow()
+	if got := ml.waitCount("open:websocket", 0); got != 0 {
+		t.Errorf("%d WebSocket connections counted open after the last closed", got)
+	}
 }
 
 // TestWSShutdownClosesGoingAway: shutting the endpoint down closes every

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"regexp"
+	"time"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -88,6 +89,7 @@ const MaxCommandIDBytes = 128
 // (re = its id when readable), before any event it caused. Every frame is
 // charged to the rate limits first, unreadable ones included (see admit).
 func (c *wsConn) command(data []byte) {
+	received := time.Now()
 	log := c.hub.s.log
 	var head map[string]json.RawMessage
 	parsed := json.Unmarshal(data, &head) == nil && head != nil
@@ -141,6 +143,9 @@ func (c *wsConn) command(data []byte) {
 		frame, extra = errorFrame(re, err, log), nil
 	} else {
 		frame = ackFrame(re, ack)
+		if typ == "run.cancel" {
+			c.hub.s.metrics.CancelAcked(transportWebSocket, time.Since(received))
+		}
 	}
 	c.release(frame, extra)
 }
@@ -153,7 +158,11 @@ func (c *wsConn) command(data []byte) {
 func (c *wsConn) admit(typ string) error {
 	limits := c.hub.s.limits
 	if typ == "run.cancel" {
-		return limits.take(c.user, true)
+		err := limits.take(c.user, true)
+		if err != nil {
+			c.hub.s.metrics.RateLimited(limitCancels)
+		}
+		return err
 	}
 	now := c.hub.cfg.Now()
 	c.mu.Lock()
@@ -161,6 +170,7 @@ func (c *wsConn) admit(typ string) error {
 	wait := c.limiter.retryAfter()
 	c.mu.Unlock()
 	if !ok {
+		c.hub.s.metrics.RateLimited(limitConnCommands)
 		secs := retrySeconds(wait)
 		return chat.Errorf(chat.CodeRateLimited, "too many commands on this connection: wait %d s and retry this one", secs).With("retry_after_seconds", secs)
 	}
@@ -168,6 +178,7 @@ func (c *wsConn) admit(typ string) error {
 		c.mu.Lock()
 		c.limiter.refund()
 		c.mu.Unlock()
+		c.hub.s.metrics.RateLimited(limitUserCommands)
 		return err
 	}
 	return nil
@@ -327,10 +338,12 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 	if !already {
 		if len(c.subs) >= c.hub.cfg.MaxSubscriptions {
 			c.mu.Unlock()
+			s.metrics.RateLimited(limitSubscriptions)
 			return nil, chat.Errorf(chat.CodeRateLimited, "this connection already watches %d threads: unsubscribe from one first", len(c.subs))
 		}
 		if err := s.limits.watch(c.user); err != nil {
 			c.mu.Unlock()
+			s.metrics.RateLimited(limitSubscriptions)
 			return nil, err
 		}
 	}

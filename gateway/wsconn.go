@@ -38,6 +38,7 @@ type wsConn struct {
 	wake   chan struct{} // cap 1: the queue has frames, or closeCode is set
 
 	writeStarted atomic.Int64 // unix nanos of the write in progress, 0 when idle
+	swept        atomic.Bool  // the sweeper closed it for a stuck write (counted once)
 
 	mu          sync.Mutex
 	tab         string
@@ -92,6 +93,7 @@ func (c *wsConn) run() {
 		if err != nil {
 			return
 		}
+		c.hub.s.metrics.FrameReceived(len(data))
 		if typ != websocket.MessageText {
 			err := c.admit("")
 			if err == nil {
@@ -158,6 +160,7 @@ func (c *wsConn) write() {
 			if err != nil {
 				return
 			}
+			c.hub.s.metrics.FrameSent(buf.Len())
 		}
 	}
 }
@@ -176,7 +179,7 @@ func (c *wsConn) Deliver(ev *chat.Event) bool {
 		c.held = append(c.held, ev)
 		c.heldBytes += len(ev.Raw)
 		if c.queuedBytes+c.heldBytes > c.hub.cfg.QueueBytes {
-			c.closeLocked(closeSlow, closeSlowReason)
+			c.slowLocked(slowQueue, closeSlowReason)
 			return false
 		}
 		return true
@@ -195,7 +198,7 @@ func (c *wsConn) queueEventLocked(ev *chat.Event) bool {
 	case ev.Seq <= last:
 		return true
 	case ev.Seq != last+1:
-		c.closeLocked(closeSlow, "missed events: reconnect and subscribe with after_seq")
+		c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
 		return false
 	}
 	c.subs[ev.ThreadID] = ev.Seq
@@ -211,7 +214,7 @@ func (c *wsConn) queueLocked(frame []byte) bool {
 	c.queue = append(c.queue, frame)
 	c.queuedBytes += len(frame)
 	if c.queuedBytes > c.hub.cfg.QueueBytes {
-		c.closeLocked(closeSlow, closeSlowReason)
+		c.slowLocked(slowQueue, closeSlowReason)
 		return false
 	}
 	select {
@@ -235,7 +238,7 @@ func (c *wsConn) queueReplayLocked(frames [][]byte) {
 		n += len(f)
 	}
 	if c.replayBytes > 0 && c.replayBytes+n > c.hub.cfg.QueueBytes {
-		c.closeLocked(closeSlow, closeSlowReason)
+		c.slowLocked(slowQueue, closeSlowReason)
 	}
 	if c.closeCode != 0 {
 		return
@@ -260,6 +263,15 @@ func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// slowLocked closes the connection as a slow consumer (closeSlow with
+// reason), counted once by why (slowQueue, slowMissed).
+func (c *wsConn) slowLocked(why, reason string) {
+	if c.closeCode == 0 {
+		c.hub.s.metrics.SlowClosed(why)
+	}
+	c.closeLocked(closeSlow, reason)
 }
 
 // closeWith closes the connection now (shutdown): no more frames, then the

@@ -200,6 +200,8 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 	// client gets the protocol's JSON error with its 429.
 	p, _ := chat.PrincipalFromContext(r.Context())
 	if err := h.s.limits.join(p.UserID); err != nil {
+		h.s.metrics.RateLimited(limitConnections)
+		h.s.metrics.ConnRefused(transportWebSocket)
 		writeError(w, h.s.log, err)
 		return
 	}
@@ -223,10 +225,12 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 		ws.Close(closeGoingAway, closeGoingAwayReason)
 		return
 	}
+	h.s.metrics.ConnOpened(transportWebSocket)
 	defer func() {
 		h.mu.Lock()
 		delete(h.conns, c)
 		h.mu.Unlock()
+		h.s.metrics.ConnClosed(transportWebSocket)
 	}()
 	c.run()
 }
@@ -275,6 +279,9 @@ func (h *wsHub) sweep() {
 			h.mu.Lock()
 			for c := range h.conns {
 				if started := c.writeStarted.Load(); started != 0 && now.Sub(time.Unix(0, started)) > h.cfg.StuckWrite {
+					if c.swept.CompareAndSwap(false, true) {
+						h.s.metrics.SlowClosed(slowStuck)
+					}
 					c.ws.CloseNow()
 				}
 			}

@@ -19,12 +19,14 @@ import (
 // deltas per second; b.N counts deltas.
 func BenchmarkAppendDeltas200Runs(b *testing.B) {
 	for _, per := range []int{1, 8} {
-		b.Run(fmt.Sprintf("per-call=%d", per), func(b *testing.B) { benchAppend(b, per) })
+		b.Run(fmt.Sprintf("per-call=%d", per), func(b *testing.B) {
+			benchAppendWith(b, per, store.Options{OnCommit: func([]*chat.Event) {}})
+		})
 	}
 }
 
-func benchAppend(b *testing.B, per int) {
-	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), store.Options{OnCommit: func([]*chat.Event) {}})
+func benchAppendWith(b *testing.B, per int, opts store.Options) {
+	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -353,6 +353,9 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 		discarded, c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
 		return fmt.Errorf("finish cancel: %w", err)
 	}
+	if row.CancelRequestedAt.Valid {
+		t.cancelsAccepted = append(t.cancelsAccepted, row.CancelRequestedAt.Int64)
+	}
 	return t.append(ev)
 }
 
@@ -496,6 +499,7 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		if _, err := t.exec(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ?`, len(texts), chars, messageID); err != nil {
 			return fmt.Errorf("count streamed text: %w", err)
 		}
+		t.buffered += int64(len(texts))
 		return nil
 	})
 }

@@ -47,6 +47,10 @@ type Options struct {
 	// lifetime, so a second server on the same file fails at start instead
 	// of recovering (stealing) the first one's runs.
 	Exclusive bool
+	// Metrics records transaction latency, group-commit sizes, the stream
+	// buffer's size and cancel-to-cancelled latency (nil: nothing is
+	// recorded, and Open does not count the stream buffer).
+	Metrics Metrics
 }
 
 // Store is safe for concurrent use. Close it once, after every user stopped.
@@ -56,6 +60,7 @@ type Store struct {
 	writeMu  sync.Mutex
 	queue    writeQueue // group commit of AppendDeltas (group.go)
 	onCommit func([]*chat.Event)
+	metrics  Metrics
 	lock     *os.File
 }
 
@@ -131,7 +136,20 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if onCommit == nil {
 		onCommit = func([]*chat.Event) {}
 	}
-	return &Store{writer: writer, reader: reader, onCommit: onCommit}, nil
+	var metrics Metrics = noMetrics{}
+	if opts.Metrics != nil {
+		// The stream buffer's size is kept up to date from here on by the
+		// commits that add or purge deltas (no count per scrape).
+		var n int64
+		if err := reader.GetContext(ctx, &n, `SELECT COUNT(*) FROM stream_deltas`); err != nil {
+			reader.Close()
+			writer.Close()
+			return nil, fmt.Errorf("count the stream buffer: %w", err)
+		}
+		metrics = opts.Metrics
+		metrics.StreamBuffered(n)
+	}
+	return &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics}, nil
 }
 
 func migrate(ctx context.Context, db *sql.DB) error {
@@ -163,6 +181,7 @@ func (s *Store) Close() error {
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	defer s.observe(txWrite, time.Now())
 	tx, err := s.writer.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -179,14 +198,13 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	if len(t.events) > 0 {
-		s.onCommit(t.events)
-	}
+	s.committedLocked(t)
 	return nil
 }
 
 // read runs fn in one read transaction: a consistent view of the database.
 func (s *Store) read(ctx context.Context, fn func(q *sqlx.Tx) error) error {
+	defer s.observe(txRead, time.Now())
 	tx, err := s.reader.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin read: %w", err)

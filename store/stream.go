@@ -233,6 +233,7 @@ func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error
 			return fmt.Errorf("purge stream buffer: %w", err)
 		}
 		n, err = res.RowsAffected()
+		t.buffered -= n
 		return err
 	})
 	return n, err

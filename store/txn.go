@@ -21,6 +21,11 @@ type txn struct {
 	now     time.Time
 	threads map[string]*threadCursor
 	events  []*chat.Event
+	// For Metrics, reported after the commit: deltas added to the stream
+	// buffer (less those purged), and the cancel_requested_at (ms) of each
+	// run whose cancel it finished.
+	buffered        int64
+	cancelsAccepted []int64
 }
 
 // threadCursor is a thread's sequencer inside one transaction.

@@ -1,0 +1,384 @@
+// Package metrics measures the gateway for Prometheus. A Metrics holds its
+// own registry (never the process-wide default), with the Go runtime and
+// process collectors, and the gateway's instruments, which the other
+// packages record through the small interfaces they declare:
+// gateway.Metrics, engine.Metrics and store.Metrics. Committed counts what
+// the store commits (runs started and finished, deltas, tool phases) from
+// the events it hands to subscribers.
+//
+// Labels take values from small fixed sets only (a status, a kind, a
+// reason, a transport, a tool phase or outcome, a configured tool's name):
+// never an id of a user, thread, run, message, tab or connection, and never
+// text.
+//
+// Every method is safe for concurrent use and never blocks: counters,
+// gauges and histograms are atomic, and nothing on the per-delta or
+// per-frame path allocates.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// Label values. They are the ones the recording packages pass; each series
+// is created up front, so it is exported (as 0) before the first event.
+var (
+	// transports of a cancel's ack
+	cancelTransports = []string{"websocket", "http"}
+	// transports of a connection refused by the per-user limit
+	connTransports = []string{"websocket", "sse"}
+	// why a WebSocket was closed as a slow consumer: its queue went over
+	// its bound, its write was stuck, or an event never reached it
+	slowReasons = []string{"queue_overflow", "stuck_write", "missed_events"}
+	// the limit behind a rate_limited answer
+	rateLimitKinds = []string{"user_commands", "cancels", "connection_commands", "connections", "subscriptions"}
+	// run endings
+	finishStatuses = []string{string(chat.RunCompleted), string(chat.RunFailed), string(chat.RunCancelled)}
+	// store transactions
+	txKinds = []string{"write", "grouped", "read"}
+)
+
+// Buckets, in seconds.
+var (
+	// fastBuckets: work done in-process and in one small transaction
+	// (50 µs to 2.5 s).
+	fastBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+	// slowBuckets: waits on a model or a tool (1 ms to 2 min).
+	slowBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+)
+
+// Metrics is the gateway's instruments and the registry that exports them.
+// Create it with New. Safe for concurrent use.
+type Metrics struct {
+	reg     *prometheus.Registry
+	handler http.Handler
+
+	// WebSocket connections and event streams
+	wsOpen      prometheus.Gauge
+	sseOpen     prometheus.Gauge
+	framesIn    prometheus.Counter
+	framesOut   prometheus.Counter
+	bytesIn     prometheus.Counter
+	bytesOut    prometheus.Counter
+	slowCloses  *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	rateLimited *prometheus.CounterVec
+	cancelAck   *prometheus.HistogramVec
+	ackWS       prometheus.Observer
+	ackHTTP     prometheus.Observer
+
+	// runs
+	runsStarted    prometheus.Counter
+	runsFinished   *prometheus.CounterVec
+	runsCompleted  prometheus.Counter
+	runsFailed     prometheus.Counter
+	runsCancelled  prometheus.Counter
+	runsExecuting  prometheus.Gauge
+	firstToken     prometheus.Histogram
+	cancelSettle   prometheus.Histogram
+	tokens         *prometheus.CounterVec
+	promptTokens   prometheus.Counter
+	completeTokens prometheus.Counter
+	deltas         prometheus.Counter
+	toolPhases     *prometheus.CounterVec
+	toolOutcomes   *prometheus.CounterVec
+
+	// store
+	txSeconds    *prometheus.HistogramVec
+	txWrite      prometheus.Observer
+	txGrouped    prometheus.Observer
+	txRead       prometheus.Observer
+	groupSize    prometheus.Histogram
+	streamBuffer prometheus.Gauge
+}
+
+// New returns the gateway's instruments, registered with the Go runtime and
+// process collectors in a registry of their own.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := factory{reg}
+	m := &Metrics{
+		reg: reg,
+
+		wsOpen: f.gauge("gateway_websocket_connections",
+			"WebSocket connections open now."),
+		sseOpen: f.gauge("gateway_sse_streams",
+			"Server-Sent Event streams (GET /api/threads/{id}/events) open now."),
+		framesIn: f.counter("gateway_websocket_frames_received_total",
+			"WebSocket data frames received from clients (one command each)."),
+		framesOut: f.counter("gateway_websocket_frames_sent_total",
+			"WebSocket data frames sent to clients; one frame may carry several events a writer coalesced."),
+		bytesIn: f.counter("gateway_websocket_received_bytes_total",
+			"Payload bytes of the WebSocket data frames received."),
+		bytesOut: f.counter("gateway_websocket_sent_bytes_total",
+			"Payload bytes of the WebSocket data frames sent."),
+		slowCloses: f.counterVec("gateway_websocket_slow_closes_total",
+			"WebSocket connections closed as slow consumers, by reason: queue_overflow (more than the queue bound waited, closed with 1013), stuck_write (one write blocked too long, dropped), missed_events (an event never reached the queue, closed with 1013).",
+			"reason", slowReasons),
+		refused: f.counterVec("gateway_connections_refused_total",
+			"WebSocket upgrades and event streams refused because their user already holds the most connections allowed (-max-conns-per-user), by transport.",
+			"transport", connTransports),
+		rateLimited: f.counterVec("gateway_rate_limited_total",
+			"Answers rate_limited, by the limit that gave them: user_commands, cancels (the cancel reserve), connection_commands, connections (as gateway_connections_refused_total), subscriptions.",
+			"kind", rateLimitKinds),
+		cancelAck: f.histogramVec("gateway_cancel_ack_seconds",
+			"Time from a cancel command's arrival to its ack: until the ack is queued for the connection's writer (websocket) or written to the response (http). Acks only, errors not.",
+			fastBuckets, "transport", cancelTransports),
+
+		runsStarted: f.counter("gateway_runs_started_total",
+			"Runs created (run.started committed)."),
+		runsFinished: f.counterVec("gateway_runs_finished_total",
+			"Runs ended, by status: completed, failed, cancelled (run.completed, run.failed, run.cancelled committed).",
+			"status", finishStatuses),
+		runsExecuting: f.gauge("gateway_runs_executing",
+			"Runs this process's workers hold now: claimed and not yet completed, failed, cancelled, handed back or left waiting for a decision."),
+		firstToken: f.histogram("gateway_run_first_token_seconds",
+			"Time from a worker claiming a run to the model's first chunk (text or tool call); claims that start with a tool step are not measured.",
+			slowBuckets),
+		cancelSettle: f.histogram("gateway_cancel_to_cancelled_seconds",
+			"Time from a cancel being accepted (the run's cancel_requested_at, millisecond resolution) to the commit of its run.cancelled, whichever worker or process finished it.",
+			slowBuckets),
+		tokens: f.counterVec("gateway_model_tokens_total",
+			"Tokens model calls reported using, by kind: prompt or completion (only backends that report usage).",
+			"kind", []string{"prompt", "completion"}),
+		deltas: f.counter("gateway_deltas_streamed_total",
+			"Text deltas written to the stream buffer and sent to subscribers (message.delta committed)."),
+		toolPhases: f.counterVec("gateway_tool_phase_transitions_total",
+			"Tool operations entering a phase (tool.prepared and tool.updated committed), by configured tool and phase.",
+			"tool", nil, "phase"),
+		toolOutcomes: f.counterVec("gateway_tool_operations_total",
+			"Tool operations that reached a final phase, by configured tool and outcome (completed, committed, failed, aborted, not_started, unknown).",
+			"tool", nil, "outcome"),
+
+		txSeconds: f.histogramVec("gateway_store_transaction_seconds",
+			"Time one store transaction takes, from BEGIN to COMMIT or ROLLBACK, by kind: write (one state change, including handing its events to subscribers), grouped (the stream-buffer writes of several runs in one group commit, likewise), read (a read transaction).",
+			fastBuckets, "kind", txKinds),
+		groupSize: f.histogram("gateway_store_group_commit_requests",
+			"Stream-buffer writes (one batch of one run's deltas each) per group-commit transaction.",
+			[]float64{1, 2, 4, 8, 16, 32, 64, 128}),
+		streamBuffer: f.gauge("gateway_stream_buffer_deltas",
+			"Deltas held in the stream buffer now (rows of stream_deltas: counted at start, then kept up to date as batches commit and the purge removes them)."),
+	}
+	m.ackWS = m.cancelAck.WithLabelValues("websocket")
+	m.ackHTTP = m.cancelAck.WithLabelValues("http")
+	m.runsCompleted = m.runsFinished.WithLabelValues(string(chat.RunCompleted))
+	m.runsFailed = m.runsFinished.WithLabelValues(string(chat.RunFailed))
+	m.runsCancelled = m.runsFinished.WithLabelValues(string(chat.RunCancelled))
+	m.promptTokens = m.tokens.WithLabelValues("prompt")
+	m.completeTokens = m.tokens.WithLabelValues("completion")
+	m.txWrite = m.txSeconds.WithLabelValues("write")
+	m.txGrouped = m.txSeconds.WithLabelValues("grouped")
+	m.txRead = m.txSeconds.WithLabelValues("read")
+	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, MaxRequestsInFlight: 4})
+	return m
+}
+
+// Handler serves the registry in Prometheus's exposition format.
+func (m *Metrics) Handler() http.Handler { return m.handler }
+
+// Registry is the registry the instruments are in (for tests and for
+// adding collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// factory creates and registers instruments.
+type factory struct{ reg *prometheus.Registry }
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	f.reg.MustRegister(g)
+	return g
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	f.reg.MustRegister(h)
+	return h
+}
+
+// counterVec creates a counter with the label first, whose series for
+// values exist from the start, and more labels.
+func (f factory) counterVec(name, help, label string, values []string, more ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{label}, more...))
+	for _, v := range values {
+		c.WithLabelValues(v)
+	}
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) histogramVec(name, help string, buckets []float64, label string, values []string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, []string{label})
+	for _, v := range values {
+		h.WithLabelValues(v)
+	}
+	f.reg.MustRegister(h)
+	return h
+}
+
+// ---------------------------------------------------------------------------
+// What the store commits (its OnCommit events).
+
+// Committed counts what one committed transaction reports: runs started and
+// ended, deltas streamed, tool operations' phases and outcomes. Call it with
+// the events of every commit, before they are handed to subscribers (so a
+// client that saw an event finds it counted). It only counts: no event is
+// kept, and nothing of an event but its type, a run's status and a tool's
+// name, phase and outcome is looked at.
+func (m *Metrics) Committed(events []*chat.Event) {
+	deltas := 0
+	for _, ev := range events {
+		switch ev.Type {
+		case chat.EventMessageDelta:
+			deltas++
+		case chat.EventRunStarted:
+			m.runsStarted.Inc()
+		case chat.EventRunCompleted:
+			m.runsCompleted.Inc()
+		case chat.EventRunFailed:
+			m.runsFailed.Inc()
+		case chat.EventRunCancelled:
+			m.runsCancelled.Inc()
+		case chat.EventToolPrepared, chat.EventToolUpdated:
+			if b, ok := ev.Body.(chat.ToolBody); ok {
+				m.toolOperation(b.Operation)
+			}
+		}
+	}
+	if deltas > 0 {
+		m.deltas.Add(float64(deltas))
+	}
+}
+
+func (m *Metrics) toolOperation(op chat.Operation) {
+	m.toolPhases.WithLabelValues(op.Tool, op.Phase).Inc()
+	if !finalPhase(op) {
+		return
+	}
+	outcome := chat.OutcomeNotStarted
+	if op.Outcome != nil {
+		outcome = *op.Outcome
+	}
+	m.toolOutcomes.WithLabelValues(op.Tool, outcome).Inc()
+}
+
+// finalPhase reports whether an operation is settled: nothing moves it
+// again. (unknown is final only with its result recorded: an outcome the
+// external system could not tell; without one it is looked up.)
+func finalPhase(op chat.Operation) bool {
+	switch op.Phase {
+	case chat.PhaseCompleted, chat.PhaseCommitted, chat.PhaseRejected, chat.PhaseVoided,
+		chat.PhaseAborted, chat.PhaseFailed, chat.PhaseReconciled:
+		return true
+	case chat.PhaseUnknown:
+		return op.ResultRef != nil
+	}
+	return false
+}
+
+// ---------------------------------------------------------------------------
+// gateway.Metrics
+
+// ConnOpened counts an open WebSocket ("websocket") or event stream ("sse").
+func (m *Metrics) ConnOpened(transport string) { m.connGauge(transport).Inc() }
+
+// ConnClosed ends what ConnOpened counted.
+func (m *Metrics) ConnClosed(transport string) { m.connGauge(transport).Dec() }
+
+func (m *Metrics) connGauge(transport string) prometheus.Gauge {
+	if transport == "sse" {
+		return m.sseOpen
+	}
+	return m.wsOpen
+}
+
+// FrameReceived counts one WebSocket data frame of n bytes from a client.
+func (m *Metrics) FrameReceived(n int) {
+	m.framesIn.Inc()
+	m.bytesIn.Add(float64(n))
+}
+
+// FrameSent counts one WebSocket data frame of n bytes to a client.
+func (m *Metrics) FrameSent(n int) {
+	m.framesOut.Inc()
+	m.bytesOut.Add(float64(n))
+}
+
+// SlowClosed counts a WebSocket closed as a slow consumer, by reason.
+func (m *Metrics) SlowClosed(reason string) { m.slowCloses.WithLabelValues(reason).Inc() }
+
+// ConnRefused counts a connection refused by the per-user connection limit.
+func (m *Metrics) ConnRefused(transport string) { m.refused.WithLabelValues(transport).Inc() }
+
+// RateLimited counts a rate_limited answer, by the limit that gave it.
+func (m *Metrics) RateLimited(kind string) { m.rateLimited.WithLabelValues(kind).Inc() }
+
+// CancelAcked observes a cancel's time from arrival to ack.
+func (m *Metrics) CancelAcked(transport string, d time.Duration) {
+	switch transport {
+	case "websocket":
+		m.ackWS.Observe(d.Seconds())
+	case "http":
+		m.ackHTTP.Observe(d.Seconds())
+	default:
+		m.cancelAck.WithLabelValues(transport).Observe(d.Seconds())
+	}
+}
+
+// ---------------------------------------------------------------------------
+// engine.Metrics
+
+// RunsExecuting moves the gauge of runs this process's workers hold.
+func (m *Metrics) RunsExecuting(delta int) { m.runsExecuting.Add(float64(delta)) }
+
+// FirstToken observes a claim's time to the model's first chunk.
+func (m *Metrics) FirstToken(d time.Duration) { m.firstToken.Observe(d.Seconds()) }
+
+// TokensUsed counts the tokens one model call reported.
+func (m *Metrics) TokensUsed(prompt, completion int64) {
+	if prompt > 0 {
+		m.promptTokens.Add(float64(prompt))
+	}
+	if completion > 0 {
+		m.completeTokens.Add(float64(completion))
+	}
+}
+
+// ---------------------------------------------------------------------------
+// store.Metrics
+
+// Transaction observes one store transaction's duration, by kind.
+func (m *Metrics) Transaction(kind string, d time.Duration) {
+	switch kind {
+	case "write":
+		m.txWrite.Observe(d.Seconds())
+	case "grouped":
+		m.txGrouped.Observe(d.Seconds())
+	case "read":
+		m.txRead.Observe(d.Seconds())
+	default:
+		m.txSeconds.WithLabelValues(kind).Observe(d.Seconds())
+	}
+}
+
+// GroupCommitted observes how many writes one group commit held.
+func (m *Metrics) GroupCommitted(requests int) { m.groupSize.Observe(float64(requests)) }
+
+// StreamBuffered moves the count of deltas in the stream buffer.
+func (m *Metrics) StreamBuffered(delta int64) { m.streamBuffer.Add(float64(delta)) }
+
+// CancelSettled observes a cancel's time from acceptance to run.cancelled.
+func (m *Metrics) CancelSettled(d time.Duration) { m.cancelSettle.Observe(d.Seconds()) }
