@@ -194,7 +194,7 @@ func TestBinaryMetrics(t *testing.T) {
 		{"gateway_cancel_ack_seconds", []string{"transport", "websocket"}},
 		{"gateway_websocket_slow_closes_total", []string{"reason", "stuck_write"}},
 		{"gateway_rate_limited_total", []string{"kind", "cancels"}},
-		{"gateway_store_transaction_seconds", []string{"kind", "grouped"}},
+		{"gateway_store_transaction_seconds", []string{"kind", "write"}},
 	} {
 		f := base.families[series.name]
 		found := false
@@ -288,7 +288,7 @@ func TestBinaryMetrics(t *testing.T) {
 		metricWant{name: "gateway_tool_phase_transitions_total", labels: []string{"tool", "catalog_search", "phase", "completed"}, delta: 1, exact: true},
 		metricWant{name: "gateway_tool_operations_total", labels: []string{"tool", "catalog_search", "outcome", "completed"}, delta: 1, exact: true},
 		metricWant{name: "gateway_store_transaction_seconds", labels: []string{"kind", "write"}, delta: 10},
-		metricWant{name: "gateway_store_transaction_seconds", labels: []string{"kind", "grouped"}, delta: 1},
+		metricWant{name: "gateway_store_transaction_seconds", labels: []string{"kind", "write"}, delta: 1},
 		metricWant{name: "gateway_store_transaction_seconds", labels: []string{"kind", "read"}, delta: 1},
 		metricWant{name: "gateway_store_group_commit_requests", delta: 1},
 	)

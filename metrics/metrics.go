@@ -42,7 +42,7 @@ var (
 	// run endings
 	finishStatuses = []string{string(chat.RunCompleted), string(chat.RunFailed), string(chat.RunCancelled)}
 	// store transactions
-	txKinds = []string{"write", "grouped", "read"}
+	txKinds = []string{"write", "read"}
 )
 
 // Buckets, in seconds.
@@ -93,7 +93,6 @@ type Metrics struct {
 	// store
 	txSeconds    *prometheus.HistogramVec
 	txWrite      prometheus.Observer
-	txGrouped    prometheus.Observer
 	txRead       prometheus.Observer
 	groupSize    prometheus.Histogram
 	streamBuffer prometheus.Gauge
@@ -159,7 +158,7 @@ func New() *Metrics {
 			"tool", nil, "outcome"),
 
 		txSeconds: f.histogramVec("gateway_store_transaction_seconds",
-			"Time one store transaction takes, from BEGIN to COMMIT or ROLLBACK, by kind: write (one state change, including handing its events to subscribers), grouped (the stream-buffer writes of several runs in one group commit, likewise), read (a read transaction).",
+			"Time one store transaction takes, from BEGIN to COMMIT or ROLLBACK, by kind: write (one group commit: the state changes and stream-buffer writes queued at the time, including handing their events to subscribers), read (a read transaction).",
 			fastBuckets, "kind", txKinds),
 		groupSize: f.histogram("gateway_store_group_commit_requests",
 			"Stream-buffer writes (one batch of one run's deltas each) per group-commit transaction.",
@@ -175,7 +174,6 @@ func New() *Metrics {
 	m.promptTokens = m.tokens.WithLabelValues("prompt")
 	m.completeTokens = m.tokens.WithLabelValues("completion")
 	m.txWrite = m.txSeconds.WithLabelValues("write")
-	m.txGrouped = m.txSeconds.WithLabelValues("grouped")
 	m.txRead = m.txSeconds.WithLabelValues("read")
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, MaxRequestsInFlight: 4})
 	return m
@@ -365,8 +363,6 @@ func (m *Metrics) Transaction(kind string, d time.Duration) {
 	switch kind {
 	case "write":
 		m.txWrite.Observe(d.Seconds())
-	case "grouped":
-		m.txGrouped.Observe(d.Seconds())
 	case "read":
 		m.txRead.Observe(d.Seconds())
 	default:

@@ -137,7 +137,7 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 		m.Committed(batch)
 		m.FrameReceived(120)
 		m.FrameSent(4096)
-		m.Transaction("grouped", 300*time.Microsecond)
+		m.Transaction("write", 300*time.Microsecond)
 		m.Transaction("write", 300*time.Microsecond)
 		m.GroupCommitted(12)
 		m.StreamBuffered(64)

@@ -1,5 +1,10 @@
 package store
 
+import (
+	"context"
+	"errors"
+)
+
 // SetPurgeLimits makes retention work in transactions of batch rows, at
 // most maxBatches per call, until the test ends (restore).
 func SetPurgeLimits(batch, maxBatches int) (restore func()) {
@@ -19,4 +24,19 @@ func (s *Store) QueuedWrites() int {
 	s.queue.mu.Lock()
 	defer s.queue.mu.Unlock()
 	return len(s.queue.pending)
+}
+
+// UrgentWrites is how many urgent writes (cancels) wait for the writer.
+func (s *Store) UrgentWrites() int { return int(s.queue.waiting.Load()) }
+
+// GroupedWriteThatFails queues a grouped write that inserts a user named
+// name and then fails: the failure comes after writing, so the whole
+// transaction must be rolled back and the others run again without it.
+func (s *Store) GroupedWriteThatFails(ctx context.Context, name string) error {
+	return s.writeGrouped(ctx, func(t *txn) error {
+		if _, err := t.exec(`INSERT INTO users (user_id, name, created_at) VALUES (?, ?, 0)`, "usr_"+name, name); err != nil {
+			return err
+		}
+		return errors.New("failed after writing")
+	})
 }

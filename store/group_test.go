@@ -208,3 +208,107 @@ func TestGroupCommitUnderConcurrency(t *testing.T) {
 	}
 	t.Logf("%d appends in %d commits", len(runs)*batches, ncommits)
 }
+
+// A cancel queued behind a full queue of stream writes is committed in the
+// first transaction after the writer frees up, not after the queue.
+func TestUrgentCancelGoesFirst(t *testing.T) {
+	st, log := openLogged(t)
+	runs, _ := startRuns(t, st, 41)
+	log.mu.Lock()
+	before := len(log.commits)
+	log.mu.Unlock()
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	for i, run := range runs[1:] {
+		wg.Go(func() {
+			if err := st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_u%d", i), []string{"x"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitQueued := func(cond func() bool, what string) {
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				release()
+				t.Fatalf("%s never queued", what)
+			}
+			time.Sleep(time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	waitQueued(func() bool { return st.QueuedWrites() == 40 }, "40 stream writes")
+	wg.Go(func() {
+		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitQueued(func() bool { return st.UrgentWrites() == 1 }, "the cancel")
+	release()
+	wg.Wait()
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	first := log.commits[before]
+	if first[0].Type != chat.EventRunCancelRequested {
+		t.Fatalf("the first commit after the writer freed up starts with %s, want run.cancel_requested", first[0].Type)
+	}
+	deltas := 0
+	for _, evs := range log.commits[before:] {
+		for _, ev := range evs {
+			if ev.Type == chat.EventMessageDelta {
+				deltas++
+			}
+		}
+	}
+	if deltas != 40 {
+		t.Fatalf("%d deltas committed, want 40", deltas)
+	}
+}
+
+// A grouped write that fails after writing spoils its transaction: it is
+// rolled back whole and the other writes are committed without it.
+func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
+	st, _ := openLogged(t)
+	runs, threads := startRuns(t, st, 6)
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	errs := make([]error, len(runs))
+	for i, run := range runs {
+		wg.Go(func() { errs[i] = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_f%d", i), []string{"ok"}) })
+	}
+	var failed error
+	wg.Go(func() { failed = st.GroupedWriteThatFails(ctx, "ghost") })
+	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < len(runs)+1; {
+		if time.Now().After(deadline) {
+			release()
+			t.Fatal("writes never queued")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	release()
+	wg.Wait()
+	if failed == nil || failed.Error() != "failed after writing" {
+		t.Fatalf("the failing write answered %v", failed)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("append %d: %v", i, err)
+		}
+	}
+	if _, _, err := st.UserByName(ctx, "ghost"); chat.ErrorCode(err) != chat.CodeNotFound {
+		t.Fatalf("the failed write's row survived: %v", err)
+	}
+	for _, th := range threads {
+		rep, err := st.Events(ctx, user, th, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range rep.Events {
+			if ev.Type == chat.EventMessageDelta {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("thread %s holds %d deltas, want 1", th, n)
+		}
+	}
+}

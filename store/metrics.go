@@ -7,7 +7,7 @@ import "time"
 // block: they are called with the write lock held.
 type Metrics interface {
 	// Transaction observes the duration of one transaction of a kind
-	// (txWrite, txGrouped, txRead).
+	// (txWrite, txRead).
 	Transaction(kind string, d time.Duration)
 	// GroupCommitted observes how many writes one group commit held.
 	GroupCommitted(requests int)
@@ -22,9 +22,8 @@ type Metrics interface {
 
 // Kinds of transaction passed to Metrics.Transaction.
 const (
-	txWrite   = "write"
-	txGrouped = "grouped"
-	txRead    = "read"
+	txWrite = "write"
+	txRead  = "read"
 )
 
 // noMetrics records nothing (Options.Metrics nil).

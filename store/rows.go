@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -29,6 +30,26 @@ type threadRow struct {
 	EventsPurgedThrough int64 `db:"events_purged_through"`
 	EventsPurgedVersion int64 `db:"events_purged_version"`
 	EventsPurgedTS      int64 `db:"events_purged_ts"`
+}
+
+// threadColsT is threadCols of the table aliased t.
+var threadColsT = threadColsOf("t")
+
+// threadColsOf is threadCols qualified by a table alias.
+func threadColsOf(alias string) string {
+	cols := strings.Split(threadCols, ",")
+	for i, c := range cols {
+		cols[i] = alias + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// scanTargets are r's fields in threadCols order, for a plain Scan on hot
+// paths (no reflection).
+func (r *threadRow) scanTargets() []any {
+	return []any{&r.ThreadID, &r.UserID, &r.Title, &r.StateVersion, &r.LastSeq, &r.HeadCheckpointID,
+		&r.ForkedFromThreadID, &r.ForkedFromCheckpointID, &r.CreatedAt, &r.UpdatedAt,
+		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS}
 }
 
 func (r threadRow) thread() chat.Thread {

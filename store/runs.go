@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -207,12 +208,13 @@ func (s *Store) Run(ctx context.Context, userID, runID string) (chat.Run, error)
 }
 
 // RequestCancel records cancel_requested (reason, who, when, audit row) and
-// bumps state_version in one transaction. A second cancel changes nothing
+// bumps state_version in one transaction, ahead of queued stream writes
+// (writeUrgent). A second cancel changes nothing
 // but the audit journal and answers already_requested.
 func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error) {
 	var ack chat.CancelAck
 	var prev chat.RunStatus
-	err := s.write(ctx, func(t *txn) error {
+	err := s.writeUrgent(ctx, func(t *txn) error {
 		row, err := t.run(p.RunID)
 		if err != nil {
 			return err
@@ -274,7 +276,8 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 	return ack, prev, err
 }
 
-// FinishCancel ends a run whose cancel was accepted: status cancelled, the
+// FinishCancel ends a run whose cancel was accepted (ahead of queued
+// stream writes, like RequestCancel): status cancelled, the
 // characters streamed for messages that were never published, the head as
 // resume point, and run.cancelled. It does nothing (and reports false) when
 // the run is not waiting for that.
@@ -286,7 +289,7 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 // worker finishes it at its next safe point.
 func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64, unleasedOnly bool) (bool, error) {
 	done := false
-	err := s.write(ctx, func(t *txn) error {
+	err := s.writeUrgent(ctx, func(t *txn) error {
 		row, err := t.run(runID)
 		if err != nil {
 			return err
@@ -450,59 +453,90 @@ func (t *txn) ownRunning(runID, owner string) (runRow, error) {
 // transactions (group commit, see group.go).
 func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
 	return s.writeGrouped(ctx, func(t *txn) error {
-		// The safe point: only the run's status and lease, not the whole
-		// row (this runs once per batch of every streaming run).
-		var row struct {
-			ThreadID   string         `db:"thread_id"`
-			Status     string         `db:"status"`
-			LeaseOwner sql.NullString `db:"lease_owner"`
-		}
-		err := t.get(&row, `SELECT thread_id, status, lease_owner FROM runs WHERE run_id = ?`, runID)
+		// The safe point: the run's status and lease, read with its
+		// thread's sequencer in one statement (this runs once per batch of
+		// every streaming run, so it scans without reflection).
+		var status string
+		var leaseOwner sql.NullString
+		var th threadRow
+		err := t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`SELECT r.status, r.lease_owner, `+threadColsT+`
+			FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`), runID).
+			Scan(append([]any{&status, &leaseOwner}, th.scanTargets()...)...)
 		if errors.Is(err, sql.ErrNoRows) {
 			return chat.NotFound("run", runID)
 		}
 		if err != nil {
 			return fmt.Errorf("load run: %w", err)
 		}
-		if st := chat.RunStatus(row.Status); st != chat.RunRunning || row.LeaseOwner.String != owner {
+		if st := chat.RunStatus(status); st != chat.RunRunning || leaseOwner.String != owner {
 			return &chat.ErrNotRunning{Status: st}
 		}
-		c, err := t.engineThread(row.ThreadID)
-		if err != nil {
-			return err
+		c := t.adoptThread(th)
+		chars := 0
+		for _, text := range texts {
+			chars += utf8.RuneCountInString(text)
 		}
+		// Count the batch into its message's row and learn where it
+		// starts; the first batch of a message creates the row.
 		var parts int
-		err = t.get(&parts, `SELECT parts FROM stream_messages WHERE message_id = ?`, messageID)
-		if errors.Is(err, sql.ErrNoRows) {
-			parts = 0
+		t.wrote = true
+		err = t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`),
+			len(texts), chars, messageID).Scan(&parts)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
 			if _, err := t.exec(`INSERT INTO stream_messages (message_id, thread_id, run_id, first_seq, parts, chars, created_at)
-				VALUES (?, ?, ?, ?, 0, 0, ?)`, messageID, row.ThreadID, runID, c.row.LastSeq+1, ms(t.now)); err != nil {
+				VALUES (?, ?, ?, ?, ?, ?, ?)`, messageID, th.ThreadID, runID, c.row.LastSeq+1, len(texts), chars, ms(t.now)); err != nil {
 				return fmt.Errorf("start streamed message: %w", err)
 			}
-		} else if err != nil {
-			return fmt.Errorf("load streamed message: %w", err)
+			parts = 0
+		case err != nil:
+			return fmt.Errorf("count streamed text: %w", err)
+		default:
+			parts -= len(texts)
 		}
-		chars := 0
+		// One INSERT for the whole batch.
+		args := make([]any, 0, 7*len(texts))
 		for i, text := range texts {
 			ev := t.event(c, chat.EventMessageDelta, runID)
 			ev.MessageID = messageID
 			ev.Body = chat.MessageDeltaBody{MessageID: messageID, Text: text}
-			if _, err := t.exec(`INSERT INTO stream_deltas (thread_id, seq, run_id, message_id, part, text, ts) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-				ev.ThreadID, ev.Seq, runID, messageID, parts+i, text, ev.TS); err != nil {
-				return fmt.Errorf("buffer delta: %w", err)
-			}
+			args = append(args, ev.ThreadID, ev.Seq, runID, messageID, parts+i, text, ev.TS)
 			if err := t.append(ev); err != nil {
 				return err
 			}
-			chars += utf8.RuneCountInString(text)
 		}
-		if _, err := t.exec(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ?`, len(texts), chars, messageID); err != nil {
-			return fmt.Errorf("count streamed text: %w", err)
+		if _, err := t.exec(insertDeltas(len(texts)), args...); err != nil {
+			return fmt.Errorf("buffer deltas: %w", err)
 		}
 		t.buffered += int64(len(texts))
 		return nil
 	})
 }
+
+// insertDeltas is the INSERT of n stream-buffer rows. The statements are
+// built once per n (at most MaxBatch of them) and cached by the driver.
+func insertDeltas(n int) string {
+	if n < len(insertDeltasSQL) {
+		if q := insertDeltasSQL[n].Load(); q != nil {
+			return *q
+		}
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO stream_deltas (thread_id, seq, run_id, message_id, part, text, ts) VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, ?)`)
+	}
+	q := b.String()
+	if n < len(insertDeltasSQL) {
+		insertDeltasSQL[n].Store(&q)
+	}
+	return q
+}
+
+var insertDeltasSQL [129]atomic.Pointer[string]
 
 // AddUsage adds tokens a model step used to its run's count. It is
 // bookkeeping, not state: no version bump, no event, whatever the status.

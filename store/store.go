@@ -178,6 +178,8 @@ func (s *Store) Close() error {
 
 // write runs fn in one immediate transaction on the writer connection and,
 // after a successful commit, hands the transaction's events to OnCommit.
+// (Stream writes and cancels go through the group-commit queue instead,
+// see group.go.)
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()

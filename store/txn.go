@@ -26,6 +26,9 @@ type txn struct {
 	// run whose cancel it finished.
 	buffered        int64
 	cancelsAccepted []int64
+	// wrote is set by every exec: a grouped write that fails after
+	// writing spoils the whole transaction (see group.go).
+	wrote bool
 }
 
 // threadCursor is a thread's sequencer inside one transaction.
@@ -37,6 +40,7 @@ type threadCursor struct {
 }
 
 func (t *txn) exec(q string, args ...any) (sql.Result, error) {
+	t.wrote = true
 	return t.tx.ExecContext(t.ctx, t.tx.Rebind(q), args...)
 }
 
@@ -62,6 +66,18 @@ func (t *txn) thread(userID, threadID string) (*threadCursor, error) {
 // executes, recovery), which act for the thread's owner.
 func (t *txn) engineThread(threadID string) (*threadCursor, error) {
 	return t.loadThread("", threadID)
+}
+
+// adoptThread makes row, read by the caller for the engine's own write,
+// the transaction's sequencer of its thread (or returns the one already
+// loaded, which is newer).
+func (t *txn) adoptThread(row threadRow) *threadCursor {
+	if c, ok := t.threads[row.ThreadID]; ok {
+		return c
+	}
+	c := &threadCursor{row: row, origSeq: row.LastSeq}
+	t.threads[row.ThreadID] = c
+	return c
 }
 
 // loadThread checks ownership unless owner is "" (engine writes only).

@@ -409,9 +409,7 @@ func storeMetrics(f *fanFigures, s *ScenarioReport) []Metric {
 const (
 	promTx        = "gateway_store_transaction_seconds"
 	promTxWrite   = `gateway_store_transaction_seconds_count{kind="write"}`
-	promTxGrouped = `gateway_store_transaction_seconds_count{kind="grouped"}`
 	promTxWriteS  = `gateway_store_transaction_seconds_sum{kind="write"}`
-	promTxGroupS  = `gateway_store_transaction_seconds_sum{kind="grouped"}`
 	promGroupSum  = "gateway_store_group_commit_requests_sum"
 	promGroupN    = "gateway_store_group_commit_requests_count"
 	promDeltas    = "gateway_deltas_streamed_total"
@@ -434,12 +432,10 @@ func serverMetrics(f *fanFigures, s *ScenarioReport) []Metric {
 		perFrame = float64(f.eventsDelivered) / frames
 	}
 	return []Metric{
-		metric("server metric: store commits, grouped (stream buffer)", "1/s", w.rate(promTxGrouped), ""),
-		metric("server metric: store commits, other writes", "1/s", w.rate(promTxWrite), ""),
-		metric("server metric: delta batches per group commit", "count", w.delta(promGroupSum)/w.delta(promGroupN), ""),
-		metric("server metric: writer busy (write + grouped tx time / window)", "%", 100*(w.delta(promTxWriteS)+w.delta(promTxGroupS))/w.seconds, ""),
-		metric("server metric: grouped commit p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="grouped"`, 0.99)), ""),
-		metric("server metric: other write tx p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="write"`, 0.99)), "≤ 10 ms (publish + checkpoint)"),
+		metric("server metric: store commits (group commits of every write)", "1/s", w.rate(promTxWrite), ""),
+		metric("server metric: writes per group commit", "count", w.delta(promGroupSum)/w.delta(promGroupN), ""),
+		metric("server metric: writer busy (write tx time / window)", "%", 100*w.delta(promTxWriteS)/w.seconds, ""),
+		metric("server metric: write tx p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="write"`, 0.99)), "≤ 10 ms (publish + checkpoint)"),
 		metric("server metric: deltas streamed", "1/s", w.rate(promDeltas), ""),
 		metric("events per WebSocket frame (coalescing)", "count", perFrame, ""),
 	}
