@@ -137,7 +137,7 @@ func (c *wsConn) command(data []byte) {
 	}
 	c.hold()
 	var extra func()
-	ack, err := c.dispatch(typ, data, &extra)
+	ack, err := c.dispatchShallow(typ, data, &extra)
 	var frame []byte
 	if err != nil {
 		frame, extra = errorFrame(re, err, log), nil
@@ -417,4 +417,29 @@ func errorFrame(re string, err error, log *slog.Logger) []byte {
 	}
 	b, _ := json.Marshal(body)
 	return bytes.TrimSpace(b)
+}
+
+// dispatchShallow runs dispatch on a short-lived goroutine and waits for it
+// when the command reaches the store or the engine. The connection's reader
+// then never runs the deep SQLite call chains itself, so its stack stays at
+// the minimum (8 KiB) for the connection's life instead of growing once and
+// staying grown on an idle tab — with a thousand tabs that is megabytes.
+func (c *wsConn) dispatchShallow(typ string, data []byte, extra *func()) (ack any, err error) {
+	if typ == "hello" || typ == "unsubscribe" {
+		return c.dispatch(typ, data, extra)
+	}
+	done := make(chan struct{})
+	var panicked any
+	go func() {
+		defer close(done)
+		// A panic is carried back to the reader, where net/http's
+		// per-connection recovery sees it as before.
+		defer func() { panicked = recover() }()
+		ack, err = c.dispatch(typ, data, extra)
+	}()
+	<-done
+	if panicked != nil {
+		panic(panicked)
+	}
+	return ack, err
 }

@@ -84,9 +84,11 @@ func (c *wsConn) run() {
 			c.hub.s.feed.Remove(t, c)
 		}
 		c.hub.s.limits.unwatch(c.user, len(threads))
+		// The reader is done, so is the connection: a write still blocked
+		// on the peer is cut off rather than left to the sweeper.
 		c.cancel()
-		writer.Wait()
 		c.ws.CloseNow()
+		writer.Wait()
 	}()
 	for {
 		typ, data, err := c.ws.Read(c.ctx)
@@ -155,7 +157,11 @@ func (c *wsConn) write() {
 			}
 			frames = frames[n:]
 			c.writeStarted.Store(time.Now().UnixNano())
-			err := c.ws.Write(c.ctx, websocket.MessageText, buf.Bytes())
+			// No cancellable context per write: coder/websocket would arm
+			// a watcher for it on every frame. A write blocked on a dead
+			// peer is ended by the hub's stuck-write sweeper (CloseNow),
+			// and a closing connection fails its writes anyway.
+			err := c.ws.Write(context.Background(), websocket.MessageText, buf.Bytes())
 			c.writeStarted.Store(0)
 			if err != nil {
 				return
