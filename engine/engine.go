@@ -103,7 +103,7 @@ type Engine struct {
 	wake   chan struct{}
 
 	mu      sync.Mutex
-	running map[string]context.CancelCauseFunc // run id -> its context's cancel
+	running map[string]*liveRun // run id -> the execution holding it here
 }
 
 var (
@@ -144,7 +144,7 @@ func New(cfg Config) *Engine {
 	return &Engine{
 		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log, metrics: cfg.Metrics,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
-		running: map[string]context.CancelCauseFunc{},
+		running: map[string]*liveRun{},
 	}
 }
 
@@ -176,6 +176,12 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 	return ack, err
 }
 
+// liveRun is one execution of a run by this engine; its identity tells a
+// new execution of the same run from an old one still unwinding.
+type liveRun struct {
+	cancel context.CancelCauseFunc
+}
+
 // CancelRun performs run.cancel: the store records cancel_requested and
 // answers at once; then the worker running it is woken (its model call's
 // context is cancelled), or, when no worker holds the run, the cancel is
@@ -186,10 +192,10 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 		return ack, err
 	}
 	e.mu.Lock()
-	stop := e.running[p.RunID]
+	live := e.running[p.RunID]
 	e.mu.Unlock()
-	if stop != nil {
-		stop(errCancelRequested)
+	if live != nil {
+		live.cancel(errCancelRequested)
 		return ack, nil
 	}
 	// No worker here holds it (queued, waiting for a confirmation, or handed

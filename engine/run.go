@@ -30,12 +30,20 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 	// Register before the first read of the run: a cancel recorded after
 	// that read finds the registration; one recorded before it is seen by
 	// the read.
+	//
+	// The same run may be claimed again (after a confirmation) while this
+	// execution is still unwinding, so only this execution's own entry is
+	// removed: deleting by id alone would unregister the new execution and
+	// leave its cancel unheard.
+	me := &liveRun{cancel: cancel}
 	e.mu.Lock()
-	e.running[run.RunID] = cancel
+	e.running[run.RunID] = me
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
-		delete(e.running, run.RunID)
+		if e.running[run.RunID] == me {
+			delete(e.running, run.RunID)
+		}
 		e.mu.Unlock()
 	}()
 
