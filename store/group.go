@@ -28,9 +28,10 @@ import (
 // Cancels are urgent (writeUrgent): they join the front of the queue, and a
 // transaction in progress stops taking requests as soon as one waits, so a
 // cancel waits for a request or two instead of a whole batch. (Routing
-// every write through the queue made cancels faster still, but made the
-// engine's interleaving test hang under load once in ~1000 seeds; until
-// that is understood, plain writes stay out.)
+// every write through the queue made cancels faster still, but then a
+// cancel at the front can overtake a worker's hand-over queued before it,
+// which the engine does not yet expect — see BENCHMARKS.md; plain writes
+// stay out until it does.)
 
 // maxGroup bounds the requests in one transaction, so one commit never
 // holds the writer for long.
