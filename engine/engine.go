@@ -191,11 +191,15 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 	if err != nil || ack.AlreadyRequested {
 		return ack, err
 	}
+	// Cancel under e.mu: an execution that unregisters has either been
+	// cancelled already or is not found here (see execute).
 	e.mu.Lock()
 	live := e.running[p.RunID]
-	e.mu.Unlock()
 	if live != nil {
 		live.cancel(errCancelRequested)
+	}
+	e.mu.Unlock()
+	if live != nil {
 		return ack, nil
 	}
 	// No worker here holds it (queued, waiting for a confirmation, or handed

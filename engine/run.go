@@ -39,19 +39,25 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 	e.mu.Lock()
 	e.running[run.RunID] = me
 	e.mu.Unlock()
-	defer func() {
+	unregister := func() {
 		e.mu.Lock()
 		if e.running[run.RunID] == me {
 			delete(e.running, run.RunID)
 		}
 		e.mu.Unlock()
-	}()
+	}
+	defer unregister()
 
 	log := e.log.With("run_id", run.RunID, "thread_id", run.ThreadID)
 	unbuffered, err := e.work(ctx, run.RunID, &firstToken{claimed: claimed})
 	settle, stop := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer stop()
 	if err == nil {
+		// Unregister before looking at the cause: CancelRun cancels under
+		// e.mu, so either its cancel is seen here or it finds no worker
+		// and finishes the cancel itself. (Looking first left a window in
+		// which a cancel reached this worker after it stopped listening.)
+		unregister()
 		if errors.Is(context.Cause(ctx), errCancelRequested) {
 			// The run was handed over (waiting for a confirmation) just as
 			// a cancel found this worker still registered: nobody else
