@@ -37,22 +37,7 @@ import (
 // runCLIInput is runCLI with stdin (a password line for user add/passwd).
 func runCLIInput(t *testing.T, input string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, gatewayBinary(t), args...)
-	cmd.Env = childEnv()
-	cmd.Stdin = strings.NewReader(input)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("gateway %s did not exit within 30s (stdout %q, stderr %q)", strings.Join(args, " "), out.String(), errb.String())
-	}
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
-	}
-	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	return runCLIWith(t, nil, input, args...)
 }
 
 // addUser runs `gateway user add NAME -db DB` with the password on stdin.

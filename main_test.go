@@ -599,10 +599,18 @@ func (st *stream) waitDeltas(deadline time.Time, runID string, n int) string {
 // and output.
 func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return runCLIWith(t, env, "", args...)
+}
+
+// runCLIWith is runCLI with input on stdin (a password line for user
+// add/passwd).
+func runCLIWith(t *testing.T, env []string, input string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gatewayBinary(t), args...)
 	cmd.Env = childEnv(env...)
+	cmd.Stdin = strings.NewReader(input)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
