@@ -244,13 +244,15 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	api.SetReady(true)
-	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "auth", cfg.authMode)
+	// Where the metrics are is said before "gateway serving", the line
+	// scripts wait for, so it is already there when they look.
 	if publicMetrics {
 		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	} else {
 		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
 	}
+	api.SetReady(true)
+	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "auth", cfg.authMode)
 
 	select {
 	case err := <-served:
