@@ -27,7 +27,10 @@ after(async () => {
 // attempt of the page's WebSocket as a console error. That is the browser
 // reporting the outage the page shows as "Reconnecting…", not a page error;
 // every other console error still fails the test.
-const refusedReconnect = /^WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)/;
+// A reconnect that fails before the socket opens also asks the API whether
+// the session ended (a 401 would send the page to sign in); while the server
+// is down Chromium reports that request's refusal the same way.
+const refusedReconnect = /^(WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)|Failed to load resource: net::(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)$)/;
 
 async function restartMidRun(signal, question) {
   const errors = [];
