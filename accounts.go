@@ -37,9 +37,13 @@ const tokenUsage = `Usage:
   gateway token list [-user NAME] [-db PATH]`
 
 func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprintln(stderr, userUsage)
 		return 2
+	}
+	if args[0] == "-h" || args[0] == "help" {
+		fmt.Fprintln(stdout, userUsage)
+		return 0
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("user "+sub, flag.ContinueOnError)
@@ -139,9 +143,13 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func tokenCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprintln(stderr, tokenUsage)
 		return 2
+	}
+	if args[0] == "-h" || args[0] == "help" {
+		fmt.Fprintln(stdout, tokenUsage)
+		return 0
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("token "+sub, flag.ContinueOnError)
