@@ -49,6 +49,7 @@ type harness struct {
 	model *pacedModel
 	feed  *bus.Memory
 	api   *gateway.Server // to shut the WebSocket endpoint down mid-test
+	mux   *http.ServeMux  // the routes, to serve behind a test proxy
 }
 
 type options struct {
@@ -58,6 +59,7 @@ type options struct {
 	tools     *tools.Registry
 	db        string
 	metrics   gateway.Metrics
+	auth      func(*store.Store) gateway.Authenticator
 }
 
 type option func(*options)
@@ -76,6 +78,12 @@ func withTools(reg *tools.Registry) option { return func(o *options) { o.tools =
 
 // withMetrics records the gateway's measurements in m.
 func withMetrics(m gateway.Metrics) option { return func(o *options) { o.metrics = m } }
+
+// withAuth authenticates callers with what mk builds on the harness's store
+// (default: everyone is the local user).
+func withAuth(mk func(*store.Store) gateway.Authenticator) option {
+	return func(o *options) { o.auth = mk }
+}
 
 // withDB opens the store at path (default: a fresh file in t.TempDir()),
 // e.g. the file an embedded tool provider shares.
@@ -106,8 +114,12 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 		st.Close()
 		t.Fatalf("start engine: %v", err)
 	}
+	var authn gateway.Authenticator
+	if o.auth != nil {
+		authn = o.auth(st)
+	}
 	api := gateway.New(gateway.Config{
-		Store: st, Runs: eng,
+		Auth: authn, Store: st, Runs: eng,
 		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
 		Feed:      feed,
 		KeepAlive: o.keepAlive,
@@ -135,7 +147,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed, api: api}
+	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed, api: api, mux: mux}
 }
 
 // with returns the harness reporting to t (a subtest).

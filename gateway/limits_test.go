@@ -9,9 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,9 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/honestcancel/gateway/auth"
-	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
-	"github.com/honestcancel/gateway/engine"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/store"
 )
@@ -75,52 +71,20 @@ func (c *testClock) advance(d time.Duration) {
 // header mode on the harness's store.
 func newUsersHarness(t *testing.T, pace time.Duration, ws gateway.WSConfig) *harness {
 	t.Helper()
-	ctx := context.Background()
-	feed := bus.NewMemory()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gateway.db"), store.Options{OnCommit: feed.Publish})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
+	return newHarness(t, pace, withWS(ws), withAuth(func(st *store.Store) gateway.Authenticator {
+		return proxyAuth{headerAuth(t, st)}
+	}))
+}
+
+// headerAuth is the real authenticator in header mode, 127.0.0.1 being the
+// trusted proxy.
+func headerAuth(t *testing.T, st *store.Store) *auth.Authenticator {
+	t.Helper()
 	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 	if err != nil {
-		st.Close()
 		t.Fatal(err)
 	}
-	m := &pacedModel{}
-	m.setPace(pace)
-	eng := engine.New(engine.Config{Store: st, Model: m, SingleInstance: true})
-	if err := eng.Start(ctx); err != nil {
-		st.Close()
-		t.Fatalf("start engine: %v", err)
-	}
-	api := gateway.New(gateway.Config{
-		Auth: proxyAuth{a}, Store: st, Runs: eng,
-		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
-		Feed:      feed,
-		WS:        ws,
-	})
-	mux := http.NewServeMux()
-	api.Routes(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(func() {
-		closing, cancel := context.WithTimeout(ctx, 5*time.Second)
-		api.CloseWebSockets(closing)
-		cancel()
-		srv.CloseClientConnections()
-		srv.Close()
-		eng.Close()
-		vs, err := st.Check(ctx)
-		if err != nil {
-			t.Errorf("check: %v", err)
-		}
-		for _, v := range vs {
-			t.Errorf("check: %v", v)
-		}
-		if err := st.Close(); err != nil {
-			t.Errorf("close store: %v", err)
-		}
-	})
-	return &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed, api: api}
+	return a
 }
 
 // dialAs connects user's WebSocket.

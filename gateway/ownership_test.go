@@ -24,7 +24,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -36,9 +35,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/honestcancel/gateway/auth"
-	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
-	"github.com/honestcancel/gateway/engine"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
@@ -207,75 +204,19 @@ func registeredCommands(t *testing.T) []string {
 // add them.
 type authHarness struct {
 	*toolHarness
-	mux  *http.ServeMux
 	auth *auth.Authenticator
 	ws   gateway.WSConfig
 }
 
 func newAuthHarness(t *testing.T, ws gateway.WSConfig) *authHarness {
 	t.Helper()
-	ctx := context.Background()
-	db := filepath.Join(t.TempDir(), "gateway.db")
-	outbox, err := tools.OpenOutbox(db, tools.OutboxConfig{Latency: toolLatency})
-	if err != nil {
-		t.Fatalf("open outbox: %v", err)
-	}
-	// Registered first, so it runs after the engine has stopped.
-	t.Cleanup(func() {
-		if err := outbox.Close(); err != nil {
-			t.Errorf("close outbox: %v", err)
-		}
-	})
-	reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), tools.NewSendEmail(outbox))
-	if err != nil {
-		t.Fatal(err)
-	}
-	feed := bus.NewMemory()
-	st, err := store.Open(ctx, db, store.Options{OnCommit: feed.Publish})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	m := &pacedModel{}
-	m.setPace(time.Millisecond)
-	eng := engine.New(engine.Config{Store: st, Model: m, Tools: reg, SingleInstance: true})
-	if err := eng.Start(ctx); err != nil {
-		st.Close()
-		t.Fatalf("start engine: %v", err)
-	}
-	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st,
-		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := gateway.New(gateway.Config{
-		Auth: a, Store: st, Runs: eng,
-		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
-		Feed:      feed,
-		WS:        ws,
-	})
-	mux := http.NewServeMux()
-	api.Routes(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(func() {
-		closing, cancel := context.WithTimeout(ctx, 5*time.Second)
-		api.CloseWebSockets(closing)
-		cancel()
-		srv.CloseClientConnections()
-		srv.Close()
-		eng.Close()
-		vs, err := st.Check(ctx)
-		if err != nil {
-			t.Errorf("check: %v", err)
-		}
-		for _, v := range vs {
-			t.Errorf("check: %v", v)
-		}
-		if err := st.Close(); err != nil {
-			t.Errorf("close store: %v", err)
-		}
-	})
-	h := &harness{t: t, srv: srv, st: st, eng: eng, model: m, feed: feed, api: api}
-	return &authHarness{toolHarness: &toolHarness{harness: h, outbox: outbox}, mux: mux, auth: a, ws: ws}
+	var a *auth.Authenticator
+	th := newToolHarness(t, time.Millisecond, tools.OutboxConfig{}, withWS(ws),
+		withAuth(func(st *store.Store) gateway.Authenticator {
+			a = headerAuth(t, st)
+			return a
+		}))
+	return &authHarness{toolHarness: th, auth: a, ws: ws}
 }
 
 // generousLimits lifts the per-connection and per-user rate limits (limits
