@@ -122,22 +122,29 @@ func (c *wsConn) command(data []byte) {
 		c.reply(errorFrame("", chat.Invalid("\"id\" is required: every command needs a client-chosen id"), log))
 		return
 	}
-	// A session or token ended while the connection was open: the command
-	// is not run, the connection closes with 1008 (the writer also
-	// re-checks every ping interval for connections that only listen).
-	if err := c.hub.s.auth.Revalidate(c.ctx, c.principal); err != nil {
-		if chat.ErrorCode(err) == chat.CodeUnauthorized {
-			c.mu.Lock()
-			c.closeLocked(closeAuthEnded, closeAuthEndedReason)
-			c.mu.Unlock()
-			return
-		}
-		c.reply(errorFrame(re, err, log))
-		return
-	}
 	c.hold()
 	var extra func()
-	ack, err := c.dispatchShallow(typ, data, &extra)
+	var ack any
+	var err error
+	ended := false
+	c.shallow(func() {
+		// A session or token ended while the connection was open: the
+		// command is not run, the connection closes with 1008 (the writer
+		// also re-checks every ping interval for connections that only
+		// listen).
+		if err = c.hub.s.auth.Revalidate(c.ctx, c.principal); err != nil {
+			ended = chat.ErrorCode(err) == chat.CodeUnauthorized
+			return
+		}
+		ack, err = c.dispatch(typ, data, &extra)
+	})
+	if ended {
+		c.mu.Lock()
+		c.holding, c.held, c.heldBytes = false, nil, 0
+		c.closeLocked(closeAuthEnded, closeAuthEndedReason)
+		c.mu.Unlock()
+		return
+	}
 	var frame []byte
 	if err != nil {
 		frame, extra = errorFrame(re, err, log), nil
@@ -419,27 +426,22 @@ func errorFrame(re string, err error, log *slog.Logger) []byte {
 	return bytes.TrimSpace(b)
 }
 
-// dispatchShallow runs dispatch on a short-lived goroutine and waits for it
-// when the command reaches the store or the engine. The connection's reader
-// then never runs the deep SQLite call chains itself, so its stack stays at
-// the minimum (8 KiB) for the connection's life instead of growing once and
-// staying grown on an idle tab — with a thousand tabs that is megabytes.
-func (c *wsConn) dispatchShallow(typ string, data []byte, extra *func()) (ack any, err error) {
-	if typ == "hello" || typ == "unsubscribe" {
-		return c.dispatch(typ, data, extra)
-	}
+// shallow runs f on a short-lived goroutine and waits for it. Commands
+// reach the store and the engine (deep SQLite call chains); run on the
+// connection's reader itself, they would grow its stack once and leave it
+// grown for the life of an idle tab — with a thousand tabs, megabytes. A
+// panic is carried back to the reader, where net/http's per-connection
+// recovery sees it as before.
+func (c *wsConn) shallow(f func()) {
 	done := make(chan struct{})
 	var panicked any
 	go func() {
 		defer close(done)
-		// A panic is carried back to the reader, where net/http's
-		// per-connection recovery sees it as before.
 		defer func() { panicked = recover() }()
-		ack, err = c.dispatch(typ, data, extra)
+		f()
 	}()
 	<-done
 	if panicked != nil {
 		panic(panicked)
 	}
-	return ack, err
 }

@@ -122,14 +122,9 @@ func (c *wsConn) write() {
 		case <-c.ctx.Done():
 			return
 		case <-ping.C:
+			c.recheck()
 			ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
-			err := c.hub.s.auth.Revalidate(ctx, c.principal)
-			if chat.ErrorCode(err) == chat.CodeUnauthorized {
-				cancel()
-				c.ws.Close(closeAuthEnded, closeAuthEndedReason)
-				return
-			}
-			err = c.ws.Ping(ctx)
+			err := c.ws.Ping(ctx)
 			cancel()
 			if err != nil {
 				return
@@ -168,6 +163,28 @@ func (c *wsConn) write() {
 			}
 			c.hub.s.metrics.FrameSent(buf.Len())
 		}
+	}
+}
+
+// recheck asks whether the connection's credential still holds; when it
+// ended, the connection is closed with 1008 through the queue like any other
+// server close. A failed check (the store unreachable) keeps the connection
+// and is logged: the next interval or command asks again.
+func (c *wsConn) recheck() {
+	var err error
+	c.shallow(func() {
+		ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
+		defer cancel()
+		err = c.hub.s.auth.Revalidate(ctx, c.principal)
+	})
+	switch {
+	case err == nil:
+	case chat.ErrorCode(err) == chat.CodeUnauthorized:
+		c.mu.Lock()
+		c.closeLocked(closeAuthEnded, closeAuthEndedReason)
+		c.mu.Unlock()
+	case c.ctx.Err() == nil:
+		c.hub.s.log.Warn("recheck connection credential", "connection_id", c.id, "err", err)
 	}
 }
 
