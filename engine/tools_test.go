@@ -251,6 +251,9 @@ type fakeMailer struct {
 	accepted map[string]json.RawMessage // the provider's record: key -> result
 	actions  map[string]int             // accepted actions per key
 	statuses int
+	// statusErr, when set, is what every key lookup answers: the
+	// provider's status endpoint is down.
+	statusErr error
 }
 
 func newMailer(mode string, gated bool) *fakeMailer {
@@ -332,6 +335,9 @@ func (m *fakeMailer) Status(ctx context.Context, key string) (tools.Status, erro
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.statuses++
+	if m.statusErr != nil {
+		return tools.Status{}, m.statusErr
+	}
 	res, ok := m.accepted[key]
 	return tools.Status{Known: ok, Result: res}, nil
 }
@@ -1132,16 +1138,25 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		phase, outcome     string
 		actions, calls     int
 		history            string
+		lookupFails        bool
 	}{
-		{"provider had accepted", true, false, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant"},
-		{"provider never got it", false, false, chat.PhaseCommitted, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant"},
-		{"cancelled, provider had accepted", true, true, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool"},
+		{"provider had accepted", true, false, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false},
+		{"provider never got it", false, false, chat.PhaseCommitted, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false},
+		{"cancelled, provider had accepted", true, true, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool", false},
 		// It never reached the provider and the user has cancelled since:
 		// voided, never sent after the cancel.
-		{"cancelled, provider never got it", false, true, chat.PhaseVoided, chat.OutcomeNotStarted, 0, 0, "user assistant"},
+		{"cancelled, provider never got it", false, true, chat.PhaseVoided, chat.OutcomeNotStarted, 0, 0, "user assistant", false},
+		// The provider had accepted, but its status endpoint is down: the
+		// cancel cannot know, so it must not report "not started".
+		{"cancelled, provider had accepted, lookup fails", true, true, chat.PhaseUnknown, chat.OutcomeUnknown, 1, 1, "user assistant tool", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, mail, runID, opID := crashed(t, tc.reached, tc.cancelled)
+			if tc.lookupFails {
+				mail.mu.Lock()
+				mail.statusErr = errors.New("status endpoint unavailable")
+				mail.mu.Unlock()
+			}
 			key := *e.onlyOp().IdempotencyKey
 			e.start()
 			end := chat.EventRunCompleted

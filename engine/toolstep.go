@@ -138,18 +138,27 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer
 	}
 	// An outcome left open (a crash, a lost answer) is looked up first: the
 	// key may already have acted.
+	var lastErr, lookupErr error
 	if op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown {
-		if st, err := t.Status(callCtx, key); err == nil && st.Known {
+		st, err := t.Status(callCtx, key)
+		if err == nil && st.Known {
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 		}
+		lookupErr = err
 	}
-	var lastErr, lookupErr error
 	unknown := op.Phase == chat.PhaseUnknown
 	retry := op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown
 	for try := 0; try < reconcileTries; try++ {
 		if retry && (in.Run.Status.CancelAccepted() || errors.Is(context.Cause(ctx), errCancelRequested)) {
-			// The external system never got it, and the user has cancelled
-			// since: the intent is voided rather than sent after the cancel.
+			if lookupErr != nil {
+				// The system could not be asked whether it acted: the
+				// cancel must not claim it never did.
+				res, _ := json.Marshal(map[string]string{"status": "unknown", "error": fmt.Sprintf("cancelled before the outcome was known; looking the key up failed: %v", lookupErr)})
+				return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, res))
+			}
+			// The external system never got it (it said so), and the user
+			// has cancelled since: the intent is voided rather than sent
+			// after the cancel.
 			return e.afterTool(ctx, e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseVoided, chat.OutcomeNotStarted, false))
 		}
 		retry = true
