@@ -163,7 +163,9 @@ func (e *Engine) Start(ctx context.Context) error {
 // next safe point (nothing is cancelled, nothing half-streamed is
 // published), and waits for every goroutine of the engine.
 func (e *Engine) Close() {
+	e.mu.Lock() // no CancelRun starts a goroutine after this (see there)
 	e.cancel(errShutdown)
+	e.mu.Unlock()
 	e.wg.Wait()
 }
 
@@ -192,14 +194,16 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 		return ack, err
 	}
 	// Cancel under e.mu: an execution that unregisters has either been
-	// cancelled already or is not found here (see execute).
+	// cancelled already or is not found here (see execute). Also under
+	// e.mu: no finishing goroutine is started once Close began (the cancel
+	// is recorded; recovery at the next start finishes it).
 	e.mu.Lock()
-	live := e.running[p.RunID]
-	if live != nil {
+	defer e.mu.Unlock()
+	if live := e.running[p.RunID]; live != nil {
 		live.cancel(errCancelRequested)
+		return ack, nil
 	}
-	e.mu.Unlock()
-	if live != nil {
+	if e.ctx.Err() != nil {
 		return ack, nil
 	}
 	// No worker here holds it (queued, waiting for a confirmation, or handed
@@ -207,7 +211,9 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 	// meantime, which then sees the recorded cancel in its first read of
 	// the run. Finishing is the engine's work, not the request's.
 	e.wg.Go(func() {
-		if _, err := e.store.FinishCancel(context.WithoutCancel(e.ctx), p.RunID, 0, true); err != nil {
+		settle, stop := context.WithTimeout(context.WithoutCancel(e.ctx), storeTimeout)
+		defer stop()
+		if _, err := e.store.FinishCancel(settle, p.RunID, 0, true); err != nil {
 			e.log.Warn("finish cancel", "run_id", p.RunID, "prev", prev, "err", err)
 		}
 	})

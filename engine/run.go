@@ -181,7 +181,9 @@ func (e *Engine) recordUsage(ctx context.Context, runID string, stream model.Str
 		return
 	}
 	e.metrics.TokensUsed(p, c)
-	if err := e.store.AddUsage(context.WithoutCancel(ctx), runID, chat.Usage{PromptTokens: p, CompletionTokens: c}); err != nil {
+	write, stop := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer stop()
+	if err := e.store.AddUsage(write, runID, chat.Usage{PromptTokens: p, CompletionTokens: c}); err != nil {
 		e.log.Warn("record token usage", "run_id", runID, "err", err)
 	}
 }
