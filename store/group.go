@@ -169,6 +169,7 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 		return answer(fmt.Errorf("begin: %w", err))
 	}
 	t := &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}}
+	saved := map[string]threadCursor{} // the cursors before each request, to undo a refusal
 	ran := 0
 	for i, r := range batch {
 		if ran > 0 && s.queue.waiting.Load() > 0 {
@@ -181,7 +182,7 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 			continue
 		}
 		mark, buffered, cancels := len(t.events), t.buffered, len(t.cancelsAccepted)
-		saved := make(map[string]threadCursor, len(t.threads))
+		clear(saved)
 		for id, c := range t.threads {
 			saved[id] = *c
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -479,8 +478,7 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		// Count the batch into its message's row and learn where it
 		// starts; the first batch of a message creates the row.
 		var parts int
-		t.wrote = true
-		err = t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`),
+		err = t.execRow(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`,
 			len(texts), chars, messageID).Scan(&parts)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
@@ -513,14 +511,25 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 	})
 }
 
-// insertDeltas is the INSERT of n stream-buffer rows. The statements are
-// built once per n (at most MaxBatch of them) and cached by the driver.
+// insertDeltas is the INSERT of n stream-buffer rows. The texts for the
+// batch sizes the engine uses are built once (the driver caches the
+// prepared statements by text); larger ones are built when asked.
 func insertDeltas(n int) string {
 	if n < len(insertDeltasSQL) {
-		if q := insertDeltasSQL[n].Load(); q != nil {
-			return *q
-		}
+		return insertDeltasSQL[n]
 	}
+	return buildInsertDeltas(n)
+}
+
+var insertDeltasSQL = func() []string {
+	out := make([]string, 65) // up to the engine's default MaxBatch
+	for n := range out {
+		out[n] = buildInsertDeltas(n)
+	}
+	return out
+}()
+
+func buildInsertDeltas(n int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO stream_deltas (thread_id, seq, run_id, message_id, part, text, ts) VALUES `)
 	for i := range n {
@@ -529,14 +538,8 @@ func insertDeltas(n int) string {
 		}
 		b.WriteString(`(?, ?, ?, ?, ?, ?, ?)`)
 	}
-	q := b.String()
-	if n < len(insertDeltasSQL) {
-		insertDeltasSQL[n].Store(&q)
-	}
-	return q
+	return b.String()
 }
-
-var insertDeltasSQL [129]atomic.Pointer[string]
 
 // AddUsage adds tokens a model step used to its run's count. It is
 // bookkeeping, not state: no version bump, no event, whatever the status.

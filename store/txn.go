@@ -44,6 +44,13 @@ func (t *txn) exec(q string, args ...any) (sql.Result, error) {
 	return t.tx.ExecContext(t.ctx, t.tx.Rebind(q), args...)
 }
 
+// execRow runs a writing statement that returns a row (UPDATE …
+// RETURNING); like exec it marks the transaction written.
+func (t *txn) execRow(q string, args ...any) *sql.Row {
+	t.wrote = true
+	return t.tx.QueryRowContext(t.ctx, t.tx.Rebind(q), args...)
+}
+
 func (t *txn) get(dest any, q string, args ...any) error {
 	return t.tx.GetContext(t.ctx, dest, t.tx.Rebind(q), args...)
 }
