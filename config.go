@@ -134,21 +134,21 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 		return c, err
 	}
 	fs.IntVar(&c.userSubs, "max-subscriptions-per-user", userSubs, "threads one user may watch over all its WebSocket connections (GATEWAY_MAX_SUBSCRIPTIONS_PER_USER)")
-	userRate, err := envInt("GATEWAY_USER_COMMAND_RATE", 60)
+	userRate, err := envFloat("GATEWAY_USER_COMMAND_RATE", 60)
 	if err != nil {
 		return c, err
 	}
-	fs.Float64Var(&c.userRate, "user-command-rate", float64(userRate), "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
+	fs.Float64Var(&c.userRate, "user-command-rate", userRate, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	fs.StringVar(&c.logFormat, "log-format", env("GATEWAY_LOG_FORMAT", "text"), "log lines as text (key=value) or json (GATEWAY_LOG_FORMAT)")
 	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/ and the metrics on /metrics, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
 	fs.BoolVar(&c.metricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
-	fs.String("config", "", "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
+	configPath := fs.String("config", env("GATEWAY_CONFIG", ""), "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	if path := configPath(args); path != "" {
+	if path := *configPath; path != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if err := applyConfigFile(fs, path, set); err != nil {
@@ -231,7 +231,7 @@ func openaiFlags(fs *flag.FlagSet) *openaiSettings {
 			o.headers = append(o.headers, h)
 		}
 	}
-	fs.Func("openai-header", "-model openai: extra request header `Name: value`, repeatable; replaces GATEWAY_OPENAI_HEADERS (comma-separated)", func(v string) error {
+	fs.Func("openai-header", "-model openai: extra request header `Name: value`, repeatable; replaces the environment's (GATEWAY_OPENAI_HEADERS, comma-separated)", func(v string) error {
 		if !o.headersFromFlags {
 			o.headers, o.headersFromFlags = nil, true
 		}
@@ -324,6 +324,18 @@ func envInt(key string, fallback int) (int, error) {
 		return 0, fmt.Errorf("%s=%q is not a whole number", key, v)
 	}
 	return n, nil
+}
+
+func envFloat(key string, fallback float64) (float64, error) {
+	v := env(key, "")
+	if v == "" {
+		return fallback, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a number", key, v)
+	}
+	return f, nil
 }
 
 func envDuration(key string, fallback time.Duration) (time.Duration, error) {

@@ -22,23 +22,6 @@ import (
 // OpenAI key is read from GATEWAY_OPENAI_API_KEY or a key file), so they
 // cannot end up in it either.
 
-// configPath finds -config (or --config) in args, else GATEWAY_CONFIG.
-func configPath(args []string) string {
-	for i, a := range args {
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "config" {
-			continue
-		}
-		if hasValue {
-			return value
-		}
-		if i+1 < len(args) {
-			return args[i+1]
-		}
-	}
-	return env("GATEWAY_CONFIG", "")
-}
-
 // envOfFlag reads a flag's environment variable from its usage text, where
 // every flag names it: "... (GATEWAY_ADDR)".
 var envOfFlag = regexp.MustCompile(`\((GATEWAY_[A-Z0-9_]+)`)

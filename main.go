@@ -195,7 +195,11 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	if cfg.authMode == auth.ModePassword {
-		if users, err := st.Users(ctx); err == nil && !hasPassword(users) {
+		users, err := st.Users(ctx)
+		switch {
+		case err != nil:
+			log.Warn("list accounts", "err", err)
+		case !hasPassword(users):
 			log.Warn("no account can sign in yet: create one with `gateway user add NAME`")
 		}
 	}
@@ -206,7 +210,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		Metrics:   m,
 		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
 			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
-			UserCommandRate: cfg.userRate, UserCommandBurst: int(2 * cfg.userRate)},
+			UserCommandRate: cfg.userRate, UserCommandBurst: max(1, int(2*cfg.userRate))},
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)

@@ -146,3 +146,28 @@ func TestAdminListener(t *testing.T) {
 	}
 	srv.stop()
 }
+
+// Every setting names its environment variable in its help, in the form
+// the settings file reads to keep the variable above the file.
+func TestEverySettingNamesItsVariable(t *testing.T) {
+	_, _, help := runCLI(t, nil, "serve", "-h")
+	var flagName string
+	usage := map[string]string{}
+	for _, line := range strings.Split(help, "\n") {
+		if strings.HasPrefix(line, "  -") {
+			flagName = strings.Fields(line)[0]
+			continue
+		}
+		if flagName != "" {
+			usage[flagName] += line
+		}
+	}
+	if len(usage) < 30 {
+		t.Fatalf("read %d settings from serve -h, want them all:\n%s", len(usage), help)
+	}
+	for name, u := range usage {
+		if !envOfFlag.MatchString(u) {
+			t.Errorf("%s does not name its variable as \"(GATEWAY_…\": %q", name, u)
+		}
+	}
+}
