@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -79,10 +80,7 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 		keys = append(keys, "user:"+norm)
 	}
 	if wait := a.limiter.wait(keys, now); wait > 0 {
-		secs := int(wait.Round(time.Second) / time.Second)
-		if secs < 1 {
-			secs = 1
-		}
+		secs := max(1, int(math.Ceil(wait.Seconds()))) // never sooner than the lock ends
 		return chat.User{}, chat.Errorf(chat.CodeRateLimited, "too many failed sign-ins: wait %d s and try again", secs).With("retry_after_seconds", secs)
 	}
 	var u chat.User
