@@ -94,7 +94,7 @@ func TestSendEmailCommitAndStatus(t *testing.T) {
 	if res.Status != "committed" || res.ProviderID == "" || res.Key != key {
 		t.Fatalf("result %s", r1)
 	}
-	if acc := accepted(t, ob); len(acc) != 1 || acc[key] != 1 {
+	if acc := accepted(t, ob); len(acc) != 1 || !acc[key] {
 		t.Fatalf("accepted = %v", acc)
 	}
 	st, err = s.Status(ctx, key)

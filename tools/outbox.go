@@ -274,19 +274,16 @@ func (o *Outbox) Lookup(ctx context.Context, key string) (providerID string, fou
 	return providerID, true, nil
 }
 
-// Accepted counts the accepted rows per key (for tests: always 1).
-func (o *Outbox) Accepted(ctx context.Context) (map[string]int, error) {
-	var rows []struct {
-		Key string `db:"idempotency_key"`
-		N   int    `db:"n"`
+// Accepted reports the keys the provider holds as accepted (one row per
+// key by its primary key: how often a key was accepted is in Attempts).
+func (o *Outbox) Accepted(ctx context.Context) (map[string]bool, error) {
+	var keys []string
+	if err := o.db.SelectContext(ctx, &keys, `SELECT idempotency_key FROM outbox`); err != nil {
+		return nil, fmt.Errorf("outbox: list accepted: %w", err)
 	}
-	if err := o.db.SelectContext(ctx, &rows,
-		`SELECT idempotency_key, COUNT(*) AS n FROM outbox GROUP BY idempotency_key`); err != nil {
-		return nil, fmt.Errorf("outbox: count accepted: %w", err)
-	}
-	out := make(map[string]int, len(rows))
-	for _, r := range rows {
-		out[r.Key] = r.N
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = true
 	}
 	return out, nil
 }
