@@ -9,15 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Webhook limits and defaults.
@@ -150,7 +153,7 @@ func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
 		return nil, errors.New(`the file must hold one JSON object, {"tools": [...]}`)
 	}
 	var errs []error
-	for _, k := range sortedKeys(top) {
+	for _, k := range slices.Sorted(maps.Keys(top)) {
 		if k != "tools" {
 			errs = append(errs, fmt.Errorf(`unknown field %q (the file holds only "tools")`, k))
 		}
@@ -213,7 +216,7 @@ func decodeWebhookEntry(i int, raw json.RawMessage) (cfg WebhookConfig, label st
 	for _, f := range webhookFields {
 		known[f] = true
 	}
-	for _, k := range sortedKeys(fields) {
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
 		if !known[k] {
 			errs = append(errs, fmt.Errorf("unknown field %q (known: %s)", k, strings.Join(webhookFields, ", ")))
 		}
@@ -328,11 +331,11 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 			h.timeout = d
 		}
 	}
-	for _, name := range sortedKeys(cfg.Headers) {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {
 		field := "headers." + name
 		canon := http.CanonicalHeaderKey(name)
 		switch {
-		case !isHeaderName(name):
+		case !httpguts.ValidHeaderFieldName(name):
 			fail(field, "is not a valid header name")
 			continue
 		case reservedHeaders[canon]:
@@ -461,22 +464,6 @@ func expandEnvRefs(v string) (string, error) {
 	}
 }
 
-func isHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 func isHeaderValue(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
@@ -484,15 +471,6 @@ func isHeaderValue(s string) bool {
 		}
 	}
 	return true
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // checkJSONDocument reports a syntax error (with its line and column),

@@ -42,6 +42,7 @@ import (
 	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/honestcancel/gateway/model"
 )
@@ -129,7 +130,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, errors.New("the OpenAI model name is empty: set the model to use, for example gpt-4o-mini")
 	}
 	for name, value := range cfg.Headers {
-		if !validHeaderName(name) {
+		if !httpguts.ValidHeaderFieldName(name) {
 			return nil, fmt.Errorf("header name %q is not valid: use the form Name: value", name)
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
@@ -191,22 +192,6 @@ func New(cfg Config) (*Backend, error) {
 		maxBackoff:  4 * time.Second,
 		maxWait:     20 * time.Second,
 	}, nil
-}
-
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // Stream starts a reply for req. It makes no request yet: the first Next
