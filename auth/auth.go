@@ -138,7 +138,7 @@ func (a *Authenticator) unauthorized(format string, args ...any) error {
 // accepted in password and header modes; mode none ignores credentials.
 func (a *Authenticator) Authenticate(r *http.Request) (chat.Principal, error) {
 	if a.cfg.Mode == ModeNone {
-		return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+		return chat.LocalPrincipal(), nil
 	}
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, token, _ := strings.Cut(h, " ")

@@ -47,6 +47,11 @@ type Principal struct {
 	Credential string
 }
 
+// LocalPrincipal is the one local user of auth mode none.
+func LocalPrincipal() Principal {
+	return Principal{UserID: LocalUserID, Name: "local", Method: AuthLocal}
+}
+
 type principalKey struct{}
 
 // NewContextWithPrincipal returns ctx carrying p.

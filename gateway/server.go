@@ -200,7 +200,7 @@ func userID(r *http.Request) string { return chat.UserIDFromContext(r.Context())
 type localAuth struct{}
 
 func (localAuth) Authenticate(*http.Request) (chat.Principal, error) {
-	return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+	return chat.LocalPrincipal(), nil
 }
 
 func (localAuth) Revalidate(context.Context, chat.Principal) error { return nil }

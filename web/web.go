@@ -185,7 +185,7 @@ func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
 type localAuth struct{}
 
 func (localAuth) Authenticate(*http.Request) (chat.Principal, error) {
-	return chat.Principal{UserID: chat.LocalUserID, Name: "local", Method: chat.AuthLocal}, nil
+	return chat.LocalPrincipal(), nil
 }
 func (localAuth) PasswordSignIn() bool { return false }
 func (localAuth) SignIn(http.ResponseWriter, *http.Request, string, string) (chat.User, error) {
