@@ -619,9 +619,14 @@ export class ThreadView {
   }
 
   private renderOperations(): void {
+    // render runs after every event, deltas included: rebuild the list
+    // only when an operation changed.
+    const want = [...this.operations.values()].map((op) => `${op.operation_id}:${op.phase}:${op.outcome ?? ""}:${op.updated_at}`).join(",");
+    const list = $(this.opsPanel, ".ops-list");
+    if (list.dataset.ops === want) return;
+    list.dataset.ops = want;
     const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
     this.opsPanel.hidden = ops.length === 0;
-    const list = $(this.opsPanel, ".ops-list");
     list.replaceChildren(
       ...ops.map((op) =>
         el(
