@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"fmt"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,8 +12,9 @@ import (
 )
 
 // BenchmarkAppendDeltas200Runs: 200 runs streaming at once on a real
-// SQLite file, with 1 delta per AppendDeltas call (a model at a human pace
-// hands the engine one word at a time) and with 8 (the engine's pump
+// database (testDSN: a SQLite file by default), with 1 delta per
+// AppendDeltas call (a model at a human pace hands the engine one word at
+// a time) and with 8 (the engine's pump
 // batches what queued while it waited for the writer). Reports buffered
 // deltas per second; b.N counts deltas.
 func BenchmarkAppendDeltas200Runs(b *testing.B) {
@@ -26,7 +26,7 @@ func BenchmarkAppendDeltas200Runs(b *testing.B) {
 }
 
 func benchAppendWith(b *testing.B, per int, opts store.Options) {
-	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "bench.db"), opts)
+	st, err := store.Open(ctx, testDSN(b), opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func (s *Store) Check(ctx context.Context) ([]Violation, error) {
 	var out []Violation
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		var err error
-		out, err = check(ctx, q)
+		out, err = check(ctx, q, s.pg)
 		return err
 	})
 	return out, err
@@ -47,7 +47,7 @@ type checkEvent struct {
 	Payload      string  `db:"payload"`
 }
 
-func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
+func check(ctx context.Context, q *sqlx.Tx, pg bool) ([]Violation, error) {
 	var vs []Violation
 	add := func(inv int, format string, args ...any) {
 		vs = append(vs, Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)})
@@ -166,7 +166,11 @@ func check(ctx context.Context, q *sqlx.Tx) ([]Violation, error) {
 	// per key may have been accepted. (Several operations may share a key:
 	// the same email asked for twice is one action.)
 	var outboxLog int
-	if err := q.GetContext(ctx, &outboxLog, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'outbox_attempts'`); err != nil {
+	hasOutbox := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'outbox_attempts'`
+	if pg {
+		hasOutbox = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'outbox_attempts'`
+	}
+	if err := q.GetContext(ctx, &outboxLog, hasOutbox); err != nil {
 		return nil, err
 	}
 	if outboxLog > 0 {

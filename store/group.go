@@ -149,17 +149,38 @@ func (q *writeQueue) putBack(rest []*groupReq) {
 // request it ran; when an urgent request arrives meanwhile it stops early
 // and puts the rest back. It reports how many requests it answered.
 // Called with writeMu held.
+//
+// A transaction that another instance made fail (a deadlock on PostgreSQL,
+// see retry.go) is run again, every request from scratch, a few times
+// before the requests are answered with the failure. The short wait in
+// between holds writeMu: this instance's writers wait with it.
 func (s *Store) commitGroupLocked(batch []*groupReq) int {
+	for attempt := 1; ; attempt++ {
+		n, again := s.tryGroupLocked(batch, attempt < txAttempts)
+		if again == nil {
+			return n
+		}
+		batch = again
+		_ = backoff(context.Background(), attempt)
+	}
+}
+
+// tryGroupLocked is one attempt of commitGroupLocked. With mayRetry, a
+// retryable failure answers nothing and returns the requests to run again.
+func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupReq) {
 	results := make([]error, len(batch))
 	answered := len(batch)
-	answer := func(err error) int {
+	answer := func(err error) (int, []*groupReq) {
+		if mayRetry && retryable(err) {
+			return 0, batch[:answered]
+		}
 		for i, r := range batch[:answered] {
 			if results[i] == nil {
 				results[i] = err
 			}
 			r.done <- results[i]
 		}
-		return answered
+		return answered, nil
 	}
 	// The transaction outlives any one caller: a caller whose context
 	// ends is skipped, it does not abort the others' work.
@@ -168,7 +189,7 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 	if err != nil {
 		return answer(fmt.Errorf("begin: %w", err))
 	}
-	t := &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}}
+	t := s.newTxn(ctx, tx)
 	saved := map[string]threadCursor{} // the cursors before each request, to undo a refusal
 	ran := 0
 	for i, r := range batch {
@@ -193,16 +214,21 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 			continue
 		}
 		results[i] = err
-		if t.wrote {
-			// It failed after writing: nothing of this transaction can
-			// be trusted. Run the others again, without it.
+		if t.wrote || (s.pg && !refusal(err)) {
+			// It failed after writing (or, on PostgreSQL, the database
+			// failed it, which aborts the transaction): nothing of this
+			// transaction can be trusted.
 			_ = tx.Rollback()
+			if mayRetry && retryable(err) {
+				return 0, batch // another instance's doing: every request again
+			}
+			// Run the others again, without it.
 			r.done <- err
 			rest := append(slices.Clone(batch[:i]), batch[i+1:]...)
 			if len(rest) == 0 {
-				return 1
+				return 1, nil
 			}
-			return 1 + s.commitGroupLocked(rest)
+			return 1 + s.commitGroupLocked(rest), nil
 		}
 		t.events, t.buffered, t.cancelsAccepted = t.events[:mark], buffered, t.cancelsAccepted[:cancels]
 		for id, c := range t.threads {

@@ -3,7 +3,6 @@ package store_test
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +27,7 @@ func (l *commitLog) add(evs []*chat.Event) {
 func openLogged(t *testing.T) (*store.Store, *commitLog) {
 	t.Helper()
 	log := &commitLog{}
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gw.db"), store.Options{OnCommit: log.add})
+	st, err := store.Open(ctx, testDSN(t), store.Options{OnCommit: log.add})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package store_test
 
 import (
-	"database/sql"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -57,14 +55,10 @@ func (r *recorder) bufferedNow() int64 {
 	return r.buffered
 }
 
-// rows counts stream_deltas directly in the file.
+// rows counts stream_deltas directly in the database.
 func rows(t *testing.T, path string) int64 {
 	t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+path+"?_query_only=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := rawDB(t, path)
 	var n int64
 	if err := db.QueryRow(`SELECT COUNT(*) FROM stream_deltas`).Scan(&n); err != nil {
 		t.Fatal(err)
@@ -78,7 +72,7 @@ func rows(t *testing.T, path string) int64 {
 // in the table throughout. Every finished cancel is measured once, from
 // its cancel_requested_at.
 func TestMetricsStreamBufferAndCancel(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "gw.db")
+	path := testDSN(t)
 	rec := newRecorder()
 	st, err := store.Open(ctx, path, store.Options{Metrics: rec})
 	if err != nil {

@@ -72,7 +72,9 @@ func (s *Store) PurgeEvents(ctx context.Context, before time.Time) (int64, error
 		from = threads[len(threads)-1]
 		for i := 0; i < len(threads) && batches < purgeMaxBatches; batches++ {
 			var n int64
+			start := i
 			err := s.write(ctx, func(t *txn) error {
+				i, n = start, 0 // from scratch when run again
 				for i < len(threads) && n < int64(purgeBatch) {
 					d, more, err := t.purgeThreadEvents(threads[i], cutoff, int64(purgeBatch)-n)
 					if err != nil {
@@ -104,7 +106,7 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		Through int64 `db:"events_purged_through"`
 		TS      int64 `db:"events_purged_ts"`
 	}
-	if err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`, threadID); err != nil {
+	if err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`+t.forUpdate(), threadID); err != nil {
 		return 0, false, fmt.Errorf("load purge watermark: %w", err)
 	}
 	var bounds struct {
@@ -201,7 +203,9 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 	afterID := ""
 	for range purgeMaxBatches {
 		var n, seen int
+		fromAt, fromID := afterAt, afterID
 		err := s.write(ctx, func(t *txn) error {
+			n, seen, afterAt, afterID = 0, 0, fromAt, fromID // from scratch when run again
 			var drafts []struct {
 				MessageID string `db:"message_id"`
 				ThreadID  string `db:"thread_id"`
@@ -248,7 +252,7 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 	var heads []string
 	if err := t.sel(&heads, `WITH RECURSIVE lineage (thread_id) AS (
-			SELECT CAST(? AS TEXT)
+			SELECT thread_id FROM threads WHERE thread_id = ?
 			UNION
 			SELECT th.thread_id FROM threads th JOIN lineage l ON th.forked_from_thread_id = l.thread_id
 		)

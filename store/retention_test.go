@@ -17,16 +17,6 @@ import (
 // cutoff between phases, purge, and after every purge expect Check to find
 // nothing.
 
-func rawDB(t *testing.T, path string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 func version(t *testing.T, st *store.Store, threadID string) int64 {
 	t.Helper()
 	th, err := st.Thread(ctx, user, threadID)
@@ -158,7 +148,7 @@ type logState struct {
 	events    int
 }
 
-func eventLog(t *testing.T, db *sql.DB, threadID string) logState {
+func eventLog(t *testing.T, db *rawConn, threadID string) logState {
 	t.Helper()
 	var s logState
 	if err := db.QueryRow(`SELECT events_purged_through FROM threads WHERE thread_id = ?`, threadID).Scan(&s.watermark); err != nil {
@@ -171,7 +161,7 @@ func eventLog(t *testing.T, db *sql.DB, threadID string) logState {
 }
 
 // runEvents is every stored event of a run, as stored.
-func runEvents(t *testing.T, db *sql.DB, runID string) []string {
+func runEvents(t *testing.T, db *rawConn, runID string) []string {
 	t.Helper()
 	rows, err := db.Query(`SELECT seq || ' ' || payload FROM events WHERE run_id = ? ORDER BY seq`, runID)
 	if err != nil {
@@ -481,7 +471,7 @@ func TestRedactDeletedDrafts(t *testing.T) {
 
 // publishedPayload is the stored message.published of a message ("" when
 // the log no longer holds it).
-func publishedPayload(t *testing.T, db *sql.DB, msgID string) string {
+func publishedPayload(t *testing.T, db *rawConn, msgID string) string {
 	t.Helper()
 	var p string
 	err := db.QueryRow(`SELECT payload FROM events WHERE message_id = ? AND type = 'message.published'`, msgID).Scan(&p)

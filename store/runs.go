@@ -179,7 +179,7 @@ func transition(row runRow, to chat.RunStatus) error {
 
 func (t *txn) run(runID string) (runRow, error) {
 	var row runRow
-	err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, runID)
+	err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`+t.forUpdate(), runID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row, chat.NotFound("run", runID)
 	}
@@ -214,6 +214,7 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 	var ack chat.CancelAck
 	var prev chat.RunStatus
 	err := s.writeUrgent(ctx, func(t *txn) error {
+		ack, prev = chat.CancelAck{}, ""
 		row, err := t.run(p.RunID)
 		if err != nil {
 			return err
@@ -289,6 +290,7 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64, unleasedOnly bool) (bool, error) {
 	done := false
 	err := s.writeUrgent(ctx, func(t *txn) error {
+		done = false
 		row, err := t.run(runID)
 		if err != nil {
 			return err
@@ -365,7 +367,7 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 // never published (cancelled output, interrupted attempts).
 func (t *txn) discarded(runID string) (int64, error) {
 	var n int64
-	if err := t.get(&n, `SELECT COALESCE(SUM(chars), 0) FROM stream_messages WHERE run_id = ?
+	if err := t.get(&n, `SELECT CAST(COALESCE(SUM(chars), 0) AS BIGINT) FROM stream_messages WHERE run_id = ?
 		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)`, runID, runID); err != nil {
 		return 0, fmt.Errorf("count discarded text: %w", err)
 	}
@@ -403,13 +405,20 @@ const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'runni
 // Claim hands the oldest queued run to owner with a lease until leaseUntil
 // and marks it running. It returns nil when nothing is queued. Claiming
 // writes no event: the run's status changes, its thread's version does not.
+// On PostgreSQL the candidate is locked with SKIP LOCKED: instances claiming
+// at once each take another run instead of queueing behind one.
 func (s *Store) Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error) {
 	var out *chat.Run
 	err := s.write(ctx, func(t *txn) error {
+		out = nil
+		skipLocked := ""
+		if t.pg {
+			skipLocked = " FOR UPDATE SKIP LOCKED"
+		}
 		var row runRow
 		err := t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
 			lease_owner = ?, lease_expires_at = ?, updated_at = ?
-			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1)
+			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+skipLocked+`)
 			AND lease_owner IS NULL RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -459,7 +468,7 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		var leaseOwner sql.NullString
 		var th threadRow
 		err := t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`SELECT r.status, r.lease_owner, `+threadColsT+`
-			FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`), runID).
+			FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`+t.forUpdate()), runID).
 			Scan(append([]any{&status, &leaseOwner}, th.scanTargets()...)...)
 		if errors.Is(err, sql.ErrNoRows) {
 			return chat.NotFound("run", runID)
@@ -627,7 +636,7 @@ func (s *Store) Release(ctx context.Context, runID, owner string) error {
 func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error) {
 	var ids []string
 	q := `SELECT run_id FROM runs WHERE status IN ('running', 'cancel_requested', 'cancelling') AND lease_owner IS NOT NULL
-		AND lease_owner <> ? AND (? OR lease_expires_at < ?)`
+		AND lease_owner <> ? AND (CAST(? AS BOOLEAN) OR lease_expires_at < ?)`
 	if err := s.writer.SelectContext(ctx, &ids, s.writer.Rebind(q), owner, foreignExpired, ms(now)); err != nil {
 		return nil, fmt.Errorf("find interrupted runs: %w", err)
 	}
@@ -644,6 +653,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 	for _, id := range ids {
 		var action string
 		err := s.write(ctx, func(t *txn) error {
+			action = ""
 			row, err := t.run(id)
 			if err != nil {
 				return err

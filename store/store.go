@@ -8,6 +8,14 @@
 // still under the mutex, the committed events are handed to the OnCommit sink,
 // so a thread's events reach subscribers in seq order ("persist, then fan
 // out"). Reads use a separate pool and never wait for the writer.
+//
+// The same code serves SQLite (a file path, the default) and PostgreSQL (a
+// postgres:// DSN, for several instances sharing one database). On
+// PostgreSQL each instance still writes through one connection under its
+// own mutex; across instances, a write transaction locks the thread and run
+// rows it decides on (txn.forUpdate), so the compare-and-set of the thread's
+// sequencer never fails spuriously, and a transaction that loses a deadlock
+// to another instance runs again (retry.go).
 package store
 
 import (
@@ -16,6 +24,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"net/url"
 	"os"
@@ -25,14 +34,20 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	"github.com/mattn/go-sqlite3"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/honestcancel/gateway/chat"
 )
 
-//go:embed migrations/*.sql
+// Each database has its own migrations, numbered alike: a goose version is
+// its file's number, the same schema on both.
+//
+//go:embed migrations/sqlite/*.sql migrations/postgres/*.sql
 var migrations embed.FS
 
 // Options configure a Store.
@@ -45,7 +60,8 @@ type Options struct {
 	Readers int
 	// Exclusive takes an advisory lock on PATH.lock for the store's
 	// lifetime, so a second server on the same file fails at start instead
-	// of recovering (stealing) the first one's runs.
+	// of recovering (stealing) the first one's runs. SQLite only: instances
+	// sharing PostgreSQL are meant to run side by side.
 	Exclusive bool
 	// Metrics records transaction latency, group-commit sizes, the stream
 	// buffer's size and cancel-to-cancelled latency (nil: nothing is
@@ -62,11 +78,23 @@ type Store struct {
 	onCommit func([]*chat.Event)
 	metrics  Metrics
 	lock     *os.File
+	pg       bool // PostgreSQL, not SQLite
 }
 
-// Open opens (creating if needed) the SQLite database at path and runs the
-// embedded migrations.
-func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+// IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
+// or postgresql:// URL) rather than a SQLite file.
+func IsPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// Open opens the database named by dsn and runs the embedded migrations: a
+// postgres:// or postgresql:// URL is a PostgreSQL database (pgx); anything
+// else is the path of a SQLite file, created if needed.
+func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	if IsPostgres(dsn) {
+		return openPostgres(ctx, dsn, opts)
+	}
+	path := dsn
 	if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create database folder: %w", err)
@@ -117,7 +145,7 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		writer.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if err := migrate(ctx, writer.DB); err != nil {
+	if err := migrate(ctx, writer.DB, goose.DialectSQLite3, "migrations/sqlite", nil); err != nil {
 		writer.Close()
 		return nil, err
 	}
@@ -126,6 +154,12 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		writer.Close()
 		return nil, fmt.Errorf("open %s for reading: %w", path, err)
 	}
+	return newStore(ctx, writer, reader, opts, false)
+}
+
+// newStore sizes the read pool and completes the Store around its two
+// handles; it closes both when it fails.
+func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg bool) (*Store, error) {
 	n := opts.Readers
 	if n <= 0 {
 		n = 4
@@ -149,15 +183,74 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		metrics = opts.Metrics
 		metrics.StreamBuffered(n)
 	}
-	return &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics}, nil
+	return &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg}, nil
 }
 
-func migrate(ctx context.Context, db *sql.DB) error {
-	sub, err := fs.Sub(migrations, "migrations")
+// Postgres reports whether the store is on PostgreSQL.
+func (s *Store) Postgres() bool { return s.pg }
+
+// openPostgres opens a PostgreSQL store: one writer connection (the same
+// single-writer design as SQLite, per instance) and a read pool, both
+// through pgx's database/sql driver under the name "pgx", for which sqlx
+// rebinds ? to $n.
+func openPostgres(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	if err := migratePostgres(ctx, dsn); err != nil {
+		return nil, err
+	}
+	writer, err := sqlx.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open PostgreSQL: %w", err)
+	}
+	writer.SetMaxOpenConns(1)
+	writer.SetMaxIdleConns(1)
+	if err := writer.PingContext(ctx); err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("open PostgreSQL: %w", err)
+	}
+	reader, err := sqlx.Open("pgx", dsn)
+	if err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("open PostgreSQL for reading: %w", err)
+	}
+	return newStore(ctx, writer, reader, opts, true)
+}
+
+// migratePostgres runs the PostgreSQL migrations on a connection pool of
+// their own, under goose's session lock (a PostgreSQL advisory lock), so
+// instances starting at once migrate once: the others wait for the lock
+// and then find nothing to do. The lock's id is derived from the database
+// and schema, so separate schemas of one server do not wait for each other.
+func migratePostgres(ctx context.Context, dsn string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return fmt.Errorf("open PostgreSQL: %w", err)
+	}
+	defer db.Close()
+	var where string
+	if err := db.QueryRowContext(ctx, `SELECT current_database() || '.' || COALESCE(current_schema(), '')`).Scan(&where); err != nil {
+		return fmt.Errorf("open PostgreSQL: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("honestcancel-gateway-migrate:" + where))
+	// Retried every second for up to five minutes (a long migration of
+	// another instance).
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64()>>1)), lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	return migrate(ctx, db, goose.DialectPostgres, "migrations/postgres", locker)
+}
+
+func migrate(ctx context.Context, db *sql.DB, dialect goose.Dialect, dir string, locker lock.SessionLocker) error {
+	sub, err := fs.Sub(migrations, dir)
 	if err != nil {
 		return err
 	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, db, sub)
+	var opts []goose.ProviderOption
+	if locker != nil {
+		opts = append(opts, goose.WithSessionLocker(locker))
+	}
+	p, err := goose.NewProvider(dialect, db, sub, opts...)
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
@@ -179,8 +272,23 @@ func (s *Store) Close() error {
 // write runs fn in one immediate transaction on the writer connection and,
 // after a successful commit, hands the transaction's events to OnCommit.
 // (Stream writes and cancels go through the group-commit queue instead,
-// see group.go.)
+// see group.go.) A transaction that another instance's made fail (a
+// deadlock or serialization failure on PostgreSQL) runs again from scratch,
+// fn included, a few times: fn must keep its results in variables it sets
+// afresh on every call, and do nothing outside the transaction.
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
+	for attempt := 1; ; attempt++ {
+		err := s.writeOnce(ctx, fn)
+		if attempt >= txAttempts || !retryable(err) {
+			return err
+		}
+		if err := backoff(ctx, attempt); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	defer s.observe(txWrite, time.Now())
@@ -188,7 +296,7 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	t := &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}}
+	t := s.newTxn(ctx, tx)
 	if err := fn(t); err != nil {
 		_ = tx.Rollback()
 		return err
@@ -204,10 +312,16 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 	return nil
 }
 
-// read runs fn in one read transaction: a consistent view of the database.
+// read runs fn in one read transaction: a consistent view of the database
+// (on PostgreSQL a read-only REPEATABLE READ transaction: one snapshot for
+// every statement).
 func (s *Store) read(ctx context.Context, fn func(q *sqlx.Tx) error) error {
 	defer s.observe(txRead, time.Now())
-	tx, err := s.reader.BeginTxx(ctx, nil)
+	var opts *sql.TxOptions
+	if s.pg {
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	}
+	tx, err := s.reader.BeginTxx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin read: %w", err)
 	}
@@ -217,7 +331,11 @@ func (s *Store) read(ctx context.Context, fn func(q *sqlx.Tx) error) error {
 
 func isUniqueViolation(err error) bool {
 	var se sqlite3.Error
-	return errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintUnique
+	if errors.As(err, &se) {
+		return se.ExtendedCode == sqlite3.ErrConstraintUnique
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
@@ -242,8 +360,12 @@ func fromNullString(v sql.NullString) *string {
 
 // Backup writes a consistent copy of the database to dest (which must not
 // exist) while the database may be serving: SQLite's VACUUM INTO reads one
-// snapshot and writes a compact file.
+// snapshot and writes a compact file. On PostgreSQL it refuses: pg_dump
+// is the tool for that.
 func (s *Store) Backup(ctx context.Context, dest string) error {
+	if s.pg {
+		return errors.New("backup copies SQLite files only: back up a PostgreSQL database with pg_dump (e.g. pg_dump -Fc -f OUT DSN)")
+	}
 	if _, err := os.Stat(dest); err == nil {
 		return fmt.Errorf("%s already exists: pick a new file name", dest)
 	}

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -21,8 +20,8 @@ var ctx = context.Background()
 
 const user = chat.LocalUserID
 
-// open returns a store on a fresh SQLite file; when the test ends, the
-// invariant checker must find nothing.
+// open returns a store on a fresh database (testDSN) and its DSN; when the
+// test ends, the invariant checker must find nothing.
 func open(t *testing.T) (*store.Store, string) {
 	t.Helper()
 	return openStore(t, true)
@@ -30,7 +29,7 @@ func open(t *testing.T) (*store.Store, string) {
 
 func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "gw.db")
+	path := testDSN(t)
 	st, err := store.Open(ctx, path, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -208,11 +207,7 @@ func TestCancelAnswersAndAudits(t *testing.T) {
 	if err != nil || !again.AlreadyRequested || again.Status != chat.RunCancelled {
 		t.Fatalf("second cancel = %+v, %v", again, err)
 	}
-	db, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := rawDB(t, path)
 	var n int
 	if err := db.QueryRow(`SELECT COUNT(*) FROM cancel_audit WHERE run_id = ?`, runID).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("audit rows = %d, %v; want 2 (both requests recorded)", n, err)
@@ -433,11 +428,11 @@ func TestCheckDetectsViolations(t *testing.T) {
 	st, path := openStore(t, false)
 	snap := newThread(t, st)
 	runID, _, _ := streamAndCancel(t, st, snap.ThreadID, 1, "a")
-	db, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
+	db := rawDB(t, path)
+	outboxLog := `CREATE TABLE outbox_attempts (id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT NULL, at BIGINT NOT NULL, result TEXT NOT NULL)`
+	if st.Postgres() {
+		outboxLog = `CREATE TABLE outbox_attempts (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, idempotency_key TEXT NOT NULL, at BIGINT NOT NULL, result TEXT NOT NULL)`
 	}
-	defer db.Close()
 	corrupt := []string{
 		// 1 + 8: a message in no checkpoint, without its event.
 		`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version, checkpoint_id, created_at)
@@ -446,7 +441,7 @@ func TestCheckDetectsViolations(t *testing.T) {
 		`INSERT INTO events (thread_id, seq, type, run_id, state_version, ts, payload)
 			VALUES ('` + snap.ThreadID + `', 1000, 'run.completed', '` + runID + `', 1000, 0, '{}')`,
 		// 2: the provider accepted one key twice.
-		`CREATE TABLE outbox_attempts (id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT NULL, at BIGINT NOT NULL, result TEXT NOT NULL)`,
+		outboxLog,
 		`INSERT INTO outbox_attempts (idempotency_key, at, result) VALUES ('email:x:send', 1, 'accepted'), ('email:x:send', 2, 'accepted')`,
 		// 3: a run starting from a missing checkpoint.
 		`UPDATE runs SET base_checkpoint_id = 'cp_missing' WHERE run_id = '` + runID + `'`,
@@ -472,6 +467,9 @@ func TestCheckDetectsViolations(t *testing.T) {
 }
 
 func TestExclusiveOpenRefusesASecondServer(t *testing.T) {
+	if onPostgres() {
+		t.Skip("SQLite only: the .lock file guards a database file; instances sharing PostgreSQL run side by side")
+	}
 	path := filepath.Join(t.TempDir(), "gw.db")
 	first, err := store.Open(ctx, path, store.Options{Exclusive: true})
 	if err != nil {
@@ -523,6 +521,13 @@ func TestBackupIsAConsistentCopy(t *testing.T) {
 	snap := newThread(t, st)
 	streamAndCancel(t, st, snap.ThreadID, 1, "a", "b")
 	dest := filepath.Join(t.TempDir(), "copy", "backup.db")
+	if st.Postgres() {
+		// VACUUM INTO copies SQLite files; PostgreSQL has pg_dump.
+		if err := st.Backup(ctx, dest); err == nil || !strings.Contains(err.Error(), "pg_dump") {
+			t.Fatalf("backup on PostgreSQL = %v, want a refusal naming pg_dump", err)
+		}
+		return
+	}
 	if err := st.Backup(ctx, dest); err != nil {
 		t.Fatal(err)
 	}

@@ -151,9 +151,35 @@ const MaxReplay = 20000
 // after: deltas purged from the stream buffer, or after below the thread's
 // event-log watermark (PurgeEvents); the reader then needs a snapshot.
 func (s *Store) Events(ctx context.Context, userID, threadID string, after int64) (chat.Replay, error) {
+	return s.replay(ctx, threadID, after, func(q *sqlx.Tx) (threadRow, error) {
+		return readThread(ctx, q, userID, threadID)
+	})
+}
+
+// ThreadEvents is Events without the owner check, for the event bus
+// recovering the events it missed (no user is involved): a thread that does
+// not exist answers not_found.
+func (s *Store) ThreadEvents(ctx context.Context, threadID string, after int64) (chat.Replay, error) {
+	return s.replay(ctx, threadID, after, func(q *sqlx.Tx) (threadRow, error) {
+		var row threadRow
+		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return row, chat.NotFound("thread", threadID)
+		}
+		if err != nil {
+			return row, fmt.Errorf("load thread: %w", err)
+		}
+		return row, nil
+	})
+}
+
+// replay is Events, reading the thread row with load (in the same read
+// transaction).
+func (s *Store) replay(ctx context.Context, threadID string, after int64, load func(q *sqlx.Tx) (threadRow, error)) (chat.Replay, error) {
 	var out chat.Replay
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		row, err := readThread(ctx, q, userID, threadID)
+		out = chat.Replay{}
+		row, err := load(q)
 		if err != nil {
 			return err
 		}
@@ -221,6 +247,34 @@ func (s *Store) Events(ctx context.Context, userID, threadID string, after int64
 		return nil
 	})
 	return out, err
+}
+
+// lastSeqsChunk bounds the ids in one LastSeqs query.
+const lastSeqsChunk = 500
+
+// LastSeqs reports the last_seq of each of the given threads, read with
+// one query per lastSeqsChunk ids; ids of threads that do not exist are
+// absent from the result. (For the event bus: which threads moved on
+// without it.)
+func (s *Store) LastSeqs(ctx context.Context, threadIDs []string) (map[string]int64, error) {
+	out := make(map[string]int64, len(threadIDs))
+	for chunk := range slices.Chunk(threadIDs, lastSeqsChunk) {
+		query, args, err := sqlx.In(`SELECT thread_id, last_seq FROM threads WHERE thread_id IN (?)`, chunk)
+		if err != nil {
+			return nil, err
+		}
+		var rows []struct {
+			ThreadID string `db:"thread_id"`
+			LastSeq  int64  `db:"last_seq"`
+		}
+		if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(query), args...); err != nil {
+			return nil, fmt.Errorf("read last seqs: %w", err)
+		}
+		for _, r := range rows {
+			out[r.ThreadID] = r.LastSeq
+		}
+	}
+	return out, nil
 }
 
 // PurgeStream deletes buffered deltas older than before and reports how

@@ -29,6 +29,24 @@ type txn struct {
 	// wrote is set by every exec: a grouped write that fails after
 	// writing spoils the whole transaction (see group.go).
 	wrote bool
+	pg    bool // on PostgreSQL (see forUpdate)
+}
+
+// newTxn starts the bookkeeping of write transaction tx.
+func (s *Store) newTxn(ctx context.Context, tx *sqlx.Tx) *txn {
+	return &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}, pg: s.pg}
+}
+
+// forUpdate is the suffix of a SELECT whose rows drive a decision of this
+// transaction: on PostgreSQL it locks them (and a read that had to wait
+// returns the rows as the other transaction committed them), so instances
+// sharing the database take turns on a thread or run instead of failing
+// the thread's compare-and-set. SQLite has one writer: nothing to add.
+func (t *txn) forUpdate() string {
+	if t.pg {
+		return " FOR UPDATE"
+	}
+	return ""
 }
 
 // threadCursor is a thread's sequencer inside one transaction.
@@ -96,7 +114,7 @@ func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 		return c, nil
 	}
 	var row threadRow
-	err := t.get(&row, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`, threadID)
+	err := t.get(&row, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`+t.forUpdate(), threadID)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && owner != "" && row.UserID != owner) {
 		return nil, chat.NotFound("thread", threadID)
 	}
@@ -146,8 +164,10 @@ func (t *txn) setHead(c *threadCursor, checkpointID string) {
 }
 
 // flushThreads writes back every thread whose sequencer moved. The WHERE on
-// the original last_seq is a compare-and-set: a concurrent writer (another
-// instance, later) makes the transaction fail rather than fork the sequence.
+// the original last_seq is a compare-and-set: a concurrent writer makes the
+// transaction fail rather than fork the sequence. (On PostgreSQL the thread
+// rows were read FOR UPDATE, so another instance cannot have moved them: a
+// failure here is a bug, not a race.)
 func (t *txn) flushThreads() error {
 	for _, c := range t.threads {
 		if !c.touched {
