@@ -41,6 +41,9 @@ type Store interface {
 	Fail(ctx context.Context, runID, owner, message string) error
 	Release(ctx context.Context, runID, owner string) error
 	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
+	// CancelsRequested lists the runs owner leases whose cancel was
+	// accepted (by any instance) and not yet taken up.
+	CancelsRequested(ctx context.Context, owner string) ([]string, error)
 	PurgeStream(ctx context.Context, before time.Time) (int64, error)
 	// Retention of the other artifact classes: each removes what is older
 	// than before and reports how many rows it purged (or redacted).
@@ -85,6 +88,20 @@ type Config struct {
 	// Metrics records runs executing, time to first token and tokens used
 	// (nil: nothing is recorded).
 	Metrics Metrics
+	// Wakeups tells the other instances that a cancel was accepted here
+	// for a run this engine does not execute (the bus; nil with one
+	// instance). The instance that executes it calls WakeCancels.
+	Wakeups CancelWakeups
+	// CancelPoll is how often an engine of several instances looks for
+	// cancels accepted elsewhere whose wake-up it never got (default 1s;
+	// unused with SingleInstance).
+	CancelPoll time.Duration
+}
+
+// CancelWakeups carries cancel wake-ups to other instances. PublishCancel
+// must not block; a lost wake-up costs at most Config.CancelPoll.
+type CancelWakeups interface {
+	PublishCancel(runID string)
 }
 
 // Engine executes runs. Create it with New, call Start once, and Close once
@@ -97,10 +114,11 @@ type Engine struct {
 	log     *slog.Logger
 	metrics Metrics
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	wg     sync.WaitGroup
-	wake   chan struct{}
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	wg         sync.WaitGroup
+	wake       chan struct{}
+	cancelWake chan struct{} // WakeCancels -> watchCancels
 
 	mu      sync.Mutex
 	running map[string]*liveRun // run id -> the execution holding it here
@@ -131,6 +149,9 @@ func New(cfg Config) *Engine {
 	if cfg.PurgeEvery <= 0 {
 		cfg.PurgeEvery = min(cfg.StreamTTL/4, time.Minute)
 	}
+	if cfg.CancelPoll <= 0 {
+		cfg.CancelPoll = time.Second
+	}
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = chat.NewID("ins_")
 	}
@@ -143,7 +164,7 @@ func New(cfg Config) *Engine {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Engine{
 		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log, metrics: cfg.Metrics,
-		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
+		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), cancelWake: make(chan struct{}, 1),
 		running: map[string]*liveRun{},
 	}
 }
@@ -156,6 +177,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.wg.Go(e.dispatch)
 	e.wg.Go(e.maintain)
+	if !e.cfg.SingleInstance {
+		e.wg.Go(e.watchCancels)
+	}
 	return nil
 }
 
@@ -206,6 +230,11 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 	if e.ctx.Err() != nil {
 		return ack, nil
 	}
+	if e.cfg.Wakeups != nil {
+		// Another instance may execute it: wake that one now rather than
+		// at its next poll or its next delta write.
+		e.cfg.Wakeups.PublishCancel(p.RunID)
+	}
 	// No worker here holds it (queued, waiting for a confirmation, or handed
 	// over between steps): finish it now, unless a worker took it in the
 	// meantime, which then sees the recorded cancel in its first read of
@@ -228,6 +257,53 @@ func (e *Engine) DecideOperation(ctx context.Context, userID, opID string, expec
 		e.poke()
 	}
 	return ack, err
+}
+
+// WakeCancels tells the engine that a cancel was accepted on another
+// instance (the bus's cancel wake-up). It never blocks; the engine then
+// looks up which of its runs have a cancel accepted and stops them.
+func (e *Engine) WakeCancels() {
+	select {
+	case e.cancelWake <- struct{}{}:
+	default:
+	}
+}
+
+// watchCancels stops the runs executing here whose cancel another instance
+// accepted: at once on a wake-up, and every CancelPoll in case a wake-up
+// was lost (the bus is best effort; the store is the truth). Only the
+// store's word cancels a run: a wake-up itself carries no authority.
+func (e *Engine) watchCancels() {
+	poll := time.NewTicker(e.cfg.CancelPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-e.cancelWake:
+		case <-poll.C:
+		}
+		e.mu.Lock()
+		idle := len(e.running) == 0
+		e.mu.Unlock()
+		if idle {
+			continue
+		}
+		ids, err := e.store.CancelsRequested(e.ctx, e.cfg.InstanceID)
+		if err != nil {
+			if e.ctx.Err() == nil {
+				e.log.Warn("look up cancels accepted elsewhere", "err", err)
+			}
+			continue
+		}
+		e.mu.Lock()
+		for _, id := range ids {
+			if live := e.running[id]; live != nil {
+				live.cancel(errCancelRequested)
+			}
+		}
+		e.mu.Unlock()
+	}
 }
 
 func (e *Engine) poke() {

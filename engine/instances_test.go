@@ -1,0 +1,81 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/engine"
+)
+
+// wakeupsTo delivers a cancel wake-up straight to another engine, as the
+// NATS bus does between instances.
+type wakeupsTo struct{ target func() *engine.Engine }
+
+func (w wakeupsTo) PublishCancel(string) { w.target().WakeCancels() }
+
+// Two engines on one store play two instances: "a" executes a run whose
+// model is stuck between two chunks (so no delta write can notice the
+// cancel), and "b" accepts the cancel. The run must stop through a wake-up
+// or, when the wake-up is lost, through a's own look-up of accepted cancels.
+func TestCancelAcceptedByAnotherInstance(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		wakeup    bool
+		pollEvery time.Duration // a's look-up of accepted cancels
+	}{
+		{"woken over the bus", true, time.Hour},
+		{"wake-up lost, found by polling", false, 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newScripted(words, true)
+			h := newHarness(t, m)
+			snap := h.thread()
+			sub := h.feed.Subscribe(snap.ThreadID, 1024)
+			defer sub.Close()
+
+			cfgA := h.config()
+			cfgA.SingleInstance, cfgA.InstanceID, cfgA.CancelPoll = false, "a", tc.pollEvery
+			a := engine.New(cfgA)
+			if err := a.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			ack, err := a.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+				ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.release(t, 2)
+			waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
+
+			cfgB := h.config()
+			cfgB.SingleInstance, cfgB.InstanceID, cfgB.CancelPoll = false, "b", time.Hour
+			if tc.wakeup {
+				cfgB.Wakeups = wakeupsTo{func() *engine.Engine { return a }}
+			}
+			b := engine.New(cfgB)
+			if err := b.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			cancel, err := b.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:b"})
+			if err != nil || cancel.Status != chat.RunCancelRequested || cancel.AlreadyRequested {
+				t.Fatalf("cancel on b = %+v, %v", cancel, err)
+			}
+			select {
+			case <-m.stopped:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a's model call was not cancelled within 10s of b accepting the cancel")
+			}
+			ev := waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+			if body := ev.Body.(chat.RunCancelledBody); body.DiscardedStreamChars != int64(len("one two")) {
+				t.Errorf("discarded_stream_chars = %d, want %d (what a streamed)", body.DiscardedStreamChars, len("one two"))
+			}
+			if r := h.run(ack.RunID); r.Status != chat.RunCancelled || r.RequestedBy == nil || *r.RequestedBy != "tab:b" {
+				t.Fatalf("run = %+v", r)
+			}
+		})
+	}
+}
