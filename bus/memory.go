@@ -1,7 +1,8 @@
 // Package bus fans a thread's committed events out to the subscribers in
-// this process. Memory is the single-instance bus; a NATS bus for several
-// instances comes with scale-out. The store stays the source of truth: a
-// subscriber that falls behind is dropped and resyncs from the event log.
+// this process. Memory is the single-instance bus; NATS is the bus for
+// several instances sharing one database. The store stays the source of
+// truth: a subscriber that falls behind is dropped and resyncs from the
+// event log.
 package bus
 
 import (
@@ -95,7 +96,7 @@ func (b *Memory) Publish(events []*chat.Event) {
 // subscribers and must not be modified.
 type Subscription struct {
 	c        chan *chat.Event
-	bus      *Memory
+	bus      interface{ Remove(string, Sink) }
 	threadID string
 	mu       sync.Mutex
 	done     bool

@@ -1,0 +1,813 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// EventLog is what the NATS bus needs from the store: the event log it
+// recovers missed events from. The database is the source of truth; NATS
+// only carries copies.
+type EventLog interface {
+	// ThreadEvents returns every event of the thread with seq > after, in
+	// seq order, with ThreadID, Type, Seq and Raw set, and the thread's
+	// LastSeq at the time of the read. Complete is false when the store
+	// cannot give them all (purged deltas, too long a gap).
+	ThreadEvents(ctx context.Context, threadID string, after int64) (chat.Replay, error)
+	// LastSeqs returns the last_seq of each thread that exists; unknown
+	// threads are left out.
+	LastSeqs(ctx context.Context, threadIDs []string) (map[string]int64, error)
+}
+
+// NATSConfig configures DialNATS.
+type NATSConfig struct {
+	// Log is the event log missed events are recovered from. Required.
+	Log EventLog
+	// OnCancel is called with the run id of each cancel wake-up another
+	// instance publishes (never for this instance's own), from one bus
+	// goroutine, one call at a time, outside every bus lock. Nil ignores
+	// wake-ups.
+	OnCancel func(runID string)
+	// Subject prefixes every subject the bus uses ("gateway" when empty):
+	// instances share events only with the same prefix.
+	Subject string
+	// SweepEvery is how often the bus compares the log's last seqs with
+	// what it delivered (2s when zero).
+	SweepEvery time.Duration
+	// LogTimeout bounds each read of the log (5s when zero).
+	LogTimeout time.Duration
+	// MaxPending bounds the events held per thread while a gap before them
+	// is recovered (1024 when zero).
+	MaxPending int
+	// Logger receives connection changes and recovery failures; nil
+	// discards them.
+	Logger *slog.Logger
+	// Name identifies this instance to the NATS server.
+	Name string
+}
+
+// NATS is the event bus for several gateway instances sharing one
+// database. Each instance delivers its own commits locally in Publish and
+// sends them over NATS; the others deliver what they receive to their
+// local sinks. NATS is only a fast path: per thread with local sinks the
+// bus keeps the last seq delivered, holds events that arrive after a gap,
+// and fills the gap from the event log (EventLog.ThreadEvents), so sinks
+// see each thread's events in seq order, without duplicates, whether
+// messages arrive late (two instances committing on one thread), get lost,
+// or NATS restarts. A periodic sweep (EventLog.LastSeqs) catches a lost
+// event that nothing follows.
+//
+// All methods are safe for concurrent use. Publish and PublishCancel never
+// block; Add may block for one log read (LogTimeout) when it is the
+// thread's first local sink. Sinks are called with the bus's lock held and
+// must not block or call back into the bus (chat.EventSink). The bus owns
+// every goroutine it starts (two receivers, the publisher, the sweeper and
+// at most one recovery per thread); Close stops them and waits.
+type NATS struct {
+	cfg     NATSConfig
+	log     *slog.Logger
+	nc      *nats.Conn
+	evSub   *nats.Subscription
+	evCh    chan *nats.Msg
+	cnSub   *nats.Subscription
+	cnCh    chan *nats.Msg
+	evPfx   string // "<prefix>.ev."
+	cancelS string // "<prefix>.cancel"
+
+	ctx    context.Context // ends at Close: stops every goroutine and log read
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	resync chan struct{} // cap 1: sweep now (reconnected, slow consumer)
+	ncDone chan struct{} // closed by the NATS closed handler
+	once   sync.Once
+
+	out outbox
+
+	mu      sync.Mutex
+	closed  bool
+	threads map[string]*threadState // threads with local sinks only
+	stats   NATSStats
+}
+
+// NATSStats counts what the bus did since DialNATS.
+type NATSStats struct {
+	// Recoveries counts log reads that filled gaps (or found none).
+	Recoveries int64
+	// Recovered counts events taken from the log because neither NATS nor
+	// Publish had brought them.
+	Recovered int64
+	// Skipped counts seqs delivered past because neither NATS nor the log
+	// could give them (the sinks saw a gap).
+	Skipped int64
+	// Unsent counts messages not sent to NATS (queue full or publish
+	// failed).
+	Unsent int64
+}
+
+// Stats reports the bus's counters.
+func (b *NATS) Stats() NATSStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}
+
+// threadState is the delivery state of one thread with local sinks,
+// guarded by NATS.mu. A state removed from NATS.threads is dead: whoever
+// still holds it (a recovery, a baseline read) must check
+// b.threads[id] == t before using it.
+type threadState struct {
+	sinks map[Sink]struct{}
+	// last is the last seq delivered (or the baseline: the thread's last
+	// seq when its first sink came). Valid when based.
+	last  int64
+	based bool
+	// baselining is set while the first Add reads the baseline; ready is
+	// closed when that read ends.
+	baselining bool
+	ready      chan struct{}
+	// pending holds events with seq > last+1 until the gap is filled.
+	pending    map[int64]*chat.Event
+	recovering bool // a recovery goroutine runs for this thread
+	again      bool // run the recovery once more when it ends
+}
+
+// Defaults for NATSConfig.
+const (
+	defaultSubject    = "gateway"
+	defaultSweepEvery = 2 * time.Second
+	defaultLogTimeout = 5 * time.Second
+	defaultMaxPending = 1024
+	// maxOutbound bounds the messages waiting for the publisher; past it
+	// new ones are dropped (the other instances recover them from the log).
+	maxOutbound = 1 << 16
+	// receiveBuffer is the NATS subscriptions' channel size; past it NATS
+	// drops messages (slow consumer) and the bus resyncs from the log.
+	receiveBuffer = 8192
+)
+
+// DialNATS connects to the NATS server at url, subscribes to the events and
+// cancel wake-ups of the configured subject prefix (registered on the
+// server before it returns) and starts the bus's goroutines. The
+// connection reconnects forever; Close ends it.
+func DialNATS(url string, cfg NATSConfig) (*NATS, error) {
+	if cfg.Log == nil {
+		return nil, errors.New("bus: NATSConfig.Log is required")
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = defaultSubject
+	}
+	if !validSubject(cfg.Subject) {
+		return nil, fmt.Errorf("bus: subject prefix %q is not a NATS subject without wildcards", cfg.Subject)
+	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = defaultSweepEvery
+	}
+	if cfg.LogTimeout <= 0 {
+		cfg.LogTimeout = defaultLogTimeout
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = defaultMaxPending
+	}
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	b := &NATS{
+		cfg: cfg, log: lg.With("bus", "nats"),
+		evCh: make(chan *nats.Msg, receiveBuffer), cnCh: make(chan *nats.Msg, 256),
+		evPfx: cfg.Subject + ".ev.", cancelS: cfg.Subject + ".cancel",
+		ctx: ctx, stop: stop,
+		resync: make(chan struct{}, 1), ncDone: make(chan struct{}),
+		threads: map[string]*threadState{},
+	}
+	b.out.wake = make(chan struct{}, 1)
+	nc, err := nats.Connect(url,
+		nats.Name(cfg.Name),
+		nats.NoEcho(), // our own commits are delivered locally by Publish
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectJitter(500*time.Millisecond, time.Second),
+		nats.PingInterval(10*time.Second),
+		nats.Timeout(5*time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				b.log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			b.log.Info("nats reconnected: recovering missed events from the log", "server", nc.ConnectedUrlRedacted())
+			b.wakeSweep()
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			b.log.Warn("nats error", "err", err)
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				b.wakeSweep() // messages were dropped: the log has them
+			}
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.ncDone) }),
+	)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("bus: connect to nats: %w", err)
+	}
+	b.nc = nc
+	fail := func(err error) (*NATS, error) {
+		nc.Close()
+		stop()
+		return nil, err
+	}
+	if b.evSub, err = nc.ChanSubscribe(b.evPfx+"*", b.evCh); err != nil {
+		return fail(fmt.Errorf("bus: subscribe to events: %w", err))
+	}
+	if b.cnSub, err = nc.ChanSubscribe(b.cancelS, b.cnCh); err != nil {
+		return fail(fmt.Errorf("bus: subscribe to cancels: %w", err))
+	}
+	if err := nc.FlushTimeout(cfg.LogTimeout); err != nil {
+		return fail(fmt.Errorf("bus: register subscriptions: %w", err))
+	}
+	b.wg.Go(b.receiveEvents)
+	b.wg.Go(b.receiveCancels)
+	b.wg.Go(b.publisher)
+	b.wg.Go(b.sweeper)
+	return b, nil
+}
+
+// Close stops every goroutine of the bus, waits for them and closes the
+// NATS connection (what the publisher still held is sent first). Sinks get
+// nothing more. Safe to call more than once.
+func (b *NATS) Close() {
+	b.once.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		for _, t := range b.threads {
+			if t.baselining {
+				close(t.ready)
+				t.baselining = false
+			}
+		}
+		b.threads = map[string]*threadState{}
+		b.mu.Unlock()
+		b.stop()
+		b.wg.Wait()
+		b.nc.Close()
+		// The closed handler runs last on the connection's callback
+		// goroutine: once it has, the client's own goroutines are ending.
+		select {
+		case <-b.ncDone:
+		case <-time.After(5 * time.Second):
+			b.log.Warn("nats connection did not report closed within 5s")
+		}
+	})
+}
+
+// Add subscribes sink to the thread's events committed from now on. The
+// first local sink of a thread reads the thread's last seq from the log as
+// the baseline (concurrent Adds for the thread wait for that read): every
+// event after it is delivered, so a caller that reads the log after Add
+// returns misses nothing. If that read fails, the first event to arrive
+// becomes the baseline: a sink that missed events before it sees the gap.
+func (b *NATS) Add(threadID string, sink Sink) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	t := b.threads[threadID]
+	if t != nil {
+		t.sinks[sink] = struct{}{}
+		wait := t.ready
+		b.mu.Unlock()
+		<-wait // closed unless the first Add still reads the baseline
+		return
+	}
+	t = &threadState{sinks: map[Sink]struct{}{sink: {}}, baselining: true, ready: make(chan struct{}), pending: map[int64]*chat.Event{}}
+	b.threads[threadID] = t
+	b.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
+	seqs, err := b.cfg.Log.LastSeqs(ctx, []string{threadID})
+	cancel()
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !t.baselining { // Close ran
+		return
+	}
+	t.baselining = false
+	close(t.ready)
+	if b.threads[threadID] != t {
+		return // every sink went meanwhile
+	}
+	if err != nil {
+		b.log.Warn("read thread baseline failed: the first event will be the baseline", "thread_id", threadID, "err", err)
+		if len(t.pending) > 0 {
+			t.based, t.last = true, minSeq(t.pending)-1
+			b.drainLocked(threadID, t)
+		}
+		return
+	}
+	t.based, t.last = true, seqs[threadID]
+	for seq := range t.pending {
+		if seq <= t.last {
+			delete(t.pending, seq)
+		}
+	}
+	b.drainLocked(threadID, t)
+	if b.threads[threadID] == t && len(t.pending) > 0 {
+		b.recoverLocked(threadID, t)
+	}
+}
+
+// Remove unsubscribes sink from the thread. Safe to call when it is not
+// subscribed. A thread without local sinks keeps no state.
+func (b *NATS) Remove(threadID string, sink Sink) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.threads[threadID]
+	if t == nil {
+		return
+	}
+	delete(t.sinks, sink)
+	if len(t.sinks) == 0 {
+		delete(b.threads, threadID)
+	}
+}
+
+// Subscribe starts a channel subscription to the thread's events committed
+// from now on; buffer bounds how far its reader may fall behind. Like Add,
+// it may block for one log read.
+func (b *NATS) Subscribe(threadID string, buffer int) *Subscription {
+	s := &Subscription{c: make(chan *chat.Event, buffer), bus: b, threadID: threadID}
+	b.Add(threadID, s)
+	return s
+}
+
+// Publish delivers this instance's committed events to its local sinks and
+// queues them for the other instances. The caller publishes each thread's
+// events in seq order, right after their commit (the store does, under its
+// write lock). It never blocks: NATS is written by the publisher goroutine,
+// and past its queue bound events are not sent (the other instances then
+// recover them from the log).
+func (b *NATS) Publish(events []*chat.Event) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	for _, ev := range events {
+		b.receiveLocked(ev)
+	}
+	b.mu.Unlock()
+	msgs := make([]outMsg, 0, len(events))
+	for _, ev := range events {
+		if len(ev.Raw) == 0 {
+			continue
+		}
+		msgs = append(msgs, outMsg{subject: b.threadSubject(ev.ThreadID), data: ev.Raw})
+	}
+	b.out.push(msgs...)
+}
+
+// PublishCancel sends a cancel wake-up for runID to the other instances
+// (their OnCancel). Best effort and never blocking: the engine also finds
+// cancels when it renews the run's lease.
+func (b *NATS) PublishCancel(runID string) {
+	b.out.push(outMsg{subject: b.cancelS, data: []byte(runID)})
+}
+
+// receiveLocked handles one event of this instance or another, in the
+// order of arrival: it is delivered if it is the thread's next, dropped if
+// already delivered, held otherwise while the gap before it is recovered.
+func (b *NATS) receiveLocked(ev *chat.Event) {
+	t := b.threads[ev.ThreadID]
+	if t == nil {
+		return
+	}
+	if !t.based {
+		if !t.baselining {
+			// The baseline read failed: this event is the baseline.
+			t.based, t.last = true, ev.Seq-1
+		} else {
+			if len(t.pending) < b.cfg.MaxPending {
+				t.pending[ev.Seq] = ev
+			} // else: recovered from the log once the baseline is known
+			return
+		}
+	}
+	switch {
+	case ev.Seq <= t.last:
+		return // already delivered (own commit and recovery, redelivery)
+	case ev.Seq == t.last+1:
+		b.deliverLocked(ev.ThreadID, t, ev)
+		b.drainLocked(ev.ThreadID, t)
+		return
+	}
+	t.pending[ev.Seq] = ev
+	if len(t.pending) > b.cfg.MaxPending {
+		// Too far behind to hold more: deliver what is held from its
+		// first event on. The sinks see the gap and close their
+		// connections; the clients resync from the log by after_seq.
+		first := minSeq(t.pending)
+		b.log.Warn("too many events held behind a gap: delivering past it", "thread_id", ev.ThreadID, "missing_from", t.last+1, "missing_to", first-1)
+		b.stats.Skipped += first - 1 - t.last
+		t.last = first - 1
+		b.drainLocked(ev.ThreadID, t)
+		return
+	}
+	b.recoverLocked(ev.ThreadID, t)
+}
+
+// deliverLocked hands ev to every sink of the thread; a sink that refuses
+// it is unsubscribed (and never sees a later event of the thread). The
+// thread's state goes with its last sink.
+func (b *NATS) deliverLocked(threadID string, t *threadState, ev *chat.Event) {
+	t.last = ev.Seq
+	for s := range t.sinks {
+		if !s.Deliver(ev) {
+			delete(t.sinks, s)
+		}
+	}
+	if len(t.sinks) == 0 && b.threads[threadID] == t {
+		delete(b.threads, threadID)
+	}
+}
+
+// drainLocked delivers the held events that follow the last delivered one.
+func (b *NATS) drainLocked(threadID string, t *threadState) {
+	for b.threads[threadID] == t {
+		ev, ok := t.pending[t.last+1]
+		if !ok {
+			break
+		}
+		delete(t.pending, ev.Seq)
+		b.deliverLocked(threadID, t, ev)
+	}
+	for seq := range t.pending { // anything at or below last is stale
+		if seq <= t.last {
+			delete(t.pending, seq)
+		}
+	}
+}
+
+// recoverLocked starts the thread's recovery goroutine, or asks the
+// running one for another pass.
+func (b *NATS) recoverLocked(threadID string, t *threadState) {
+	if b.closed {
+		return
+	}
+	if t.recovering {
+		t.again = true
+		return
+	}
+	t.recovering = true
+	b.wg.Go(func() { b.recover(threadID, t) })
+}
+
+// recover reads the thread's events after the last delivered one from the
+// log and delivers them with the held ones, in order; it reruns while new
+// gaps appeared during a read. On a read error it stops: the sweep retries.
+func (b *NATS) recover(threadID string, t *threadState) {
+	for {
+		b.mu.Lock()
+		if b.threads[threadID] != t {
+			b.mu.Unlock()
+			return
+		}
+		after := t.last
+		t.again = false
+		b.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
+		rep, err := b.cfg.Log.ThreadEvents(ctx, threadID, after)
+		cancel()
+
+		b.mu.Lock()
+		if b.threads[threadID] != t {
+			b.mu.Unlock()
+			return
+		}
+		if err != nil {
+			t.recovering = false
+			b.mu.Unlock()
+			if b.ctx.Err() == nil {
+				b.log.Warn("recover thread events from the log failed: the sweep retries", "thread_id", threadID, "after_seq", after, "err", err)
+			}
+			return
+		}
+		b.stats.Recoveries++
+		b.applyReplayLocked(threadID, t, rep)
+		if b.threads[threadID] != t || !t.again || b.closed {
+			t.recovering = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+	}
+}
+
+// applyReplayLocked merges a log read into the held events and delivers
+// them in order. A gap that remains below rep.LastSeq was committed before
+// the read yet the log cannot give it (Complete=false: purged deltas, too
+// long a gap): it is skipped, and the sinks, which check seqs, see it and
+// close their connections so the clients resync from a snapshot. A gap
+// above rep.LastSeq was committed after the read: another pass reads it.
+func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Replay) {
+	for _, ev := range rep.Events {
+		if ev.Seq <= t.last {
+			continue
+		}
+		if _, held := t.pending[ev.Seq]; held {
+			continue
+		}
+		if ev.ThreadID != threadID {
+			cp := *ev
+			cp.ThreadID = threadID
+			ev = &cp
+		}
+		t.pending[ev.Seq] = ev
+		b.stats.Recovered++
+	}
+	for {
+		b.drainLocked(threadID, t)
+		if b.threads[threadID] != t {
+			return
+		}
+		if len(t.pending) == 0 {
+			if t.last < rep.LastSeq {
+				// Not held by the log and nothing after it yet: the next
+				// event shows the gap to the sinks.
+				b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", rep.LastSeq)
+				b.stats.Skipped += rep.LastSeq - t.last
+				t.last = rep.LastSeq
+			}
+			return
+		}
+		first := minSeq(t.pending)
+		if first-1 > rep.LastSeq {
+			t.again = true
+			return
+		}
+		b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", first-1)
+		b.stats.Skipped += first - 1 - t.last
+		t.last = first - 1
+	}
+}
+
+// sweeper compares, every SweepEvery and when NATS asks (reconnect, slow
+// consumer), the log's last seq of each thread with local sinks with what
+// was delivered, and recovers the threads that are behind: it catches an
+// event whose NATS message was lost when nothing follows it.
+func (b *NATS) sweeper() {
+	tick := time.NewTicker(b.cfg.SweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-tick.C:
+		case <-b.resync:
+		}
+		b.sweep()
+	}
+}
+
+func (b *NATS) sweep() {
+	b.mu.Lock()
+	ids := make([]string, 0, len(b.threads))
+	for id, t := range b.threads {
+		if !t.baselining {
+			ids = append(ids, id)
+		}
+	}
+	b.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
+	seqs, err := b.cfg.Log.LastSeqs(ctx, ids)
+	cancel()
+	if err != nil {
+		if b.ctx.Err() == nil {
+			b.log.Warn("sweep: read last seqs failed", "threads", len(ids), "err", err)
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, id := range ids {
+		t := b.threads[id]
+		last, ok := seqs[id]
+		if t == nil || t.baselining || !ok {
+			continue
+		}
+		if !t.based {
+			// The baseline read failed and nothing arrived since: start
+			// from here (a later event shows any gap to the sinks).
+			t.based, t.last = true, last
+			b.drainLocked(id, t)
+			continue
+		}
+		if last > t.last || len(t.pending) > 0 {
+			b.recoverLocked(id, t)
+		}
+	}
+}
+
+// wakeSweep asks the sweeper for a sweep now; never blocks.
+func (b *NATS) wakeSweep() {
+	select {
+	case b.resync <- struct{}{}:
+	default:
+	}
+}
+
+// receiveEvents decodes the other instances' events and hands them to
+// receiveLocked. Threads without local sinks are dropped by subject,
+// before decoding.
+func (b *NATS) receiveEvents() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case m := <-b.evCh:
+			b.receiveMsg(m)
+		}
+	}
+}
+
+func (b *NATS) receiveMsg(m *nats.Msg) {
+	token := strings.TrimPrefix(m.Subject, b.evPfx)
+	if token != otherThreads {
+		b.mu.Lock()
+		_, wanted := b.threads[token]
+		b.mu.Unlock()
+		if !wanted {
+			return
+		}
+	}
+	var h struct {
+		Type         string `json:"type"`
+		ThreadID     string `json:"thread_id"`
+		Seq          int64  `json:"seq"`
+		TS           int64  `json:"ts"`
+		StateVersion int64  `json:"state_version"`
+		RunID        string `json:"run_id"`
+	}
+	if err := json.Unmarshal(m.Data, &h); err != nil || h.ThreadID == "" || h.Seq <= 0 {
+		b.log.Warn("dropped an undecodable event message", "subject", m.Subject, "bytes", len(m.Data), "err", err)
+		return
+	}
+	ev := &chat.Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Raw: m.Data}
+	b.mu.Lock()
+	if !b.closed {
+		b.receiveLocked(ev)
+	}
+	b.mu.Unlock()
+}
+
+// receiveCancels calls OnCancel for each wake-up of another instance.
+func (b *NATS) receiveCancels() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case m := <-b.cnCh:
+			if b.cfg.OnCancel != nil && len(m.Data) > 0 {
+				b.cfg.OnCancel(string(m.Data))
+			}
+		}
+	}
+}
+
+// otherThreads is the subject token of a thread id that is not a valid
+// NATS token; receivers then read the id from the payload.
+const otherThreads = "_"
+
+func (b *NATS) threadSubject(threadID string) string {
+	if threadID == otherThreads || !validToken(threadID) {
+		return b.evPfx + otherThreads
+	}
+	return b.evPfx + threadID
+}
+
+// publisher writes the queued messages to NATS, in queue order (so each
+// thread's events go out in seq order). A failed publish is logged and
+// dropped: the other instances recover from the log.
+func (b *NATS) publisher() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			b.send(b.out.take()) // what was committed before Close
+			return
+		case <-b.out.wake:
+			b.send(b.out.take())
+		}
+	}
+}
+
+func (b *NATS) send(msgs []outMsg, dropped int) {
+	if dropped > 0 {
+		b.log.Warn("nats publish queue full: messages not sent (the other instances recover them from the log)", "dropped", dropped)
+	}
+	var failed int
+	var last error
+	for _, m := range msgs {
+		if err := b.nc.Publish(m.subject, m.data); err != nil {
+			failed++
+			last = err
+		}
+	}
+	if unsent := int64(dropped + failed); unsent > 0 {
+		b.mu.Lock()
+		b.stats.Unsent += unsent
+		b.mu.Unlock()
+	}
+	if failed > 0 {
+		b.log.Warn("nats publish failed (the other instances recover from the log)", "messages", failed, "err", last)
+	}
+}
+
+type outMsg struct {
+	subject string
+	data    []byte
+}
+
+// outbox is the publisher's queue: push never blocks, and past maxOutbound
+// messages are counted and dropped.
+type outbox struct {
+	mu      sync.Mutex
+	q       []outMsg
+	dropped int
+	wake    chan struct{} // cap 1
+}
+
+func (o *outbox) push(msgs ...outMsg) {
+	if len(msgs) == 0 {
+		return
+	}
+	o.mu.Lock()
+	for _, m := range msgs {
+		if len(o.q) >= maxOutbound {
+			o.dropped++
+			continue
+		}
+		o.q = append(o.q, m)
+	}
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox) take() ([]outMsg, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q, d := o.q, o.dropped
+	o.q, o.dropped = nil, 0
+	return q, d
+}
+
+func minSeq(m map[int64]*chat.Event) int64 {
+	first := int64(-1)
+	for seq := range m {
+		if first < 0 || seq < first {
+			first = seq
+		}
+	}
+	return first
+}
+
+// validToken reports whether s can be one token of a NATS subject.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '.' || c == '*' || c == '>' || c <= ' ' || c >= 0x7f:
+			return false
+		}
+	}
+	return true
+}
+
+func validSubject(s string) bool {
+	for tok := range strings.SplitSeq(s, ".") {
+		if !validToken(tok) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,497 @@
+package bus_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/honestcancel/gateway/bus"
+	"github.com/honestcancel/gateway/chat"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// waitLimit bounds every wait of these tests.
+const waitLimit = 15 * time.Second
+
+// natsURL is the NATS server these tests use, or a skip.
+func natsURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("GATEWAY_TEST_NATS_URL")
+	if u == "" {
+		t.Skip("set GATEWAY_TEST_NATS_URL (e.g. nats://127.0.0.1:4222) to run the NATS bus tests against a real server")
+	}
+	return u
+}
+
+// testSubject isolates one test's buses from every other user of the server.
+func testSubject() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "gwtest" + hex.EncodeToString(b[:])
+}
+
+// memLog is the store's contract in memory: a commit appends events with
+// the thread's next seqs; the committing instance then publishes them.
+type memLog struct {
+	mu      sync.Mutex
+	threads map[string][]*chat.Event
+	// reading, when set, makes ThreadEvents signal on it and then wait for
+	// its ctx to end.
+	reading chan struct{}
+}
+
+func newMemLog() *memLog { return &memLog{threads: map[string][]*chat.Event{}} }
+
+func (l *memLog) append(thread string, n int) []*chat.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*chat.Event
+	for range n {
+		seq := int64(len(l.threads[thread]) + 1)
+		ev := &chat.Event{Type: chat.EventMessageDelta, ThreadID: thread, Seq: seq, TS: chat.Now(), RunID: "run_1",
+			Body: chat.MessageDeltaBody{MessageID: "msg_1", Text: "t" + strconv.FormatInt(seq, 10)}}
+		if err := ev.Encode(); err != nil {
+			panic(err)
+		}
+		l.threads[thread] = append(l.threads[thread], ev)
+		out = append(out, ev)
+	}
+	return out
+}
+
+func (l *memLog) ThreadEvents(ctx context.Context, thread string, after int64) (chat.Replay, error) {
+	if l.reading != nil {
+		select {
+		case l.reading <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return chat.Replay{}, ctx.Err()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	evs := l.threads[thread]
+	rep := chat.Replay{LastSeq: int64(len(evs)), Complete: true}
+	for _, ev := range evs {
+		if ev.Seq > after {
+			rep.Events = append(rep.Events, ev)
+		}
+	}
+	return rep, nil
+}
+
+func (l *memLog) LastSeqs(_ context.Context, threads []string) (map[string]int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]int64{}
+	for _, id := range threads {
+		out[id] = int64(len(l.threads[id]))
+	}
+	return out, nil
+}
+
+// instance is one gateway: its bus, and the write lock under which its
+// store commits and publishes.
+type instance struct {
+	bus *bus.NATS
+	log *memLog
+	mu  sync.Mutex
+}
+
+// commit appends n events to the thread; publish=false is an instance that
+// died between its commit and its publish.
+func (in *instance) commit(thread string, n int, publish bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	evs := in.log.append(thread, n)
+	if publish {
+		in.bus.Publish(evs)
+	}
+}
+
+func dial(t *testing.T, url string, log *memLog, cfg bus.NATSConfig) *instance {
+	t.Helper()
+	cfg.Log = log
+	b, err := bus.DialNATS(url, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return &instance{bus: b, log: log}
+}
+
+// recSink records every seq it is given, as the gateway's sinks would see
+// them.
+type recSink struct {
+	thread  string
+	mu      sync.Mutex
+	seqs    []int64
+	wrong   []string
+	changed chan struct{}
+}
+
+func newSink(thread string) *recSink {
+	return &recSink{thread: thread, changed: make(chan struct{}, 1)}
+}
+
+func (s *recSink) Deliver(ev *chat.Event) bool {
+	s.mu.Lock()
+	s.seqs = append(s.seqs, ev.Seq)
+	if ev.ThreadID != s.thread || len(ev.Raw) == 0 {
+		s.wrong = append(s.wrong, fmt.Sprintf("seq %d: thread %q, %d bytes", ev.Seq, ev.ThreadID, len(ev.Raw)))
+	}
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// waitSeqs waits until the sink has been given n events and checks they are
+// exactly 1..n.
+func (s *recSink) waitSeqs(t *testing.T, name string, n int) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		s.mu.Lock()
+		got := slices.Clone(s.seqs)
+		wrong := s.wrong
+		s.mu.Unlock()
+		if len(got) >= n {
+			if want := seqRange(1, n); !slices.Equal(got, want) || len(wrong) > 0 {
+				t.Fatalf("%s got seqs %v (bad: %v), want exactly %v", name, got, wrong, want)
+			}
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-deadline:
+			t.Fatalf("%s: after %s got seqs %v, want 1..%d", name, waitLimit, got, n)
+		}
+	}
+}
+
+func seqRange(from, to int) []int64 {
+	var out []int64
+	for s := from; s <= to; s++ {
+		out = append(out, int64(s))
+	}
+	return out
+}
+
+func TestNATSInterleavedCommitsOfTwoInstances(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, Name: "a"})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, Name: "b"})
+	const thread = "thr_interleaved"
+	sa, sb := newSink(thread), newSink(thread)
+	a.bus.Add(thread, sa)
+	b.bus.Add(thread, sb)
+	sub := b.bus.Subscribe(thread, 1000)
+	defer sub.Close()
+	log.append("thr_nobody_watches", 3) // other threads stay out of the way
+
+	const perInstance = 200
+	var wg sync.WaitGroup
+	for i, in := range []*instance{a, b} {
+		wg.Go(func() {
+			for k := 0; k < perInstance; {
+				n := 1 + (k+i)%3
+				n = min(n, perInstance-k)
+				in.commit(thread, n, true)
+				in.commit("thr_nobody_watches", 1, true)
+				k += n
+			}
+		})
+	}
+	wg.Wait()
+	sa.waitSeqs(t, "instance a's sink", 2*perInstance)
+	sb.waitSeqs(t, "instance b's sink", 2*perInstance)
+	t.Logf("a: %+v, b: %+v", a.bus.Stats(), b.bus.Stats())
+	noSkips(t, a, b)
+	deadline := time.After(waitLimit)
+	for want := int64(1); want <= 2*perInstance; want++ {
+		select {
+		case ev := <-sub.Events():
+			if ev == nil || ev.Seq != want {
+				t.Fatalf("subscription got %+v, want seq %d (err %v)", ev, want, sub.Err())
+			}
+		case <-deadline:
+			t.Fatalf("subscription stuck before seq %d", want)
+		}
+	}
+}
+
+func TestNATSLostPublishIsRecoveredBySweep(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: 50 * time.Millisecond})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: 50 * time.Millisecond})
+	const thread = "thr_lost_tail"
+	log.append(thread, 2) // history before anyone watches
+	sa, sb := newSink(thread), newSink(thread)
+	a.bus.Add(thread, sa)
+	b.bus.Add(thread, sb)
+
+	a.commit(thread, 2, true)  // seqs 3, 4
+	a.commit(thread, 1, false) // seq 5: a died before publishing; nothing follows
+	want := []int64{3, 4, 5}
+	for name, s := range map[string]*recSink{"a": sa, "b": sb} {
+		waitExact(t, name, s, want)
+	}
+	recovered(t, "a", a, 1)
+	recovered(t, "b", b, 1)
+	noSkips(t, a, b)
+}
+
+// recovered checks that in took at least n events from the log.
+func recovered(t *testing.T, name string, in *instance, n int64) {
+	t.Helper()
+	if st := in.bus.Stats(); st.Recovered < n {
+		t.Errorf("%s recovered %d events from the log, want at least %d (%+v)", name, st.Recovered, n, st)
+	}
+}
+
+// noSkips checks that no bus delivered past a gap.
+func noSkips(t *testing.T, ins ...*instance) {
+	t.Helper()
+	for i, in := range ins {
+		if st := in.bus.Stats(); st.Skipped != 0 || st.Unsent != 0 {
+			t.Errorf("instance %d skipped or did not send events: %+v", i, st)
+		}
+	}
+}
+
+func TestNATSLostPublishIsRecoveredByTheNextEvent(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	subj := testSubject()
+	// No sweep during the test: only the gap before seq 4 can bring seq 3.
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	const thread = "thr_lost_middle"
+	sb := newSink(thread)
+	b.bus.Add(thread, sb)
+
+	a.commit(thread, 2, true)  // 1, 2
+	a.commit(thread, 1, false) // 3: its publish is lost
+	a.commit(thread, 2, true)  // 4, 5
+	b.commit(thread, 1, true)  // 6, delivered locally on b
+	sb.waitSeqs(t, "b's sink", 6)
+	recovered(t, "b", b, 1)
+	noSkips(t, a, b)
+}
+
+// waitExact waits until s has len(want) seqs and checks they are want.
+func waitExact(t *testing.T, name string, s *recSink, want []int64) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		s.mu.Lock()
+		got := slices.Clone(s.seqs)
+		s.mu.Unlock()
+		if len(got) >= len(want) {
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s got seqs %v, want exactly %v", name, got, want)
+			}
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-deadline:
+			t.Fatalf("%s: after %s got seqs %v, want %v", name, waitLimit, got, want)
+		}
+	}
+}
+
+// natsServer is a nats-server process of the test's own, restartable on
+// its port.
+type natsServer struct {
+	t    *testing.T
+	bin  string
+	port int
+	cmd  *exec.Cmd
+}
+
+func startNATSServer(t *testing.T) *natsServer {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		t.Skip("nats-server is not on PATH (Debian package nats-server): the restart test needs its own server")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &natsServer{t: t, bin: bin, port: port}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *natsServer) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port))
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	deadline := time.Now().Add(waitLimit)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("nats-server on port %d not accepting after %s: %v", s.port, waitLimit, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the port, bounded by deadline
+	}
+}
+
+func (s *natsServer) kill() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	s.cmd = nil
+}
+
+func TestNATSRestartMidStream(t *testing.T) {
+	srv := startNATSServer(t)
+	log := newMemLog()
+	subj := testSubject()
+	// No periodic sweep: only the reconnect's recovery (or the messages
+	// the client buffered while disconnected) can bring the outage's events.
+	a := dial(t, srv.url(), log, bus.NATSConfig{Subject: subj, Name: "a", SweepEvery: time.Hour})
+	b := dial(t, srv.url(), log, bus.NATSConfig{Subject: subj, Name: "b", SweepEvery: time.Hour})
+	const thread = "thr_restart"
+	sa, sb := newSink(thread), newSink(thread)
+	a.bus.Add(thread, sa)
+	b.bus.Add(thread, sb)
+
+	a.commit(thread, 5, true)
+	sb.waitSeqs(t, "b before the restart", 5)
+
+	srv.kill()
+	a.commit(thread, 3, true)  // 6..8: published into the outage
+	a.commit(thread, 2, false) // 9, 10: publishes lost in the outage
+	sa.waitSeqs(t, "a during the outage", 8)
+	srv.start()
+
+	sb.waitSeqs(t, "b after the restart", 10)
+	b.commit(thread, 2, true) // 11, 12 over the restarted server
+	sa.waitSeqs(t, "a after the restart", 12)
+	sb.waitSeqs(t, "b at the end", 12)
+	recovered(t, "a", a, 2) // 9 and 10 were never published
+	recovered(t, "b", b, 2)
+	if st := a.bus.Stats(); st.Skipped != 0 {
+		t.Errorf("a skipped events: %+v", st)
+	}
+	if st := b.bus.Stats(); st.Skipped != 0 {
+		t.Errorf("b skipped events: %+v", st)
+	}
+	t.Logf("a: %+v, b: %+v", a.bus.Stats(), b.bus.Stats())
+}
+
+func TestNATSCancelWakeUpReachesOnlyTheOtherInstance(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	subj := testSubject()
+	gotA, gotB := make(chan string, 10), make(chan string, 10)
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, OnCancel: func(id string) { gotA <- id }})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, OnCancel: func(id string) { gotB <- id }})
+	recv := func(name string, c chan string, want string) {
+		t.Helper()
+		select {
+		case got := <-c:
+			if got != want {
+				t.Fatalf("%s OnCancel got %q, want %q (its own wake-up must not come back)", name, got, want)
+			}
+		case <-time.After(waitLimit):
+			t.Fatalf("%s OnCancel never got %q", name, want)
+		}
+	}
+	// NATS keeps each publisher's order, so had an instance received its own
+	// wake-up, it would come before the other's answer.
+	a.bus.PublishCancel("run_from_a")
+	recv("b", gotB, "run_from_a")
+	b.bus.PublishCancel("run_from_b")
+	recv("a", gotA, "run_from_b")
+	a.bus.PublishCancel("run_from_a_again")
+	recv("b", gotB, "run_from_a_again")
+}
+
+func TestNATSCloseStopsEveryGoroutine(t *testing.T) {
+	url := natsURL(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	log := newMemLog()
+	subj := testSubject()
+	a, err := bus.DialNATS(url, bus.NATSConfig{Subject: subj, Log: log, SweepEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocked := newMemLog()
+	blocked.reading = make(chan struct{}, 1)
+	b, err := bus.DialNATS(url, bus.NATSConfig{Subject: subj, Log: blocked, SweepEvery: time.Hour})
+	if err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	const thread = "thr_close"
+	sa, sb := newSink(thread), newSink(thread)
+	a.Add(thread, sa)
+	b.Add(thread, sb)
+	ia := &instance{bus: a, log: log}
+	ia.commit(thread, 2, true)
+	ia.commit(thread, 1, false)
+	waitExact(t, "a", sa, []int64{1, 2, 3})
+	waitExact(t, "b", sb, []int64{1, 2})
+	ia.commit(thread, 1, true) // b: seq 4 after a gap starts a recovery that blocks in its log read
+	a.PublishCancel("run_x")
+	select {
+	case <-blocked.reading:
+	case <-time.After(waitLimit):
+		t.Fatal("b never started recovering the gap before seq 4")
+	}
+	waitExact(t, "a", sa, []int64{1, 2, 3, 4})
+
+	done := make(chan struct{})
+	go func() {
+		a.Close()
+		b.Close()
+		b.Close() // twice is fine
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(waitLimit):
+		t.Fatal("Close did not return")
+	}
+	// Nothing reaches a sink after Close.
+	a.Publish(log.append(thread, 1))
+	waitExact(t, "a after close", sa, []int64{1, 2, 3, 4})
+}
