@@ -52,6 +52,9 @@ type memLog struct {
 	// reading, when set, makes ThreadEvents signal on it and then wait for
 	// its ctx to end.
 	reading chan struct{}
+	// purged makes ThreadEvents answer as a store whose deltas are gone:
+	// not Complete, no events.
+	purged bool
 }
 
 func newMemLog() *memLog { return &memLog{threads: map[string][]*chat.Event{}} }
@@ -85,6 +88,9 @@ func (l *memLog) ThreadEvents(ctx context.Context, thread string, after int64) (
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	evs := l.threads[thread]
+	if l.purged {
+		return chat.Replay{LastSeq: int64(len(evs))}, nil
+	}
 	rep := chat.Replay{LastSeq: int64(len(evs)), Complete: true}
 	for _, ev := range evs {
 		if ev.Seq > after {
@@ -298,6 +304,49 @@ func TestNATSLostPublishIsRecoveredByTheNextEvent(t *testing.T) {
 	sb.waitSeqs(t, "b's sink", 6)
 	recovered(t, "b", b, 1)
 	noSkips(t, a, b)
+}
+
+func TestNATSGapTheLogCannotFillIsDeliveredPast(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	log.purged = true
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	const thread = "thr_purged"
+	sb := newSink(thread)
+	b.bus.Add(thread, sb)
+	a.commit(thread, 1, true)
+	a.commit(thread, 1, false) // 2: lost, and the log no longer has it
+	a.commit(thread, 1, true)
+	// The sink is given 3 right after 1: it sees the gap (a WebSocket
+	// closes and its client resyncs).
+	waitExact(t, "b", sb, []int64{1, 3})
+	if st := b.bus.Stats(); st.Skipped != 1 {
+		t.Errorf("b skipped %d seqs, want 1 (%+v)", st.Skipped, st)
+	}
+}
+
+func TestNATSPendingBoundDeliversPastTheGap(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	stuck := newMemLog() // b's log reads never end: only the bound can move b on
+	stuck.reading = make(chan struct{}, 1)
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	b := dial(t, url, stuck, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour, MaxPending: 3})
+	const thread = "thr_bound"
+	sb := newSink(thread)
+	b.bus.Add(thread, sb)
+	a.commit(thread, 1, true)
+	a.commit(thread, 1, false) // 2 is lost
+	a.commit(thread, 3, true)  // 3..5 held behind the gap
+	waitExact(t, "b", sb, []int64{1})
+	a.commit(thread, 1, true) // 6: over the bound
+	waitExact(t, "b", sb, []int64{1, 3, 4, 5, 6})
+	if st := b.bus.Stats(); st.Skipped != 1 {
+		t.Errorf("b skipped %d seqs, want 1 (%+v)", st.Skipped, st)
+	}
 }
 
 // waitExact waits until s has len(want) seqs and checks they are want.
