@@ -104,7 +104,8 @@ type NATSStats struct {
 	// Recoveries counts log reads that filled gaps (or found none).
 	Recoveries int64
 	// Recovered counts events taken from the log because neither NATS nor
-	// Publish had brought them.
+	// Publish had brought them yet when it was read (some may arrive
+	// later, and are then dropped as duplicates).
 	Recovered int64
 	// Skipped counts seqs delivered past because neither NATS nor the log
 	// could give them (the sinks saw a gap).
