@@ -19,6 +19,10 @@ func (s *Store) HoldWriter() (release func()) {
 	return s.writeMu.Unlock
 }
 
+// Retries counts the transactions run again after another instance made
+// them fail (a deadlock).
+func (s *Store) Retries() int64 { return s.retries.Load() }
+
 // QueuedWrites is how many grouped writes wait for the writer.
 func (s *Store) QueuedWrites() int {
 	s.queue.mu.Lock()

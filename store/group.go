@@ -161,6 +161,7 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 			return n
 		}
 		batch = again
+		s.retries.Add(1)
 		_ = backoff(context.Background(), attempt)
 	}
 }

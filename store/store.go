@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,7 +79,8 @@ type Store struct {
 	onCommit func([]*chat.Event)
 	metrics  Metrics
 	lock     *os.File
-	pg       bool // PostgreSQL, not SQLite
+	pg       bool         // PostgreSQL, not SQLite
+	retries  atomic.Int64 // transactions run again (retry.go)
 }
 
 // IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
@@ -282,6 +284,7 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 		if attempt >= txAttempts || !retryable(err) {
 			return err
 		}
+		s.retries.Add(1)
 		if err := backoff(ctx, attempt); err != nil {
 			return err
 		}

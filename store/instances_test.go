@@ -1,0 +1,300 @@
+package store_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/store"
+)
+
+// Several gateway instances sharing one PostgreSQL database. These tests
+// run whenever GATEWAY_TEST_POSTGRES_URL is set (postgresDSN), whatever
+// GATEWAY_TEST_STORE says.
+
+// openInstances opens n stores on one database, as n instances would.
+func openInstances(t *testing.T, dsn string, n int) []*store.Store {
+	t.Helper()
+	sts := make([]*store.Store, n)
+	for i := range sts {
+		st, err := store.Open(ctx, dsn, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		sts[i] = st
+	}
+	return sts
+}
+
+// checkClean expects no violation of the invariants in the database.
+func checkClean(t *testing.T, st *store.Store) {
+	t.Helper()
+	vs, err := st.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vs {
+		t.Error(v)
+	}
+}
+
+// Instances starting at once on a fresh database migrate it once: the
+// others wait for the migration lock and find nothing left to do.
+func TestInstancesStartingAtOnceMigrateOnce(t *testing.T) {
+	dsn := postgresDSN(t)
+	const n = 3
+	sts := make([]*store.Store, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { sts[i], errs[i] = store.Open(ctx, dsn, store.Options{}) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("instance %d: %v", i, errs[i])
+		}
+		defer sts[i].Close()
+		if !sts[i].Postgres() {
+			t.Fatalf("instance %d is not on PostgreSQL", i)
+		}
+	}
+	db := rawDB(t, dsn)
+	var applied, distinct, latest int
+	if err := db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT version_id), MAX(version_id) FROM goose_db_version WHERE version_id > 0`).
+		Scan(&applied, &distinct, &latest); err != nil {
+		t.Fatal(err)
+	}
+	if applied != latest || distinct != latest || latest < 4 {
+		t.Fatalf("goose_db_version: %d rows, %d versions, latest %d; want each version once", applied, distinct, latest)
+	}
+	var locals int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM users WHERE user_id = ?`, chat.LocalUserID).Scan(&locals); err != nil || locals != 1 {
+		t.Fatalf("the first migration's local user: %d rows, %v", locals, err)
+	}
+	for i, st := range sts {
+		if _, err := st.CreateThread(ctx, user, fmt.Sprint("from ", i)); err != nil {
+			t.Fatalf("instance %d: %v", i, err)
+		}
+	}
+	checkClean(t, sts[0])
+}
+
+// Instances claiming at once take different runs (FOR UPDATE SKIP
+// LOCKED): every queued run is claimed exactly once.
+func TestInstancesClaimEachRunOnce(t *testing.T) {
+	sts := openInstances(t, postgresDSN(t), 3)
+	const runs = 30
+	queued := map[string]bool{}
+	for range runs {
+		snap, err := sts[0].CreateThread(ctx, user, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := sts[0].StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued[ack.RunID] = true
+	}
+	claimed := make([][]string, len(sts))
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for i, st := range sts {
+		wg.Go(func() {
+			owner := fmt.Sprintf("instance-%d", i)
+			for range 2 * runs { // bounded: nothing is left long before
+				r, err := st.Claim(ctx, owner, time.Now().Add(time.Hour))
+				if err != nil {
+					t.Errorf("%s: %v", owner, err)
+					return
+				}
+				if r == nil {
+					// Nothing claimable is left but what the other
+					// instances are claiming right now: an instance never
+					// queues behind another's candidate and comes back
+					// empty-handed while runs wait.
+					if n := total.Load(); n < runs-int64(len(sts)-1) {
+						t.Errorf("%s found nothing to claim with %d of %d runs claimed", owner, n, runs)
+					}
+					return
+				}
+				claimed[i] = append(claimed[i], r.RunID)
+				total.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for i, ids := range claimed {
+		for _, id := range ids {
+			if !queued[id] {
+				t.Errorf("instance %d claimed %s, which was never queued", i, id)
+			}
+			seen[id]++
+			r, err := sts[i].Run(ctx, user, id)
+			if err != nil || r.Status != chat.RunRunning {
+				t.Errorf("run %s after the claim: %+v, %v", id, r, err)
+			}
+		}
+	}
+	for id := range queued {
+		if seen[id] != 1 {
+			t.Errorf("run %s claimed %d times", id, seen[id])
+		}
+	}
+	t.Logf("claims per instance: %d, %d, %d", len(claimed[0]), len(claimed[1]), len(claimed[2]))
+	checkClean(t, sts[0])
+}
+
+// Two instances writing the same thread at once take turns on its row:
+// no write fails with "changed concurrently", and the thread's seqs stay
+// one gap-free sequence holding exactly what each was acknowledged.
+func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
+	sts := openInstances(t, postgresDSN(t), 2)
+	snap, err := sts[0].CreateThread(ctx, user, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := sts[0].StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sts[1].Claim(ctx, "w", time.Now().Add(time.Hour)); err != nil || r == nil {
+		t.Fatalf("claim: %v, %v", r, err)
+	}
+	const batches = 40
+	acked := make([]strings.Builder, len(sts))
+	var wg sync.WaitGroup
+	for i, st := range sts {
+		wg.Go(func() {
+			for b := range batches {
+				parts := []string{fmt.Sprintf("<%d.%d ", i, b), "x>"}
+				if err := st.AppendDeltas(ctx, ack.RunID, "w", fmt.Sprintf("msg_inst%d", i), parts); err != nil {
+					t.Errorf("instance %d batch %d: %v", i, b, err)
+					return
+				}
+				acked[i].WriteString(strings.Join(parts, ""))
+				if b%10 == 0 {
+					// A write of its own transaction, not grouped.
+					if err := st.AddUsage(ctx, ack.RunID, chat.Usage{PromptTokens: 1}); err != nil {
+						t.Errorf("instance %d usage: %v", i, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rep, err := sts[0].ThreadEvents(ctx, snap.ThreadID, 0)
+	if err != nil || !rep.Complete {
+		t.Fatalf("replay: complete %v, %v", rep.Complete, err)
+	}
+	got := make([]strings.Builder, len(sts))
+	for i, ev := range rep.Events {
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, ev.Seq)
+		}
+		if d, ok := ev.Body.(chat.MessageDeltaBody); ok {
+			var inst int
+			fmt.Sscanf(d.MessageID, "msg_inst%d", &inst)
+			got[inst].WriteString(d.Text)
+		}
+	}
+	for i := range sts {
+		if got[i].String() != acked[i].String() {
+			t.Errorf("instance %d: buffered %q, acknowledged %q", i, got[i].String(), acked[i].String())
+		}
+	}
+	checkClean(t, sts[0])
+}
+
+// Two instances whose group commits lock the same two threads in opposite
+// orders deadlock; PostgreSQL fails one transaction, which runs again, and
+// neither caller sees the failure.
+func TestInstancesRetryADeadlock(t *testing.T) {
+	dsn := postgresDSN(t)
+	sts := openInstances(t, dsn, 2)
+	runs, threads := startRuns(t, sts[0], 2)
+	// A third connection holds both threads, so that each instance's batch
+	// waits on its first thread until both are queued there.
+	db := rawDB(t, dsn)
+	holder, err := db.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.Exec(`SELECT thread_id FROM threads WHERE thread_id IN ($1, $2) FOR UPDATE`, threads[0], threads[1]); err != nil {
+		t.Fatal(err)
+	}
+	// Instance 0 batches run 0 then run 1; instance 1 run 1 then run 0.
+	errs := make([][]error, 2)
+	var wg sync.WaitGroup
+	for i, st := range sts {
+		errs[i] = make([]error, 2)
+		release := st.HoldWriter()
+		for k := range 2 {
+			r := (i + k) % 2
+			wg.Go(func() {
+				errs[i][k] = st.AppendDeltas(ctx, runs[r], "w", fmt.Sprintf("msg_dl%d_%d", i, r), []string{"x"})
+			})
+			for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < k+1; {
+				if time.Now().After(deadline) {
+					release()
+					t.Fatalf("instance %d: write %d never queued", i, k)
+				}
+				time.Sleep(time.Millisecond) // polling a condition with a deadline
+			}
+		}
+		release()
+	}
+	waiting := func() int {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%FROM runs r JOIN threads t%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for deadline := time.Now().Add(10 * time.Second); waiting() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the instances never both waited for the held threads")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	if err := holder.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i := range errs {
+		for k, err := range errs[i] {
+			if err != nil {
+				t.Errorf("instance %d write %d: %v", i, k, err)
+			}
+		}
+	}
+	if n := sts[0].Retries() + sts[1].Retries(); n < 1 {
+		t.Errorf("%d transactions ran again, want the deadlock's loser to", n)
+	}
+	for _, th := range threads {
+		rep, err := sts[0].ThreadEvents(ctx, th, 0)
+		if err != nil || !rep.Complete {
+			t.Fatalf("replay of %s: complete %v, %v", th, rep.Complete, err)
+		}
+		deltas := 0
+		for _, ev := range rep.Events {
+			if ev.Type == chat.EventMessageDelta {
+				deltas++
+			}
+		}
+		if deltas != 2 {
+			t.Errorf("thread %s holds %d deltas, want one from each instance", th, deltas)
+		}
+	}
+	checkClean(t, sts[0])
+}
