@@ -11,7 +11,7 @@ import (
 
 func openTestOutbox(t *testing.T, cfg OutboxConfig) *Outbox {
 	t.Helper()
-	o, err := OpenOutbox(filepath.Join(t.TempDir(), "provider db.sqlite"), cfg)
+	o, err := OpenOutbox(testDSN(t, "provider db.sqlite"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestOutboxCrash(t *testing.T) {
 }
 
 func TestOutboxCrashPanics(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "gw.db")
+	path := testDSN(t, "gw.db")
 	o, err := OpenOutbox(path, OutboxConfig{Fault: FaultCrash, CrashFunc: func() { panic("crash") }})
 	if err != nil {
 		t.Fatal(err)
@@ -239,20 +239,23 @@ func TestOpenOutboxBadConfig(t *testing.T) {
 	}
 }
 
-// Two Outboxes on one file (two connections, as two processes would have)
-// still accept a key once.
+// Two Outboxes on one database (two connections, as two processes or two
+// instances would have), opened at once, still accept a key once.
 func TestOutboxSharedFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "shared.db")
+	path := testDSN(t, "shared.db")
 	var obs [2]*Outbox
+	var errs2 [2]error
+	var wg sync.WaitGroup
 	for i := range obs {
-		o, err := OpenOutbox(path, OutboxConfig{})
-		if err != nil {
-			t.Fatal(err)
+		wg.Go(func() { obs[i], errs2[i] = OpenOutbox(path, OutboxConfig{}) })
+	}
+	wg.Wait()
+	for i, o := range obs {
+		if errs2[i] != nil {
+			t.Fatal(errs2[i])
 		}
 		defer o.Close()
-		obs[i] = o
 	}
-	var wg sync.WaitGroup
 	ids := make([]string, 10)
 	errs := make([]error, 10)
 	for i := range ids {
