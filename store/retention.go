@@ -248,8 +248,14 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 
 // inSomeHead reports whether a message of threadID is in the head
 // checkpoint of that thread or of a thread forked from it (at any depth):
-// only those copy its id.
+// only those copy its id. On PostgreSQL those threads stay locked until the
+// redaction commits, so no other instance moves a head back onto the draft
+// in between.
 func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
+	lockHeads := ""
+	if t.pg {
+		lockHeads = " FOR UPDATE OF th"
+	}
 	var heads []string
 	if err := t.sel(&heads, `WITH RECURSIVE lineage (thread_id) AS (
 			SELECT thread_id FROM threads WHERE thread_id = ?
@@ -257,7 +263,7 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 			SELECT th.thread_id FROM threads th JOIN lineage l ON th.forked_from_thread_id = l.thread_id
 		)
 		SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
-		JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`, threadID); err != nil {
+		JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`+lockHeads, threadID); err != nil {
 		return false, fmt.Errorf("find heads holding a draft: %w", err)
 	}
 	for _, raw := range heads {
