@@ -236,7 +236,7 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 // openAccounts opens the database for an account command; only user add may
 // create it.
 func openAccounts(ctx context.Context, db string, create bool) (*store.Store, error) {
-	if _, err := os.Stat(db); err != nil && !create {
+	if missingDB(db) && !create {
 		return nil, fmt.Errorf("no database at %s: pass -db PATH (or create a user first with gateway user add)", db)
 	}
 	return store.Open(ctx, db, store.Options{})

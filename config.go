@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -17,16 +18,22 @@ import (
 
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/model/openai"
+	"github.com/honestcancel/gateway/store"
 )
 
 // config is the server's configuration: flags, with environment variables
 // as defaults.
 type config struct {
-	addr      string
-	db        string
-	model     string
-	demoPace  time.Duration
-	streamTTL time.Duration
+	addr string
+	db   string
+	// scale-out: the NATS bus, this instance's name in run leases, and
+	// how long a lease outlives a silent instance
+	nats       string
+	instanceID string
+	leaseTTL   time.Duration
+	model      string
+	demoPace   time.Duration
+	streamTTL  time.Duration
 	// retention of the other artifact classes; 0 keeps forever
 	eventTTL, auditTTL, draftTTL time.Duration
 	workers                      int
@@ -63,7 +70,14 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
-	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
+	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
+	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
+	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
+	leaseTTL, err := envDuration("GATEWAY_LEASE_TTL", 15*time.Second)
+	if err != nil {
+		return c, err
+	}
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", leaseTTL, "how long a run stays with an instance that stopped renewing its lease before another takes it over (GATEWAY_LEASE_TTL)")
 	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
 	pace, err := envDuration("GATEWAY_DEMO_PACE", 30*time.Millisecond)
 	if err != nil {
@@ -205,10 +219,32 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if c.adminAddr != "" && !loopback(c.adminAddr) {
 		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.adminAddr)
 	}
+	if c.nats != "" && !store.IsPostgres(c.db) {
+		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", c.nats)
+	}
+	if c.nats != "" && !strings.HasPrefix(c.nats, "nats://") && !strings.HasPrefix(c.nats, "tls://") {
+		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", c.nats)
+	}
+	if c.leaseTTL < 300*time.Millisecond {
+		return c, errors.New("-lease-ttl must be at least 300ms (leases are renewed every third of it)")
+	}
 	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")
 	}
 	return c, nil
+}
+
+// redactedDB is -db as logs may show it: a PostgreSQL URL without its
+// password.
+func redactedDB(db string) string {
+	if !store.IsPostgres(db) {
+		return db
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		return "postgres://(unparsable URL)"
+	}
+	return u.Redacted()
 }
 
 // openaiSettings are the flags of -model openai. The API key is read from

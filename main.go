@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -141,21 +142,68 @@ func serve(args []string, stderr io.Writer) int {
 	return 0
 }
 
+// feed fans committed events out to this instance's tabs: bus.Memory for
+// one instance, bus.NATS between several.
+type feed interface {
+	Publish(events []*chat.Event)
+	Add(threadID string, sink chat.EventSink)
+	Remove(threadID string, sink chat.EventSink)
+	Subscribe(threadID string, buffer int) *bus.Subscription
+}
+
 // serveUntilDone wires the parts, serves until ctx ends, and shuts down in
 // order: stop accepting, end streams, hand runs back, close the store.
 func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
-	feed := bus.NewMemory()
 	m := metrics.New()
+	instanceID := cfg.instanceID
+	if instanceID == "" {
+		instanceID = chat.NewID("ins_")
+	}
+	// Leases name this process, not just the instance: an instance
+	// restarted under the same -instance-id must not renew (and so keep
+	// forever) the leases its previous process left behind; they expire
+	// and are taken over like any dead instance's.
+	leaseOwner := instanceID + "." + chat.NewID("p")
+	// fd is set right after the store opens, before anything can commit
+	// (opening only migrates; the engine's first write comes later).
+	var fd feed
 	// Counted before fan-out: a client that saw an event finds it counted.
 	committed := func(events []*chat.Event) {
 		m.Committed(events)
-		feed.Publish(events)
+		fd.Publish(events)
 	}
 	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true})
 	if err != nil {
+		if store.IsPostgres(cfg.db) {
+			return fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, redactedDB(cfg.db))
+		}
 		return err
 	}
 	defer st.Close()
+	// The engine, once it exists, for the bus's cancel wake-ups.
+	var woken atomic.Pointer[engine.Engine]
+	var wakeups engine.CancelWakeups
+	switch {
+	case cfg.nats != "":
+		nb, err := bus.DialNATS(cfg.nats, bus.NATSConfig{
+			Log: st, Name: instanceID, Logger: log,
+			OnCancel: func(string) {
+				if e := woken.Load(); e != nil {
+					e.WakeCancels()
+				}
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("connect to NATS at %s: %w (is nats-server running? check -nats)", cfg.nats, err)
+		}
+		defer nb.Close()
+		fd, wakeups = nb, nb
+	case st.Postgres():
+		log.Warn("-db is PostgreSQL but -nats is not set: run only this one instance, or give every instance -nats so tabs see the events other instances commit")
+		fd = bus.NewMemory()
+	default:
+		fd = bus.NewMemory()
+	}
 
 	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault})
 	if err != nil {
@@ -179,11 +227,13 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		backend = cfg.openai
 	}
 	eng := engine.New(engine.Config{
-		Store: st, Model: backend, Tools: registry, Log: log, SingleInstance: true,
+		Store: st, Model: backend, Tools: registry, Log: log,
+		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups,
 		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,
 		Metrics: m,
 	})
+	woken.Store(eng)
 	if err := eng.Start(ctx); err != nil {
 		return err
 	}
@@ -205,8 +255,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	api := gateway.New(gateway.Config{
 		Auth: authn, Store: st, Runs: eng, Log: log,
-		Subscribe: func(threadID string, buffer int) gateway.Subscription { return feed.Subscribe(threadID, buffer) },
-		Feed:      feed,
+		Subscribe: func(threadID string, buffer int) gateway.Subscription { return fd.Subscribe(threadID, buffer) },
+		Feed:      fd,
 		Metrics:   m,
 		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
 			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
@@ -256,7 +306,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
 	}
 	api.SetReady(true)
-	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", cfg.db, "model", cfg.model, "auth", cfg.authMode)
+	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", redactedDB(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID)
 
 	select {
 	case err := <-served:

@@ -971,6 +971,27 @@ func TestCLIErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("scale-out settings", func(t *testing.T) {
+		db := filepath.Join(dir, "never3.db")
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"-nats", "nats://127.0.0.1:4222"}, "needs a PostgreSQL -db"},
+			{[]string{"-db", "postgres://u:secret@127.0.0.1:5432/db", "-nats", "127.0.0.1:4222"}, "use a URL like nats://"},
+			{[]string{"-lease-ttl", "10ms"}, "-lease-ttl must be at least"},
+		} {
+			args := append([]string{"-addr", "127.0.0.1:0", "-db", db}, tc.args...)
+			code, _, errOut := runCLI(t, nil, args...)
+			if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "secret") {
+				t.Errorf("gateway %s: exit %d, stderr %q; want exit 2 saying %q (and never the password)", strings.Join(args, " "), code, errOut, tc.want)
+			}
+		}
+		if _, err := os.Stat(db); err == nil {
+			t.Errorf("a refused configuration still created the database %s", db)
+		}
+	})
+
 	t.Run("help", func(t *testing.T) {
 		if code, out, _ := runCLI(t, nil, "help"); code != 0 || !strings.Contains(out, "gateway check") {
 			t.Errorf("gateway help: exit %d, stdout %q; want 0 and the usage", code, out)

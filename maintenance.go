@@ -15,11 +15,11 @@ import (
 func check(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to audit")
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file or PostgreSQL URL to audit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if _, err := os.Stat(*db); err != nil {
+	if missingDB(*db) {
 		fmt.Fprintf(stderr, "gateway check: no database at %s: pass -db PATH\n", *db)
 		return 2
 	}
@@ -39,10 +39,10 @@ func check(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, v)
 	}
 	if len(violations) > 0 {
-		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), *db)
+		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), redactedDB(*db))
 		return 1
 	}
-	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", *db)
+	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", redactedDB(*db))
 	return 0
 }
 
@@ -57,7 +57,11 @@ func backup(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gateway backup: name the file to write: gateway backup -db PATH OUT")
 		return 2
 	}
-	if _, err := os.Stat(*db); err != nil {
+	if store.IsPostgres(*db) {
+		fmt.Fprintln(stderr, "gateway backup copies SQLite files; back up a PostgreSQL database with pg_dump (it is consistent while the gateway serves)")
+		return 2
+	}
+	if missingDB(*db) {
 		fmt.Fprintf(stderr, "gateway backup: no database at %s: pass -db PATH\n", *db)
 		return 2
 	}
@@ -74,4 +78,14 @@ func backup(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "backed up %s to %s; check it with: gateway check -db %s\n", *db, fs.Arg(0), fs.Arg(0))
 	return 0
+}
+
+// missingDB reports whether -db names a SQLite file that does not exist
+// (a PostgreSQL URL is checked by connecting).
+func missingDB(db string) bool {
+	if store.IsPostgres(db) {
+		return false
+	}
+	_, err := os.Stat(db)
+	return err != nil
 }
