@@ -2,7 +2,7 @@
 GO ?= go
 NPM ?= npm
 
-.PHONY: build test lint generate generate-check node-deps browser test-go test-e2e fuzz test-fuzz bench
+.PHONY: build test lint generate generate-check node-deps browser test-go test-store-postgres test-e2e fuzz test-fuzz bench
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
@@ -48,6 +48,14 @@ fuzz:
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# test-store-postgres runs the whole store suite (and the email provider's)
+# again on PostgreSQL, each test in a schema of its own. Without
+# GATEWAY_TEST_POSTGRES_URL its tests skip, saying what to set (.ci/run
+# sets it, and the scale-out tests of test-go read it and
+# GATEWAY_TEST_NATS_URL too).
+test-store-postgres:
+	GATEWAY_TEST_STORE=postgres $(GO) test -race -count=1 -timeout 20m ./store/ ./tools/
+
 # browser installs Debian's Chromium for the browser tests when it is missing
 # (never a downloaded browser build).
 browser:
@@ -72,7 +80,7 @@ test-fuzz:
 
 CI_FUZZTIME ?= 15000x
 
-test: lint generate-check test-go test-fuzz test-e2e
+test: lint generate-check test-go test-store-postgres test-fuzz test-e2e
 
 # bench runs the load generator's standard scenarios (idle, fanout, cancel,
 # storage) against the real binary and the bare coder/websocket floor, in

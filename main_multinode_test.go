@@ -1,0 +1,855 @@
+package main
+
+// The scale-out test: three gateway processes on one PostgreSQL and one
+// NATS, tabs (WebSocket connections) spread over them, a seeded random
+// workload of runs, cancels, confirms and rejects sent to random instances,
+// tabs dropping and reconnecting with after_seq, one instance killed
+// (SIGKILL) and started again, and NATS itself restarted mid-way. Then it
+// checks what scale-out promises: every tab of a thread saw the same
+// events in the same order, byte for byte, with no gap and no duplicate,
+// up to the thread's last seq; no acknowledged command was lost; no email
+// was accepted twice by the provider; no run is left unfinished; and
+// `gateway check` is clean.
+//
+// It needs GATEWAY_TEST_POSTGRES_URL (a database it may create schemas in)
+// and the nats-server binary (it starts and restarts its own server, so
+// GATEWAY_TEST_NATS_URL's shared one stays untouched). Without the URL it
+// skips, saying what to set; `.ci/run` sets it and installs nats-server.
+//
+//	GATEWAY_TEST_POSTGRES_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
+//	  go test -race -count=1 -run TestMultiNode -v .
+//
+// A failure prints its seed; -multinode.seed=N replays the workload's
+// choices (not the exact interleaving of four processes).
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+var (
+	multiSeed     = flag.Int64("multinode.seed", 0, "TestMultiNode: seed of the random workload (0: from the clock)")
+	multiDuration = flag.Duration("multinode.duration", 18*time.Second, "TestMultiNode: how long the workload runs")
+)
+
+// postgresForTest returns GATEWAY_TEST_POSTGRES_URL pointed at a new empty
+// schema (dropped when the test ends), or skips when the variable is unset.
+func postgresForTest(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("GATEWAY_TEST_POSTGRES_URL")
+	if base == "" {
+		t.Skip("set GATEWAY_TEST_POSTGRES_URL=postgres://USER@HOST:5432/DB?sslmode=disable (a database the test may create schemas in) to run the scale-out tests")
+	}
+	db, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatalf("open GATEWAY_TEST_POSTGRES_URL: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	schema := fmt.Sprintf("mn_%d_%d", time.Now().UnixNano(), rand.Int63n(1e6))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatalf("create schema %s in GATEWAY_TEST_POSTGRES_URL: %v (is PostgreSQL running?)", schema, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
+			t.Logf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("GATEWAY_TEST_POSTGRES_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// natsProcess is a nats-server the test owns, so it can stop and restart
+// it on the same port.
+type natsProcess struct {
+	t    *testing.T
+	bin  string
+	port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startNATS(t *testing.T) *natsProcess {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		t.Fatalf("the scale-out test restarts its own NATS and needs the nats-server binary: apt-get install -y nats-server (%v)", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pick a port for NATS: %v", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	n := &natsProcess{t: t, bin: bin, port: port}
+	n.start()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *natsProcess) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+// start runs the server and waits (bounded) until it greets a client.
+func (n *natsProcess) start() {
+	n.t.Helper()
+	n.cmd = exec.Command(n.bin, "-a", "127.0.0.1", "-p", fmt.Sprint(n.port))
+	n.cmd.Stdout, n.cmd.Stderr = io.Discard, io.Discard
+	if err := n.cmd.Start(); err != nil {
+		n.t.Fatalf("start nats-server: %v", err)
+	}
+	n.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(n.cmd, n.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.port), time.Second)
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if strings.HasPrefix(line, "INFO ") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("nats-server on port %d did not greet within 10s (%v)", n.port, err)
+		}
+		select {
+		case <-n.done:
+			n.t.Fatalf("nats-server on port %d exited at start (is the port taken?)", n.port)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// stop kills the server and waits for it.
+func (n *natsProcess) stop() {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	select {
+	case <-n.done:
+	case <-time.After(10 * time.Second):
+		n.t.Errorf("nats-server did not exit 10s after SIGKILL")
+	}
+	n.cmd = nil
+}
+
+// ---------------------------------------------------------------------------
+// The cluster: instances that can die and come back.
+
+type cluster struct {
+	t     *testing.T
+	dsn   string
+	nats  *natsProcess
+	flags []string
+
+	mu    sync.Mutex
+	nodes []*server // nil while an instance is down
+}
+
+// startNode starts instance i (again).
+func (c *cluster) startNode(i int) {
+	c.t.Helper()
+	flags := append([]string{"-nats", c.nats.url(), "-instance-id", fmt.Sprintf("gw%d", i)}, c.flags...)
+	s := startServerWith(c.t, c.dsn, "8ms", flags...)
+	c.mu.Lock()
+	c.nodes[i] = s
+	c.mu.Unlock()
+}
+
+// killNode SIGKILLs instance i.
+func (c *cluster) killNode(i int) {
+	c.mu.Lock()
+	s := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	s.kill()
+}
+
+// busiest returns the instance holding the most run leases right now (the
+// one whose death tests takeover best), and how many it holds.
+func (c *cluster) busiest(db *sql.DB) (int, int) {
+	c.t.Helper()
+	rows, err := db.Query(`SELECT lease_owner, COUNT(*) FROM runs WHERE lease_owner IS NOT NULL GROUP BY lease_owner`)
+	if err != nil {
+		c.t.Fatalf("read leases: %v", err)
+	}
+	defer rows.Close()
+	best, most := 2, 0
+	for rows.Next() {
+		var owner string
+		var n int
+		if err := rows.Scan(&owner, &n); err != nil {
+			c.t.Fatalf("read leases: %v", err)
+		}
+		var i int
+		if _, err := fmt.Sscanf(owner, "gw%d.", &i); err == nil && i >= 0 && i < len(c.nodes) && n > most {
+			best, most = i, n
+		}
+	}
+	return best, most
+}
+
+// pick returns the base URL of a random instance that is up.
+func (c *cluster) pick(r *rand.Rand) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var up []string
+	for _, s := range c.nodes {
+		if s != nil {
+			up = append(up, s.base)
+		}
+	}
+	return up[r.Intn(len(up))]
+}
+
+// ---------------------------------------------------------------------------
+// Tabs: WebSocket connections that keep every event they receive, and
+// reconnect with after_seq to a random instance when their connection ends.
+
+type tabEvent struct {
+	seq int64
+	typ string
+	raw string
+}
+
+type tab struct {
+	name     string
+	threadID string
+	c        *cluster
+	rng      *rand.Rand // used by the tab's goroutine only
+
+	mu         sync.Mutex
+	events     []tabEvent
+	lastSeq    int64
+	conn       *websocket.Conn
+	violations []string
+	reconnects int
+}
+
+func (tb *tab) violate(format string, args ...any) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if len(tb.violations) < 20 {
+		tb.violations = append(tb.violations, tb.name+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+// drop closes the tab's connection (a page reload, a network blip); the
+// tab's goroutine reconnects.
+func (tb *tab) drop() {
+	tb.mu.Lock()
+	conn := tb.conn
+	tb.mu.Unlock()
+	if conn != nil {
+		conn.CloseNow()
+	}
+}
+
+// run connects, subscribes after the last seq it has, and reads until the
+// connection ends; then again, until ctx ends.
+func (tb *tab) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		base := tb.c.pick(tb.rng)
+		err := tb.session(ctx, base)
+		if ctx.Err() != nil {
+			return
+		}
+		var ce websocket.CloseError
+		if errors.As(err, &ce) && ce.Code != websocket.StatusGoingAway && ce.Code != websocket.StatusNormalClosure {
+			// The server closed it on purpose: for this workload only a
+			// lost event (closeSlow "missed events") would do that.
+			tb.violate("server closed the connection to %s: %d %s", base, ce.Code, ce.Reason)
+		}
+		tb.mu.Lock()
+		tb.reconnects++
+		tb.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(20+tb.rng.Intn(80)) * time.Millisecond): // a page's reconnect back-off
+		}
+	}
+}
+
+func (tb *tab) session(ctx context.Context, base string) error {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	conn, _, err := websocket.Dial(dctx, "ws"+strings.TrimPrefix(base, "http")+"/ws", nil)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(16 << 20)
+	tb.mu.Lock()
+	tb.conn = conn
+	after := tb.lastSeq
+	tb.mu.Unlock()
+	defer func() {
+		tb.mu.Lock()
+		tb.conn = nil
+		tb.mu.Unlock()
+	}()
+	sub, _ := json.Marshal(map[string]any{"type": "subscribe", "id": "s1", "thread_id": tb.threadID, "after_seq": after})
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = conn.Write(wctx, websocket.MessageText, sub)
+	cancel()
+	if err != nil {
+		return err
+	}
+	acked := false
+	for {
+		_, frame, err := conn.Read(ctx)
+		if err != nil {
+			return err
+		}
+		for _, line := range bytes.Split(frame, []byte("\n")) {
+			if len(line) == 0 {
+				continue
+			}
+			var head struct {
+				Type      string `json:"type"`
+				Re        string `json:"re"`
+				Seq       int64  `json:"seq"`
+				ThreadID  string `json:"thread_id"`
+				Recovered *bool  `json:"recovered"`
+				Error     string `json:"error"`
+			}
+			if err := json.Unmarshal(line, &head); err != nil {
+				tb.violate("unreadable frame %q: %v", line, err)
+				continue
+			}
+			switch {
+			case head.Type == "ack" && head.Re == "s1":
+				acked = true
+				if head.Recovered == nil || !*head.Recovered {
+					tb.violate("subscribe after_seq=%d on %s was not recovered (the buffer holds everything in this test)", after, base)
+				}
+			case head.Type == "error":
+				tb.violate("error frame on %s: %s", base, line)
+			case !acked:
+				tb.violate("event before the subscribe ack: %s", line)
+			case head.Type == "thread.snapshot":
+				tb.violate("snapshot instead of the missed events on %s", base)
+			default:
+				tb.mu.Lock()
+				switch {
+				case head.ThreadID != tb.threadID:
+					tb.mu.Unlock()
+					tb.violate("event of another thread: %s", line)
+					continue
+				case head.Seq != tb.lastSeq+1:
+					last := tb.lastSeq
+					tb.mu.Unlock()
+					tb.violate("seq %d after %d on %s (%s): a gap or a duplicate", head.Seq, last, base, head.Type)
+					continue
+				}
+				tb.lastSeq = head.Seq
+				tb.events = append(tb.events, tabEvent{seq: head.Seq, typ: head.Type, raw: string(line)})
+				tb.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (tb *tab) last() int64 {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return tb.lastSeq
+}
+
+// ---------------------------------------------------------------------------
+// The workload's ledger of acknowledged commands.
+
+type ledger struct {
+	mu        sync.Mutex
+	runs      map[string]string // run id -> thread id: every acked run.start
+	cancelled map[string]bool   // run id -> a cancel was accepted (already_requested false)
+	cancelAt  map[string]time.Time
+	confirmed map[string]bool   // operation id -> confirmed (true) or rejected (false), acked
+	opThread  map[string]string // operation id -> its thread
+	refusals  map[string]int    // "command status code" -> count (expected refusals, for the log)
+	errs      []string
+}
+
+func (l *ledger) fail(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errs) < 30 {
+		l.errs = append(l.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+func (l *ledger) refused(cmd string, status int, raw []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refusals[fmt.Sprintf("%s %d %s", cmd, status, errorCode(raw))]++
+}
+
+// multiCall is one HTTP call that may meet a dead instance: err != nil
+// means "not acknowledged".
+func multiCall(base, method, path string, body, out any) (int, []byte, error) {
+	return crashCall(base, method, path, body, out)
+}
+
+// thread worker: one sequential user per thread, every command to a random
+// instance.
+func (l *ledger) work(ctx context.Context, c *cluster, r *rand.Rand, threadID string, prompts []string) {
+	for n := 0; n < 400 && ctx.Err() == nil; n++ {
+		base := c.pick(r)
+		var snap snapshot
+		code, _, err := multiCall(base, "GET", "/api/threads/"+threadID, nil, &snap)
+		if err != nil || code != http.StatusOK {
+			continue // a dying instance; the next turn picks again
+		}
+		runID := ""
+		if snap.ActiveRun != nil {
+			runID = snap.ActiveRun.RunID
+		} else {
+			runID = l.start(ctx, c, r, threadID, snap.StateVersion, prompts[r.Intn(len(prompts))])
+			if runID == "" {
+				continue
+			}
+		}
+		if r.Intn(10) < 4 {
+			pause(ctx, time.Duration(r.Intn(700))*time.Millisecond)
+			l.cancel(c, r, runID)
+		}
+		l.follow(ctx, c, r, threadID, runID)
+	}
+}
+
+// pause is the workload's think time between a user's actions.
+func pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// start sends run.start, retrying with the same client_request_id on
+// other instances when an answer is lost; it returns the acked run id.
+func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID string, version int64, prompt string) string {
+	crid := fmt.Sprintf("req-%d", r.Int63())
+	for try := 0; try < 5 && ctx.Err() == nil; try++ {
+		var ack startAck
+		code, raw, err := multiCall(c.pick(r), "POST", "/api/threads/"+threadID+"/runs",
+			map[string]any{"expected_state_version": version, "user_message": prompt, "client_request_id": crid}, &ack)
+		switch {
+		case err != nil:
+			continue // maybe executed, maybe not: the retry with the same id tells
+		case code == http.StatusCreated:
+			if ack.RunID == "" {
+				l.fail("run.start acked without a run id: %s", raw)
+				return ""
+			}
+			l.mu.Lock()
+			l.runs[ack.RunID] = threadID
+			l.mu.Unlock()
+			return ack.RunID
+		default:
+			l.refused("run.start", code, raw) // conflict, run already active: the next turn reloads
+			return ""
+		}
+	}
+	return ""
+}
+
+func (l *ledger) cancel(c *cluster, r *rand.Rand, runID string) {
+	var ack cancelAck
+	code, raw, err := multiCall(c.pick(r), "POST", "/api/runs/"+runID+"/cancel", map[string]any{}, &ack)
+	if err != nil {
+		return
+	}
+	if code != http.StatusAccepted {
+		l.refused("run.cancel", code, raw) // run_not_active: it completed first
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !ack.AlreadyRequested {
+		if l.cancelled[runID] {
+			l.errs = append(l.errs, fmt.Sprintf("run %s: a second cancel was accepted as the first", runID))
+		}
+		l.cancelled[runID] = true
+		l.cancelAt[runID] = time.Now()
+	}
+}
+
+// follow waits (bounded) for the run to end, confirming or rejecting the
+// tool calls it waits for.
+func (l *ledger) follow(ctx context.Context, c *cluster, r *rand.Rand, threadID, runID string) {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		base := c.pick(r)
+		var run runInfo
+		code, _, err := multiCall(base, "GET", "/api/runs/"+runID, nil, &run)
+		if err != nil || code != http.StatusOK {
+			pause(ctx, 50*time.Millisecond)
+			continue
+		}
+		switch run.Status {
+		case "completed", "failed", "cancelled":
+			return
+		case "waiting_confirmation":
+			l.decide(c, r, threadID, runID)
+		}
+		pause(ctx, 40*time.Millisecond) // polling an HTTP API, as a script would
+	}
+}
+
+func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
+	base := c.pick(r)
+	var snap snapshot
+	if code, _, err := multiCall(base, "GET", "/api/threads/"+threadID, nil, &snap); err != nil || code != http.StatusOK {
+		return
+	}
+	var ops struct {
+		Operations []operation `json:"operations"`
+	}
+	if code, _, err := multiCall(base, "GET", "/api/threads/"+threadID+"/operations", nil, &ops); err != nil || code != http.StatusOK {
+		return
+	}
+	for _, op := range ops.Operations {
+		if op.RunID != runID || op.Phase != "prepared" {
+			continue
+		}
+		confirm := r.Intn(10) < 7
+		verb := "reject"
+		if confirm {
+			verb = "confirm"
+		}
+		code, raw, err := multiCall(c.pick(r), "POST", "/api/operations/"+op.OperationID+"/"+verb,
+			map[string]any{"expected_state_version": snap.StateVersion}, nil)
+		if err != nil {
+			return
+		}
+		if code != http.StatusOK {
+			l.refused("tool."+verb, code, raw)
+			return
+		}
+		l.mu.Lock()
+		l.confirmed[op.OperationID] = confirm
+		l.opThread[op.OperationID] = threadID
+		l.mu.Unlock()
+		return
+	}
+}
+
+// ---------------------------------------------------------------------------
+
+func TestMultiNode(t *testing.T) {
+	dsn := postgresForTest(t)
+	seed := *multiSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
+	t.Logf("seed %d (replay with -multinode.seed=%d)", seed, seed)
+	rng := rand.New(rand.NewSource(seed))
+
+	c := &cluster{t: t, dsn: dsn, nats: startNATS(t), nodes: make([]*server, 3),
+		flags: []string{"-lease-ttl", "1500ms", "-outbox-latency", "150ms", "-search-latency", "200ms"}}
+	// Concurrent starts on an empty database: the migrations run once.
+	var starting sync.WaitGroup
+	for i := range c.nodes {
+		starting.Go(func() { c.startNode(i) })
+	}
+	starting.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	const threads, tabsPerThread = 6, 3
+	var ids []string
+	for range threads {
+		var snap snapshot
+		code, raw, err := multiCall(c.pick(rng), "POST", "/api/threads", map[string]any{}, &snap)
+		if err != nil || code != http.StatusCreated {
+			t.Fatalf("create thread: %d %s %v", code, raw, err)
+		}
+		ids = append(ids, snap.ThreadID)
+	}
+
+	ctx, stopTabs := context.WithCancel(context.Background())
+	defer stopTabs()
+	var tabs []*tab
+	var tabsDone sync.WaitGroup
+	for _, id := range ids {
+		for k := range tabsPerThread {
+			tb := &tab{name: fmt.Sprintf("%s/tab%d", id, k), threadID: id, c: c, rng: rand.New(rand.NewSource(rng.Int63()))}
+			tabs = append(tabs, tb)
+			tabsDone.Go(func() { tb.run(ctx) })
+		}
+	}
+
+	prompts := []string{
+		"send an email to anna@example.com about the order",
+		"send an email to bob@example.com about the invoice",
+		"search the catalog for a hiking backpack",
+		"Explain goroutines and channels and how cancellation travels through them",
+		"Describe durable checkpoints, leases and recovery after crashes",
+		"short: say hello",
+	}
+	l := &ledger{runs: map[string]string{}, cancelled: map[string]bool{}, cancelAt: map[string]time.Time{},
+		confirmed: map[string]bool{}, opThread: map[string]string{}, refusals: map[string]int{}}
+	wctx, stopWork := context.WithTimeout(context.Background(), *multiDuration)
+	defer stopWork()
+	var workers sync.WaitGroup
+	for _, id := range ids {
+		wr := rand.New(rand.NewSource(rng.Int63()))
+		workers.Go(func() { l.work(wctx, c, wr, id, prompts) })
+	}
+
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("open the test schema: %v", err)
+	}
+	defer db.Close()
+
+	// Chaos, on the main goroutine: reconnecting tabs all along; the
+	// instance holding the most leases killed at a third, NATS restarted
+	// at half, the killed instance back at two thirds.
+	victim, victimLeases := 0, 0
+	d := *multiDuration
+	chaosStart := time.Now()
+	events := []struct {
+		at time.Duration
+		do func()
+	}{
+		{d / 3, func() {
+			victim, victimLeases = c.busiest(db)
+			t.Logf("killing instance %d, which holds %d run leases", victim, victimLeases)
+			c.killNode(victim)
+		}},
+		{d / 2, func() {
+			t.Log("restarting NATS")
+			c.nats.stop()
+			pause(context.Background(), 300*time.Millisecond) // NATS is down for a moment, not just restarted
+			c.nats.start()
+		}},
+		{2 * d / 3, func() { t.Logf("starting instance %d again", victim); c.startNode(victim) }},
+	}
+	for _, ev := range events {
+		for time.Since(chaosStart) < ev.at {
+			pause(wctx, time.Duration(150+rng.Intn(250))*time.Millisecond)
+			tabs[rng.Intn(len(tabs))].drop()
+		}
+		ev.do()
+	}
+	workers.Wait()
+
+	// Every run comes to rest: runs of the killed instance are taken over
+	// when its leases expire.
+	settle := time.Now().Add(60 * time.Second)
+	lastSeqs := map[string]int64{}
+	for _, id := range ids {
+		for {
+			var snap snapshot
+			code, raw, err := multiCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
+			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
+				lastSeqs[id] = snap.LastSeq
+				break
+			}
+			if time.Now().After(settle) {
+				t.Fatalf("thread %s still has an active run 60s after the workload stopped: %s %v", id, raw, err)
+			}
+			pause(context.Background(), 100*time.Millisecond)
+		}
+	}
+	// Every tab catches up with its thread's last seq (through NATS or, for
+	// what NATS lost, through the bus's recovery from the event log).
+	catchUp := time.Now().Add(20 * time.Second)
+	for _, tb := range tabs {
+		for tb.last() < lastSeqs[tb.threadID] {
+			if time.Now().After(catchUp) {
+				t.Errorf("%s stopped at seq %d, thread's last seq is %d", tb.name, tb.last(), lastSeqs[tb.threadID])
+				break
+			}
+			pause(context.Background(), 20*time.Millisecond)
+		}
+	}
+	stopTabs()
+	tabsDone.Wait()
+
+	// Same order everywhere, byte for byte.
+	reconnects := 0
+	for _, tb := range tabs {
+		reconnects += tb.reconnects
+		for _, v := range tb.violations {
+			t.Error(v)
+		}
+	}
+	for _, id := range ids {
+		var first *tab
+		for _, tb := range tabs {
+			if tb.threadID != id {
+				continue
+			}
+			if first == nil {
+				first = tb
+				continue
+			}
+			n := min(len(first.events), len(tb.events))
+			for i := range n {
+				if first.events[i].raw != tb.events[i].raw {
+					t.Errorf("thread %s seq %d: %s saw %s, %s saw %s", id, first.events[i].seq, first.name, first.events[i].raw, tb.name, tb.events[i].raw)
+					break
+				}
+			}
+		}
+	}
+
+	// No acknowledged command lost.
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.errs {
+		t.Error(e)
+	}
+	base := c.pick(rng)
+	statuses := map[string]int{}
+	takenOver := 0 // runs that continued in a later attempt: the killed instance's
+	var latencies []time.Duration
+	for runID := range l.runs {
+		var run runInfo
+		code, raw, err := multiCall(base, "GET", "/api/runs/"+runID, nil, &run)
+		if err != nil || code != http.StatusOK {
+			t.Errorf("acked run %s: GET answered %d %s %v", runID, code, raw, err)
+			continue
+		}
+		statuses[run.Status]++
+		if run.Attempt > 1 {
+			takenOver++
+		}
+		switch {
+		case l.cancelled[runID] && run.Status != "cancelled":
+			t.Errorf("run %s: its cancel was accepted but it ended %s", runID, run.Status)
+		case run.Status != "completed" && run.Status != "cancelled":
+			t.Errorf("run %s ended %s (error %v), want completed or cancelled", runID, run.Status, run.Error)
+		}
+	}
+	// Cancel → run.cancelled as the tabs saw it, across instances (one tab
+	// per thread).
+	measured := map[string]bool{}
+	for _, tb := range tabs {
+		if measured[tb.threadID] {
+			continue
+		}
+		measured[tb.threadID] = true
+		for _, ev := range tb.events {
+			if ev.typ != "run.cancelled" {
+				continue
+			}
+			var body struct {
+				RunID string `json:"run_id"`
+				TS    int64  `json:"ts"`
+			}
+			if json.Unmarshal([]byte(ev.raw), &body) == nil {
+				if at, ok := l.cancelAt[body.RunID]; ok {
+					latencies = append(latencies, time.UnixMilli(body.TS).Sub(at))
+				}
+			}
+		}
+	}
+	phases := map[string]string{}
+	for _, id := range ids {
+		var ops struct {
+			Operations []operation `json:"operations"`
+		}
+		code, raw, err := multiCall(base, "GET", "/api/threads/"+id+"/operations", nil, &ops)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("operations of %s: %d %s %v", id, code, raw, err)
+		}
+		for _, op := range ops.Operations {
+			phases[op.OperationID] = op.Phase
+		}
+	}
+	for opID, confirm := range l.confirmed {
+		phase, ok := phases[opID]
+		switch {
+		case !ok:
+			t.Errorf("operation %s (thread %s): a decision was acked, the operation is gone", opID, l.opThread[opID])
+		case !confirm && phase != "rejected":
+			t.Errorf("operation %s: reject acked, phase %s", opID, phase)
+		case confirm && slices.Contains([]string{"prepared", "rejected"}, phase):
+			t.Errorf("operation %s: confirm acked, phase %s", opID, phase)
+		}
+	}
+
+	// No email accepted twice, whichever instance sent it.
+	var dups, accepted int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM (SELECT idempotency_key FROM outbox_attempts WHERE result = 'accepted' GROUP BY 1 HAVING COUNT(*) > 1) d`).Scan(&dups); err != nil {
+		t.Fatalf("read the outbox: %v", err)
+	}
+	if err := db.QueryRow(`SELECT COUNT(*) FROM outbox`).Scan(&accepted); err != nil {
+		t.Fatalf("read the outbox: %v", err)
+	}
+	if dups != 0 {
+		t.Errorf("%d idempotency keys were accepted more than once by the email provider", dups)
+	}
+
+	// Stop gracefully and check the database.
+	for i := range c.nodes {
+		c.mu.Lock()
+		s := c.nodes[i]
+		c.mu.Unlock()
+		s.stop()
+	}
+	code, out, errOut := runCLI(t, nil, "check", "-db", dsn)
+	if code != 0 || !strings.HasPrefix(out, "ok") {
+		t.Errorf("gateway check: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
+	p := func(q float64) time.Duration {
+		if len(latencies) == 0 {
+			return 0
+		}
+		return latencies[min(len(latencies)-1, int(q*float64(len(latencies))))]
+	}
+	var seqs int64
+	for _, s := range lastSeqs {
+		seqs += s
+	}
+	t.Logf("%d threads, %d tabs (%d reconnects), %d runs %v (%d taken over from the killed instance), %d cancels accepted, %d decisions, %d emails accepted, %d events per tab on average; "+
+		"cancel → run.cancelled (ts, ms resolution) p50 %v p99 %v over %d; expected refusals %v",
+		len(ids), len(tabs), reconnects, len(l.runs), statuses, takenOver, len(l.cancelled), len(l.confirmed), accepted,
+		seqs/int64(len(ids)), p(0.5), p(0.99), len(latencies), l.refusals)
+	if victimLeases > 0 && takenOver == 0 {
+		t.Errorf("instance %d died holding %d run leases, yet no run shows a second attempt: nobody took them over", victim, victimLeases)
+	}
+	if len(l.runs) < 2*threads || len(l.cancelled) == 0 {
+		t.Errorf("the workload did too little to prove anything: %d runs, %d cancels", len(l.runs), len(l.cancelled))
+	}
+}
