@@ -15,8 +15,8 @@ func SetPurgeLimits(batch, maxBatches int) (restore func()) {
 
 // HoldWriter takes the writer, as a long transaction would, until release.
 func (s *Store) HoldWriter() (release func()) {
-	s.writeMu.Lock()
-	return s.writeMu.Unlock
+	s.gate.lock()
+	return s.gate.unlock
 }
 
 // Retries counts the transactions run again after another instance made
@@ -28,6 +28,14 @@ func (s *Store) QueuedWrites() int {
 	s.queue.mu.Lock()
 	defer s.queue.mu.Unlock()
 	return len(s.queue.pending)
+}
+
+// PlainWritesWaiting is how many plain (ungrouped) writes wait for the
+// writer.
+func (s *Store) PlainWritesWaiting() int {
+	s.gate.mu.Lock()
+	defer s.gate.mu.Unlock()
+	return s.gate.plain
 }
 
 // UrgentWrites is how many urgent writes (cancels) wait for the writer.

@@ -47,7 +47,7 @@ type groupReq struct {
 }
 
 // writeQueue is the group-commit queue. Its lock is taken with or without
-// writeMu held, and nothing is called with it held.
+// the writer gate held, and nothing is called with it held.
 type writeQueue struct {
 	mu      sync.Mutex
 	urgent  []*groupReq // cancels, first in the next batch
@@ -96,17 +96,17 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 	for len(req.done) == 0 {
 		// The batch is taken once the writer is ours: whatever queued
 		// while we waited for it joins.
-		s.writeMu.Lock()
+		s.gate.lockGroup()
 		batch := q.take()
 		if len(batch) == 0 {
-			s.writeMu.Unlock()
+			s.gate.unlock()
 			break
 		}
 		start := time.Now()
 		ran := s.commitGroupLocked(batch)
 		s.observe(txWrite, start)
 		s.metrics.GroupCommitted(ran)
-		s.writeMu.Unlock()
+		s.gate.unlock()
 	}
 	q.mu.Lock()
 	switch {
@@ -148,12 +148,12 @@ func (q *writeQueue) putBack(rest []*groupReq) {
 // commitGroupLocked runs batch in one transaction and answers every
 // request it ran; when an urgent request arrives meanwhile it stops early
 // and puts the rest back. It reports how many requests it answered.
-// Called with writeMu held.
+// Called with the writer gate held.
 //
 // A transaction that another instance made fail (a deadlock on PostgreSQL,
 // see retry.go) is run again, every request from scratch, a few times
 // before the requests are answered with the failure. The short wait in
-// between holds writeMu: this instance's writers wait with it.
+// between holds the writer gate: this instance's writers wait with it.
 func (s *Store) commitGroupLocked(batch []*groupReq) int {
 	for attempt := 1; ; attempt++ {
 		n, again := s.tryGroupLocked(batch, attempt < txAttempts)

@@ -262,6 +262,61 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 	}
 }
 
+// A cancel also goes before plain writes (run starts, claims, publishes …)
+// that wait for the writer with it: it waits for the transaction in
+// progress only. (Which of the waiters a plain mutex wakes first is the
+// scheduler's choice; under load a cancel waited behind many writes.)
+func TestUrgentCancelPassesPlainWrites(t *testing.T) {
+	st, log := openLogged(t)
+	runs, threads := startRuns(t, st, 1)
+	var others []chat.Snapshot
+	for range 8 {
+		snap, err := st.CreateThread(ctx, user, "other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, snap)
+	}
+	log.mu.Lock()
+	before := len(log.commits)
+	log.mu.Unlock()
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	waitFor := func(cond func() bool, what string) {
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				release()
+				t.Fatalf("%s never waited", what)
+			}
+			time.Sleep(time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	wg.Go(func() {
+		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitFor(func() bool { return st.UrgentWrites() == 1 }, "the cancel")
+	for _, snap := range others {
+		wg.Go(func() {
+			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor(func() bool { return st.PlainWritesWaiting() == len(others) }, "the run starts")
+	release()
+	wg.Wait()
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if got := len(log.commits) - before; got != 1+len(others) {
+		t.Fatalf("%d commits after the writer freed up, want %d", got, 1+len(others))
+	}
+	if first := log.commits[before]; first[0].Type != chat.EventRunCancelRequested || first[0].ThreadID != threads[0] {
+		t.Fatalf("the first commit after the writer freed up is %s on %s, want the cancel", first[0].Type, first[0].ThreadID)
+	}
+}
+
 // A grouped write that fails after writing spoils its transaction: it is
 // rolled back whole and the other writes are committed without it.
 func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {

@@ -41,7 +41,7 @@ func (s *Store) observe(kind string, start time.Time) {
 
 // committedLocked reports a committed transaction: first its measurements,
 // then its events to OnCommit (so a subscriber that saw an event finds it
-// measured). Called with writeMu held.
+// measured). Called with the writer gate held.
 func (s *Store) committedLocked(t *txn) {
 	if t.buffered != 0 {
 		s.metrics.StreamBuffered(t.buffered)

@@ -2,10 +2,10 @@
 // messages, runs, operations, the per-thread event log, the stream buffer and
 // the cancel audit journal. Each exported method owns its transaction.
 //
-// Writes go through one writer connection and one Go mutex: every state
-// change of a thread is one transaction that checks and bumps the thread's
-// state_version and last_seq and appends its events; after the commit, and
-// still under the mutex, the committed events are handed to the OnCommit sink,
+// Writes go through one writer connection and one gate (writer.go): every
+// state change of a thread is one transaction that checks and bumps the
+// thread's state_version and last_seq and appends its events; after the
+// commit, and still holding the gate, the committed events are handed to the OnCommit sink,
 // so a thread's events reach subscribers in seq order ("persist, then fan
 // out"). Reads use a separate pool and never wait for the writer.
 //
@@ -30,7 +30,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -74,8 +73,8 @@ type Options struct {
 type Store struct {
 	writer   *sqlx.DB
 	reader   *sqlx.DB
-	writeMu  sync.Mutex
-	queue    writeQueue // group commit of AppendDeltas (group.go)
+	gate     *writerGate // taken for every write transaction (writer.go)
+	queue    writeQueue  // group commit of AppendDeltas (group.go)
 	onCommit func([]*chat.Event)
 	metrics  Metrics
 	lock     *os.File
@@ -185,7 +184,9 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 		metrics = opts.Metrics
 		metrics.StreamBuffered(n)
 	}
-	return &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg}, nil
+	st := &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg}
+	st.gate = newWriterGate(&st.queue.waiting)
+	return st, nil
 }
 
 // Postgres reports whether the store is on PostgreSQL.
@@ -292,8 +293,8 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
 }
 
 func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
+	s.gate.lock()
+	defer s.gate.unlock()
 	defer s.observe(txWrite, time.Now())
 	tx, err := s.writer.BeginTxx(ctx, nil)
 	if err != nil {
