@@ -32,11 +32,10 @@ func (s *Store) QueuedWrites() int {
 
 // PlainWritesWaiting is how many plain (ungrouped) writes wait for the
 // writer.
-func (s *Store) PlainWritesWaiting() int {
-	s.gate.mu.Lock()
-	defer s.gate.mu.Unlock()
-	return s.gate.plain
-}
+func (s *Store) PlainWritesWaiting() int { return s.gate.waiting(false) }
+
+// GroupCommitsWaiting is how many group-commit leaders wait for the writer.
+func (s *Store) GroupCommitsWaiting() int { return s.gate.waiting(true) }
 
 // UrgentWrites is how many urgent writes (cancels) wait for the writer.
 func (s *Store) UrgentWrites() int { return int(s.queue.waiting.Load()) }

@@ -263,9 +263,8 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 }
 
 // A cancel also goes before plain writes (run starts, claims, publishes …)
-// that wait for the writer with it: it waits for the transaction in
-// progress only. (Which of the waiters a plain mutex wakes first is the
-// scheduler's choice; under load a cancel waited behind many writes.)
+// that waited for the writer longer than it: it waits for the transaction
+// in progress only.
 func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 	st, log := openLogged(t)
 	runs, threads := startRuns(t, st, 1)
@@ -291,12 +290,6 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 			time.Sleep(time.Millisecond) // polling a condition with a deadline
 		}
 	}
-	wg.Go(func() {
-		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
-			t.Error(err)
-		}
-	})
-	waitFor(func() bool { return st.UrgentWrites() == 1 }, "the cancel")
 	for _, snap := range others {
 		wg.Go(func() {
 			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
@@ -305,6 +298,12 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 		})
 	}
 	waitFor(func() bool { return st.PlainWritesWaiting() == len(others) }, "the run starts")
+	wg.Go(func() {
+		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitFor(func() bool { return st.UrgentWrites() == 1 && st.GroupCommitsWaiting() == 1 }, "the cancel")
 	release()
 	wg.Wait()
 	log.mu.Lock()
