@@ -198,6 +198,10 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		defer nb.Close()
 		fd, wakeups = nb, nb
+		m.WatchBus(func() metrics.BusCounts {
+			s := nb.Stats()
+			return metrics.BusCounts{Recoveries: s.Recoveries, Recovered: s.Recovered, Skipped: s.Skipped, Unsent: s.Unsent}
+		})
 	case st.Postgres():
 		log.Warn("-db is PostgreSQL but -nats is not set: run only this one instance, or give every instance -nats so tabs see the events other instances commit")
 		fd = bus.NewMemory()

@@ -378,3 +378,29 @@ func (m *Metrics) StreamBuffered(delta int64) { m.streamBuffer.Add(float64(delta
 
 // CancelSettled observes a cancel's time from acceptance to run.cancelled.
 func (m *Metrics) CancelSettled(d time.Duration) { m.cancelSettle.Observe(d.Seconds()) }
+
+// ---------------------------------------------------------------------------
+// The NATS bus between instances.
+
+// BusCounts are the NATS bus's counters since it connected (bus.NATSStats).
+type BusCounts struct {
+	Recoveries, Recovered, Skipped, Unsent int64
+}
+
+// WatchBus exports the NATS bus's counters, read from counts at each
+// scrape. Call it once, when the gateway runs as one of several instances.
+func (m *Metrics) WatchBus(counts func() BusCounts) {
+	for _, c := range []struct {
+		name, help string
+		value      func(BusCounts) int64
+	}{
+		{"gateway_bus_recoveries_total", "Reads of the event log by the NATS bus to fill a gap in a thread's seqs (a message NATS lost, or an interleaving of two instances' commits).", func(b BusCounts) int64 { return b.Recoveries }},
+		{"gateway_bus_recovered_events_total", "Events the NATS bus took from the event log because NATS had not brought them.", func(b BusCounts) int64 { return b.Recovered }},
+		{"gateway_bus_skipped_events_total", "Events neither NATS nor the event log could give (purged): the tabs saw a gap and resynced. Should stay 0.", func(b BusCounts) int64 { return b.Skipped }},
+		{"gateway_bus_unsent_total", "Messages not handed to NATS (its queue was full or it refused them); other instances recover their events from the log.", func(b BusCounts) int64 { return b.Unsent }},
+	} {
+		value := c.value
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},
+			func() float64 { return float64(value(counts())) }))
+	}
+}

@@ -170,3 +170,16 @@ func BenchmarkFrameSent(b *testing.B) {
 		m.FrameSent(4096)
 	}
 }
+
+func TestWatchBusReadsAtScrape(t *testing.T) {
+	m := New()
+	counts := BusCounts{Recoveries: 3, Recovered: 7}
+	m.WatchBus(func() BusCounts { return counts })
+	counts.Skipped, counts.Unsent = 1, 2 // changed after registration: read at the scrape
+	for name, want := range map[string]float64{"gateway_bus_recoveries_total": 3, "gateway_bus_recovered_events_total": 7,
+		"gateway_bus_skipped_events_total": 1, "gateway_bus_unsent_total": 2} {
+		if got := value(t, m, name); got != want {
+			t.Errorf("%s = %g, want %g", name, got, want)
+		}
+	}
+}
