@@ -4,9 +4,63 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
 
-	_ "github.com/mattn/go-sqlite3" // the gateway's own SQLite driver, to read its database after the run
+	_ "github.com/jackc/pgx/v5/stdlib" // the gateway's PostgreSQL driver ("pgx"), for the cluster scenario's database
+	_ "github.com/mattn/go-sqlite3"    // the gateway's own SQLite driver, to read its database after the run
 )
+
+// isPostgres reports whether db is a PostgreSQL URL rather than the path
+// of a SQLite file (as the gateway's -db tells them apart).
+func isPostgres(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// openRead opens a gateway's database for reading after (or, on
+// PostgreSQL, during) a run.
+func openRead(db string) (*sql.DB, error) {
+	if isPostgres(db) {
+		conn, err := sql.Open("pgx", db)
+		if err == nil {
+			conn.SetMaxOpenConns(8)
+		}
+		return conn, err
+	}
+	return sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+}
+
+// rebind turns the ? placeholders of query into $1, $2 … for PostgreSQL
+// (the queries here hold no ? elsewhere).
+func rebind(db, query string) string {
+	if !isPostgres(db) {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// redactDB is db as it may appear in a report: a PostgreSQL URL without
+// its password.
+func redactDB(db string) string {
+	if !isPostgres(db) {
+		return db
+	}
+	if u, err := url.Parse(db); err == nil {
+		return u.Redacted()
+	}
+	return "postgres://…"
+}
 
 // storeStats is what the gateway's database says about one window
 // [from, to) in Unix milliseconds (the ts the store stamps on every event
@@ -22,7 +76,7 @@ type storeStats struct {
 // readStoreStats reads the stopped gateway's database.
 func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats, error) {
 	var st storeStats
-	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	conn, err := openRead(db)
 	if err != nil {
 		return st, err
 	}
@@ -32,13 +86,13 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 		dst []any
 	}{
 		{`SELECT COUNT(*), COUNT(DISTINCT ts) FROM stream_deltas WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis}},
-		{`SELECT COUNT(*) FROM (SELECT 1 FROM stream_deltas WHERE ts >= ? AND ts < ? GROUP BY run_id, ts)`, []any{&st.RunBatches}},
+		{`SELECT COUNT(*) FROM (SELECT 1 FROM stream_deltas WHERE ts >= ? AND ts < ? GROUP BY run_id, ts) AS b`, []any{&st.RunBatches}},
 		{`SELECT COUNT(*) FROM events WHERE ts >= ? AND ts < ?`, []any{&st.Durable}},
-		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts)`, []any{&st.DurableTx}},
+		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts) AS t`, []any{&st.DurableTx}},
 	}
 	for _, q := range queries {
-		if err := conn.QueryRowContext(ctx, q.q, from, to).Scan(q.dst...); err != nil {
-			return st, fmt.Errorf("read %s: %w", db, err)
+		if err := conn.QueryRowContext(ctx, rebind(db, q.q), from, to).Scan(q.dst...); err != nil {
+			return st, fmt.Errorf("read %s: %w", redactDB(db), err)
 		}
 	}
 	return st, nil
@@ -68,14 +122,14 @@ func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error)
 // gaps runs a query of millisecond differences over [from, to) and returns
 // them in microseconds.
 func gaps(ctx context.Context, db, query string, from, to int64) ([]int32, error) {
-	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	conn, err := openRead(db)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	rows, err := conn.QueryContext(ctx, query, from, to)
+	rows, err := conn.QueryContext(ctx, rebind(db, query), from, to)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", db, err)
+		return nil, fmt.Errorf("read %s: %w", redactDB(db), err)
 	}
 	defer rows.Close()
 	var out []int32

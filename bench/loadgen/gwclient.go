@@ -19,8 +19,9 @@ import (
 
 // gwEnv is what every gateway client of one scenario shares.
 type gwEnv struct {
-	base      string // http://127.0.0.1:PORT
-	auth      string // "header" (a user per thread) or "none"
+	base      string   // http://127.0.0.1:PORT: threads are created here
+	bases     []string // every instance's base; tab k of thread i dials bases[(i+k) % len]
+	auth      string   // "header" (a user per thread) or "none"
 	scenario  string
 	errs      *errorLog
 	http      *http.Client
@@ -31,10 +32,20 @@ type gwEnv struct {
 
 func newGWEnv(base, auth, scenario string) *gwEnv {
 	return &gwEnv{
-		base: base, auth: auth, scenario: scenario, errs: newErrorLog(),
+		base: base, bases: []string{base}, auth: auth, scenario: scenario, errs: newErrorLog(),
 		http:    &http.Client{Timeout: 30 * time.Second},
 		dialSem: make(chan struct{}, 32), start: time.Now(),
 	}
+}
+
+// tabInstance is the instance (index into bases) that tab k of thread idx
+// connects to: a thread's tabs alternate over the instances, and so do
+// the threads' tab 0 (the tab that starts runs).
+func tabInstance(idx, k, instances int) int {
+	if instances <= 1 {
+		return 0
+	}
+	return (idx + k) % instances
 }
 
 // authHeader is how a client names its user: in -auth header mode the
@@ -188,6 +199,7 @@ const noteFirstDelta = "first-delta"
 type gwTab struct {
 	th    *gwThread
 	k     int  // index among the thread's tabs; tab 0 is the driver's
+	inst  int  // index of the instance it connects to (env.bases)
 	notes bool // send run notes to the driver
 	tabID string
 
@@ -227,7 +239,7 @@ type reply struct {
 }
 
 func newGWTab(th *gwThread, k int) *gwTab {
-	t := &gwTab{th: th, k: k, tabID: fmt.Sprintf("bench.%s.%d.%d", th.env.scenario, th.idx, k),
+	t := &gwTab{th: th, k: k, inst: tabInstance(th.idx, k, len(th.env.bases)), tabID: fmt.Sprintf("bench.%s.%d.%d", th.env.scenario, th.idx, k),
 		pending: map[string]chan reply{}, ready: make(chan struct{}), cancelled: map[string]bool{},
 		lastSeq: th.createdSeq}
 	t.lastSeqA.Store(th.createdSeq)
@@ -279,7 +291,7 @@ func (t *gwTab) session(ctx context.Context, attempt int) (planned bool, err err
 		return false, ctx.Err()
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	conn, _, err := websocket.Dial(dialCtx, "ws"+strings.TrimPrefix(e.base, "http")+"/ws", &websocket.DialOptions{
+	conn, _, err := websocket.Dial(dialCtx, "ws"+strings.TrimPrefix(e.bases[t.inst], "http")+"/ws", &websocket.DialOptions{
 		HTTPHeader: e.header(t.th.user), CompressionMode: websocket.CompressionDisabled,
 	})
 	cancel()

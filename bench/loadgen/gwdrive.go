@@ -130,6 +130,17 @@ func (th *gwThread) driveContinuous(ctx context.Context, stopAt time.Time, pace 
 type cancelStats struct {
 	ack, cancelled samples // µs from sending run.cancel
 	sent, missed   int     // cancels sent; runs that completed first
+	unsampled      int     // cluster: cancels not sampled (the run's lease owner was unknown)
+}
+
+// cancelTab chooses the tab (index into the thread's tabs) that cancels
+// runID, just before the cancel is sent; sample = false leaves that cancel
+// out of the figures.
+type cancelTab func(ctx context.Context, runID string) (k int, sample bool)
+
+// anyTab cancels from a random tab of the thread.
+func anyTab(th *gwThread, rng *rand.Rand) cancelTab {
+	return func(context.Context, string) (int, bool) { return rng.IntN(len(th.tabs)), true }
 }
 
 // awaitNote waits for a note of typ about runID from tab, up to timeout,
@@ -160,10 +171,11 @@ func (th *gwThread) awaitNote(ctx context.Context, runID string, tab int, typ st
 }
 
 // driveCancels repeats, until stopAt: start a run, wait until it streams,
-// wait a random moment in [0, maxDelay], cancel it from a random tab of
-// the thread, and wait for run.cancelled on that tab and on tab 0. Only
-// cancels sent while the environment measures are sampled.
-func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay, pace time.Duration, rng *rand.Rand, st *cancelStats) {
+// wait a random moment in [0, maxDelay], cancel it from the tab pick
+// chooses, and wait for run.cancelled on that tab and on tab 0. Only
+// cancels sent while the environment measures (and that pick samples) are
+// sampled.
+func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay, pace time.Duration, rng *rand.Rand, pick cancelTab, st *cancelStats) {
 	e := th.env
 	for round := range maxRunsPerThread {
 		if ctx.Err() != nil || !time.Now().Before(stopAt) {
@@ -192,8 +204,14 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 		if ctx.Err() != nil {
 			return
 		}
-		k := rng.IntN(len(th.tabs))
-		sampled := e.measuring.Load()
+		k, sample := pick(ctx, runID)
+		if ctx.Err() != nil {
+			return
+		}
+		if !sample {
+			st.unsampled++
+		}
+		sampled := e.measuring.Load() && sample
 		r, sent, err := th.tabs[k].do(ctx, map[string]any{"type": "run.cancel", "run_id": runID})
 		st.sent++
 		if err != nil {

@@ -233,7 +233,8 @@ func TestWriteTable(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	ok := Config{Scenarios: AllScenarios, Auth: "header", Pace: 1, Window: 1, StorageWindow: 1, CancelWindow: 1,
-		IdleThreads: 1, IdleTabs: 1, FanoutThreads: 1, FanoutTabs: 1, CancelRuns: 1, CancelTabs: 1, StorageRuns: 1}
+		IdleThreads: 1, IdleTabs: 1, FanoutThreads: 1, FanoutTabs: 1, CancelRuns: 1, CancelTabs: 1, StorageRuns: 1,
+		ClusterRuns: 1, ClusterTabs: 2, ClusterWindow: 1, ClusterCancelTo: "other"}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config refused: %v", err)
 	}
@@ -294,5 +295,140 @@ go_info{version="go 1.26"} 1
 	}
 	if got := w.quantileBound("gateway_store_transaction_seconds", `kind="grouped"`, 0.99); !math.IsNaN(got) {
 		t.Errorf("bound without observations = %v", got)
+	}
+}
+
+func TestConfigValidateCluster(t *testing.T) {
+	ok := Config{Scenarios: []string{"cluster"}, Auth: "header", Pace: 1, Window: 1, StorageWindow: 1, CancelWindow: 1,
+		IdleThreads: 1, IdleTabs: 1, FanoutThreads: 1, FanoutTabs: 1, CancelRuns: 1, CancelTabs: 1, StorageRuns: 1,
+		ClusterRuns: 1, ClusterTabs: 2, ClusterWindow: 1, ClusterCancelTo: "other",
+		Postgres: "postgres://bench@127.0.0.1:5432/test?sslmode=disable", NATS: "nats://127.0.0.1:4222"}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+	if why := ok.clusterSkip(); why != "" {
+		t.Errorf("cluster skipped with both URLs: %s", why)
+	}
+	for name, mutate := range map[string]func(*Config){
+		"one tab":          func(c *Config) { c.ClusterTabs = 1 },
+		"no runs":          func(c *Config) { c.ClusterRuns = 0 },
+		"cancel to nobody": func(c *Config) { c.ClusterCancelTo = "random" },
+		"remote postgres":  func(c *Config) { c.Postgres = "postgres://bench@db.example.com:5432/test" },
+		"remote nats":      func(c *Config) { c.NATS = "nats://10.0.0.7:4222" },
+		"nats as postgres": func(c *Config) { c.Postgres = "nats://127.0.0.1:4222" },
+	} {
+		bad := ok
+		mutate(&bad)
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// Without either URL the scenario is skipped, not refused, and the
+	// line says what to set.
+	for _, c := range []Config{{Postgres: ok.Postgres}, {NATS: ok.NATS}, {}} {
+		skip := ok
+		skip.Postgres, skip.NATS = c.Postgres, c.NATS
+		if err := skip.Validate(); err != nil {
+			t.Errorf("config without URLs refused: %v", err)
+		}
+		why := skip.clusterSkip()
+		if why == "" {
+			t.Errorf("cluster not skipped with postgres=%q nats=%q", c.Postgres, c.NATS)
+		}
+		if c.Postgres == "" && !strings.Contains(why, "GATEWAY_TEST_POSTGRES_URL") || c.NATS == "" && !strings.Contains(why, "GATEWAY_TEST_NATS_URL") {
+			t.Errorf("skip line does not say what to set: %q", why)
+		}
+	}
+	// Other scenarios do not care about the cluster's settings.
+	other := ok
+	other.Scenarios, other.ClusterTabs, other.Postgres = []string{"cancel"}, 0, "mysql://x"
+	if err := other.Validate(); err != nil {
+		t.Errorf("cluster settings checked without cluster: %v", err)
+	}
+}
+
+func TestSchemaDSN(t *testing.T) {
+	got, err := schemaDSN("postgres://bench:pw@127.0.0.1:5432/test?sslmode=disable", "bench_cluster_ab12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"postgres://bench:pw@127.0.0.1:5432/test?", "sslmode=disable", "search_path=bench_cluster_ab12"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("schemaDSN = %q, lacks %q", got, want)
+		}
+	}
+	if r := redactDB(got); strings.Contains(r, "pw") {
+		t.Errorf("redacted DSN shows the password: %q", r)
+	}
+}
+
+func TestRebind(t *testing.T) {
+	q := `SELECT a FROM t WHERE ts >= ? AND ts < ?`
+	if got := rebind("/tmp/x.db", q); got != q {
+		t.Errorf("SQLite query rebound: %q", got)
+	}
+	if got := rebind("postgres://127.0.0.1/x", q); got != `SELECT a FROM t WHERE ts >= $1 AND ts < $2` {
+		t.Errorf("PostgreSQL query = %q", got)
+	}
+}
+
+func TestOwnerInstance(t *testing.T) {
+	for owner, want := range map[string]int{"gwA.p_x1": 0, "gwB.p_7": 1, "": -1, "gwAB.p_1": -1, "gwC.p_1": -1, "gwB": -1} {
+		if got := ownerInstance(owner, clusterIDs); got != want {
+			t.Errorf("ownerInstance(%q) = %d, want %d", owner, got, want)
+		}
+	}
+}
+
+func TestClusterTabsSpreadOverInstances(t *testing.T) {
+	e := newGWEnv("http://127.0.0.1:1", "header", "cluster")
+	e.bases = []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}
+	starts := [2]int{}
+	for idx := range 4 {
+		th := &gwThread{env: e, idx: idx}
+		for k := range 3 {
+			th.tabs = append(th.tabs, newGWTab(th, k))
+		}
+		starts[th.tabs[0].inst]++
+		// every thread has a tab on each instance, so a cancel can always
+		// go to the other one
+		for inst := range 2 {
+			on, off := tabsOn(th, inst, false), tabsOn(th, inst, true)
+			if len(on) == 0 || len(off) == 0 || len(on)+len(off) != 3 {
+				t.Errorf("thread %d, instance %d: on %v, off %v", idx, inst, on, off)
+			}
+			for _, k := range on {
+				if th.tabs[k].inst != inst {
+					t.Errorf("tab %d of thread %d is on %d, listed on %d", k, idx, th.tabs[k].inst, inst)
+				}
+			}
+		}
+	}
+	if starts[0] != 2 || starts[1] != 2 {
+		t.Errorf("runs start on instances %v, want half on each", starts)
+	}
+	// one instance: every tab on it
+	if got := tabInstance(5, 2, 1); got != 0 {
+		t.Errorf("single instance tab on %d", got)
+	}
+}
+
+func TestWriteTableSkipped(t *testing.T) {
+	r := &Report{Scenarios: []ScenarioReport{{Name: "cluster", Skipped: "set GATEWAY_TEST_POSTGRES_URL"}}, ChecksOK: true}
+	var b strings.Builder
+	if err := WriteTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "== cluster: skipped: set GATEWAY_TEST_POSTGRES_URL") || strings.Contains(b.String(), "gateway check") {
+		t.Errorf("skipped scenario printed as:\n%s", b.String())
+	}
+}
+
+func TestStatComm(t *testing.T) {
+	if got := statComm([]byte("77 (nats-server) S 1 2 3")); got != "nats-server" {
+		t.Errorf("comm = %q", got)
+	}
+	if got := commCPUDelta(map[int]int64{1: 100, 2: 50}, map[int]int64{1: 160, 3: 40}); got != 100 {
+		t.Errorf("delta = %d, want 60 + 40 (a new process counts whole)", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -126,10 +127,10 @@ func describeMachine() Machine {
 	return m
 }
 
-// cpuMeter measures a process's CPU time and the machine's busy share over
-// one window.
+// cpuMeter measures the servers' CPU time (one process, or the sum of
+// several) and the machine's busy share over one window.
 type cpuMeter struct {
-	pid                 int
+	pids                []int
 	cpu0, self0         int64
 	busy0, total0       int64
 	cpu1, self1         int64
@@ -137,17 +138,79 @@ type cpuMeter struct {
 	startErr, finishErr error
 }
 
-func (m *cpuMeter) start(pid int) {
-	m.pid = pid
-	m.cpu0, m.startErr = cpuMicros(pid)
+// sumCPU is the CPU time of every pid so far; the first error, if any.
+func sumCPU(pids []int) (int64, error) {
+	var sum int64
+	var first error
+	for _, pid := range pids {
+		v, err := cpuMicros(pid)
+		if err != nil && first == nil {
+			first = err
+		}
+		sum += v
+	}
+	return sum, first
+}
+
+func (m *cpuMeter) start(pids ...int) {
+	m.pids = pids
+	m.cpu0, m.startErr = sumCPU(pids)
 	m.self0, _ = cpuMicros(os.Getpid())
 	m.busy0, m.total0, _ = machineCPU()
 }
 
 func (m *cpuMeter) finish() {
-	m.cpu1, m.finishErr = cpuMicros(m.pid)
+	m.cpu1, m.finishErr = sumCPU(m.pids)
 	m.self1, _ = cpuMicros(os.Getpid())
 	m.busy1, m.total1, _ = machineCPU()
+}
+
+// commCPU returns the CPU time so far (µs) of every process on the machine
+// whose command name (/proc/PID/stat, field 2) is one of names, by pid.
+// Processes that end between the listing and the read are skipped.
+func commCPU(names ...string) map[int]int64 {
+	out := map[int]int64{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if !slices.Contains(names, statComm(data)) {
+			continue
+		}
+		if v, err := parseStatCPU(data); err == nil {
+			out[pid] = v
+		}
+	}
+	return out
+}
+
+// statComm is the command name of a /proc/PID/stat line: between the
+// first '(' and the last ')'.
+func statComm(data []byte) string {
+	i, j := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if i < 0 || j < i {
+		return ""
+	}
+	return string(data[i+1 : j])
+}
+
+// commCPUDelta is the CPU the processes of after used since before (µs);
+// a process that started in between counts whole.
+func commCPUDelta(before, after map[int]int64) int64 {
+	var d int64
+	for pid, v := range after {
+		d += max(0, v-before[pid])
+	}
+	return d
 }
 
 func (m *cpuMeter) err() error {

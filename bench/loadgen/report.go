@@ -32,6 +32,7 @@ type ScenarioReport struct {
 	Check         *Check       `json:"gateway_check,omitempty"`
 	ServerLog     LogCounts    `json:"gateway_log"`
 	Failure       string       `json:"failure,omitempty"`
+	Skipped       string       `json:"skipped,omitempty"` // why the scenario did not run
 	Notes         []string     `json:"notes,omitempty"`
 }
 
@@ -120,6 +121,10 @@ func WriteTable(w io.Writer, r *Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gateway benchmark — %s — %d CPUs (%s), %s\n", r.Date, r.Machine.CPUs, r.Machine.Model, r.Machine.GoVersion)
 	for _, s := range r.Scenarios {
+		if s.Skipped != "" {
+			fmt.Fprintf(&b, "\n== %s: skipped: %s\n", s.Name, s.Skipped)
+			continue
+		}
 		fmt.Fprintf(&b, "\n== %s: %s (%.1fs)\n", s.Name, s.Shape, s.Seconds)
 		if s.Failure != "" {
 			fmt.Fprintf(&b, "   FAILED: %s\n", s.Failure)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +25,7 @@ import (
 // command fills every field from its flags.
 type Config struct {
 	Repo      string   // module root: where `go build` runs
-	Scenarios []string // idle, fanout, cancel, storage
+	Scenarios []string // idle, fanout, cancel, storage, cluster
 	Auth      string   // header: a user per thread; none: one user for all
 
 	Pace   time.Duration // demo model: time per word (idle, fanout, cancel)
@@ -43,14 +44,24 @@ type Config struct {
 	StoragePace   time.Duration
 	StorageWindow time.Duration
 
+	// cluster: two gateway processes on one PostgreSQL schema and NATS.
+	// Postgres is the base URL (a schema is created in it per run and
+	// dropped after); an empty Postgres or NATS skips the scenario.
+	Postgres, NATS           string
+	ClusterRuns, ClusterTabs int
+	ClusterWindow            time.Duration // measured, after Warmup
+	ClusterCancelTo          string        // "other": the instance not holding the run's lease; "owner": the one holding it
+
 	Seed    uint64
 	PerfDir string    // if set, `perf record` the servers during fanout's window into it
 	Keep    bool      // keep the temporary folder (binaries, databases)
 	Log     io.Writer // progress lines
 }
 
-// Scenario names, in the order they run.
-var AllScenarios = []string{"idle", "fanout", "cancel", "storage"}
+// Scenario names, in the order they run. cluster runs only when both
+// Postgres and NATS are set (it is skipped with a line saying so
+// otherwise).
+var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "cluster"}
 
 func (c Config) summary() map[string]any {
 	return map[string]any{
@@ -59,6 +70,8 @@ func (c Config) summary() map[string]any {
 		"fanout_threads": c.FanoutThreads, "fanout_tabs_per_thread": c.FanoutTabs, "reconnect_fraction": c.ReconnectFraction,
 		"cancel_runs": c.CancelRuns, "cancel_tabs_per_run": c.CancelTabs, "cancel_window": c.CancelWindow.String(), "cancel_max_delay": c.cancelMaxDelay().String(),
 		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
+		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
+		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
 		"seed": c.Seed, "perf": c.PerfDir != "",
 	}
 }
@@ -95,7 +108,58 @@ func (c Config) Validate() error {
 	case c.ReconnectFraction < 0 || c.ReconnectFraction > 1:
 		return fmt.Errorf("-reconnect-fraction is between 0 and 1")
 	}
+	if !slices.Contains(c.Scenarios, "cluster") {
+		return nil
+	}
+	switch {
+	case c.ClusterRuns <= 0 || c.ClusterWindow <= 0:
+		return fmt.Errorf("cluster needs runs and a window")
+	case c.ClusterTabs < 2:
+		return fmt.Errorf("-cluster-tabs must be at least 2 (a tab on each instance)")
+	case c.ClusterCancelTo != "other" && c.ClusterCancelTo != "owner":
+		return fmt.Errorf("-cluster-cancel-to must be other or owner")
+	}
+	if err := loopbackURL(c.Postgres, "postgres", "postgresql"); err != nil {
+		return fmt.Errorf("-postgres: %w", err)
+	}
+	if err := loopbackURL(c.NATS, "nats"); err != nil {
+		return fmt.Errorf("-nats: %w", err)
+	}
 	return nil
+}
+
+// loopbackURL accepts "" (not set) or a URL of one of schemes on
+// 127.0.0.1 or localhost: the generator never leaves the machine.
+func loopbackURL(raw string, schemes ...string) error {
+	if raw == "" {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(schemes, u.Scheme) {
+		return fmt.Errorf("%s: want a %s:// URL", u.Redacted(), schemes[0])
+	}
+	if h := u.Hostname(); h != "127.0.0.1" && h != "localhost" {
+		return fmt.Errorf("%s: the generator stays on 127.0.0.1 (host %q)", u.Redacted(), h)
+	}
+	return nil
+}
+
+// clusterSkip says why the cluster scenario cannot run ("" when it can).
+func (c Config) clusterSkip() string {
+	var missing []string
+	if c.Postgres == "" {
+		missing = append(missing, "GATEWAY_TEST_POSTGRES_URL (or -postgres) to a PostgreSQL database the generator may create schemas in")
+	}
+	if c.NATS == "" {
+		missing = append(missing, "GATEWAY_TEST_NATS_URL (or -nats) to a NATS server, e.g. nats://127.0.0.1:4222")
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return "set " + strings.Join(missing, " and ")
 }
 
 // runner holds one invocation's state.
@@ -107,6 +171,10 @@ type runner struct {
 	floor   string // binary
 	seq     int    // databases made so far
 	admin   bool   // the gateway has -admin-addr (profiles and metrics)
+
+	// the cancel scenario's report, when it ran: the cluster scenario
+	// shows its figures next to its own
+	cancelReport *ScenarioReport
 
 	// fan-out shape the floor copies from the gateway's fanout run
 	gwDeltaRate float64 // deltas per second per thread
@@ -156,6 +224,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			continue
 		}
 		began := time.Now()
+		if name == "cluster" {
+			if why := cfg.clusterSkip(); why != "" {
+				r.logf("cluster: skipped: %s", why)
+				rep.Scenarios = append(rep.Scenarios, ScenarioReport{Name: name, Skipped: why})
+				continue
+			}
+		}
 		r.logf("%s: start", name)
 		var s ScenarioReport
 		switch name {
@@ -167,6 +242,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			s = r.cancel(ctx)
 		case "storage":
 			s = r.storage(ctx)
+		case "cluster":
+			s = r.cluster(ctx)
 		}
 		s.Name = name
 		s.Seconds = time.Since(began).Seconds()
@@ -181,6 +258,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		r.logf("%s: end (%.1fs, %d gateway errors)", name, s.Seconds, countErrors(s.GatewayErrors))
 		rep.Scenarios = append(rep.Scenarios, s)
+		if name == "cancel" {
+			r.cancelReport = &s
+		}
 	}
 	rep.DurationSeconds = time.Since(r.start).Seconds()
 	return rep, ctx.Err()

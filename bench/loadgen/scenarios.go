@@ -464,7 +464,7 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	var drivers sync.WaitGroup
 	for i, th := range p.threads {
 		rng := rand.New(rand.NewPCG(c.Seed, uint64(1000+i)))
-		drivers.Go(func() { th.driveCancels(ctx, stopAt, maxDelay, c.Pace, rng, &stats[i]) })
+		drivers.Go(func() { th.driveCancels(ctx, stopAt, maxDelay, c.Pace, rng, anyTab(th, rng), &stats[i]) })
 	}
 	sleep(ctx, c.Warmup)
 	r.logf("cancel: measuring %s", c.CancelWindow)

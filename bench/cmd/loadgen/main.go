@@ -7,6 +7,8 @@
 //	go run ./bench/cmd/loadgen                     # the standard set (make bench)
 //	go run ./bench/cmd/loadgen -scenarios fanout -fanout-tabs 80 -window 20s
 //	go run ./bench/cmd/loadgen -json out.json      # also write the report as JSON
+//	GATEWAY_TEST_POSTGRES_URL=postgres://… GATEWAY_TEST_NATS_URL=nats://127.0.0.1:4222 \
+//	  go run ./bench/cmd/loadgen -scenarios cluster   # two instances, cross-instance cancels
 //
 // Figures never fail the run: it exits 1 only on protocol errors (an
 // unexpected error frame or close, a seq gap, a missing or late event) or a
@@ -55,6 +57,12 @@ func run() int {
 	fs.IntVar(&c.StorageRuns, "storage-runs", 64, "storage: concurrent runs streaming back to back")
 	fs.DurationVar(&c.StoragePace, "storage-pace", time.Millisecond, "storage: demo model time per word")
 	fs.DurationVar(&c.StorageWindow, "storage-window", 8*time.Second, "storage: measured window")
+	fs.StringVar(&c.Postgres, "postgres", os.Getenv("GATEWAY_TEST_POSTGRES_URL"), "cluster: PostgreSQL `URL` on 127.0.0.1 (a database the generator may create a schema in; dropped after); empty skips cluster")
+	fs.StringVar(&c.NATS, "nats", os.Getenv("GATEWAY_TEST_NATS_URL"), "cluster: NATS `URL` on 127.0.0.1; empty skips cluster")
+	fs.IntVar(&c.ClusterRuns, "cluster-runs", 100, "cluster: concurrent streaming runs (one thread each) over the two instances")
+	fs.IntVar(&c.ClusterTabs, "cluster-tabs", 3, "cluster: tabs per run, alternating over the two instances (at least 2)")
+	fs.DurationVar(&c.ClusterWindow, "cluster-window", 6*time.Second, "cluster: measured window, after the warm-up")
+	fs.StringVar(&c.ClusterCancelTo, "cluster-cancel-to", "other", "cluster: send each cancel to the instance that does not hold the run's lease (other) or to the one that does (owner, for comparison)")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of every random choice (cancel moments, tabs, reconnects)")
 	fs.StringVar(&c.PerfDir, "perf", "", "if set, record the servers with perf record -g during each measured window (fanout, cancel, storage) into this `folder`; adds overhead: profile in a separate run")
 	timeout := fs.Duration("timeout", 10*time.Minute, "stop everything after this long (a safety net; the standard set takes about a minute)")
