@@ -255,7 +255,6 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstTok
 	}
 
 	out := chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText}
-	write := context.WithoutCancel(ctx)
 	var full strings.Builder
 	var call *model.ToolCall
 	batch := make([]string, 0, e.cfg.MaxBatch)
@@ -296,7 +295,11 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstTok
 		if len(batch) == 0 {
 			continue
 		}
-		if err := e.store.AppendDeltas(write, runID, e.cfg.InstanceID, out.MessageID, batch); err != nil {
+		// With the run's context: a cancel (or shutdown) that arrives while
+		// the batch waits for the writer takes it back unwritten, and it
+		// counts as unbuffered; once in a transaction it is written or
+		// refused whole.
+		if err := e.store.AppendDeltas(ctx, runID, e.cfg.InstanceID, out.MessageID, batch); err != nil {
 			return out, unbuffered(), err
 		}
 		for _, t := range batch {

@@ -91,13 +91,21 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 		case err := <-req.done:
 			return err
 		case <-req.lead:
+		case <-ctx.Done():
+			// A caller that stops waiting (its run was cancelled) takes
+			// its request back if it is still queued: it never runs, and
+			// the caller need not wait for the writer to reach it.
+			if q.withdraw(req) {
+				return ctx.Err()
+			}
+			return <-req.done // already in a transaction: its outcome
 		}
 	}
 	for len(req.done) == 0 {
 		// The batch is taken once the writer is ours: whatever queued
 		// while we waited for it joins.
 		s.gate.lockGroup()
-		batch := q.take()
+		batch := q.take(s.pg)
 		if len(batch) == 0 {
 			s.gate.unlock()
 			break
@@ -109,6 +117,39 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 		s.gate.unlock()
 	}
 	q.mu.Lock()
+	q.passLeadLocked()
+	q.mu.Unlock()
+	return <-req.done
+}
+
+// withdraw removes req from the queue if it is still there, passing on
+// the lead if req was just handed it, and reports whether it did.
+func (q *writeQueue) withdraw(req *groupReq) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	found := false
+	for _, list := range []*[]*groupReq{&q.urgent, &q.pending} {
+		if i := slices.Index(*list, req); i >= 0 {
+			*list = slices.Delete(*list, i, i+1)
+			if list == &q.urgent {
+				q.waiting.Add(-1)
+			}
+			found = true
+			break
+		}
+	}
+	if !found {
+		return false
+	}
+	if len(req.lead) == 1 { // it was to lead: the next request does
+		q.passLeadLocked()
+	}
+	return true
+}
+
+// passLeadLocked hands the lead to the oldest queued request, urgent ones
+// first, or ends it when nothing waits. Called with mu held.
+func (q *writeQueue) passLeadLocked() {
 	switch {
 	case len(q.urgent) > 0:
 		q.urgent[0].lead <- struct{}{}
@@ -117,14 +158,22 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 	default:
 		q.leading = false
 	}
-	q.mu.Unlock()
-	return <-req.done
 }
 
-// take removes the next batch from the queue: urgent requests first.
-func (q *writeQueue) take() []*groupReq {
+// take removes the next batch from the queue: urgent requests first. With
+// alone, an urgent request is a batch of its own (PostgreSQL: a cancel is
+// often of another instance's run, and a transaction holding that run's
+// thread together with this instance's own threads could wait in a cycle
+// with the other instance's, see txn.lockRunThread).
+func (q *writeQueue) take(alone bool) []*groupReq {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if alone && len(q.urgent) > 0 {
+		req := q.urgent[0]
+		q.urgent = q.urgent[1:]
+		q.waiting.Add(-1)
+		return []*groupReq{req}
+	}
 	batch := make([]*groupReq, 0, min(maxGroup, len(q.urgent)+len(q.pending)))
 	batch = append(batch, q.urgent...)
 	q.waiting.Add(-int32(len(q.urgent)))

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -362,6 +363,71 @@ func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
 		}
 		if n != 1 {
 			t.Errorf("thread %s holds %d deltas, want 1", th, n)
+		}
+	}
+}
+
+// A stream write whose caller gives up (its run was cancelled) while it
+// waits for the writer is taken back: the caller returns at once, and the
+// batch is never written, so it counts as unbuffered, not as both.
+func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
+	st, _ := openLogged(t)
+	runs, threads := startRuns(t, st, 3)
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	// The first caller leads (it waits for the writer); the second waits
+	// in the queue behind it and is cancelled there; the third stays.
+	var errLead, errKept error
+	wg.Go(func() { errLead = st.AppendDeltas(ctx, runs[0], "w", "msg_w0", []string{"lead"}) })
+	for deadline := time.Now().Add(10 * time.Second); st.GroupCommitsWaiting() != 1; {
+		if time.Now().After(deadline) {
+			release()
+			t.Fatal("the leader never waited for the writer")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	stopped, stop := context.WithCancel(ctx)
+	withdrawn := make(chan error, 1)
+	go func() { withdrawn <- st.AppendDeltas(stopped, runs[1], "w", "msg_w1", []string{"gone"}) }()
+	wg.Go(func() { errKept = st.AppendDeltas(ctx, runs[2], "w", "msg_w2", []string{"kept"}) })
+	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() != 3; {
+		if time.Now().After(deadline) {
+			release()
+			t.Fatal("the writes never queued")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	stop()
+	select {
+	case err := <-withdrawn:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the withdrawn write answered %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		release()
+		t.Fatal("a cancelled caller still waited for the writer")
+	}
+	if n := st.QueuedWrites(); n != 2 {
+		t.Errorf("%d writes queued after the withdrawal, want 2", n)
+	}
+	release()
+	wg.Wait()
+	if errLead != nil || errKept != nil {
+		t.Fatalf("the other writes answered %v, %v", errLead, errKept)
+	}
+	for i, th := range threads {
+		rep, err := st.Events(ctx, user, th, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range rep.Events {
+			if ev.Type == chat.EventMessageDelta {
+				n++
+			}
+		}
+		if want := map[int]int{0: 1, 1: 0, 2: 1}[i]; n != want {
+			t.Errorf("thread %d holds %d deltas, want %d", i, n, want)
 		}
 	}
 }

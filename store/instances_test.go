@@ -256,7 +256,7 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 	waiting := func() int {
 		var n int
 		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE '%FROM runs r JOIN threads t%'`).Scan(&n); err != nil {
+			AND wait_event_type = 'Lock' AND query LIKE '%FROM threads%FOR UPDATE%'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

@@ -179,6 +179,9 @@ func transition(row runRow, to chat.RunStatus) error {
 
 func (t *txn) run(runID string) (runRow, error) {
 	var row runRow
+	if err := t.lockRunThread(runID); err != nil {
+		return row, err
+	}
 	err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`+t.forUpdate(), runID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row, chat.NotFound("run", runID)
@@ -467,6 +470,9 @@ func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string
 		var status string
 		var leaseOwner sql.NullString
 		var th threadRow
+		if err := t.lockRunThread(runID); err != nil {
+			return err
+		}
 		err := t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`SELECT r.status, r.lease_owner, `+threadColsT+`
 			FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`+t.forUpdate()), runID).
 			Scan(append([]any{&status, &leaseOwner}, th.scanTargets()...)...)

@@ -49,6 +49,25 @@ func (t *txn) forUpdate() string {
 	return ""
 }
 
+// lockRunThread takes, on PostgreSQL, the lock of the run's thread row
+// before the run row is read FOR UPDATE. Instances lock rows in one order,
+// a thread before its runs (as every write that starts from a thread
+// does), so two instances' transactions can wait for each other but never
+// in a cycle: a deadlock costs PostgreSQL's deadlock_timeout (1 s by
+// default) before one side fails and runs again. A run's thread never
+// changes, so reading it without a lock is safe. SQLite has one writer:
+// nothing to do.
+func (t *txn) lockRunThread(runID string) error {
+	if !t.pg {
+		return nil
+	}
+	if _, err := t.tx.ExecContext(t.ctx, t.tx.Rebind(`SELECT 1 FROM threads
+		WHERE thread_id = (SELECT thread_id FROM runs WHERE run_id = ?) FOR UPDATE`), runID); err != nil {
+		return fmt.Errorf("lock the run's thread: %w", err)
+	}
+	return nil
+}
+
 // threadCursor is a thread's sequencer inside one transaction.
 type threadCursor struct {
 	row         threadRow
