@@ -37,6 +37,32 @@ func (s *Store) PlainWritesWaiting() int { return s.gate.waiting(false) }
 // GroupCommitsWaiting is how many group-commit leaders wait for the writer.
 func (s *Store) GroupCommitsWaiting() int { return s.gate.waiting(true) }
 
+// PretendLeading marks the group-commit queue as led, as while a leader
+// waits for the writer: callers that queue now wait to be answered.
+func (s *Store) PretendLeading() {
+	s.queue.mu.Lock()
+	s.queue.leading = true
+	s.queue.mu.Unlock()
+}
+
+// TakeQueued takes every queued grouped write, as a leader does for its
+// batch. handBack returns them to the queue and hands the lead to the
+// first, as a leader does whose batch a cancel cut short and whose own
+// request was answered.
+func (s *Store) TakeQueued() (handBack func()) {
+	batch := s.queue.take(false)
+	return func() {
+		s.queue.putBack(batch)
+		s.queue.mu.Lock()
+		s.queue.passLeadLocked()
+		s.queue.mu.Unlock()
+	}
+}
+
+// LateWithdrawals counts callers that stopped waiting after their request
+// was taken into a batch.
+func (s *Store) LateWithdrawals() int64 { return s.queue.late.Load() }
+
 // UrgentWrites is how many urgent writes (cancels) wait for the writer.
 func (s *Store) UrgentWrites() int { return int(s.queue.waiting.Load()) }
 

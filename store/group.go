@@ -53,6 +53,7 @@ type writeQueue struct {
 	urgent  []*groupReq // cancels, first in the next batch
 	pending []*groupReq
 	waiting atomic.Int32 // len(urgent), readable without mu
+	late    atomic.Int64 // callers that stopped waiting after their request was taken (for tests)
 	leading bool         // some caller drains the queue
 }
 
@@ -98,7 +99,16 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 			if q.withdraw(req) {
 				return ctx.Err()
 			}
-			return <-req.done // already in a transaction: its outcome
+			// Already in a batch: wait for its outcome. The batch may yet
+			// be cut short by a cancel and the request put back, and then
+			// handed the lead, which it must take up (it will skip itself,
+			// its context being done).
+			q.late.Add(1)
+			select {
+			case err := <-req.done:
+				return err
+			case <-req.lead:
+			}
 		}
 	}
 	for len(req.done) == 0 {

@@ -431,3 +431,64 @@ func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
 		}
 	}
 }
+
+// A caller that stops waiting while its request is in a batch waits for
+// the outcome; if the batch is cut short, its request put back and handed
+// the lead, the caller leads (skipping its own request): the lead is never
+// lost. (It was: every later write then waited forever.)
+func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
+	st, _ := openLogged(t)
+	runs, threads := startRuns(t, st, 2)
+	st.PretendLeading()
+	stopped, stop := context.WithCancel(ctx)
+	answer := make(chan error, 1)
+	go func() { answer <- st.AppendDeltas(stopped, runs[0], "w", "msg_late", []string{"never"}) }()
+	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the write never queued")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	handBack := st.TakeQueued()
+	stop()
+	for deadline := time.Now().Add(10 * time.Second); st.LateWithdrawals() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the stopped caller never noticed its request was taken")
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	handBack()
+	select {
+	case err := <-answer:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the stopped caller answered %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopped caller never answered: the lead it was handed is lost")
+	}
+	done := make(chan error, 1)
+	go func() { done <- st.AppendDeltas(ctx, runs[1], "w", "msg_next", []string{"next"}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a later write never committed: nobody leads the queue")
+	}
+	for i, th := range threads {
+		rep, err := st.Events(ctx, user, th, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range rep.Events {
+			if ev.Type == chat.EventMessageDelta {
+				n++
+			}
+		}
+		if n != i { // thread 0: the stopped write, never run; thread 1: the later one
+			t.Errorf("thread %d holds %d deltas, want %d", i, n, i)
+		}
+	}
+}
