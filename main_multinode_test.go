@@ -199,27 +199,32 @@ func (c *cluster) killNode(i int) {
 }
 
 // busiest returns the instance holding the most run leases right now (the
-// one whose death tests takeover best), and how many it holds.
-func (c *cluster) busiest(db *sql.DB) (int, int) {
+// one whose death tests takeover best) and the runs it holds.
+func (c *cluster) busiest(db *sql.DB) (int, []string) {
 	c.t.Helper()
-	rows, err := db.Query(`SELECT lease_owner, COUNT(*) FROM runs WHERE lease_owner IS NOT NULL GROUP BY lease_owner`)
+	rows, err := db.Query(`SELECT lease_owner, run_id FROM runs WHERE lease_owner IS NOT NULL`)
 	if err != nil {
 		c.t.Fatalf("read leases: %v", err)
 	}
 	defer rows.Close()
-	best, most := 2, 0
+	held := map[int][]string{}
 	for rows.Next() {
-		var owner string
-		var n int
-		if err := rows.Scan(&owner, &n); err != nil {
+		var owner, runID string
+		if err := rows.Scan(&owner, &runID); err != nil {
 			c.t.Fatalf("read leases: %v", err)
 		}
 		var i int
-		if _, err := fmt.Sscanf(owner, "gw%d.", &i); err == nil && i >= 0 && i < len(c.nodes) && n > most {
-			best, most = i, n
+		if _, err := fmt.Sscanf(owner, "gw%d.", &i); err == nil {
+			held[i] = append(held[i], runID)
 		}
 	}
-	return best, most
+	best := 2
+	for i, runs := range held {
+		if len(runs) > len(held[best]) {
+			best = i
+		}
+	}
+	return best, held[best]
 }
 
 // pick returns the base URL of a random instance that is up.
@@ -641,7 +646,7 @@ func TestMultiNode(t *testing.T) {
 	// Chaos, on the main goroutine: reconnecting tabs all along; the
 	// instance holding the most leases killed at a third, NATS restarted
 	// at half, the killed instance back at two thirds.
-	victim, victimLeases := 0, 0
+	victim, victimRuns := 0, []string(nil)
 	d := *multiDuration
 	chaosStart := time.Now()
 	events := []struct {
@@ -649,8 +654,8 @@ func TestMultiNode(t *testing.T) {
 		do func()
 	}{
 		{d / 3, func() {
-			victim, victimLeases = c.busiest(db)
-			t.Logf("killing instance %d, which holds %d run leases", victim, victimLeases)
+			victim, victimRuns = c.busiest(db)
+			t.Logf("killing instance %d, which holds %d run leases", victim, len(victimRuns))
 			c.killNode(victim)
 		}},
 		{d / 2, func() {
@@ -739,7 +744,6 @@ func TestMultiNode(t *testing.T) {
 	}
 	base := c.pick(rng)
 	statuses := map[string]int{}
-	takenOver := 0 // runs that continued in a later attempt: the killed instance's
 	var latencies []time.Duration
 	for runID := range l.runs {
 		var run runInfo
@@ -749,9 +753,6 @@ func TestMultiNode(t *testing.T) {
 			continue
 		}
 		statuses[run.Status]++
-		if run.Attempt > 1 {
-			takenOver++
-		}
 		switch {
 		case l.cancelled[runID] && run.Status != "cancelled":
 			t.Errorf("run %s: its cancel was accepted but it ended %s", runID, run.Status)
@@ -847,6 +848,22 @@ func TestMultiNode(t *testing.T) {
 		t.Errorf("gateway check: exit %d\n%s\n%s", code, out, errOut)
 	}
 
+	// The runs the killed instance held were finished by another process
+	// (their leases expired and were taken over).
+	takenOver := 0
+	for _, runID := range victimRuns {
+		var status string
+		var attempt int
+		if err := db.QueryRow(`SELECT status, attempt FROM runs WHERE run_id = $1`, runID).Scan(&status, &attempt); err != nil {
+			t.Fatalf("read run %s: %v", runID, err)
+		}
+		switch status {
+		case "completed", "cancelled", "failed":
+			takenOver++
+		default:
+			t.Errorf("run %s, held by the killed instance, is still %s", runID, status)
+		}
+	}
 	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
 	p := func(q float64) time.Duration {
 		if len(latencies) == 0 {
@@ -858,13 +875,10 @@ func TestMultiNode(t *testing.T) {
 	for _, s := range lastSeqs {
 		seqs += s
 	}
-	t.Logf("%d threads, %d tabs (%d reconnects), %d runs %v (%d taken over from the killed instance), %d cancels accepted, %d decisions, %d emails accepted, %d events per tab on average; %g gap recoveries by the buses (%g events from the log); "+
+	t.Logf("%d threads, %d tabs (%d reconnects), %d runs %v (%d held by the killed instance, all finished elsewhere), %d cancels accepted, %d decisions, %d emails accepted, %d events per tab on average; %g gap recoveries by the buses (%g events from the log); "+
 		"cancel → run.cancelled (ts, ms resolution) p50 %v p99 %v over %d; expected refusals %v",
 		len(ids), len(tabs), reconnects, len(l.runs), statuses, takenOver, len(l.cancelled), len(l.confirmed), accepted,
 		seqs/int64(len(ids)), recoveries, recovered, p(0.5), p(0.99), len(latencies), l.refusals)
-	if victimLeases > 0 && takenOver == 0 {
-		t.Errorf("instance %d died holding %d run leases, yet no run shows a second attempt: nobody took them over", victim, victimLeases)
-	}
 	if len(l.runs) < 2*threads || len(l.cancelled) == 0 {
 		t.Errorf("the workload did too little to prove anything: %d runs, %d cancels", len(l.runs), len(l.cancelled))
 	}
