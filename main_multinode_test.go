@@ -35,8 +35,6 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
-	"net/url"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -46,49 +44,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/honestcancel/gateway/internal/pgtest"
 )
 
 var (
 	multiSeed     = flag.Int64("multinode.seed", 0, "TestMultiNode: seed of the random workload (0: from the clock)")
 	multiDuration = flag.Duration("multinode.duration", 18*time.Second, "TestMultiNode: how long the workload runs")
 )
-
-// postgresForTest returns GATEWAY_TEST_POSTGRES_URL pointed at a new empty
-// schema (dropped when the test ends), or skips when the variable is unset.
-func postgresForTest(t *testing.T) string {
-	t.Helper()
-	base := os.Getenv("GATEWAY_TEST_POSTGRES_URL")
-	if base == "" {
-		t.Skip("set GATEWAY_TEST_POSTGRES_URL=postgres://USER@HOST:5432/DB?sslmode=disable (a database the test may create schemas in) to run the scale-out tests")
-	}
-	db, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatalf("open GATEWAY_TEST_POSTGRES_URL: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	schema := fmt.Sprintf("mn_%d_%d", time.Now().UnixNano(), rand.Int63n(1e6))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
-		t.Fatalf("create schema %s in GATEWAY_TEST_POSTGRES_URL: %v (is PostgreSQL running?)", schema, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := db.ExecContext(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
-			t.Logf("drop schema %s: %v", schema, err)
-		}
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("GATEWAY_TEST_POSTGRES_URL: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 // natsProcess is a nats-server the test owns, so it can stop and restart
 // it on the same port.
@@ -576,7 +539,7 @@ func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
 // ---------------------------------------------------------------------------
 
 func TestMultiNode(t *testing.T) {
-	dsn := postgresForTest(t)
+	dsn := pgtest.Schema(t)
 	seed := *multiSeed
 	if seed == 0 {
 		seed = time.Now().UnixNano()

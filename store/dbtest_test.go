@@ -1,17 +1,16 @@
 package store_test
 
 import (
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/honestcancel/gateway/internal/pgtest"
 )
 
 // Which database the tests run on. By default every test gets a fresh
@@ -19,10 +18,7 @@ import (
 // schema of the PostgreSQL database at GATEWAY_TEST_POSTGRES_URL (dropped
 // when the test ends). The tests of several instances sharing one
 // database run whenever GATEWAY_TEST_POSTGRES_URL is set.
-const (
-	envStore       = "GATEWAY_TEST_STORE"
-	envPostgresURL = "GATEWAY_TEST_POSTGRES_URL"
-)
+const envStore = "GATEWAY_TEST_STORE"
 
 // onPostgres reports whether the suite runs on PostgreSQL.
 func onPostgres() bool { return os.Getenv(envStore) == "postgres" }
@@ -32,11 +28,7 @@ func onPostgres() bool { return os.Getenv(envStore) == "postgres" }
 func testDSN(t testing.TB) string {
 	t.Helper()
 	if onPostgres() {
-		if os.Getenv(envPostgresURL) == "" {
-			t.Skip(envStore + "=postgres needs " + envPostgresURL + " set to a PostgreSQL URL, e.g. " +
-				envPostgresURL + "='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'")
-		}
-		return freshSchema(t)
+		return pgtest.Schema(t)
 	}
 	return filepath.Join(t.TempDir(), "gw.db")
 }
@@ -46,49 +38,7 @@ func testDSN(t testing.TB) string {
 // GATEWAY_TEST_POSTGRES_URL the test is skipped.
 func postgresDSN(t testing.TB) string {
 	t.Helper()
-	if os.Getenv(envPostgresURL) == "" {
-		t.Skip("several instances share PostgreSQL only: set " + envPostgresURL +
-			"='postgres://USER@HOST:5432/DB?sslmode=disable' to run this test")
-	}
-	return freshSchema(t)
-}
-
-// freshSchema creates a schema with a random name and returns the DSN
-// that uses it (search_path as a runtime parameter); the schema is dropped
-// with everything in it when the test ends.
-func freshSchema(t testing.TB) string {
-	t.Helper()
-	base := os.Getenv(envPostgresURL)
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "gwtest_" + hex.EncodeToString(b[:])
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatalf("create schema %s: %v", schema, err)
-	}
-	t.Cleanup(func() {
-		admin, err := sql.Open("pgx", base)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer admin.Close()
-		if _, err := admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("%s: %v", envPostgresURL, err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return pgtest.Schema(t)
 }
 
 // rawConn reaches a test's database behind the store's back (to look at

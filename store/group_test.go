@@ -47,6 +47,22 @@ func openLogged(t *testing.T) (*store.Store, *commitLog) {
 	return st, log
 }
 
+// waitUntil polls cond (every millisecond, for at most 10 s) until it
+// holds; otherwise it calls release (when not nil: a writer the test
+// holds) and fails with what went wrong.
+func waitUntil(t testing.TB, cond func() bool, release func(), failure string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			if release != nil {
+				release()
+			}
+			t.Fatal(failure)
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 // startRuns creates n threads, each with a run claimed by worker "w".
 func startRuns(t *testing.T, st *store.Store, n int) (runs, threads []string) {
 	t.Helper()
@@ -94,13 +110,7 @@ func TestGroupCommitSharesOneTransactionAndIsolatesFailures(t *testing.T) {
 			errs[i] = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_group%d", i), []string{"a", "b", "c"})
 		})
 	}
-	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < len(runs); {
-		if time.Now().After(deadline) {
-			release()
-			t.Fatalf("only %d of %d writes queued", st.QueuedWrites(), len(runs))
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.QueuedWrites() >= len(runs) }, release, fmt.Sprintf("the %d writes never all queued", len(runs)))
 	release()
 	wg.Wait()
 
@@ -227,13 +237,7 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 		})
 	}
 	waitQueued := func(cond func() bool, what string) {
-		for deadline := time.Now().Add(10 * time.Second); !cond(); {
-			if time.Now().After(deadline) {
-				release()
-				t.Fatalf("%s never queued", what)
-			}
-			time.Sleep(time.Millisecond) // polling a condition with a deadline
-		}
+		waitUntil(t, cond, release, fmt.Sprintf("%s never queued", what))
 	}
 	waitQueued(func() bool { return st.QueuedWrites() == 40 }, "40 stream writes")
 	wg.Go(func() {
@@ -283,13 +287,7 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 	release := st.HoldWriter()
 	var wg sync.WaitGroup
 	waitFor := func(cond func() bool, what string) {
-		for deadline := time.Now().Add(10 * time.Second); !cond(); {
-			if time.Now().After(deadline) {
-				release()
-				t.Fatalf("%s never waited", what)
-			}
-			time.Sleep(time.Millisecond) // polling a condition with a deadline
-		}
+		waitUntil(t, cond, release, fmt.Sprintf("%s never waited", what))
 	}
 	for _, snap := range others {
 		wg.Go(func() {
@@ -330,13 +328,7 @@ func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
 	}
 	var failed error
 	wg.Go(func() { failed = st.GroupedWriteThatFails(ctx, "ghost") })
-	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < len(runs)+1; {
-		if time.Now().After(deadline) {
-			release()
-			t.Fatal("writes never queued")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.QueuedWrites() >= len(runs)+1 }, release, "writes never queued")
 	release()
 	wg.Wait()
 	if failed == nil || failed.Error() != "failed after writing" {
@@ -379,24 +371,12 @@ func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
 	// in the queue behind it and is cancelled there; the third stays.
 	var errLead, errKept error
 	wg.Go(func() { errLead = st.AppendDeltas(ctx, runs[0], "w", "msg_w0", []string{"lead"}) })
-	for deadline := time.Now().Add(10 * time.Second); st.GroupCommitsWaiting() != 1; {
-		if time.Now().After(deadline) {
-			release()
-			t.Fatal("the leader never waited for the writer")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.GroupCommitsWaiting() == 1 }, release, "the leader never waited for the writer")
 	stopped, stop := context.WithCancel(ctx)
 	withdrawn := make(chan error, 1)
 	go func() { withdrawn <- st.AppendDeltas(stopped, runs[1], "w", "msg_w1", []string{"gone"}) }()
 	wg.Go(func() { errKept = st.AppendDeltas(ctx, runs[2], "w", "msg_w2", []string{"kept"}) })
-	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() != 3; {
-		if time.Now().After(deadline) {
-			release()
-			t.Fatal("the writes never queued")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.QueuedWrites() == 3 }, release, "the writes never queued")
 	stop()
 	select {
 	case err := <-withdrawn:
@@ -443,20 +423,10 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 	stopped, stop := context.WithCancel(ctx)
 	answer := make(chan error, 1)
 	go func() { answer <- st.AppendDeltas(stopped, runs[0], "w", "msg_late", []string{"never"}) }()
-	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() != 1; {
-		if time.Now().After(deadline) {
-			t.Fatal("the write never queued")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.QueuedWrites() == 1 }, nil, "the write never queued")
 	handBack := st.TakeQueued()
 	stop()
-	for deadline := time.Now().Add(10 * time.Second); st.LateWithdrawals() != 1; {
-		if time.Now().After(deadline) {
-			t.Fatal("the stopped caller never noticed its request was taken")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.LateWithdrawals() == 1 }, nil, "the stopped caller never noticed its request was taken")
 	handBack()
 	select {
 	case err := <-answer:

@@ -243,13 +243,7 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 			wg.Go(func() {
 				errs[i][k] = st.AppendDeltas(ctx, runs[r], "w", fmt.Sprintf("msg_dl%d_%d", i, r), []string{"x"})
 			})
-			for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < k+1; {
-				if time.Now().After(deadline) {
-					release()
-					t.Fatalf("instance %d: write %d never queued", i, k)
-				}
-				time.Sleep(time.Millisecond) // polling a condition with a deadline
-			}
+			waitUntil(t, func() bool { return st.QueuedWrites() >= k+1 }, release, fmt.Sprintf("instance %d: write %d never queued", i, k))
 		}
 		release()
 	}
@@ -261,12 +255,7 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 		}
 		return n
 	}
-	for deadline := time.Now().Add(10 * time.Second); waiting() < 2; {
-		if time.Now().After(deadline) {
-			t.Fatal("the instances never both waited for the held threads")
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return waiting() >= 2 }, nil, "the instances never both waited for the held threads")
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}

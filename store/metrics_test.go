@@ -95,13 +95,7 @@ func TestMetricsStreamBufferAndCancel(t *testing.T) {
 	for i, run := range runs {
 		wg.Go(func() { _ = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_g%d", i), []string{"x", "y", "z"}) })
 	}
-	for deadline := time.Now().Add(10 * time.Second); st.QueuedWrites() < len(runs); {
-		if time.Now().After(deadline) {
-			release()
-			t.Fatalf("only %d of %d writes queued", st.QueuedWrites(), len(runs))
-		}
-		time.Sleep(time.Millisecond) // polling a condition with a deadline
-	}
+	waitUntil(t, func() bool { return st.QueuedWrites() >= len(runs) }, release, fmt.Sprintf("the %d writes never all queued", len(runs)))
 	release()
 	wg.Wait()
 
