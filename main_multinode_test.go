@@ -639,7 +639,8 @@ func TestMultiNode(t *testing.T) {
 	workers.Wait()
 
 	// Every run comes to rest: runs of the killed instance are taken over
-	// when its leases expire.
+	// when its leases expire; a run the workload left waiting for a
+	// confirmation is cancelled (nobody would ever decide it).
 	settle := time.Now().Add(60 * time.Second)
 	lastSeqs := map[string]int64{}
 	for _, id := range ids {
@@ -649,6 +650,9 @@ func TestMultiNode(t *testing.T) {
 			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
 				lastSeqs[id] = snap.LastSeq
 				break
+			}
+			if err == nil && code == http.StatusOK && snap.ActiveRun.Status == "waiting_confirmation" {
+				l.cancel(c, rng, snap.ActiveRun.RunID)
 			}
 			if time.Now().After(settle) {
 				t.Fatalf("thread %s still has an active run 60s after the workload stopped: %s %v", id, raw, err)
