@@ -40,10 +40,11 @@ const maxGroup = 64
 // groupReq is one queued write; done gets its result exactly once, lead a
 // signal when its caller is to drain the queue.
 type groupReq struct {
-	ctx  context.Context
-	fn   func(t *txn) error
-	done chan error    // buffered 1
-	lead chan struct{} // buffered 1
+	ctx    context.Context
+	fn     func(t *txn) error
+	urgent bool          // a cancel (writeUrgent)
+	done   chan error    // buffered 1
+	lead   chan struct{} // buffered 1
 }
 
 // writeQueue is the group-commit queue. Its lock is taken with or without
@@ -71,11 +72,11 @@ func (s *Store) writeUrgent(ctx context.Context, fn func(t *txn) error) error {
 
 // enqueue queues one request and waits for its result. At most one caller
 // at a time leads: it takes the writer and commits batches until its own
-// request is answered, then hands the lead to the oldest request still
+// request is answered, then hands the lead to the next request still
 // queued. The others only wait for their answer, so a busy writer is never
 // kept waiting by callers that merely collect a result.
 func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool) error {
-	req := &groupReq{ctx: ctx, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	req := &groupReq{ctx: ctx, fn: fn, urgent: urgent, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	q := &s.queue
 	q.mu.Lock()
 	if urgent {
@@ -196,11 +197,21 @@ func (q *writeQueue) take(alone bool) []*groupReq {
 	return batch
 }
 
-// putBack returns requests not run to the front of the queue (behind any
-// urgent ones).
+// putBack returns requests not run to the front of their lanes: cancels
+// stay urgent.
 func (q *writeQueue) putBack(rest []*groupReq) {
+	var urgent, pending []*groupReq
+	for _, r := range rest {
+		if r.urgent {
+			urgent = append(urgent, r)
+		} else {
+			pending = append(pending, r)
+		}
+	}
 	q.mu.Lock()
-	q.pending = append(rest[:len(rest):len(rest)], q.pending...)
+	q.urgent = append(urgent, q.urgent...)
+	q.waiting.Add(int32(len(urgent)))
+	q.pending = append(pending, q.pending...)
 	q.mu.Unlock()
 }
 

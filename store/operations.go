@@ -279,8 +279,11 @@ func (s *Store) DecideOperation(ctx context.Context, userID, opID string, expect
 			return err
 		}
 		c, err := t.thread(userID, op.ThreadID)
+		if chat.ErrorCode(err) == chat.CodeNotFound {
+			return chat.NotFound("operation", opID) // another user's: as unknown as a random id
+		}
 		if err != nil {
-			return chat.NotFound("operation", opID)
+			return err
 		}
 		if err := t.checkVersion(c, expected, ""); err != nil {
 			return err

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/honestcancel/gateway/chat"
 )
 
@@ -106,7 +108,11 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		Through int64 `db:"events_purged_through"`
 		TS      int64 `db:"events_purged_ts"`
 	}
-	if err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`+t.forUpdate(), threadID); err != nil {
+	err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`+t.skipLocked(), threadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil // busy (PostgreSQL: another transaction holds it): the next pass purges it
+	}
+	if err != nil {
 		return 0, false, fmt.Errorf("load purge watermark: %w", err)
 	}
 	var bounds struct {
@@ -250,22 +256,71 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 // checkpoint of that thread or of a thread forked from it (at any depth):
 // only those copy its id. On PostgreSQL those threads stay locked until the
 // redaction commits, so no other instance moves a head back onto the draft
-// in between.
+// in between; a thread another transaction holds counts as holding the
+// draft (retention never waits for live work: the next pass redacts it).
 func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
-	lockHeads := ""
-	if t.pg {
-		lockHeads = " FOR UPDATE OF th"
-	}
-	var heads []string
-	if err := t.sel(&heads, `WITH RECURSIVE lineage (thread_id) AS (
+	lineage := `WITH RECURSIVE lineage (thread_id) AS (
 			SELECT thread_id FROM threads WHERE thread_id = ?
 			UNION
 			SELECT th.thread_id FROM threads th JOIN lineage l ON th.forked_from_thread_id = l.thread_id
-		)
-		SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
-		JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`+lockHeads, threadID); err != nil {
-		return false, fmt.Errorf("find heads holding a draft: %w", err)
+		)`
+	var heads []string
+	if !t.pg {
+		if err := t.sel(&heads, lineage+` SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
+			JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`, threadID); err != nil {
+			return false, fmt.Errorf("find heads holding a draft: %w", err)
+		}
+		return headsHold(heads, messageID)
 	}
+	// PostgreSQL: lock the lineage, then read the heads in a statement of
+	// their own (one that waited for a lock would see the other rows as
+	// they were before). A fork locks its source first, so once every
+	// thread of the lineage is locked the lineage cannot grow; it is read
+	// again until it stops growing.
+	locked := map[string]bool{}
+	for range 8 {
+		var ids []string
+		if err := t.sel(&ids, lineage+` SELECT thread_id FROM lineage`, threadID); err != nil {
+			return false, fmt.Errorf("find the draft's lineage: %w", err)
+		}
+		var fresh []string
+		for _, id := range ids {
+			if !locked[id] {
+				fresh = append(fresh, id)
+			}
+		}
+		if len(fresh) == 0 {
+			q, args, err := sqlx.In(`SELECT c.message_ids FROM threads th JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id
+				WHERE th.thread_id IN (?)`, ids)
+			if err != nil {
+				return false, err
+			}
+			if err := t.sel(&heads, q, args...); err != nil {
+				return false, fmt.Errorf("find heads holding a draft: %w", err)
+			}
+			return headsHold(heads, messageID)
+		}
+		q, args, err := sqlx.In(`SELECT thread_id FROM threads WHERE thread_id IN (?) ORDER BY thread_id FOR UPDATE SKIP LOCKED`, fresh)
+		if err != nil {
+			return false, err
+		}
+		var got []string
+		if err := t.sel(&got, q, args...); err != nil {
+			return false, fmt.Errorf("lock the draft's lineage: %w", err)
+		}
+		if len(got) < len(fresh) {
+			return true, nil // busy: leave the draft for the next pass
+		}
+		for _, id := range got {
+			locked[id] = true
+		}
+	}
+	return true, nil // still growing: leave it for the next pass
+}
+
+// headsHold reports whether any head checkpoint's message_ids holds
+// messageID.
+func headsHold(heads []string, messageID string) (bool, error) {
 	for _, raw := range heads {
 		var ids []string
 		if err := json.Unmarshal([]byte(raw), &ids); err != nil {

@@ -16,8 +16,10 @@ import (
 // On PostgreSQL, instances sharing the database lock the rows they decide
 // on (txn.forUpdate). Two transactions can then wait for each other (a
 // group commit locks several threads, in its own order); PostgreSQL breaks
-// the cycle by failing one of them with a deadlock (SQLSTATE 40P01), and a
-// stricter isolation would fail one with a serialization failure (40001).
+// the cycle by failing one of them with a deadlock (SQLSTATE 40P01), a
+// stricter isolation would fail one with a serialization failure (40001),
+// and a lock held past lock_timeout (an instance frozen mid-transaction,
+// see sessionLimits) fails the waiter with 55P03.
 // Neither says anything about the request: the whole transaction runs
 // again, its closures from scratch, after a short random wait so the two
 // do not meet again at once. (On SQLite every write goes through one
@@ -29,7 +31,7 @@ const txAttempts = 5
 // retryable reports a failure that running the transaction again may cure.
 func retryable(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001" || pe.Code == "55P03")
 }
 
 // backoff waits before attempt+1: a random time up to 2ms·2^attempt (at most

@@ -223,8 +223,11 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 			return err
 		}
 		c, err := t.thread(p.UserID, row.ThreadID)
+		if chat.ErrorCode(err) == chat.CodeNotFound {
+			return chat.NotFound("run", p.RunID) // another user's: as unknown as a random id
+		}
 		if err != nil {
-			return chat.NotFound("run", p.RunID)
+			return err
 		}
 		st := row.status()
 		prev = st
@@ -665,6 +668,11 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				return err
 			}
 			if row.status().Terminal() || (row.LeaseOwner.Valid && row.LeaseOwner.String == owner) {
+				return nil
+			}
+			if !foreignExpired && row.LeaseOwner.Valid && row.LeaseExpiresAt.Valid && row.LeaseExpiresAt.Int64 >= ms(now) {
+				// Its owner renewed the lease after the candidates were
+				// listed: it is alive, the run is not ours to take.
 				return nil
 			}
 			var openCommit int

@@ -192,11 +192,44 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 // Postgres reports whether the store is on PostgreSQL.
 func (s *Store) Postgres() bool { return s.pg }
 
+// sessionLimits bound how long one instance can hold up another on
+// PostgreSQL, unless the URL sets them itself. An instance frozen in the
+// middle of a transaction (stopped, partitioned) keeps its row locks: after
+// idle_in_transaction_session_timeout PostgreSQL ends its session and
+// frees them. Meanwhile a transaction waiting for such a lock gives up
+// after lock_timeout and runs again (retry.go), txAttempts times, which
+// outlasts the idle timeout.
+var sessionLimits = [][2]string{
+	{"lock_timeout", "5s"},
+	{"idle_in_transaction_session_timeout", "20s"},
+}
+
+// withSessionLimits adds sessionLimits to a PostgreSQL URL as runtime
+// parameters where it does not set them.
+func withSessionLimits(dsn string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("-db is not a valid PostgreSQL URL: %w", err)
+	}
+	q := u.Query()
+	for _, kv := range sessionLimits {
+		if !q.Has(kv[0]) {
+			q.Set(kv[0], kv[1])
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
 // openPostgres opens a PostgreSQL store: one writer connection (the same
 // single-writer design as SQLite, per instance) and a read pool, both
 // through pgx's database/sql driver under the name "pgx", for which sqlx
 // rebinds ? to $n.
 func openPostgres(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	dsn, err := withSessionLimits(dsn)
+	if err != nil {
+		return nil, err
+	}
 	if err := migratePostgres(ctx, dsn); err != nil {
 		return nil, err
 	}

@@ -49,14 +49,29 @@ func (t *txn) forUpdate() string {
 	return ""
 }
 
+// skipLocked is forUpdate for retention, which never waits for live
+// work: on PostgreSQL a row another transaction holds is left out (and
+// purged at the next pass).
+func (t *txn) skipLocked() string {
+	if t.pg {
+		return " FOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
+
 // lockRunThread takes, on PostgreSQL, the lock of the run's thread row
-// before the run row is read FOR UPDATE. Instances lock rows in one order,
-// a thread before its runs (as every write that starts from a thread
-// does), so two instances' transactions can wait for each other but never
-// in a cycle: a deadlock costs PostgreSQL's deadlock_timeout (1 s by
-// default) before one side fails and runs again. A run's thread never
-// changes, so reading it without a lock is safe. SQLite has one writer:
-// nothing to do.
+// before the run row is read FOR UPDATE, so every transaction locks a
+// thread before its runs (as every write that starts from a thread does).
+// A run's thread never changes, so reading it without a lock is safe.
+// SQLite has one writer: nothing to do.
+//
+// Instances then wait for each other without a cycle as long as each
+// transaction holds one thread of another instance's: a cancel of another
+// instance's run commits alone (writeQueue.take), a group batch holds only
+// threads of runs this instance leases, and retention never waits
+// (skipLocked). What is left — a takeover racing a previous owner that is
+// slow rather than dead — PostgreSQL breaks after its deadlock_timeout
+// (1 s by default), and the loser runs again (retry.go).
 func (t *txn) lockRunThread(runID string) error {
 	if !t.pg {
 		return nil
