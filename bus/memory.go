@@ -127,6 +127,14 @@ func (s *Subscription) Deliver(ev *chat.Event) bool {
 	}
 }
 
+// Lost implements LossAware: the subscription ends with ErrLagged, and its
+// reader starts over from the store.
+func (s *Subscription) Lost(string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.finish(ErrLagged)
+}
+
 // Events delivers the thread's events; it is closed when the subscription
 // ends.
 func (s *Subscription) Events() <-chan *chat.Event { return s.c }

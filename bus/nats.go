@@ -93,10 +93,33 @@ type NATS struct {
 
 	out outbox
 
-	mu      sync.Mutex
-	closed  bool
-	threads map[string]*threadState // threads with local sinks only
-	stats   NATSStats
+	// reads bounds the log reads of recoveries in flight (they share the
+	// store's read pool with subscribes and snapshots): after a NATS
+	// restart every thread behind would read at once.
+	reads chan struct{}
+
+	mu       sync.Mutex
+	closed   bool
+	threads  map[string]*threadState // threads with local sinks only
+	stats    NATSStats
+	warnedAt time.Time // last "recover … failed" warning (at most one per warnEvery)
+}
+
+// maxRecoveryReads bounds the recoveries reading the log at once;
+// warnEvery spaces out warnings of a log that keeps failing.
+const (
+	maxRecoveryReads = 4
+	warnEvery        = 5 * time.Second
+)
+
+// LossAware is a Sink that can be told it missed events of a thread that
+// neither NATS nor the log can give any more (purged, or a gap too long to
+// replay): it makes its client start over from a snapshot (a WebSocket
+// closes as having missed events, a Subscription ends with ErrLagged). The
+// bus then drops it from the thread. A sink that is not LossAware sees the
+// gap in the seqs of the next event instead.
+type LossAware interface {
+	Lost(threadID string)
 }
 
 // NATSStats counts what the bus did since DialNATS.
@@ -138,6 +161,7 @@ type threadState struct {
 	ready      chan struct{}
 	// pending holds events with seq > last+1 until the gap is filled.
 	pending    map[int64]*chat.Event
+	dropped    bool // an event arrived during the baseline read and was not held
 	recovering bool // a recovery goroutine runs for this thread
 	again      bool // run the recovery once more when it ends
 }
@@ -190,7 +214,7 @@ func DialNATS(url string, cfg NATSConfig) (*NATS, error) {
 		evPfx: cfg.Subject + ".ev.", cancelS: cfg.Subject + ".cancel",
 		ctx: ctx, stop: stop,
 		resync: make(chan struct{}, 1), ncDone: make(chan struct{}),
-		threads: map[string]*threadState{},
+		threads: map[string]*threadState{}, reads: make(chan struct{}, maxRecoveryReads),
 	}
 	b.out.wake = make(chan struct{}, 1)
 	nc, err := nats.Connect(url,
@@ -325,7 +349,8 @@ func (b *NATS) Add(threadID string, sink Sink) {
 		}
 	}
 	b.drainLocked(threadID, t)
-	if b.threads[threadID] == t && len(t.pending) > 0 {
+	if b.threads[threadID] == t && (len(t.pending) > 0 || t.dropped) {
+		t.dropped = false
 		b.recoverLocked(threadID, t)
 	}
 }
@@ -402,7 +427,9 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 		} else {
 			if len(t.pending) < b.cfg.MaxPending {
 				t.pending[ev.Seq] = ev
-			} // else: recovered from the log once the baseline is known
+			} else {
+				t.dropped = true // recovered from the log once the baseline is known
+			}
 			return
 		}
 	}
@@ -421,9 +448,11 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 		// connections; the clients resync from the log by after_seq.
 		first := minSeq(t.pending)
 		b.log.Warn("too many events held behind a gap: delivering past it", "thread_id", ev.ThreadID, "missing_from", t.last+1, "missing_to", first-1)
-		b.stats.Skipped += first - 1 - t.last
-		t.last = first - 1
+		b.skipLocked(ev.ThreadID, t, first-1)
 		b.drainLocked(ev.ThreadID, t)
+		if b.threads[ev.ThreadID] == t && len(t.pending) > 0 {
+			b.recoverLocked(ev.ThreadID, t)
+		}
 		return
 	}
 	b.recoverLocked(ev.ThreadID, t)
@@ -489,9 +518,17 @@ func (b *NATS) recover(threadID string, t *threadState) {
 		t.again = false
 		b.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
-		rep, err := b.cfg.Log.ThreadEvents(ctx, threadID, after)
-		cancel()
+		var rep chat.Replay
+		var err error
+		select {
+		case b.reads <- struct{}{}:
+			ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
+			rep, err = b.cfg.Log.ThreadEvents(ctx, threadID, after)
+			cancel()
+			<-b.reads
+		case <-b.ctx.Done():
+			err = b.ctx.Err()
+		}
 
 		b.mu.Lock()
 		if b.threads[threadID] != t {
@@ -500,9 +537,13 @@ func (b *NATS) recover(threadID string, t *threadState) {
 		}
 		if err != nil {
 			t.recovering = false
+			warn := b.ctx.Err() == nil && time.Since(b.warnedAt) >= warnEvery
+			if warn {
+				b.warnedAt = time.Now()
+			}
 			b.mu.Unlock()
-			if b.ctx.Err() == nil {
-				b.log.Warn("recover thread events from the log failed: the sweep retries", "thread_id", threadID, "after_seq", after, "err", err)
+			if warn {
+				b.log.Warn("recover thread events from the log failed: the sweep retries (further failures within 5s are not logged)", "thread_id", threadID, "after_seq", after, "err", err)
 			}
 			return
 		}
@@ -549,8 +590,7 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 				// Not held by the log and nothing after it yet: the next
 				// event shows the gap to the sinks.
 				b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", rep.LastSeq)
-				b.stats.Skipped += rep.LastSeq - t.last
-				t.last = rep.LastSeq
+				b.skipLocked(threadID, t, rep.LastSeq)
 			}
 			return
 		}
@@ -560,8 +600,28 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 			return
 		}
 		b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", first-1)
-		b.stats.Skipped += first - 1 - t.last
-		t.last = first - 1
+		b.skipLocked(threadID, t, first-1)
+		if b.threads[threadID] != t {
+			return
+		}
+	}
+}
+
+// skipLocked gives up the seqs after t.last up to through, which nobody
+// can deliver any more: LossAware sinks are told and dropped (their
+// clients start over from a snapshot), the others see the gap in the next
+// event's seq. The thread's state goes with its last sink.
+func (b *NATS) skipLocked(threadID string, t *threadState, through int64) {
+	b.stats.Skipped += through - t.last
+	t.last = through
+	for s := range t.sinks {
+		if la, ok := s.(LossAware); ok {
+			la.Lost(threadID)
+			delete(t.sinks, s)
+		}
+	}
+	if len(t.sinks) == 0 && b.threads[threadID] == t {
+		delete(b.threads, threadID)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -322,6 +323,44 @@ func TestNATSGapTheLogCannotFillIsDeliveredPast(t *testing.T) {
 	// The sink is given 3 right after 1: it sees the gap (a WebSocket
 	// closes and its client resyncs).
 	waitExact(t, "b", sb, []int64{1, 3})
+	if st := b.bus.Stats(); st.Skipped != 1 {
+		t.Errorf("b skipped %d seqs, want 1 (%+v)", st.Skipped, st)
+	}
+}
+
+// A lost event the log cannot give either, with nothing after it: no seq
+// will ever show the gap, so a LossAware sink (here a Subscription; a
+// WebSocket closes the same way) is told and dropped: its reader starts
+// over instead of waiting on stale state forever.
+func TestNATSLostTailEndsLossAwareSinks(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	log.purged = true
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: 20 * time.Millisecond})
+	const thread = "thr_lost_tail"
+	sub := b.bus.Subscribe(thread, 16)
+	defer sub.Close()
+	a.commit(thread, 1, true)
+	a.commit(thread, 1, false) // 2: lost, the log no longer has it, nothing follows
+	var got []int64
+	deadline := time.After(waitLimit)
+	for open := true; open; {
+		select {
+		case ev, ok := <-sub.Events():
+			if !ok {
+				open = false
+				break
+			}
+			got = append(got, ev.Seq)
+		case <-deadline:
+			t.Fatalf("the subscription still waits after %v with seqs %v: nobody told it seq 2 is gone", waitLimit, got)
+		}
+	}
+	if !slices.Equal(got, []int64{1}) || !errors.Is(sub.Err(), bus.ErrLagged) {
+		t.Fatalf("the subscription got %v and ended with %v, want [1] and ErrLagged", got, sub.Err())
+	}
 	if st := b.bus.Stats(); st.Skipped != 1 {
 		t.Errorf("b skipped %d seqs, want 1 (%+v)", st.Skipped, st)
 	}

@@ -60,9 +60,37 @@ type options struct {
 	db        string
 	metrics   gateway.Metrics
 	auth      func(*store.Store) gateway.Authenticator
+	spy       *feedSpy
 }
 
 type option func(*options)
+
+// feedSpy is the harness's feed with a record of the sinks the gateway
+// adds to it, so a test can play the part of a bus that lost events.
+type feedSpy struct {
+	gateway.Feed
+	mu    sync.Mutex
+	sinks map[string][]chat.EventSink
+}
+
+func (f *feedSpy) Add(threadID string, sink chat.EventSink) {
+	f.mu.Lock()
+	if f.sinks == nil {
+		f.sinks = map[string][]chat.EventSink{}
+	}
+	f.sinks[threadID] = append(f.sinks[threadID], sink)
+	f.mu.Unlock()
+	f.Feed.Add(threadID, sink)
+}
+
+func (f *feedSpy) added(threadID string) []chat.EventSink {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.sinks[threadID])
+}
+
+// withFeedSpy records in spy the sinks the gateway subscribes.
+func withFeedSpy(spy *feedSpy) option { return func(o *options) { o.spy = spy } }
 
 // withWorkers bounds the runs the engine executes at once.
 func withWorkers(n int) option { return func(o *options) { o.workers = n } }
@@ -118,10 +146,15 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	if o.auth != nil {
 		authn = o.auth(st)
 	}
+	var gf gateway.Feed = feed
+	if o.spy != nil {
+		o.spy.Feed = feed
+		gf = o.spy
+	}
 	api := gateway.New(gateway.Config{
 		Auth: authn, Store: st, Runs: eng,
 		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
-		Feed:      feed,
+		Feed:      gf,
 		KeepAlive: o.keepAlive,
 		WS:        o.ws,
 		Metrics:   o.metrics,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
 )
@@ -651,6 +652,34 @@ func TestWSStaleTabGetsConflict(t *testing.T) {
 	}
 	again := wsStr(b.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": cur.StateVersion, "user_message": "short retry"}), "run_id")
 	b.untilEvent(th, chat.EventRunCompleted, again)
+}
+
+// When the bus reports events of a thread lost for good (neither NATS nor
+// the event log holds them), the connection closes like one that missed an
+// event, and the page starts over from after_seq.
+func TestWSLostEventsCloseTheConnection(t *testing.T) {
+	t.Parallel()
+	spy := &feedSpy{}
+	h := newHarness(t, 0, withFeedSpy(spy))
+	th := h.createThread("").ThreadID
+	other := h.createThread("").ThreadID
+	a := h.dial(t)
+	a.subscribe(th, wsAfter(0))
+	sinks := spy.added(th)
+	if len(sinks) != 1 {
+		t.Fatalf("%d sinks added for the thread, want the connection's one", len(sinks))
+	}
+	lossAware, ok := sinks[0].(bus.LossAware)
+	if !ok {
+		t.Fatal("a WebSocket connection is not bus.LossAware: a bus could not tell it about lost events")
+	}
+	lossAware.Lost(other) // a thread it does not watch: nothing happens
+	a.subscribe(other, wsAfter(0))
+	lossAware.Lost(th)
+	ce := a.closed()
+	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
+		t.Errorf("closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)
+	}
 }
 
 // TestWSStalledClientIsClosed: a client that stops reading is closed with

@@ -210,6 +210,19 @@ func (c *wsConn) Deliver(ev *chat.Event) bool {
 	return c.queueEventLocked(ev)
 }
 
+// Lost implements bus.LossAware: events of the thread are gone for good
+// (the bus could recover them neither from NATS nor from the event log), so
+// the client must start over: the connection is closed like one that
+// missed an event, and the page resubscribes with after_seq (answered with
+// a snapshot). Called by the bus, never blocks.
+func (c *wsConn) Lost(threadID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.subs[threadID]; ok {
+		c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
+	}
+}
+
 // queueEventLocked queues ev unless this connection already has it; a seq
 // beyond the next one means an event was lost on the way, which the client
 // can only repair by resyncing.
