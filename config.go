@@ -220,10 +220,10 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.adminAddr)
 	}
 	if c.nats != "" && !store.IsPostgres(c.db) {
-		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", c.nats)
+		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", redactedURL(c.nats))
 	}
 	if c.nats != "" && !strings.HasPrefix(c.nats, "nats://") && !strings.HasPrefix(c.nats, "tls://") {
-		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", c.nats)
+		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", redactedURL(c.nats))
 	}
 	if c.leaseTTL < 300*time.Millisecond {
 		return c, errors.New("-lease-ttl must be at least 300ms (leases are renewed every third of it)")
@@ -234,17 +234,33 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
-// redactedDB is -db as logs may show it: a PostgreSQL URL without its
-// password.
-func redactedDB(db string) string {
-	if !store.IsPostgres(db) {
-		return db
+// redactedURL is a -db or -nats setting as logs and errors may show it:
+// a URL loses its password (in its user info or a parameter naming one)
+// and, for NATS, a token given as the user name; a SQLite path is shown as
+// it is.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		if strings.Contains(raw, "://") || strings.Contains(raw, "@") {
+			return "(not shown: it does not parse as a URL and may hold a password)"
+		}
+		return raw
 	}
-	u, err := url.Parse(db)
-	if err != nil {
-		return "postgres://(unparsable URL)"
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			u.User = url.User("xxxxx") // nats://TOKEN@host
+		}
 	}
-	return u.Redacted()
+	q := u.Query()
+	for k := range q {
+		if lk := strings.ToLower(k); strings.Contains(lk, "password") || strings.Contains(lk, "token") {
+			q.Set(k, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // openaiSettings are the flags of -model openai. The API key is read from

@@ -167,7 +167,10 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	// fd is set right after the store opens, before anything can commit
 	// (opening only migrates; the engine's first write comes later).
 	var fd feed
-	// Counted before fan-out: a client that saw an event finds it counted.
+	// What this instance commits is counted before it is fanned out, so on
+	// one instance a client that saw an event finds it counted. (With
+	// several, each counts its own commits, and a tab may see an event
+	// recovered from the log before its committer counted it.)
 	committed := func(events []*chat.Event) {
 		m.Committed(events)
 		fd.Publish(events)
@@ -175,7 +178,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true})
 	if err != nil {
 		if store.IsPostgres(cfg.db) {
-			return fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, redactedDB(cfg.db))
+			return fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, redactedURL(cfg.db))
 		}
 		return err
 	}
@@ -194,7 +197,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 			},
 		})
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s: %w (is nats-server running? check -nats)", cfg.nats, err)
+			return fmt.Errorf("connect to NATS at %s: %w (is nats-server running? check -nats)", redactedURL(cfg.nats), err)
 		}
 		defer nb.Close()
 		fd, wakeups = nb, nb
@@ -310,7 +313,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
 	}
 	api.SetReady(true)
-	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", redactedDB(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID)
+	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", redactedURL(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID)
 
 	select {
 	case err := <-served:

@@ -39,10 +39,10 @@ func check(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, v)
 	}
 	if len(violations) > 0 {
-		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), redactedDB(*db))
+		fmt.Fprintf(stdout, "%d violations in %s\n", len(violations), redactedURL(*db))
 		return 1
 	}
-	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", redactedDB(*db))
+	fmt.Fprintf(stdout, "ok: all invariants hold in %s\n", redactedURL(*db))
 	return 0
 }
 
