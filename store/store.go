@@ -5,17 +5,19 @@
 // Writes go through one writer connection and one gate (writer.go): every
 // state change of a thread is one transaction that checks and bumps the
 // thread's state_version and last_seq and appends its events; after the
-// commit, and still holding the gate, the committed events are handed to the OnCommit sink,
-// so a thread's events reach subscribers in seq order ("persist, then fan
-// out"). Reads use a separate pool and never wait for the writer.
+// commit, and still holding the gate, the committed events are handed to
+// the OnCommit sink, so a thread's events reach subscribers in seq order
+// ("persist, then fan out"). Reads use a separate pool and never wait for
+// the writer.
 //
 // The same code serves SQLite (a file path, the default) and PostgreSQL (a
 // postgres:// DSN, for several instances sharing one database). On
-// PostgreSQL each instance still writes through one connection under its
-// own mutex; across instances, a write transaction locks the thread and run
-// rows it decides on (txn.forUpdate), so the compare-and-set of the thread's
-// sequencer never fails spuriously, and a transaction that loses a deadlock
-// to another instance runs again (retry.go).
+// PostgreSQL each instance still writes through one connection behind its
+// own gate; across instances, a write transaction locks the thread and run
+// rows it decides on, a thread before its runs (txn.forUpdate,
+// txn.lockRunThread), so the compare-and-set of the thread's sequencer
+// never fails spuriously, and a transaction that loses a deadlock or a
+// lock wait to another instance runs again (retry.go).
 package store
 
 import (
