@@ -289,7 +289,9 @@ func (e *Engine) watchCancels() {
 		if idle {
 			continue
 		}
-		ids, err := e.store.CancelsRequested(e.ctx, e.cfg.InstanceID)
+		look, stop := context.WithTimeout(e.ctx, storeTimeout)
+		ids, err := e.store.CancelsRequested(look, e.cfg.InstanceID)
+		stop()
 		if err != nil {
 			if e.ctx.Err() == nil {
 				e.log.Warn("look up cancels accepted elsewhere", "err", err)
