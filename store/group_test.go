@@ -63,6 +63,22 @@ func waitUntil(t testing.TB, cond func() bool, release func(), failure string) {
 	}
 }
 
+// deltasIn counts the deltas a thread's replay from the start holds.
+func deltasIn(t *testing.T, st *store.Store, threadID string) int {
+	t.Helper()
+	rep, err := st.Events(ctx, user, threadID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range rep.Events {
+		if ev.Type == chat.EventMessageDelta {
+			n++
+		}
+	}
+	return n
+}
+
 // startRuns creates n threads, each with a run claimed by worker "w".
 func startRuns(t *testing.T, st *store.Store, n int) (runs, threads []string) {
 	t.Helper()
@@ -343,16 +359,7 @@ func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
 		t.Fatalf("the failed write's row survived: %v", err)
 	}
 	for _, th := range threads {
-		rep, err := st.Events(ctx, user, th, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, ev := range rep.Events {
-			if ev.Type == chat.EventMessageDelta {
-				n++
-			}
-		}
+		n := deltasIn(t, st, th)
 		if n != 1 {
 			t.Errorf("thread %s holds %d deltas, want 1", th, n)
 		}
@@ -396,16 +403,7 @@ func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
 		t.Fatalf("the other writes answered %v, %v", errLead, errKept)
 	}
 	for i, th := range threads {
-		rep, err := st.Events(ctx, user, th, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, ev := range rep.Events {
-			if ev.Type == chat.EventMessageDelta {
-				n++
-			}
-		}
+		n := deltasIn(t, st, th)
 		if want := map[int]int{0: 1, 1: 0, 2: 1}[i]; n != want {
 			t.Errorf("thread %d holds %d deltas, want %d", i, n, want)
 		}
@@ -447,16 +445,7 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 		t.Fatal("a later write never committed: nobody leads the queue")
 	}
 	for i, th := range threads {
-		rep, err := st.Events(ctx, user, th, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, ev := range rep.Events {
-			if ev.Type == chat.EventMessageDelta {
-				n++
-			}
-		}
+		n := deltasIn(t, st, th)
 		if n != i { // thread 0: the stopped write, never run; thread 1: the later one
 			t.Errorf("thread %d holds %d deltas, want %d", i, n, i)
 		}
