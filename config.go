@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -28,12 +29,13 @@ type config struct {
 	db   string
 	// scale-out: the NATS bus, this instance's name in run leases, and
 	// how long a lease outlives a silent instance
-	nats       string
-	instanceID string
-	leaseTTL   time.Duration
-	model      string
-	demoPace   time.Duration
-	streamTTL  time.Duration
+	nats        string
+	natsSubject string
+	instanceID  string
+	leaseTTL    time.Duration
+	model       string
+	demoPace    time.Duration
+	streamTTL   time.Duration
 	// retention of the other artifact classes; 0 keeps forever
 	eventTTL, auditTTL, draftTTL time.Duration
 	workers                      int
@@ -72,6 +74,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
 	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
 	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
+	fs.StringVar(&c.natsSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
 	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
 	leaseTTL, err := envDuration("GATEWAY_LEASE_TTL", 15*time.Second)
 	if err != nil {
@@ -225,6 +228,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if c.nats != "" && !strings.HasPrefix(c.nats, "nats://") && !strings.HasPrefix(c.nats, "tls://") {
 		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", redactedURL(c.nats))
 	}
+	if !natsToken.MatchString(c.natsSubject) {
+		return c, fmt.Errorf("-nats-subject %q: use letters, digits, '-' and '_', optionally in dot-separated parts (e.g. gateway or acme.chat)", c.natsSubject)
+	}
 	if c.leaseTTL < 300*time.Millisecond {
 		return c, errors.New("-lease-ttl must be at least 300ms (leases are renewed every third of it)")
 	}
@@ -233,6 +239,10 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	return c, nil
 }
+
+// natsToken is a valid -nats-subject: NATS subject tokens without
+// wildcards.
+var natsToken = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // redactedURL is a -db or -nats setting as logs and errors may show it:
 // a URL loses its password (in its user info or a parameter naming one)

@@ -189,7 +189,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	switch {
 	case cfg.nats != "":
 		nb, err := bus.DialNATS(cfg.nats, bus.NATSConfig{
-			Log: st, Name: instanceID, Logger: log,
+			Log: st, Name: instanceID, Logger: log, Subject: cfg.natsSubject,
 			OnCancel: func(string) {
 				if e := woken.Load(); e != nil {
 					e.WakeCancels()

@@ -980,6 +980,7 @@ func TestCLIErrors(t *testing.T) {
 			{[]string{"-nats", "nats://127.0.0.1:4222"}, "needs a PostgreSQL -db"},
 			{[]string{"-db", "postgres://u:secret@127.0.0.1:5432/db", "-nats", "127.0.0.1:4222"}, "use a URL like nats://"},
 			{[]string{"-lease-ttl", "10ms"}, "-lease-ttl must be at least"},
+			{[]string{"-nats-subject", "a.*"}, "-nats-subject"},
 		} {
 			args := append([]string{"-addr", "127.0.0.1:0", "-db", db}, tc.args...)
 			code, _, errOut := runCLI(t, nil, args...)
