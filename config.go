@@ -71,98 +71,46 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	ef := envFlags{fs: fs}
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
 	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
 	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
 	fs.StringVar(&c.natsSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
 	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
-	leaseTTL, err := envDuration("GATEWAY_LEASE_TTL", 15*time.Second)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.leaseTTL, "lease-ttl", leaseTTL, "how long a run stays with an instance that stopped renewing its lease before another takes it over (GATEWAY_LEASE_TTL)")
+	ef.duration(&c.leaseTTL, "lease-ttl", "GATEWAY_LEASE_TTL", 15*time.Second, "how long a run stays with an instance that stopped renewing its lease before another takes it over")
 	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
-	pace, err := envDuration("GATEWAY_DEMO_PACE", 30*time.Millisecond)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.demoPace, "demo-pace", pace, "demo model: time per streamed word (GATEWAY_DEMO_PACE)")
-	ttl, err := envDuration("GATEWAY_STREAM_TTL", 10*time.Minute)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.streamTTL, "stream-ttl", ttl, "how long streamed deltas stay buffered (GATEWAY_STREAM_TTL)")
-	for _, r := range []struct {
-		dst           *time.Duration
-		flag, envName string
-		def           time.Duration
-		usage         string
-	}{
-		{&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30 * 24 * time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever"},
-		{&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365 * 24 * time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever"},
-		{&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7 * 24 * time.Hour, "how long a deleted draft's text is kept (for audit) before it is erased; 0 keeps it forever"},
-	} {
-		d, err := envDuration(r.envName, r.def)
-		if err != nil {
-			return c, err
-		}
-		fs.DurationVar(r.dst, r.flag, d, r.usage+" ("+r.envName+")")
-	}
-	workers, err := envInt("GATEWAY_WORKERS", 64)
-	if err != nil {
-		return c, err
-	}
-	fs.IntVar(&c.workers, "workers", workers, "runs executed at once (GATEWAY_WORKERS)")
-	searchLatency, err := envDuration("GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.searchLatency, "search-latency", searchLatency, "catalog_search: how long a search takes (GATEWAY_SEARCH_LATENCY)")
-	outboxLatency, err := envDuration("GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.outboxLatency, "outbox-latency", outboxLatency, "send_email: how long the embedded email provider takes to accept (GATEWAY_OUTBOX_LATENCY)")
+	ef.duration(&c.demoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
+	ef.duration(&c.streamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
+	ef.duration(&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
+	ef.duration(&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")
+	ef.duration(&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long a deleted draft's text is kept (for audit) before it is erased; 0 keeps it forever")
+	ef.int(&c.workers, "workers", "GATEWAY_WORKERS", 64, "runs executed at once")
+	ef.duration(&c.searchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
+	ef.duration(&c.outboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")
 	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
 	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
 	fs.StringVar(&c.authHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
 	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
-	sessionTTL, err := envDuration("GATEWAY_SESSION_TTL", 7*24*time.Hour)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.sessionTTL, "session-ttl", sessionTTL, "-auth password: how long a sign-in lasts (GATEWAY_SESSION_TTL)")
+	ef.duration(&c.sessionTTL, "session-ttl", "GATEWAY_SESSION_TTL", 7*24*time.Hour, "-auth password: how long a sign-in lasts")
 	fs.BoolVar(&c.secureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
 	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
 	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
-	wsPing, err := envDuration("GATEWAY_WS_PING_INTERVAL", 20*time.Second)
-	if err != nil {
-		return c, err
-	}
-	fs.DurationVar(&c.wsPing, "ws-ping-interval", wsPing, "WebSocket keep-alive period; a signed-out or revoked connection ends within it (GATEWAY_WS_PING_INTERVAL)")
-	userConns, err := envInt("GATEWAY_MAX_CONNS_PER_USER", 32)
-	if err != nil {
-		return c, err
-	}
-	fs.IntVar(&c.userConns, "max-conns-per-user", userConns, "WebSocket connections and event streams one user may hold open (GATEWAY_MAX_CONNS_PER_USER)")
-	userSubs, err := envInt("GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500)
-	if err != nil {
-		return c, err
-	}
-	fs.IntVar(&c.userSubs, "max-subscriptions-per-user", userSubs, "threads one user may watch over all its WebSocket connections (GATEWAY_MAX_SUBSCRIPTIONS_PER_USER)")
-	userRate, err := envFloat("GATEWAY_USER_COMMAND_RATE", 60)
-	if err != nil {
-		return c, err
-	}
-	fs.Float64Var(&c.userRate, "user-command-rate", userRate, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve (GATEWAY_USER_COMMAND_RATE)")
+	ef.duration(&c.wsPing, "ws-ping-interval", "GATEWAY_WS_PING_INTERVAL", 20*time.Second, "WebSocket keep-alive period; a signed-out or revoked connection ends within it")
+	ef.int(&c.userConns, "max-conns-per-user", "GATEWAY_MAX_CONNS_PER_USER", 32, "WebSocket connections and event streams one user may hold open")
+	ef.int(&c.userSubs, "max-subscriptions-per-user", "GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500, "threads one user may watch over all its WebSocket connections")
+	ef.float(&c.userRate, "user-command-rate", "GATEWAY_USER_COMMAND_RATE", 60, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	fs.StringVar(&c.logFormat, "log-format", env("GATEWAY_LOG_FORMAT", "text"), "log lines as text (key=value) or json (GATEWAY_LOG_FORMAT)")
 	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/ and the metrics on /metrics, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
 	fs.BoolVar(&c.metricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
 	configPath := fs.String("config", env("GATEWAY_CONFIG", ""), "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if ef.err != nil {
+		return c, ef.err
+	}
+	err := fs.Parse(args)
+	if err != nil {
 		return c, err
 	}
 	if path := *configPath; path != "" {
@@ -374,6 +322,38 @@ func env(key, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// envFlags defines flags whose defaults come from environment variables
+// (the variable's name ends the usage, as every setting's does); the first
+// variable that does not parse is kept in err and stops the start.
+type envFlags struct {
+	fs  *flag.FlagSet
+	err error
+}
+
+func (e *envFlags) keep(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+func (e *envFlags) duration(dst *time.Duration, name, key string, def time.Duration, usage string) {
+	v, err := envDuration(key, def)
+	e.keep(err)
+	e.fs.DurationVar(dst, name, v, usage+" ("+key+")")
+}
+
+func (e *envFlags) int(dst *int, name, key string, def int, usage string) {
+	v, err := envInt(key, def)
+	e.keep(err)
+	e.fs.IntVar(dst, name, v, usage+" ("+key+")")
+}
+
+func (e *envFlags) float(dst *float64, name, key string, def float64, usage string) {
+	v, err := envFloat(key, def)
+	e.keep(err)
+	e.fs.Float64Var(dst, name, v, usage+" ("+key+")")
 }
 
 func envInt(key string, fallback int) (int, error) {
