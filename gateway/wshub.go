@@ -92,49 +92,31 @@ type WSConfig struct {
 }
 
 func (c WSConfig) withDefaults() WSConfig {
-	if c.ReadLimit <= 0 {
-		c.ReadLimit = 1 << 20
-	}
-	if c.QueueBytes <= 0 {
-		c.QueueBytes = 4 << 20
-	}
-	if c.PingInterval <= 0 {
-		c.PingInterval = 20 * time.Second
-	}
-	if c.StuckWrite <= 0 {
-		c.StuckWrite = 10 * time.Second
-	}
-	if c.CommandRate <= 0 {
-		c.CommandRate = 20
-	}
-	if c.CommandBurst <= 0 {
-		c.CommandBurst = 40
-	}
-	if c.MaxSubscriptions <= 0 {
-		c.MaxSubscriptions = 100
-	}
-	if c.UserCommandRate <= 0 {
-		c.UserCommandRate = 60
-	}
-	if c.UserCommandBurst <= 0 {
-		c.UserCommandBurst = 120
-	}
-	if c.CancelRate <= 0 {
-		c.CancelRate = 20
-	}
-	if c.CancelBurst <= 0 {
-		c.CancelBurst = 64
-	}
-	if c.MaxConnsPerUser <= 0 {
-		c.MaxConnsPerUser = 32
-	}
-	if c.MaxSubscriptionsPerUser <= 0 {
-		c.MaxSubscriptionsPerUser = 500
-	}
+	orDefault(&c.ReadLimit, 1<<20)
+	orDefault(&c.QueueBytes, 4<<20)
+	orDefault(&c.PingInterval, 20*time.Second)
+	orDefault(&c.StuckWrite, 10*time.Second)
+	orDefault(&c.CommandRate, 20)
+	orDefault(&c.CommandBurst, 40)
+	orDefault(&c.MaxSubscriptions, 100)
+	orDefault(&c.UserCommandRate, 60)
+	orDefault(&c.UserCommandBurst, 120)
+	orDefault(&c.CancelRate, 20)
+	orDefault(&c.CancelBurst, 64)
+	orDefault(&c.MaxConnsPerUser, 32)
+	orDefault(&c.MaxSubscriptionsPerUser, 500)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	return c
+}
+
+// orDefault sets *v to def unless it is already more than zero (zero and
+// negative settings take the default).
+func orDefault[T int | int64 | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Close codes the server uses. The reasons tell the client what to do.
