@@ -104,6 +104,8 @@ type fanFigures struct {
 	offered               float64 // deliveries per second the shape asks for
 	cpuPerDelta           float64 // server µs per delivered delta
 	serverCores, genCores float64
+	serverMicros          int64 // server CPU over the window; valid when cpuOK
+	cpuOK                 bool
 	machineBusy           float64
 	otherCores            float64 // CPU used by neither the server nor the generator
 	lat, spread, publish  Dist
@@ -123,8 +125,9 @@ func (f *fanFigures) fill(m *cpuMeter, window time.Duration, deliveries, deltas 
 	f.window = window.Seconds()
 	f.deliveries = float64(deliveries) / f.window
 	f.deltas = float64(deltas) / f.window
+	f.serverMicros, f.cpuOK = m.serverMicros(), m.err() == nil
 	f.cpuPerDelta = nan
-	if m.err() == nil && deltas > 0 {
+	if f.cpuOK && deltas > 0 {
 		f.cpuPerDelta = float64(m.serverMicros()) / float64(deltas)
 	}
 	f.serverCores = float64(m.serverMicros()) / (f.window * 1e6)
@@ -152,6 +155,40 @@ func dropper(ctx context.Context, tabs []*gwTab, window time.Duration, rng *rand
 		}
 		tabs[i].drop()
 	}
+}
+
+// measureGateway measures the gateway over a window of d while during
+// (when not nil) runs: the server's CPU, the events and deltas its tabs
+// received, its own metrics before and after, and, when asked (-perf), perf
+// and pprof profiles under name. It fills f and returns the window's
+// bounds; during's context ends with the window.
+func (r *runner) measureGateway(ctx context.Context, p *gwPhase, name string, d time.Duration, f *fanFigures, during func(context.Context)) (w0, w1 time.Time) {
+	var m cpuMeter
+	f.prom = &promWindow{before: p.scrape(ctx)}
+	p.env.measuring.Store(true)
+	d0, x0 := p.counts()
+	m.start(p.proc.pid)
+	w0 = time.Now()
+	perf := r.startPerf(name, p.proc.pid, d)
+	prof := p.startPprof(name, d-time.Second)
+	var side sync.WaitGroup
+	sideCtx, stop := context.WithCancel(ctx)
+	if during != nil {
+		side.Go(func() { during(sideCtx) })
+	}
+	sleep(ctx, d)
+	m.finish()
+	w1 = time.Now()
+	d1, x1 := p.counts()
+	p.env.measuring.Store(false)
+	f.prom.after, f.prom.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
+	stop()
+	side.Wait()
+	perf.wait(r)
+	prof.wait(r)
+	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
+	f.eventsDelivered = d1 - d0
+	return w0, w1
 }
 
 // fanoutGateway runs FanoutThreads threads with FanoutTabs tabs each; tab
@@ -189,29 +226,7 @@ func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigur
 	droppable = droppable[:int(math.Round(c.ReconnectFraction*float64(len(droppable))))]
 
 	r.logf("fanout: gateway measuring %s (%d tabs drop and resubscribe)", c.Window, len(droppable))
-	var m cpuMeter
-	f.prom = &promWindow{before: p.scrape(ctx)}
-	p.env.measuring.Store(true)
-	d0, x0 := p.counts()
-	m.start(p.proc.pid)
-	w0 := time.Now()
-	perf := r.startPerf("fanout-gateway", p.proc.pid, c.Window)
-	prof := p.startPprof("fanout-gateway", c.Window-time.Second)
-	var drops sync.WaitGroup
-	dropCtx, stopDrops := context.WithCancel(ctx)
-	drops.Go(func() { dropper(dropCtx, droppable, c.Window, rng) })
-	sleep(ctx, c.Window)
-	m.finish()
-	w1 := time.Now()
-	d1, x1 := p.counts()
-	p.env.measuring.Store(false)
-	f.prom.after, f.prom.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
-	stopDrops()
-	drops.Wait()
-	perf.wait(r)
-	prof.wait(r)
-	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
-	f.eventsDelivered = d1 - d0
+	w0, w1 := r.measureGateway(ctx, p, "fanout-gateway", c.Window, f, func(ctx context.Context) { dropper(ctx, droppable, c.Window, rng) })
 
 	drivers.Wait()
 	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
@@ -468,30 +483,14 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	}
 	sleep(ctx, c.Warmup)
 	r.logf("cancel: measuring %s", c.CancelWindow)
-	var m cpuMeter
-	pw := &promWindow{before: p.scrape(ctx)}
-	p.env.measuring.Store(true)
-	d0, x0 := p.counts()
-	m.start(p.proc.pid)
-	w0 := time.Now()
-	perf := r.startPerf("cancel-gateway", p.proc.pid, c.CancelWindow)
-	prof := p.startPprof("cancel-gateway", c.CancelWindow-time.Second)
-	sleep(ctx, c.CancelWindow)
-	m.finish()
-	w1 := time.Now()
-	d1, x1 := p.counts()
-	p.env.measuring.Store(false)
-	pw.after, pw.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
-	perf.wait(r)
-	prof.wait(r)
+	var f fanFigures
+	w0, w1 := r.measureGateway(ctx, p, "cancel-gateway", c.CancelWindow, &f, nil)
+	pw := f.prom
 	drivers.Wait()
 	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
 	p.closeTabs()
 
-	var f fanFigures
-	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
-	f.prom, f.eventsDelivered = pw, d1-d0
-	var ack, done, lat, publish []*samples
+	var ack, done, lat []*samples
 	sent, missed := 0, 0
 	for i := range stats {
 		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
@@ -500,7 +499,6 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	}
 	for _, t := range p.tabsOf() {
 		lat = append(lat, &t.lat)
-		publish = append(publish, &t.publishUs)
 	}
 	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
 	p.finish(ctx, &s)
@@ -568,28 +566,11 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	}
 	sleep(ctx, c.Warmup)
 	r.logf("storage: measuring %s", c.StorageWindow)
-	var m cpuMeter
-	pw := &promWindow{before: p.scrape(ctx)}
-	p.env.measuring.Store(true)
-	d0, x0 := p.counts()
-	m.start(p.proc.pid)
-	w0 := time.Now()
-	perf := r.startPerf("storage-gateway", p.proc.pid, c.StorageWindow)
-	prof := p.startPprof("storage-gateway", c.StorageWindow-time.Second)
-	sleep(ctx, c.StorageWindow)
-	m.finish()
-	w1 := time.Now()
-	d1, x1 := p.counts()
-	p.env.measuring.Store(false)
-	pw.after, pw.seconds = p.scrape(ctx), w1.Sub(w0).Seconds()
-	perf.wait(r)
-	prof.wait(r)
+	var f fanFigures
+	w0, w1 := r.measureGateway(ctx, p, "storage-gateway", c.StorageWindow, &f, nil)
 	drivers.Wait()
 	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
 	p.closeTabs()
-	var f fanFigures
-	f.fill(&m, w1.Sub(w0), d1-d0, x1-x0)
-	f.prom, f.eventsDelivered = pw, d1-d0
 	var publish, lat []*samples
 	for _, t := range p.tabsOf() {
 		publish = append(publish, &t.publishUs)
@@ -602,8 +583,8 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 		s.Notes = append(s.Notes, "store figures unavailable: "+err.Error())
 	}
 	cpuPerCommitted := nan
-	if st.Deltas > 0 && m.err() == nil {
-		cpuPerCommitted = float64(m.serverMicros()) / float64(st.Deltas)
+	if st.Deltas > 0 && f.cpuOK {
+		cpuPerCommitted = float64(f.serverMicros) / float64(st.Deltas)
 	}
 	f.store = &st
 	f.storeErr = err
