@@ -261,7 +261,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 		return answer(fmt.Errorf("begin: %w", err))
 	}
 	t := s.newTxn(ctx, tx)
-	saved := map[string]threadCursor{} // the cursors before each request, to undo a refusal
+	t.undo = map[string]*threadCursor{} // per request, to undo a refusal
 	ran := 0
 	for i, r := range batch {
 		if ran > 0 && s.queue.waiting.Load() > 0 {
@@ -274,10 +274,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			continue
 		}
 		mark, buffered, cancels := len(t.events), t.buffered, len(t.cancelsAccepted)
-		clear(saved)
-		for id, c := range t.threads {
-			saved[id] = *c
-		}
+		clear(t.undo)
 		t.wrote = false
 		err := r.fn(t)
 		if err == nil {
@@ -302,13 +299,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			return 1 + s.commitGroupLocked(rest), nil
 		}
 		t.events, t.buffered, t.cancelsAccepted = t.events[:mark], buffered, t.cancelsAccepted[:cancels]
-		for id, c := range t.threads {
-			if old, ok := saved[id]; ok {
-				*c = old
-			} else {
-				delete(t.threads, id)
-			}
-		}
+		t.rollBackCursors()
 	}
 	if ran == 0 {
 		_ = tx.Rollback()

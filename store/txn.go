@@ -30,6 +30,39 @@ type txn struct {
 	// writing spoils the whole transaction (see group.go).
 	wrote bool
 	pg    bool // on PostgreSQL (see forUpdate)
+	// undo, while a group commit runs one of its requests, holds each
+	// thread cursor as it was before the request first took it (nil: the
+	// request loaded it), so that a refused request can be undone without
+	// copying every cursor of the batch before every request.
+	undo map[string]*threadCursor
+}
+
+// keep records, for undo, the cursor of threadID as it is before the
+// running request first takes it (c nil: not in the transaction yet).
+func (t *txn) keep(threadID string, c *threadCursor) {
+	if t.undo == nil {
+		return
+	}
+	if _, ok := t.undo[threadID]; ok {
+		return
+	}
+	if c == nil {
+		t.undo[threadID] = nil
+		return
+	}
+	before := *c
+	t.undo[threadID] = &before
+}
+
+// rollBackCursors undoes what the running request did to the cursors.
+func (t *txn) rollBackCursors() {
+	for id, before := range t.undo {
+		if before == nil {
+			delete(t.threads, id)
+		} else {
+			*t.threads[id] = *before
+		}
+	}
 }
 
 // newTxn starts the bookkeeping of write transaction tx.
@@ -49,9 +82,10 @@ func (t *txn) forUpdate() string {
 	return ""
 }
 
-// skipLocked is forUpdate for retention, which never waits for live
-// work: on PostgreSQL a row another transaction holds is left out (and
-// purged at the next pass).
+// skipLocked is forUpdate for work that never waits for another
+// transaction's rows (claims, retention): on PostgreSQL a row another
+// transaction holds is left out (another run is claimed; it is purged at
+// the next pass).
 func (t *txn) skipLocked() string {
 	if t.pg {
 		return " FOR UPDATE SKIP LOCKED"
@@ -132,9 +166,11 @@ func (t *txn) engineThread(threadID string) (*threadCursor, error) {
 // loaded, which is newer).
 func (t *txn) adoptThread(row threadRow) *threadCursor {
 	if c, ok := t.threads[row.ThreadID]; ok {
+		t.keep(row.ThreadID, c)
 		return c
 	}
 	c := &threadCursor{row: row, origSeq: row.LastSeq}
+	t.keep(row.ThreadID, nil)
 	t.threads[row.ThreadID] = c
 	return c
 }
@@ -145,6 +181,7 @@ func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 		if owner != "" && c.row.UserID != owner {
 			return nil, chat.NotFound("thread", threadID)
 		}
+		t.keep(threadID, c)
 		return c, nil
 	}
 	var row threadRow
@@ -156,6 +193,7 @@ func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 		return nil, fmt.Errorf("load thread: %w", err)
 	}
 	c := &threadCursor{row: row, origSeq: row.LastSeq}
+	t.keep(threadID, nil)
 	t.threads[threadID] = c
 	return c, nil
 }
