@@ -56,21 +56,17 @@ func (s *Store) CreateUser(ctx context.Context, name, passwordHash string) (chat
 // password) when there is none. Used by header mode, where the trusted proxy
 // decides who exists.
 func (s *Store) EnsureUser(ctx context.Context, name string) (chat.User, error) {
-	var r userRow
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name)
-	if err == nil {
-		return r.user(), nil
+	u, _, err := s.UserByName(ctx, name)
+	if chat.ErrorCode(err) != chat.CodeNotFound {
+		return u, err
 	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return chat.User{}, fmt.Errorf("load user: %w", err)
-	}
-	u, err := s.CreateUser(ctx, name, "")
+	u, err = s.CreateUser(ctx, name, "")
 	if chat.ErrorCode(err) == chat.CodeInvalidRequest {
-		// Created by a concurrent request in between.
-		if err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name); err != nil {
-			return chat.User{}, fmt.Errorf("load user: %w", err)
+		// Created by a concurrent request in between? (Otherwise the name
+		// itself was refused: that error stands.)
+		if again, _, aerr := s.UserByName(ctx, name); aerr == nil {
+			return again, nil
 		}
-		return r.user(), nil
 	}
 	return u, err
 }
@@ -197,14 +193,13 @@ func (s *Store) DeleteSession(ctx context.Context, sessionHash string) error {
 }
 
 type tokenRow struct {
-	TokenID    string        `db:"token_id"`
-	UserID     string        `db:"user_id"`
-	UserName   string        `db:"user_name"`
-	Name       string        `db:"name"`
-	SecretHash string        `db:"secret_hash"`
-	CreatedAt  int64         `db:"created_at"`
-	ExpiresAt  sql.NullInt64 `db:"expires_at"`
-	RevokedAt  sql.NullInt64 `db:"revoked_at"`
+	TokenID   string        `db:"token_id"`
+	UserID    string        `db:"user_id"`
+	UserName  string        `db:"user_name"`
+	Name      string        `db:"name"`
+	CreatedAt int64         `db:"created_at"`
+	ExpiresAt sql.NullInt64 `db:"expires_at"`
+	RevokedAt sql.NullInt64 `db:"revoked_at"`
 }
 
 func (r tokenRow) token() chat.APIToken {
@@ -271,7 +266,7 @@ func (s *Store) RevokeToken(ctx context.Context, tokenID string) error {
 // Tokens lists the tokens of every account, or of one when userName is set,
 // newest first. Secrets are never returned (only their hashes exist).
 func (s *Store) Tokens(ctx context.Context, userName string) ([]chat.APIToken, error) {
-	q := `SELECT t.token_id, t.user_id, u.name AS user_name, t.name, t.secret_hash, t.created_at, t.expires_at, t.revoked_at
+	q := `SELECT t.token_id, t.user_id, u.name AS user_name, t.name, t.created_at, t.expires_at, t.revoked_at
 		FROM api_tokens t JOIN users u ON u.user_id = t.user_id`
 	var args []any
 	if userName != "" {

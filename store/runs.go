@@ -417,14 +417,10 @@ func (s *Store) Claim(ctx context.Context, owner string, leaseUntil time.Time) (
 	var out *chat.Run
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
-		skipLocked := ""
-		if t.pg {
-			skipLocked = " FOR UPDATE SKIP LOCKED"
-		}
 		var row runRow
 		err := t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
 			lease_owner = ?, lease_expires_at = ?, updated_at = ?
-			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+skipLocked+`)
+			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
 			AND lease_owner IS NULL RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil

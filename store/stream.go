@@ -161,15 +161,7 @@ func (s *Store) Events(ctx context.Context, userID, threadID string, after int64
 // not exist answers not_found.
 func (s *Store) ThreadEvents(ctx context.Context, threadID string, after int64) (chat.Replay, error) {
 	return s.replay(ctx, threadID, after, func(q *sqlx.Tx) (threadRow, error) {
-		var row threadRow
-		err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-		if errors.Is(err, sql.ErrNoRows) {
-			return row, chat.NotFound("thread", threadID)
-		}
-		if err != nil {
-			return row, fmt.Errorf("load thread: %w", err)
-		}
-		return row, nil
+		return readAnyThread(ctx, q, threadID)
 	})
 }
 
@@ -178,7 +170,6 @@ func (s *Store) ThreadEvents(ctx context.Context, threadID string, after int64) 
 func (s *Store) replay(ctx context.Context, threadID string, after int64, load func(q *sqlx.Tx) (threadRow, error)) (chat.Replay, error) {
 	var out chat.Replay
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		out = chat.Replay{}
 		row, err := load(q)
 		if err != nil {
 			return err

@@ -290,9 +290,19 @@ type queryer interface {
 
 // readThread loads a thread of the user; another user's answers not_found.
 func readThread(ctx context.Context, q queryer, userID, threadID string) (threadRow, error) {
+	row, err := readAnyThread(ctx, q, threadID)
+	if err == nil && row.UserID != userID {
+		return threadRow{}, chat.NotFound("thread", threadID)
+	}
+	return row, err
+}
+
+// readAnyThread loads a thread whoever owns it: for the store's own work
+// (the event bus's recovery), never on a user's behalf.
+func readAnyThread(ctx context.Context, q queryer, threadID string) (threadRow, error) {
 	var row threadRow
 	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
+	if errors.Is(err, sql.ErrNoRows) {
 		return threadRow{}, chat.NotFound("thread", threadID)
 	}
 	if err != nil {
