@@ -2,8 +2,6 @@ package store_test
 
 import (
 	"database/sql"
-	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -11,6 +9,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/honestcancel/gateway/internal/pgtest"
+	"github.com/honestcancel/gateway/store"
 )
 
 // Which database the tests run on. By default every test gets a fresh
@@ -18,19 +17,14 @@ import (
 // schema of the PostgreSQL database at GATEWAY_TEST_POSTGRES_URL (dropped
 // when the test ends). The tests of several instances sharing one
 // database run whenever GATEWAY_TEST_POSTGRES_URL is set.
-const envStore = "GATEWAY_TEST_STORE"
 
 // onPostgres reports whether the suite runs on PostgreSQL.
-func onPostgres() bool { return os.Getenv(envStore) == "postgres" }
+func onPostgres() bool { return pgtest.OnPostgres() }
 
-// testDSN names a fresh, empty database for one test: a file in
-// t.TempDir(), or a fresh PostgreSQL schema (see above).
+// testDSN names a fresh, empty database for one test (see above).
 func testDSN(t testing.TB) string {
 	t.Helper()
-	if onPostgres() {
-		return pgtest.Schema(t)
-	}
-	return filepath.Join(t.TempDir(), "gw.db")
+	return pgtest.DSN(t, filepath.Join(t.TempDir(), "gw.db"))
 }
 
 // postgresDSN is a fresh PostgreSQL schema whatever GATEWAY_TEST_STORE
@@ -50,7 +44,7 @@ type rawConn struct{ db *sqlx.DB }
 func rawDB(t testing.TB, dsn string) *rawConn {
 	t.Helper()
 	driver := "sqlite3"
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+	if store.IsPostgres(dsn) {
 		driver = "pgx"
 	}
 	db, err := sqlx.Open(driver, dsn)

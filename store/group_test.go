@@ -28,22 +28,7 @@ func (l *commitLog) add(evs []*chat.Event) {
 func openLogged(t *testing.T) (*store.Store, *commitLog) {
 	t.Helper()
 	log := &commitLog{}
-	st, err := store.Open(ctx, testDSN(t), store.Options{OnCommit: log.add})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			vs, err := st.Check(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			for _, v := range vs {
-				t.Error(v)
-			}
-		}
-		st.Close()
-	})
+	st, _ := openStoreWith(t, true, store.Options{OnCommit: log.add})
 	return st, log
 }
 

@@ -31,18 +31,6 @@ func openInstances(t *testing.T, dsn string, n int) []*store.Store {
 	return sts
 }
 
-// checkClean expects no violation of the invariants in the database.
-func checkClean(t *testing.T, st *store.Store) {
-	t.Helper()
-	vs, err := st.Check(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range vs {
-		t.Error(v)
-	}
-}
-
 // Instances starting at once on a fresh database migrate it once: the
 // others wait for the migration lock and find nothing left to do.
 func TestInstancesStartingAtOnceMigrateOnce(t *testing.T) {
@@ -82,7 +70,7 @@ func TestInstancesStartingAtOnceMigrateOnce(t *testing.T) {
 			t.Fatalf("instance %d: %v", i, err)
 		}
 	}
-	checkClean(t, sts[0])
+	mustCheck(t, sts[0], "at the end")
 }
 
 // Instances claiming at once take different runs (FOR UPDATE SKIP
@@ -149,7 +137,7 @@ func TestInstancesClaimEachRunOnce(t *testing.T) {
 		}
 	}
 	t.Logf("claims per instance: %d, %d, %d", len(claimed[0]), len(claimed[1]), len(claimed[2]))
-	checkClean(t, sts[0])
+	mustCheck(t, sts[0], "at the end")
 }
 
 // Two instances writing the same thread at once take turns on its row:
@@ -211,7 +199,7 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 			t.Errorf("instance %d: buffered %q, acknowledged %q", i, got[i].String(), acked[i].String())
 		}
 	}
-	checkClean(t, sts[0])
+	mustCheck(t, sts[0], "at the end")
 }
 
 // Two instances whose group commits lock the same two threads in opposite
@@ -285,5 +273,5 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 			t.Errorf("thread %s holds %d deltas, want one from each instance", th, deltas)
 		}
 	}
-	checkClean(t, sts[0])
+	mustCheck(t, sts[0], "at the end")
 }

@@ -29,20 +29,20 @@ func open(t *testing.T) (*store.Store, string) {
 
 func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
 	t.Helper()
+	return openStoreWith(t, checkAtEnd, store.Options{})
+}
+
+// openStoreWith is openStore with options (e.g. an OnCommit sink).
+func openStoreWith(t *testing.T, checkAtEnd bool, opts store.Options) (*store.Store, string) {
+	t.Helper()
 	path := testDSN(t)
-	st, err := store.Open(ctx, path, store.Options{})
+	st, err := store.Open(ctx, path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if checkAtEnd && !t.Failed() {
-			vs, err := st.Check(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			for _, v := range vs {
-				t.Error(v)
-			}
+			mustCheck(t, st, "at the end")
 		}
 		st.Close()
 	})

@@ -1,7 +1,6 @@
 package tools
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -17,8 +16,5 @@ import (
 // file's name in t.TempDir().
 func testDSN(t *testing.T, file string) string {
 	t.Helper()
-	if os.Getenv("GATEWAY_TEST_STORE") != "postgres" {
-		return filepath.Join(t.TempDir(), file)
-	}
-	return pgtest.Schema(t)
+	return pgtest.DSN(t, filepath.Join(t.TempDir(), file))
 }

@@ -18,21 +18,35 @@ import (
 // URLVar is the environment variable naming the test database.
 const URLVar = "GATEWAY_TEST_POSTGRES_URL"
 
-// Available reports whether URLVar is set.
-func Available() bool { return os.Getenv(URLVar) != "" }
+// StoreVar set to "postgres" runs the suites written for either database
+// (the store's, the email provider's) on PostgreSQL instead of SQLite.
+const StoreVar = "GATEWAY_TEST_STORE"
 
-// SkipMessage says what to set to run a test that needs PostgreSQL.
-const SkipMessage = "this test needs PostgreSQL: set " + URLVar +
+// OnPostgres reports whether StoreVar asks for PostgreSQL.
+func OnPostgres() bool { return os.Getenv(StoreVar) == "postgres" }
+
+// DSN is a fresh, empty database for a test of such a suite: a fresh
+// schema when OnPostgres, else sqlitePath (a file in the test's TempDir).
+func DSN(t testing.TB, sqlitePath string) string {
+	t.Helper()
+	if OnPostgres() {
+		return Schema(t)
+	}
+	return sqlitePath
+}
+
+// skipMessage says what to set to run a test that needs PostgreSQL.
+const skipMessage = "this test needs PostgreSQL: set " + URLVar +
 	"='postgres://USER@HOST:5432/DB?sslmode=disable' (a database the tests may create schemas in)"
 
 // Schema creates a schema with a random name in the database at URLVar
 // and returns the URL that uses it (search_path as a runtime parameter).
-// Without URLVar the test is skipped with SkipMessage.
+// Without URLVar the test is skipped, saying what to set.
 func Schema(t testing.TB) string {
 	t.Helper()
 	base := os.Getenv(URLVar)
 	if base == "" {
-		t.Skip(SkipMessage)
+		t.Skip(skipMessage)
 	}
 	var b [6]byte
 	rand.Read(b[:])
