@@ -118,15 +118,16 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Mode != ModeNone && cfg.Store == nil {
 		return nil, fmt.Errorf("auth mode %s needs a store", cfg.Mode)
 	}
-	dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
-	if err != nil {
-		return nil, fmt.Errorf("bcrypt cost %d: %w", cfg.BcryptCost, err)
+	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter)}
+	if cfg.Mode == ModePassword { // only SignIn compares against it
+		dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
+		if err != nil {
+			return nil, fmt.Errorf("bcrypt cost %d: %w", cfg.BcryptCost, err)
+		}
+		a.dummyHash = string(dummy)
 	}
-	return &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), dummyHash: string(dummy)}, nil
+	return a, nil
 }
-
-// Mode reports the configured mode.
-func (a *Authenticator) Mode() Mode { return a.cfg.Mode }
 
 // unauthorized says what to do instead.
 func (a *Authenticator) unauthorized(format string, args ...any) error {

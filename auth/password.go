@@ -60,11 +60,6 @@ func HashPassword(password string, cost int) (string, error) {
 	return string(h), nil
 }
 
-// HashPassword hashes with the Authenticator's cost.
-func (a *Authenticator) HashPassword(password string) (string, error) {
-	return HashPassword(password, a.cfg.BcryptCost)
-}
-
 // SignIn checks name and password and, when they match, starts a session
 // and sets its cookie on w. Repeated failures for one name or from one
 // client address are slowed down: while locked the answer is rate_limited

@@ -3,9 +3,10 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"net/http"
 )
 
-// Error codes of the protocol. Each maps to one HTTP status in the gateway.
+// Error codes of the protocol. Each maps to one HTTP status (HTTPStatus).
 const (
 	CodeStateVersionConflict = "state_version_conflict"
 	CodeCheckpointNotFound   = "checkpoint_not_found"
@@ -64,4 +65,38 @@ func NotFound(kind, id string) *Error {
 // Invalid is the answer for a request that cannot be understood.
 func Invalid(format string, args ...any) *Error {
 	return Errorf(CodeInvalidRequest, format, args...)
+}
+
+// HTTPStatus maps each protocol error code to its HTTP status. It is the
+// only place that does (the API and the pages both use it).
+func HTTPStatus(code string) int {
+	switch code {
+	case CodeStateVersionConflict, CodeRunNotActive, CodeRunAlreadyActive, CodeOperationNotPending:
+		return http.StatusConflict
+	case CodeCheckpointNotFound, CodeNotFound:
+		return http.StatusNotFound
+	case CodeFragmentUnavailable:
+		return http.StatusGone
+	case CodeInvalidRequest:
+		return http.StatusBadRequest
+	case CodeUnauthorized:
+		return http.StatusUnauthorized
+	case CodeForbidden:
+		return http.StatusForbidden
+	case CodeRateLimited:
+		return http.StatusTooManyRequests
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// RetryAfter reports when a rate_limited error says to try again
+// (retry_after_seconds), for an HTTP Retry-After header.
+func RetryAfter(err error) (seconds int, ok bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeRateLimited {
+		return 0, false
+	}
+	seconds, ok = e.Fields["retry_after_seconds"].(int)
+	return seconds, ok
 }

@@ -21,29 +21,6 @@ import (
 // over it the answer is invalid_request, read no further.
 const maxBody = 1 << 20
 
-// httpStatus maps each protocol error code to its HTTP status. It is the only
-// place that does.
-func httpStatus(code string) int {
-	switch code {
-	case chat.CodeStateVersionConflict, chat.CodeRunNotActive, chat.CodeRunAlreadyActive, chat.CodeOperationNotPending:
-		return http.StatusConflict
-	case chat.CodeCheckpointNotFound, chat.CodeNotFound:
-		return http.StatusNotFound
-	case chat.CodeFragmentUnavailable:
-		return http.StatusGone
-	case chat.CodeInvalidRequest:
-		return http.StatusBadRequest
-	case chat.CodeUnauthorized:
-		return http.StatusUnauthorized
-	case chat.CodeForbidden:
-		return http.StatusForbidden
-	case chat.CodeRateLimited:
-		return http.StatusTooManyRequests
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
 // ErrorBody renders err in the protocol's error shape (without "re"). Any
 // error that is not a *chat.Error is internal: its details go to the log
 // only.
@@ -57,7 +34,7 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 	for k, v := range ce.Fields {
 		body[k] = v
 	}
-	return httpStatus(ce.Code), body
+	return chat.HTTPStatus(ce.Code), body
 }
 
 // reply writes a command's answer with status, or err in the protocol's
@@ -75,7 +52,7 @@ func (s *Server) reply(w http.ResponseWriter, status int, answer any, err error)
 // Retry-After.
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	status, body := ErrorBody(err, log)
-	if secs, ok := body["retry_after_seconds"].(int); ok && status == http.StatusTooManyRequests {
+	if secs, ok := chat.RetryAfter(err); ok {
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 	}
 	writeJSON(w, status, body)

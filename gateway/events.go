@@ -26,7 +26,6 @@ const subscriberBuffer = 1024
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	user := userID(r)
 	if err := s.limits.join(user); err != nil {
-		s.metrics.RateLimited(limitConnections)
 		s.metrics.ConnRefused(transportSSE)
 		writeError(w, s.log, err)
 		return

@@ -23,11 +23,13 @@ type Metrics interface {
 	// slowStuck, slowMissed).
 	SlowClosed(reason string)
 	// ConnRefused counts a connection of a transport refused by the
-	// per-user connection limit.
+	// per-user connection limit, which is also a rate_limited answer
+	// (the recorder counts it as kind "connections"; RateLimited is not
+	// called for it).
 	ConnRefused(transport string)
 	// RateLimited counts a rate_limited answer by the limit that gave it
 	// (limitUserCommands, limitCancels, limitConnCommands,
-	// limitConnections, limitSubscriptions).
+	// limitSubscriptions).
 	RateLimited(kind string)
 	// CancelAcked observes the time from a cancel's arrival to its ack
 	// (transportWebSocket, transportHTTP).
@@ -47,7 +49,6 @@ const (
 	limitUserCommands  = "user_commands"
 	limitCancels       = "cancels"
 	limitConnCommands  = "connection_commands"
-	limitConnections   = "connections"
 	limitSubscriptions = "subscriptions"
 )
 

@@ -140,8 +140,8 @@ func (c *wsConn) command(data []byte) {
 	})
 	if ended {
 		c.mu.Lock()
-		c.holding, c.held, c.heldBytes = false, nil, 0
-		c.closeLocked(closeAuthEnded, closeAuthEndedReason)
+		c.holding = false
+		c.closeLocked(closeAuthEnded, closeAuthEndedReason) // drops what was held
 		c.mu.Unlock()
 		return
 	}
@@ -428,8 +428,9 @@ func errorFrame(re string, err error, log *slog.Logger) []byte {
 
 // shallow runs f on a short-lived goroutine and waits for it. Commands
 // reach the store and the engine (deep SQLite call chains); run on the
-// connection's reader itself, they would grow its stack once and leave it
-// grown for the life of an idle tab — with a thousand tabs, megabytes. A
+// connection's reader itself, they would grow its stack, which shrinks
+// back only at a garbage collection (rare on an idle server: the runtime
+// forces one every two minutes) — with a thousand tabs, megabytes. A
 // panic is carried back to the reader, where net/http's per-connection
 // recovery sees it as before.
 func (c *wsConn) shallow(f func()) {

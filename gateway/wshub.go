@@ -182,7 +182,6 @@ func (h *wsHub) serve(w http.ResponseWriter, r *http.Request) {
 	// client gets the protocol's JSON error with its 429.
 	p, _ := chat.PrincipalFromContext(r.Context())
 	if err := h.s.limits.join(p.UserID); err != nil {
-		h.s.metrics.RateLimited(limitConnections)
 		h.s.metrics.ConnRefused(transportWebSocket)
 		writeError(w, h.s.log, err)
 		return

@@ -318,8 +318,13 @@ func (m *Metrics) FrameSent(n int) {
 // SlowClosed counts a WebSocket closed as a slow consumer, by reason.
 func (m *Metrics) SlowClosed(reason string) { m.slowCloses.WithLabelValues(reason).Inc() }
 
-// ConnRefused counts a connection refused by the per-user connection limit.
-func (m *Metrics) ConnRefused(transport string) { m.refused.WithLabelValues(transport).Inc() }
+// ConnRefused counts a connection refused by the per-user connection
+// limit, in both its counter and the rate_limited answers (kind
+// connections).
+func (m *Metrics) ConnRefused(transport string) {
+	m.refused.WithLabelValues(transport).Inc()
+	m.rateLimited.WithLabelValues("connections").Inc()
+}
 
 // RateLimited counts a rate_limited answer, by the limit that gave it.
 func (m *Metrics) RateLimited(kind string) { m.rateLimited.WithLabelValues(kind).Inc() }

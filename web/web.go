@@ -103,14 +103,7 @@ func (p *Pages) refuse(w http.ResponseWriter, r *http.Request, err error) {
 		p.fail(w, err)
 		return
 	}
-	status := http.StatusUnauthorized
-	switch e.Code {
-	case chat.CodeForbidden:
-		status = http.StatusForbidden
-	case chat.CodeRateLimited:
-		status = http.StatusTooManyRequests
-	}
-	p.render(w, r, status, Refused(e.Message))
+	p.render(w, r, chat.HTTPStatus(e.Code), Refused(e.Message))
 }
 
 // localNext keeps a post-sign-in redirect on this site: a path of this
@@ -158,15 +151,11 @@ func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form.Error = e.Message
-	status := http.StatusUnauthorized
-	if e.Code == chat.CodeRateLimited {
-		status = http.StatusTooManyRequests
-		if secs, ok := e.Fields["retry_after_seconds"].(int); ok {
-			w.Header().Set("Retry-After", strconv.Itoa(secs))
-		}
+	if secs, ok := chat.RetryAfter(err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
 	}
 	p.log.Info("sign-in refused", "code", e.Code)
-	p.render(w, r, status, Login(form))
+	p.render(w, r, chat.HTTPStatus(e.Code), Login(form))
 }
 
 func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
