@@ -34,16 +34,10 @@ import (
 // ---------------------------------------------------------------------------
 // Helpers.
 
-// runCLIInput is runCLI with stdin (a password line for user add/passwd).
-func runCLIInput(t *testing.T, input string, args ...string) (code int, stdout, stderr string) {
-	t.Helper()
-	return runCLIWith(t, nil, input, args...)
-}
-
 // addUser runs `gateway user add NAME -db DB` with the password on stdin.
 func addUser(t *testing.T, db, name, password string) {
 	t.Helper()
-	code, out, errOut := runCLIInput(t, password+"\n", "user", "add", name, "-db", db)
+	code, out, errOut := runCLIWith(t, nil, password+"\n", "user", "add", name, "-db", db)
 	if code != 0 || !strings.Contains(out, "created user "+strings.ToLower(name)) {
 		t.Fatalf("user add %s: exit %d, stdout %q, stderr %q; want 0 and \"created user\"", name, code, out, errOut)
 	}
@@ -577,12 +571,12 @@ func TestUserCommands(t *testing.T) {
 		{"alice", "", "no password on stdin"},
 		{"alice", "\n", "no password on stdin"},
 	} {
-		code, out, errOut := runCLIInput(t, tc.input, "user", "add", tc.name, "-db", db)
+		code, out, errOut := runCLIWith(t, nil, tc.input, "user", "add", tc.name, "-db", db)
 		if code == 0 || !strings.Contains(errOut, tc.want) || out != "" {
 			t.Errorf("user add %q with %d bytes of stdin: exit %d, stdout %q, stderr %q; want non-zero and %q", tc.name, len(tc.input), code, out, errOut, tc.want)
 		}
 	}
-	if code, _, errOut := runCLIInput(t, "a good password\n", "user", "add", "-db", db); code != 2 || !strings.Contains(errOut, "NAME") {
+	if code, _, errOut := runCLIWith(t, nil, "a good password\n", "user", "add", "-db", db); code != 2 || !strings.Contains(errOut, "NAME") {
 		t.Errorf("user add without a name: exit %d, stderr %q", code, errOut)
 	}
 	if exists(db) {
@@ -592,16 +586,16 @@ func TestUserCommands(t *testing.T) {
 	// Names are case-insensitive: Alice is alice; flags may come first.
 	addUser(t, db, "Alice", "correct horse battery")
 	for _, name := range []string{"alice", "ALICE", " alice "} {
-		code, out, errOut := runCLIInput(t, "another password\n", "user", "add", "-db", db, name)
+		code, out, errOut := runCLIWith(t, nil, "another password\n", "user", "add", "-db", db, name)
 		if code == 0 || !strings.Contains(errOut, `user "alice" already exists`) {
 			t.Errorf("duplicate user add %q: exit %d, stdout %q, stderr %q; want refused as already existing", name, code, out, errOut)
 		}
 	}
-	if code, _, errOut := runCLIInput(t, "short\n", "user", "add", "bob", "-db", db); code == 0 || !strings.Contains(errOut, "at least 8") {
+	if code, _, errOut := runCLIWith(t, nil, "short\n", "user", "add", "bob", "-db", db); code == 0 || !strings.Contains(errOut, "at least 8") {
 		t.Errorf("user add bob with a short password: exit %d, stderr %q", code, errOut)
 	}
 	for _, tc := range [][]string{{"passwd", "nobody"}, {"del", "nobody"}} {
-		if code, _, errOut := runCLIInput(t, "long enough pw\n", "user", tc[0], tc[1], "-db", db); code == 0 || !strings.Contains(errOut, `no user "nobody"`) {
+		if code, _, errOut := runCLIWith(t, nil, "long enough pw\n", "user", tc[0], tc[1], "-db", db); code == 0 || !strings.Contains(errOut, `no user "nobody"`) {
 			t.Errorf("user %s nobody: exit %d, stderr %q", tc[0], code, errOut)
 		}
 	}
@@ -722,7 +716,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 	// serving: every session ends at once, the old password stops working,
 	// the new one works.
 	other := srv.signIn("alice", pw)
-	code, out, errOut := runCLIInput(t, pw2+"\n", "user", "passwd", "alice", "-db", db)
+	code, out, errOut := runCLIWith(t, nil, pw2+"\n", "user", "passwd", "alice", "-db", db)
 	if code != 0 || !strings.Contains(out, "signed out all their sessions") {
 		t.Fatalf("user passwd alice while serving: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
@@ -860,7 +854,7 @@ func TestTokenLifecycle(t *testing.T) {
 	alice := who{bearer: token}
 	var th snapshot
 	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "from a program"}, http.StatusCreated, &th)
-	got := srv.snapshot2(alice, th.ThreadID)
+	got := srv.snapshotAs(alice, th.ThreadID)
 	if got.ThreadID != th.ThreadID {
 		t.Fatalf("GET /api/threads/%s with the token: %+v", th.ThreadID, got)
 	}
@@ -922,8 +916,8 @@ func TestTokenLifecycle(t *testing.T) {
 	}
 }
 
-// snapshot2 is GET /api/threads/{id} as w.
-func (s *server) snapshot2(w who, threadID string) snapshot {
+// snapshotAs is GET /api/threads/{id} as w.
+func (s *server) snapshotAs(w who, threadID string) snapshot {
 	s.t.Helper()
 	var snap snapshot
 	s.as(w, "GET", "/api/threads/"+threadID, nil, http.StatusOK, &snap)
@@ -985,7 +979,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	closedWith1008(ws2, "commanding", revoked)
-	if after := srv.snapshot2(who{bearer: keeper}, th.ThreadID); after.StateVersion != th.StateVersion {
+	if after := srv.snapshotAs(who{bearer: keeper}, th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
 	srv.stop()
@@ -1011,7 +1005,7 @@ func TestUsersSeeOnlyTheirOwn(t *testing.T) {
 		"expected_state_version": th.StateVersion, "user_message": "keep it short: alice's private question",
 	}, http.StatusCreated, &ack)
 	srv.waitRun(alice, ack.RunID)
-	snap := srv.snapshot2(alice, th.ThreadID)
+	snap := srv.snapshotAs(alice, th.ThreadID)
 
 	if got := srv.threadList(bob); len(got) != 0 {
 		t.Fatalf("bob lists %v, want nothing", got)
@@ -1052,7 +1046,7 @@ func TestUsersSeeOnlyTheirOwn(t *testing.T) {
 		t.Errorf("bob starts a run on alice's thread over /ws: %v, want error not_found", e)
 	}
 	// Nothing bob tried changed alice's thread.
-	if after := srv.snapshot2(alice, th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
+	if after := srv.snapshotAs(alice, th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
 		t.Errorf("alice's thread changed after bob's attempts: version %d→%d, %d→%d messages", snap.StateVersion, after.StateVersion, len(snap.Messages), len(after.Messages))
 	}
 	if got := srv.threadList(alice); len(got) != 1 {

@@ -23,7 +23,6 @@ package main
 // choices (not the exact interleaving of four processes).
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -31,11 +30,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand"
-	"net"
 	"net/http"
-	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -45,6 +41,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/honestcancel/gateway/internal/natstest"
 	"github.com/honestcancel/gateway/internal/pgtest"
 )
 
@@ -53,89 +50,13 @@ var (
 	multiDuration = flag.Duration("multinode.duration", 18*time.Second, "TestMultiNode: how long the workload runs")
 )
 
-// natsProcess is a nats-server the test owns, so it can stop and restart
-// it on the same port.
-type natsProcess struct {
-	t    *testing.T
-	bin  string
-	port int
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startNATS(t *testing.T) *natsProcess {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Fatalf("the scale-out test restarts its own NATS and needs the nats-server binary: apt-get install -y nats-server (%v)", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a port for NATS: %v", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	n := &natsProcess{t: t, bin: bin, port: port}
-	n.start()
-	t.Cleanup(n.stop)
-	return n
-}
-
-func (n *natsProcess) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
-
-// start runs the server and waits (bounded) until it greets a client.
-func (n *natsProcess) start() {
-	n.t.Helper()
-	n.cmd = exec.Command(n.bin, "-a", "127.0.0.1", "-p", fmt.Sprint(n.port))
-	n.cmd.Stdout, n.cmd.Stderr = io.Discard, io.Discard
-	if err := n.cmd.Start(); err != nil {
-		n.t.Fatalf("start nats-server: %v", err)
-	}
-	n.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(n.cmd, n.done)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.port), time.Second)
-		if err == nil {
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if strings.HasPrefix(line, "INFO ") {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("nats-server on port %d did not greet within 10s (%v)", n.port, err)
-		}
-		select {
-		case <-n.done:
-			n.t.Fatalf("nats-server on port %d exited at start (is the port taken?)", n.port)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// stop kills the server and waits for it.
-func (n *natsProcess) stop() {
-	if n.cmd == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	select {
-	case <-n.done:
-	case <-time.After(10 * time.Second):
-		n.t.Errorf("nats-server did not exit 10s after SIGKILL")
-	}
-	n.cmd = nil
-}
-
 // ---------------------------------------------------------------------------
 // The cluster: instances that can die and come back.
 
 type cluster struct {
 	t     *testing.T
 	dsn   string
-	nats  *natsProcess
+	nats  *natstest.Server
 	flags []string
 
 	mu    sync.Mutex
@@ -145,7 +66,7 @@ type cluster struct {
 // startNode starts instance i (again).
 func (c *cluster) startNode(i int) {
 	c.t.Helper()
-	flags := append([]string{"-nats", c.nats.url(), "-instance-id", fmt.Sprintf("gw%d", i)}, c.flags...)
+	flags := append([]string{"-nats", c.nats.URL(), "-instance-id", fmt.Sprintf("gw%d", i)}, c.flags...)
 	s := startServerWith(c.t, c.dsn, "8ms", flags...)
 	c.mu.Lock()
 	c.nodes[i] = s
@@ -386,19 +307,13 @@ func (l *ledger) refused(cmd string, status int, raw []byte) {
 	l.refusals[fmt.Sprintf("%s %d %s", cmd, status, errorCode(raw))]++
 }
 
-// multiCall is one HTTP call that may meet a dead instance: err != nil
-// means "not acknowledged".
-func multiCall(base, method, path string, body, out any) (int, []byte, error) {
-	return crashCall(base, method, path, body, out)
-}
-
 // thread worker: one sequential user per thread, every command to a random
 // instance.
 func (l *ledger) work(ctx context.Context, c *cluster, r *rand.Rand, threadID string, prompts []string) {
 	for n := 0; n < 400 && ctx.Err() == nil; n++ {
 		base := c.pick(r)
 		var snap snapshot
-		code, _, err := multiCall(base, "GET", "/api/threads/"+threadID, nil, &snap)
+		code, _, err := crashCall(base, "GET", "/api/threads/"+threadID, nil, &snap)
 		if err != nil || code != http.StatusOK {
 			continue // a dying instance; the next turn picks again
 		}
@@ -433,7 +348,7 @@ func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID s
 	crid := fmt.Sprintf("req-%d", r.Int63())
 	for try := 0; try < 5 && ctx.Err() == nil; try++ {
 		var ack startAck
-		code, raw, err := multiCall(c.pick(r), "POST", "/api/threads/"+threadID+"/runs",
+		code, raw, err := crashCall(c.pick(r), "POST", "/api/threads/"+threadID+"/runs",
 			map[string]any{"expected_state_version": version, "user_message": prompt, "client_request_id": crid}, &ack)
 		switch {
 		case err != nil:
@@ -457,7 +372,7 @@ func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID s
 
 func (l *ledger) cancel(c *cluster, r *rand.Rand, runID string) {
 	var ack cancelAck
-	code, raw, err := multiCall(c.pick(r), "POST", "/api/runs/"+runID+"/cancel", map[string]any{}, &ack)
+	code, raw, err := crashCall(c.pick(r), "POST", "/api/runs/"+runID+"/cancel", map[string]any{}, &ack)
 	if err != nil {
 		return
 	}
@@ -483,7 +398,7 @@ func (l *ledger) follow(ctx context.Context, c *cluster, r *rand.Rand, threadID,
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		base := c.pick(r)
 		var run runInfo
-		code, _, err := multiCall(base, "GET", "/api/runs/"+runID, nil, &run)
+		code, _, err := crashCall(base, "GET", "/api/runs/"+runID, nil, &run)
 		if err != nil || code != http.StatusOK {
 			pause(ctx, 50*time.Millisecond)
 			continue
@@ -501,13 +416,13 @@ func (l *ledger) follow(ctx context.Context, c *cluster, r *rand.Rand, threadID,
 func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
 	base := c.pick(r)
 	var snap snapshot
-	if code, _, err := multiCall(base, "GET", "/api/threads/"+threadID, nil, &snap); err != nil || code != http.StatusOK {
+	if code, _, err := crashCall(base, "GET", "/api/threads/"+threadID, nil, &snap); err != nil || code != http.StatusOK {
 		return
 	}
 	var ops struct {
 		Operations []operation `json:"operations"`
 	}
-	if code, _, err := multiCall(base, "GET", "/api/threads/"+threadID+"/operations", nil, &ops); err != nil || code != http.StatusOK {
+	if code, _, err := crashCall(base, "GET", "/api/threads/"+threadID+"/operations", nil, &ops); err != nil || code != http.StatusOK {
 		return
 	}
 	for _, op := range ops.Operations {
@@ -519,7 +434,7 @@ func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
 		if confirm {
 			verb = "confirm"
 		}
-		code, raw, err := multiCall(c.pick(r), "POST", "/api/operations/"+op.OperationID+"/"+verb,
+		code, raw, err := crashCall(c.pick(r), "POST", "/api/operations/"+op.OperationID+"/"+verb,
 			map[string]any{"expected_state_version": snap.StateVersion}, nil)
 		if err != nil {
 			return
@@ -547,7 +462,7 @@ func TestMultiNode(t *testing.T) {
 	t.Logf("seed %d (replay with -multinode.seed=%d)", seed, seed)
 	rng := rand.New(rand.NewSource(seed))
 
-	c := &cluster{t: t, dsn: dsn, nats: startNATS(t), nodes: make([]*server, 3),
+	c := &cluster{t: t, dsn: dsn, nats: natstest.Start(t), nodes: make([]*server, 3),
 		flags: []string{"-lease-ttl", "1500ms", "-outbox-latency", "150ms", "-search-latency", "200ms"}}
 	// Concurrent starts on an empty database: the migrations run once.
 	var starting sync.WaitGroup
@@ -563,7 +478,7 @@ func TestMultiNode(t *testing.T) {
 	var ids []string
 	for range threads {
 		var snap snapshot
-		code, raw, err := multiCall(c.pick(rng), "POST", "/api/threads", map[string]any{}, &snap)
+		code, raw, err := crashCall(c.pick(rng), "POST", "/api/threads", map[string]any{}, &snap)
 		if err != nil || code != http.StatusCreated {
 			t.Fatalf("create thread: %d %s %v", code, raw, err)
 		}
@@ -623,9 +538,9 @@ func TestMultiNode(t *testing.T) {
 		}},
 		{d / 2, func() {
 			t.Log("restarting NATS")
-			c.nats.stop()
+			c.nats.Stop()
 			pause(context.Background(), 300*time.Millisecond) // NATS is down for a moment, not just restarted
-			c.nats.start()
+			c.nats.Start()
 		}},
 		{2 * d / 3, func() { t.Logf("starting instance %d again", victim); c.startNode(victim) }},
 	}
@@ -646,7 +561,7 @@ func TestMultiNode(t *testing.T) {
 	for _, id := range ids {
 		for {
 			var snap snapshot
-			code, raw, err := multiCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
+			code, raw, err := crashCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
 			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
 				lastSeqs[id] = snap.LastSeq
 				break
@@ -714,7 +629,7 @@ func TestMultiNode(t *testing.T) {
 	var latencies []time.Duration
 	for runID := range l.runs {
 		var run runInfo
-		code, raw, err := multiCall(base, "GET", "/api/runs/"+runID, nil, &run)
+		code, raw, err := crashCall(base, "GET", "/api/runs/"+runID, nil, &run)
 		if err != nil || code != http.StatusOK {
 			t.Errorf("acked run %s: GET answered %d %s %v", runID, code, raw, err)
 			continue
@@ -755,7 +670,7 @@ func TestMultiNode(t *testing.T) {
 		var ops struct {
 			Operations []operation `json:"operations"`
 		}
-		code, raw, err := multiCall(base, "GET", "/api/threads/"+id+"/operations", nil, &ops)
+		code, raw, err := crashCall(base, "GET", "/api/threads/"+id+"/operations", nil, &ops)
 		if err != nil || code != http.StatusOK {
 			t.Fatalf("operations of %s: %d %s %v", id, code, raw, err)
 		}

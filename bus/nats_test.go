@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/internal/natstest"
 )
 
 func TestMain(m *testing.M) {
@@ -410,72 +409,14 @@ func waitExact(t *testing.T, name string, s *recSink, want []int64) {
 	}
 }
 
-// natsServer is a nats-server process of the test's own, restartable on
-// its port.
-type natsServer struct {
-	t    *testing.T
-	bin  string
-	port int
-	cmd  *exec.Cmd
-}
-
-func startNATSServer(t *testing.T) *natsServer {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Skip("nats-server is not on PATH (Debian package nats-server): the restart test needs its own server")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &natsServer{t: t, bin: bin, port: port}
-	s.start()
-	t.Cleanup(s.kill)
-	return s
-}
-
-func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
-
-func (s *natsServer) start() {
-	s.t.Helper()
-	s.cmd = exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port))
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	deadline := time.Now().Add(waitLimit)
-	for {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("nats-server on port %d not accepting after %s: %v", s.port, waitLimit, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the port, bounded by deadline
-	}
-}
-
-func (s *natsServer) kill() {
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	s.cmd.Wait()
-	s.cmd = nil
-}
-
 func TestNATSRestartMidStream(t *testing.T) {
-	srv := startNATSServer(t)
+	srv := natstest.Start(t)
 	log := newMemLog()
 	subj := testSubject()
 	// No periodic sweep: only the reconnect's recovery (or the messages
 	// the client buffered while disconnected) can bring the outage's events.
-	a := dial(t, srv.url(), log, bus.NATSConfig{Subject: subj, Name: "a", SweepEvery: time.Hour})
-	b := dial(t, srv.url(), log, bus.NATSConfig{Subject: subj, Name: "b", SweepEvery: time.Hour})
+	a := dial(t, srv.URL(), log, bus.NATSConfig{Subject: subj, Name: "a", SweepEvery: time.Hour})
+	b := dial(t, srv.URL(), log, bus.NATSConfig{Subject: subj, Name: "b", SweepEvery: time.Hour})
 	const thread = "thr_restart"
 	sa, sb := newSink(thread), newSink(thread)
 	a.bus.Add(thread, sa)
@@ -484,11 +425,11 @@ func TestNATSRestartMidStream(t *testing.T) {
 	a.commit(thread, 5, true)
 	sb.waitSeqs(t, "b before the restart", 5)
 
-	srv.kill()
+	srv.Stop()
 	a.commit(thread, 3, true)  // 6..8: published into the outage
 	a.commit(thread, 2, false) // 9, 10: publishes lost in the outage
 	sa.waitSeqs(t, "a during the outage", 8)
-	srv.start()
+	srv.Start()
 
 	sb.waitSeqs(t, "b after the restart", 10)
 	b.commit(thread, 2, true) // 11, 12 over the restarted server

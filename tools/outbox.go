@@ -9,13 +9,14 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	_ "github.com/mattn/go-sqlite3" // the "sqlite3" driver
+
+	"github.com/honestcancel/gateway/store"
 )
 
 // Outbox faults, for OutboxConfig.Fault.
@@ -148,7 +149,7 @@ func OpenOutbox(dsn string, cfg OutboxConfig) (*Outbox, error) {
 	if dsn == "" {
 		return nil, errors.New("outbox: empty database path")
 	}
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+	if store.IsPostgres(dsn) {
 		return openOutboxPostgres(dsn, cfg)
 	}
 	path := dsn

@@ -351,7 +351,7 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 			fail(field, "%v", err)
 			continue
 		}
-		if !isHeaderValue(v) {
+		if !httpguts.ValidHeaderFieldValue(v) {
 			fail(field, "the value (after ${NAME} expansion) holds a control character")
 			continue
 		}
@@ -462,15 +462,6 @@ func expandEnvRefs(v string) (string, error) {
 		b.WriteString(val)
 		v = rest[j+1:]
 	}
-}
-
-func isHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // checkJSONDocument reports a syntax error (with its line and column),
@@ -697,7 +688,7 @@ func checkKey(tool, key string) error {
 	if key == "" {
 		return fmt.Errorf("webhook %s: empty idempotency key (%w)", tool, errNotSent)
 	}
-	if !isHeaderValue(key) || !utf8.ValidString(key) {
+	if !httpguts.ValidHeaderFieldValue(key) || !utf8.ValidString(key) {
 		return fmt.Errorf("webhook %s: the idempotency key holds a control character or invalid UTF-8 (%w)", tool, errNotSent)
 	}
 	return nil
@@ -804,7 +795,7 @@ func (t *WebhookCommitter) Prepare(scope string, args json.RawMessage) (json.Raw
 	if scope == "" {
 		return nil, "", fmt.Errorf("webhook %s: empty scope", t.hook.name)
 	}
-	if !isHeaderValue(scope) || !utf8.ValidString(scope) {
+	if !httpguts.ValidHeaderFieldValue(scope) || !utf8.ValidString(scope) {
 		return nil, "", fmt.Errorf("webhook %s: the scope holds a control character or invalid UTF-8", t.hook.name)
 	}
 	norm, err := t.Validate(args)

@@ -5,23 +5,19 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
-	"strconv"
-	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/store"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the gateway's PostgreSQL driver ("pgx"), for the cluster scenario's database
 	_ "github.com/mattn/go-sqlite3"    // the gateway's own SQLite driver, to read its database after the run
 )
 
-// isPostgres reports whether db is a PostgreSQL URL rather than the path
-// of a SQLite file (as the gateway's -db tells them apart).
-func isPostgres(db string) bool {
-	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
-}
-
 // openRead opens a gateway's database for reading after (or, on
 // PostgreSQL, during) a run.
 func openRead(db string) (*sql.DB, error) {
-	if isPostgres(db) {
+	if store.IsPostgres(db) {
 		conn, err := sql.Open("pgx", db)
 		if err == nil {
 			conn.SetMaxOpenConns(8)
@@ -34,26 +30,16 @@ func openRead(db string) (*sql.DB, error) {
 // rebind turns the ? placeholders of query into $1, $2 … for PostgreSQL
 // (the queries here hold no ? elsewhere).
 func rebind(db, query string) string {
-	if !isPostgres(db) {
+	if !store.IsPostgres(db) {
 		return query
 	}
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return sqlx.Rebind(sqlx.DOLLAR, query)
 }
 
 // redactDB is db as it may appear in a report: a PostgreSQL URL without
 // its password.
 func redactDB(db string) string {
-	if !isPostgres(db) {
+	if !store.IsPostgres(db) {
 		return db
 	}
 	if u, err := url.Parse(db); err == nil {
