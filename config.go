@@ -29,13 +29,14 @@ type config struct {
 	db   string
 	// scale-out: the NATS bus, this instance's name in run leases, and
 	// how long a lease outlives a silent instance
-	nats        string
-	natsSubject string
-	instanceID  string
-	leaseTTL    time.Duration
-	model       string
-	demoPace    time.Duration
-	streamTTL   time.Duration
+	nats             string
+	natsSubject      string
+	instanceID       string
+	leaseTTL         time.Duration
+	reconcileHorizon time.Duration
+	model            string
+	demoPace         time.Duration
+	streamTTL        time.Duration
 	// retention of the other artifact classes; 0 keeps forever
 	eventTTL, auditTTL, draftTTL time.Duration
 	workers                      int
@@ -78,6 +79,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.natsSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
 	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
 	ef.duration(&c.leaseTTL, "lease-ttl", "GATEWAY_LEASE_TTL", 15*time.Second, "how long a run stays with an instance that stopped renewing its lease before another takes it over")
+	ef.duration(&c.reconcileHorizon, "reconcile-horizon", "GATEWAY_RECONCILE_HORIZON", 24*time.Hour, "how long the outcome of a tool call nobody saw (a lost answer, a crash) is looked up by its key at the provider before the gateway stops asking and says so")
 	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
 	ef.duration(&c.demoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
 	ef.duration(&c.streamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
@@ -181,6 +183,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.leaseTTL < 300*time.Millisecond {
 		return c, errors.New("-lease-ttl must be at least 300ms (leases are renewed every third of it)")
+	}
+	if c.reconcileHorizon < time.Second {
+		return c, errors.New("-reconcile-horizon must be at least 1s: it is how long an unknown outcome is looked up at its provider")
 	}
 	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")

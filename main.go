@@ -175,7 +175,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		m.Committed(events)
 		fd.Publish(events)
 	}
-	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true})
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true, ReconcileHorizon: cfg.reconcileHorizon})
 	if err != nil {
 		if store.IsPostgres(cfg.db) {
 			return fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, redactedURL(cfg.db))

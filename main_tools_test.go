@@ -73,7 +73,7 @@ func (s *server) askEmail(evs *stream, threadID string, expected int64, text str
 		t.Fatalf("run.waiting_confirmation without a tool.prepared")
 	}
 	if op.Tool != "send_email" || op.Phase != "prepared" || op.Contract != "consequential" || op.IdempotencyKey == nil ||
-		!strings.HasPrefix(*op.IdempotencyKey, "email:"+threadID+":") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
+		!strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
 		t.Fatalf("prepared operation %+v", op)
 	}
 	return started.RunID, *op

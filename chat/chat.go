@@ -186,6 +186,14 @@ type Operation struct {
 	ResultRef      *string         `json:"result_ref"`
 	CreatedAt      time.Time       `json:"created_at"`
 	UpdatedAt      time.Time       `json:"updated_at"`
+	// An outcome left unknown is looked up by its key at the provider
+	// until it answers or ReconcileUntil passes, also after the run
+	// ended; each change is reported with tool.updated. ReconcileNextAt is
+	// the next lookup: nil with ReconcileUntil set means the gateway gave
+	// up asking, and only the provider's own records (for the key) can
+	// tell what happened.
+	ReconcileNextAt *time.Time `json:"reconcile_next_at,omitempty"`
+	ReconcileUntil  *time.Time `json:"reconcile_until,omitempty"`
 }
 
 // ActiveRun describes the run in flight in a snapshot.

@@ -1,6 +1,9 @@
 package chat
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // Commands and their answers, shared by the store (which performs them in
 // one transaction each), the engine and the gateway (which decodes them).
@@ -102,18 +105,55 @@ type Replay struct {
 	Complete bool
 }
 
+// Lease is one claim of a run: the process that claimed it (Owner,
+// "<instance>.<process>") and the claim's epoch. Every claim of a run
+// takes a new, higher epoch, so two executions of one run — even in the
+// same process, after the first stalled past its lease and the run was
+// claimed again — never hold the same lease. Every write an execution
+// makes names its lease, and the store refuses it once the lease is not
+// the run's current one.
+type Lease struct {
+	RunID string
+	Owner string
+	Epoch int64
+}
+
+// Claim is a run handed to a worker, with the lease the worker holds it by.
+type Claim struct {
+	Run   Run
+	Lease Lease
+}
+
 // ErrNotRunning is returned to a worker whose run no longer runs under its
-// lease (a cancel was recorded, or recovery took it); Status says what the
-// run is now. The worker must stop without publishing.
-type ErrNotRunning struct{ Status RunStatus }
+// lease; Status says what the run is now. Fenced says the lease itself is
+// gone (recovery took the run, another claim holds it); otherwise the
+// lease is current but the run moved on (a cancel was recorded). Either
+// way the worker must stop without publishing; only a worker that is not
+// fenced may finish the cancel.
+type ErrNotRunning struct {
+	Status RunStatus
+	Fenced bool
+}
 
 func (e *ErrNotRunning) Error() string {
+	if e.Fenced {
+		return "this execution's lease of the run is no longer current (the run is " + string(e.Status) + ")"
+	}
 	return "run is no longer running under this lease: " + string(e.Status)
 }
+
+// ErrStepNotPending refuses to publish a step the thread no longer waits
+// on: it was published already (by another execution of the run), so
+// publishing it again would break invariant 9. The worker must stop.
+var ErrStepNotPending = errors.New("the step is no longer pending")
 
 // StepOutput is what one generate step produced: a message to publish
 // (Content "" = none) and, at most, one tool call to make next.
 type StepOutput struct {
+	// Step is the pending step this output completes, as the worker read
+	// it: the store publishes it only while the thread still waits on
+	// exactly that step, so no step is published twice.
+	Step      Pending
 	MessageID string
 	Kind      string // KindText or KindCard
 	Content   string

@@ -23,24 +23,33 @@ import (
 )
 
 // Store is what the engine needs from persistence. Every method is one
-// transaction; the ones taking an owner refuse with *chat.ErrNotRunning
-// once the run no longer runs under that owner's lease.
+// transaction; the ones taking a lease refuse with *chat.ErrNotRunning
+// once the run no longer runs under that lease (Fenced: the lease is no
+// longer the run's current one), so an execution that lost its run stops
+// at its next write and publishes nothing.
 type Store interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
-	FinishCancel(ctx context.Context, runID string, unbufferedChars int64, unleasedOnly bool) (bool, error)
-	Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error)
-	RenewLeases(ctx context.Context, owner string, until time.Time) error
+	// FinishCancel with a nil lease finishes only a run no worker holds.
+	FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbufferedChars int64) (bool, error)
+	// Claim, RenewLeases and Recover grant and judge leases by the
+	// store's lease clock (the database's, on PostgreSQL).
+	Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error)
+	RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error
 	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
-	AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error
-	PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error
-	SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error
-	RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error
-	MarkCancelling(ctx context.Context, runID, owner string, active chat.ActiveOperation) error
-	Complete(ctx context.Context, runID, owner string) error
-	Fail(ctx context.Context, runID, owner, message string) error
-	Release(ctx context.Context, runID, owner string) error
-	Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error)
+	AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error
+	PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
+	SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error
+	RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error
+	MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error
+	Complete(ctx context.Context, lease chat.Lease) error
+	Fail(ctx context.Context, lease chat.Lease, message string) error
+	Release(ctx context.Context, lease chat.Lease) error
+	Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error)
+	// DueReconciliations hands out unknown outcomes whose lookup by key is
+	// due; SettleReconciliation records what the lookup found.
+	DueReconciliations(ctx context.Context, limit int) ([]chat.Operation, error)
+	SettleReconciliation(ctx context.Context, opID string, known bool) (chat.Operation, error)
 	// CancelsRequested lists the runs owner leases whose cancel was
 	// accepted (by any instance) and not yet taken up.
 	CancelsRequested(ctx context.Context, owner string) ([]string, error)
@@ -96,6 +105,14 @@ type Config struct {
 	// cancels accepted elsewhere whose wake-up it never got (default 1s;
 	// unused with SingleInstance).
 	CancelPoll time.Duration
+	// ReconcilePoll is how often the reconciler asks the store for
+	// unknown outcomes whose lookup by key is due (default 1s).
+	ReconcilePoll time.Duration
+	// SettleTimeout bounds how long a worker keeps trying the write that
+	// settles its run (finish the cancel, record the failure, hand it
+	// back) while the database fails it (default 10s); then the run's
+	// lease expires and recovery settles it.
+	SettleTimeout time.Duration
 }
 
 // CancelWakeups carries cancel wake-ups to other instances. PublishCancel
@@ -152,6 +169,12 @@ func New(cfg Config) *Engine {
 	if cfg.CancelPoll <= 0 {
 		cfg.CancelPoll = time.Second
 	}
+	if cfg.ReconcilePoll <= 0 {
+		cfg.ReconcilePoll = time.Second
+	}
+	if cfg.SettleTimeout <= 0 {
+		cfg.SettleTimeout = storeTimeout
+	}
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = chat.NewID("ins_")
 	}
@@ -177,6 +200,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.wg.Go(e.dispatch)
 	e.wg.Go(e.maintain)
+	e.wg.Go(e.reconcile)
 	if !e.cfg.SingleInstance {
 		e.wg.Go(e.watchCancels)
 	}
@@ -203,9 +227,11 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 }
 
 // liveRun is one execution of a run by this engine; its identity tells a
-// new execution of the same run from an old one still unwinding.
+// new execution of the same run from an old one still unwinding. Only a
+// registered execution's lease is renewed.
 type liveRun struct {
 	cancel context.CancelCauseFunc
+	lease  chat.Lease
 }
 
 // CancelRun performs run.cancel: the store records cancel_requested and
@@ -242,7 +268,7 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 	e.wg.Go(func() {
 		settle, stop := context.WithTimeout(context.WithoutCancel(e.ctx), storeTimeout)
 		defer stop()
-		if _, err := e.store.FinishCancel(settle, p.RunID, 0, true); err != nil {
+		if _, err := e.store.FinishCancel(settle, p.RunID, nil, 0); err != nil {
 			e.log.Warn("finish cancel", "run_id", p.RunID, "prev", prev, "err", err)
 		}
 	})
@@ -315,8 +341,6 @@ func (e *Engine) poke() {
 	}
 }
 
-func (e *Engine) leaseUntil() time.Time { return time.Now().Add(e.cfg.LeaseTTL) }
-
 // dispatch claims queued runs while a worker slot is free.
 func (e *Engine) dispatch() {
 	slots := make(chan struct{}, e.cfg.Workers)
@@ -325,15 +349,15 @@ func (e *Engine) dispatch() {
 	for {
 		select {
 		case slots <- struct{}{}:
-			run, err := e.store.Claim(e.ctx, e.cfg.InstanceID, e.leaseUntil())
+			claim, err := e.store.Claim(e.ctx, e.cfg.InstanceID, e.cfg.LeaseTTL)
 			if err != nil && e.ctx.Err() == nil {
 				e.log.Error("claim run", "err", err)
 			}
-			if run != nil {
+			if claim != nil {
 				claimed := time.Now()
 				e.wg.Go(func() {
 					defer func() { <-slots; e.poke() }()
-					e.execute(run, claimed)
+					e.execute(claim, claimed)
 				})
 				continue
 			}
@@ -350,9 +374,11 @@ func (e *Engine) dispatch() {
 	}
 }
 
-// maintain renews leases, applies retention (stream buffer, event log,
-// cancel audit, deleted drafts) and settles runs whose lease expired
-// elsewhere.
+// maintain renews the leases of the executions running here, applies
+// retention (stream buffer, event log, cancel audit, deleted drafts) and
+// settles runs whose lease expired: another instance's, and this
+// process's own whose execution is gone (a final write that failed, a
+// worker that died), so an accepted cancel never waits for a restart.
 func (e *Engine) maintain() {
 	renew := time.NewTicker(e.cfg.LeaseTTL / 3)
 	defer renew.Stop()
@@ -363,7 +389,7 @@ func (e *Engine) maintain() {
 		case <-e.ctx.Done():
 			return
 		case <-renew.C:
-			if err := e.store.RenewLeases(e.ctx, e.cfg.InstanceID, e.leaseUntil()); err != nil && e.ctx.Err() == nil {
+			if err := e.store.RenewLeases(e.ctx, e.liveLeases(), e.cfg.LeaseTTL); err != nil && e.ctx.Err() == nil {
 				e.log.Error("renew leases", "err", err)
 			}
 			if err := e.recover(e.ctx); err != nil && e.ctx.Err() == nil {
@@ -404,8 +430,19 @@ func (e *Engine) purge(now time.Time) {
 	}
 }
 
+// liveLeases are the leases of the executions registered here.
+func (e *Engine) liveLeases() []chat.Lease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]chat.Lease, 0, len(e.running))
+	for _, live := range e.running {
+		out = append(out, live.lease)
+	}
+	return out
+}
+
 func (e *Engine) recover(ctx context.Context) error {
-	done, err := e.store.Recover(ctx, e.cfg.InstanceID, e.cfg.SingleInstance, time.Now(), e.cfg.MaxAttempts)
+	done, err := e.store.Recover(ctx, e.cfg.InstanceID, e.cfg.SingleInstance, e.cfg.MaxAttempts)
 	for _, r := range done {
 		e.log.Info("recovered run", "run_id", r.RunID, "action", r.Action)
 	}

@@ -203,6 +203,16 @@ func (h *harness) run(runID string) chat.Run {
 	return r
 }
 
+// pending is the step the run's thread waits on, as a worker reads it.
+func (h *harness) pending(runID string) chat.Pending {
+	h.t.Helper()
+	in, err := h.st.RunInput(context.Background(), runID)
+	if err != nil || in.Pending == nil {
+		h.t.Fatalf("run input of %s: %+v, %v", runID, in.Pending, err)
+	}
+	return *in.Pending
+}
+
 // waitFor reads the thread's live events until one satisfies pred.
 func waitFor(t *testing.T, sub *bus.Subscription, what string, pred func(*chat.Event) bool) *chat.Event {
 	t.Helper()
@@ -403,17 +413,16 @@ func TestShutdownHandsRunBackIntact(t *testing.T) {
 
 func TestRecoveryAfterCrash(t *testing.T) {
 	ctx := context.Background()
-	lease := time.Now().Add(time.Hour)
 
 	t.Run("interrupted stream is re-queued and completes", func(t *testing.T) {
 		h := newHarness(t, newScripted(words, false))
 		snap := h.thread()
 		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		run, err := h.st.Claim(ctx, "dead-process", lease)
-		if err != nil || run == nil || run.RunID != ack.RunID {
+		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
+		if err != nil || run == nil || run.Run.RunID != ack.RunID {
 			t.Fatalf("claim = %+v, %v", run, err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_dead", []string{"half", " a"}); err != nil {
+		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_dead", []string{"half", " a"}); err != nil {
 			t.Fatal(err)
 		}
 		sub := h.feed.Subscribe(snap.ThreadID, 1024)
@@ -437,13 +446,14 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		h := newHarness(t, newScripted(words, false))
 		snap := h.thread()
 		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
+		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_done", []string{"all", " of it"}); err != nil {
+		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_done", []string{"all", " of it"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.st.PublishStep(ctx, ack.RunID, "dead-process", chat.StepOutput{MessageID: "msg_done", Kind: chat.KindText, Content: "all of it"}); err != nil {
+		if err := h.st.PublishStep(ctx, run.Lease, chat.StepOutput{Step: h.pending(ack.RunID), MessageID: "msg_done", Kind: chat.KindText, Content: "all of it"}); err != nil {
 			t.Fatal(err)
 		}
 		h.start()
@@ -463,10 +473,11 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		h := newHarness(t, newScripted(words, false))
 		snap := h.thread()
 		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		if _, err := h.st.Claim(ctx, "dead-process", lease); err != nil {
+		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := h.st.AppendDeltas(ctx, ack.RunID, "dead-process", "msg_x", []string{"abc"}); err != nil {
+		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_x", []string{"abc"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:x"}); err != nil {
@@ -486,10 +497,10 @@ func TestRecoveryAfterCrash(t *testing.T) {
 		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
 		for i := range 3 {
 			owner := "dead-" + string(rune('a'+i))
-			if _, err := h.st.Claim(ctx, owner, lease); err != nil {
+			if _, err := h.st.Claim(ctx, owner, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := h.st.Recover(ctx, "someone-else", true, time.Now(), 3); err != nil {
+			if _, err := h.st.Recover(ctx, "someone-else", true, 3); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -505,11 +516,11 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	h := newHarness(t, newScripted(words, false))
 	snap := h.thread()
 	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-	lease := time.Now().Add(time.Hour)
-	if _, err := h.st.Claim(ctx, "w", lease); err != nil {
+	run, err := h.st.Claim(ctx, "w", time.Hour)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{"late", " text"}); err != nil {
+	if err := h.st.AppendDeltas(ctx, run.Lease, "msg_late", []string{"late", " text"}); err != nil {
 		t.Fatal(err)
 	}
 	// The cancel commits while the last delta is "on the wire": the worker's
@@ -517,15 +528,15 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 	if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	err := h.st.PublishStep(ctx, ack.RunID, "w", chat.StepOutput{MessageID: "msg_late", Kind: chat.KindText, Content: "late text"})
+	err = h.st.PublishStep(ctx, run.Lease, chat.StepOutput{Step: h.pending(ack.RunID), MessageID: "msg_late", Kind: chat.KindText, Content: "late text"})
 	var lost *chat.ErrNotRunning
 	if !errors.As(err, &lost) || lost.Status != chat.RunCancelRequested {
 		t.Fatalf("publish after cancel = %v", err)
 	}
-	if err := h.st.AppendDeltas(ctx, ack.RunID, "w", "msg_late", []string{" more"}); !errors.As(err, &lost) {
+	if err := h.st.AppendDeltas(ctx, run.Lease, "msg_late", []string{" more"}); !errors.As(err, &lost) {
 		t.Fatalf("delta after cancel = %v", err)
 	}
-	if ok, err := h.st.FinishCancel(ctx, ack.RunID, 0, false); !ok || err != nil {
+	if ok, err := h.st.FinishCancel(ctx, ack.RunID, &run.Lease, 0); !ok || err != nil {
 		t.Fatalf("finish cancel = %v, %v", ok, err)
 	}
 	if got := h.snapshot(snap.ThreadID); len(got.Messages) != 1 {

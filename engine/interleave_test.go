@@ -194,45 +194,50 @@ func (s *ilStore) hit(runID, point string, texts []string) {
 	}
 }
 
-func (s *ilStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
+func (s *ilStore) AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error {
+	runID := lease.RunID
 	s.enter()
 	defer s.leave()
 	s.hit(runID, "append", texts)
-	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts)
+	return s.Store.AppendDeltas(ctx, lease, messageID, texts)
 }
 
-func (s *ilStore) PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error {
+func (s *ilStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	runID := lease.RunID
 	s.enter()
 	defer s.leave()
 	s.hit(runID, "before-publish", nil)
-	err := s.Store.PublishStep(ctx, runID, owner, out)
+	err := s.Store.PublishStep(ctx, lease, out)
 	if err == nil {
 		s.hit(runID, "after-publish", nil)
 	}
 	return err
 }
 
-func (s *ilStore) SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error {
+func (s *ilStore) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
+	runID := lease.RunID
 	s.enter()
 	defer s.leave()
 	if phase == chat.PhaseCommitting {
 		s.hit(runID, "committing", nil)
 	}
-	return s.Store.SetOperationPhase(ctx, runID, owner, opID, phase, outcome, needRunning)
+	return s.Store.SetOperationPhase(ctx, lease, opID, phase, outcome, needRunning)
 }
 
-func (s *ilStore) RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error {
+func (s *ilStore) RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error {
+	runID := lease.RunID
 	s.enter()
 	defer s.leave()
 	s.hit(runID, "record", nil)
-	return s.Store.RecordToolResult(ctx, runID, owner, opID, out)
+	return s.Store.RecordToolResult(ctx, lease, opID, out)
 }
 
-func (s *ilStore) Complete(ctx context.Context, runID, owner string) error {
+func (s *ilStore) Complete(ctx context.Context, lease chat.Lease) error {
+	runID := lease.RunID
 	s.enter()
 	defer s.leave()
 	s.hit(runID, "complete", nil)
-	return s.Store.Complete(ctx, runID, owner)
+	return s.Store.Complete(ctx, lease)
 }
 
 // ---------------------------------------------------------------------------
@@ -643,17 +648,16 @@ func (r *ilRun) setRun(runID string) {
 func (r *ilRun) deadPrefix(kind string) {
 	ctx := context.Background()
 	h := r.h
-	lease := time.Now().Add(time.Hour)
 	owner := fmt.Sprintf("dead-%d", r.seed)
 	r.stats.deadWorkers++
-	r.claimDead(owner, lease)
+	lease := r.claimDead(owner)
 	msgID := chat.NewID(chat.PrefixMessage)
 	text := []string{"dead ", "text "}
-	if err := h.st.AppendDeltas(ctx, r.runID, owner, msgID, text); err != nil {
+	if err := h.st.AppendDeltas(ctx, lease, msgID, text); err != nil {
 		r.t.Fatal(err)
 	}
 	r.step("dead worker %s claimed the run and streamed %q", owner, strings.Join(text, ""))
-	out := chat.StepOutput{MessageID: msgID, Kind: chat.KindText, Content: strings.Join(text, "")}
+	out := chat.StepOutput{Step: r.h.pending(r.runID), MessageID: msgID, Kind: chat.KindText, Content: strings.Join(text, "")}
 	switch kind {
 	case "interrupted":
 		return
@@ -671,7 +675,7 @@ func (r *ilRun) deadPrefix(kind string) {
 		out.Call = &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "send_email", Contract: tools.Consequential,
 			Args: args, Preview: preview, IdempotencyKey: key}
 	}
-	if err := h.st.PublishStep(ctx, r.runID, owner, out); err != nil {
+	if err := h.st.PublishStep(ctx, lease, out); err != nil {
 		r.t.Fatal(err)
 	}
 	r.step("dead worker published its step (call: %v)", out.Call != nil)
@@ -682,8 +686,8 @@ func (r *ilRun) deadPrefix(kind string) {
 	if _, err := h.st.DecideOperation(ctx, ilUser, op.OperationID, h.snapshot(r.thread).StateVersion, true); err != nil {
 		r.t.Fatal(err)
 	}
-	r.claimDead(owner, lease)
-	if err := h.st.SetOperationPhase(ctx, r.runID, owner, op.OperationID, chat.PhaseCommitting, "", true); err != nil {
+	lease = r.claimDead(owner)
+	if err := h.st.SetOperationPhase(ctx, lease, op.OperationID, chat.PhaseCommitting, "", true); err != nil {
 		r.t.Fatal(err)
 	}
 	r.step("user confirmed; dead worker set committing")
@@ -705,11 +709,12 @@ func (r *ilRun) deadPrefix(kind string) {
 	}
 }
 
-func (r *ilRun) claimDead(owner string, lease time.Time) {
-	run, err := r.h.st.Claim(context.Background(), owner, lease)
-	if err != nil || run == nil || run.RunID != r.runID {
+func (r *ilRun) claimDead(owner string) chat.Lease {
+	run, err := r.h.st.Claim(context.Background(), owner, time.Hour)
+	if err != nil || run == nil || run.Run.RunID != r.runID {
 		r.t.Fatalf("seed %d: dead claim = %+v, %v (want run %s)\n%s", r.seed, run, err, r.runID, r.report())
 	}
+	return run.Lease
 }
 
 // state names where the engine rests.
@@ -872,10 +877,9 @@ func (r *ilRun) crash(st string) {
 	r.waiting = false
 	if st == "streaming" && r.rng.IntN(2) == 0 {
 		if run := r.h.run(r.runID); run.Status == chat.RunQueued {
-			lease := time.Now().Add(time.Hour)
 			owner := fmt.Sprintf("dead-%d-%d", r.seed, r.crashes)
-			r.claimDead(owner, lease)
-			if err := r.h.st.AppendDeltas(context.Background(), r.runID, owner, chat.NewID(chat.PrefixMessage), []string{fmt.Sprintf("dead%d ", r.crashes)}); err != nil {
+			lease := r.claimDead(owner)
+			if err := r.h.st.AppendDeltas(context.Background(), lease, chat.NewID(chat.PrefixMessage), []string{fmt.Sprintf("dead%d ", r.crashes)}); err != nil {
 				r.t.Fatal(err)
 			}
 			r.stats.deadWorkers++
@@ -946,6 +950,7 @@ func (r *ilRun) verify() {
 	var receipt *chat.RunCancelledBody
 	var resultPhaseBefore string
 	opBefore := false
+	sentBefore := false // the call was handed to its system (committing) before the cancel
 	for i, ev := range r.events {
 		if ev.Seq != prev+1 {
 			r.fail("live stream jumps from seq %d to %d", prev, ev.Seq)
@@ -983,8 +988,12 @@ func (r *ilRun) verify() {
 		case chat.EventToolPrepared, chat.EventToolUpdated:
 			if cancelReq < 0 {
 				opBefore = true
-				if p := ev.Body.(chat.ToolBody).Operation.Phase; isResultPhase(p) {
+				p := ev.Body.(chat.ToolBody).Operation.Phase
+				if isResultPhase(p) {
 					resultPhaseBefore = p
+				}
+				if p == chat.PhaseCommitting || p == chat.PhaseUnknown {
+					sentBefore = true
 				}
 			}
 		case chat.EventRunCancelRequested:
@@ -1058,6 +1067,7 @@ func (r *ilRun) verify() {
 			chat.PhaseCompleted: chat.OutcomeCompleted, chat.PhaseCommitted: chat.OutcomeCommitted,
 			chat.PhaseReconciled: chat.OutcomeCommitted, chat.PhaseVoided: chat.OutcomeNotStarted,
 			chat.PhaseAborted: chat.OutcomeAborted, chat.PhaseRejected: chat.OutcomeNotStarted, chat.PhaseFailed: chat.OutcomeFailed,
+			chat.PhaseUnknown: chat.OutcomeUnknown,
 		}
 		if o, ok := pairs[op.Phase]; !ok || o != outcome {
 			r.fail("operation %s ended %s/%s", op.OperationID, op.Phase, outcome)
@@ -1072,8 +1082,11 @@ func (r *ilRun) verify() {
 			r.fail("operation %s was created after the cancel was accepted", op.OperationID)
 		case resultPhaseBefore != "":
 			allowed = []string{resultPhaseBefore}
-		case op.Contract == tools.Consequential && cancel.touched:
-			allowed = []string{chat.PhaseCommitted, chat.PhaseReconciled}
+		case op.Contract == tools.Consequential && (cancel.touched || sentBefore):
+			// Handed to the provider before the cancel: a cancel cannot
+			// recall it, and never reports it not started; what the
+			// provider did not confirm stays unknown (invariant 10).
+			allowed = []string{chat.PhaseCommitted, chat.PhaseReconciled, chat.PhaseUnknown}
 		case op.Contract == tools.Consequential:
 			allowed = []string{chat.PhaseVoided}
 		case cancel.touched:
@@ -1097,7 +1110,8 @@ func (r *ilRun) verify() {
 			acts, commits := r.mail.actions[key], r.mail.commits[key]
 			r.mail.mu.Unlock()
 			committed := op.Phase == chat.PhaseCommitted || op.Phase == chat.PhaseReconciled
-			if committed != (acts == 1) || (!committed && commits > 0) {
+			unknown := op.Phase == chat.PhaseUnknown // honest whatever the provider did
+			if !unknown && (committed != (acts == 1) || (!committed && commits > 0)) {
 				r.fail("operation %s is %s after %d commits and %d provider actions", op.OperationID, op.Phase, commits, acts)
 			}
 		}

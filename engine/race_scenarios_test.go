@@ -39,32 +39,33 @@ func (s *raceStore) dead() error {
 	return nil
 }
 
-func (s *raceStore) PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error {
+func (s *raceStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	runID := lease.RunID
 	if err := s.dead(); err != nil {
 		return err
 	}
 	if s.beforePublish != nil {
 		s.beforePublish(runID, out)
 	}
-	err := s.Store.PublishStep(ctx, runID, owner, out)
+	err := s.Store.PublishStep(ctx, lease, out)
 	if err == nil && s.afterPublish != nil {
 		s.afterPublish(runID, out)
 	}
 	return err
 }
 
-func (s *raceStore) Claim(ctx context.Context, owner string, until time.Time) (*chat.Run, error) {
+func (s *raceStore) Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error) {
 	if err := s.dead(); err != nil {
 		return nil, err
 	}
-	return s.Store.Claim(ctx, owner, until)
+	return s.Store.Claim(ctx, owner, ttl)
 }
 
-func (s *raceStore) RenewLeases(ctx context.Context, owner string, until time.Time) error {
+func (s *raceStore) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.RenewLeases(ctx, owner, until)
+	return s.Store.RenewLeases(ctx, leases, ttl)
 }
 
 func (s *raceStore) RunInput(ctx context.Context, runID string) (chat.RunInput, error) {
@@ -74,67 +75,67 @@ func (s *raceStore) RunInput(ctx context.Context, runID string) (chat.RunInput, 
 	return s.Store.RunInput(ctx, runID)
 }
 
-func (s *raceStore) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
+func (s *raceStore) AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.AppendDeltas(ctx, runID, owner, messageID, texts)
+	return s.Store.AppendDeltas(ctx, lease, messageID, texts)
 }
 
-func (s *raceStore) SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error {
+func (s *raceStore) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.SetOperationPhase(ctx, runID, owner, opID, phase, outcome, needRunning)
+	return s.Store.SetOperationPhase(ctx, lease, opID, phase, outcome, needRunning)
 }
 
-func (s *raceStore) RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error {
+func (s *raceStore) RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.RecordToolResult(ctx, runID, owner, opID, out)
+	return s.Store.RecordToolResult(ctx, lease, opID, out)
 }
 
-func (s *raceStore) MarkCancelling(ctx context.Context, runID, owner string, active chat.ActiveOperation) error {
+func (s *raceStore) MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.MarkCancelling(ctx, runID, owner, active)
+	return s.Store.MarkCancelling(ctx, lease, active)
 }
 
-func (s *raceStore) Complete(ctx context.Context, runID, owner string) error {
+func (s *raceStore) Complete(ctx context.Context, lease chat.Lease) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.Complete(ctx, runID, owner)
+	return s.Store.Complete(ctx, lease)
 }
 
-func (s *raceStore) Fail(ctx context.Context, runID, owner, message string) error {
+func (s *raceStore) Fail(ctx context.Context, lease chat.Lease, message string) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.Fail(ctx, runID, owner, message)
+	return s.Store.Fail(ctx, lease, message)
 }
 
-func (s *raceStore) Release(ctx context.Context, runID, owner string) error {
+func (s *raceStore) Release(ctx context.Context, lease chat.Lease) error {
 	if err := s.dead(); err != nil {
 		return err
 	}
-	return s.Store.Release(ctx, runID, owner)
+	return s.Store.Release(ctx, lease)
 }
 
-func (s *raceStore) FinishCancel(ctx context.Context, runID string, unbuffered int64, unleasedOnly bool) (bool, error) {
+func (s *raceStore) FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbuffered int64) (bool, error) {
 	if err := s.dead(); err != nil {
 		return false, err
 	}
-	return s.Store.FinishCancel(ctx, runID, unbuffered, unleasedOnly)
+	return s.Store.FinishCancel(ctx, runID, lease, unbuffered)
 }
 
-func (s *raceStore) Recover(ctx context.Context, owner string, foreign bool, now time.Time, maxAttempts int) ([]chat.Recovered, error) {
+func (s *raceStore) Recover(ctx context.Context, owner string, foreign bool, maxAttempts int) ([]chat.Recovered, error) {
 	if err := s.dead(); err != nil {
 		return nil, err
 	}
-	return s.Store.Recover(ctx, owner, foreign, now, maxAttempts)
+	return s.Store.Recover(ctx, owner, foreign, maxAttempts)
 }
 
 func (s *raceStore) PurgeStream(ctx context.Context, before time.Time) (int64, error) {

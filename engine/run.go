@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +21,13 @@ import (
 // own context ended.
 const storeTimeout = 10 * time.Second
 
-// execute owns one run, claimed at claimed, until it is settled: completed,
-// failed, cancelled, or handed back to the queue on shutdown.
-func (e *Engine) execute(run *chat.Run, claimed time.Time) {
+// execute owns one claim of a run, made at claimed, until the run is
+// settled — completed, failed, cancelled, handed back to the queue on
+// shutdown — or the claim is lost (fenced): every write names the claim's
+// lease, so an execution whose lease is no longer current stops at its
+// next write and publishes nothing.
+func (e *Engine) execute(claim *chat.Claim, claimed time.Time) {
+	run, lease := claim.Run, claim.Lease
 	ctx, cancel := context.WithCancelCause(e.ctx)
 	defer cancel(nil)
 	e.metrics.RunsExecuting(1)
@@ -31,11 +36,12 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 	// that read finds the registration; one recorded before it is seen by
 	// the read.
 	//
-	// The same run may be claimed again (after a confirmation) while this
-	// execution is still unwinding, so only this execution's own entry is
-	// removed: deleting by id alone would unregister the new execution and
-	// leave its cancel unheard.
-	me := &liveRun{cancel: cancel}
+	// The same run may be claimed again (after a confirmation, or after
+	// this execution stalled past its lease) while this execution is still
+	// unwinding, so only this execution's own entry is removed: deleting by
+	// id alone would unregister the new execution and leave its cancel
+	// unheard and its lease unrenewed.
+	me := &liveRun{cancel: cancel, lease: lease}
 	e.mu.Lock()
 	e.running[run.RunID] = me
 	e.mu.Unlock()
@@ -48,10 +54,14 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 	}
 	defer unregister()
 
-	log := e.log.With("run_id", run.RunID, "thread_id", run.ThreadID)
-	unbuffered, err := e.work(ctx, run.RunID, &firstToken{claimed: claimed})
-	settle, stop := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	log := e.log.With("run_id", run.RunID, "thread_id", run.ThreadID, "epoch", lease.Epoch)
+	unbuffered, err := e.work(ctx, lease, &firstToken{claimed: claimed})
+	settle, stop := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SettleTimeout)
 	defer stop()
+	finishCancel := func() error {
+		_, err := e.store.FinishCancel(settle, run.RunID, &lease, unbuffered)
+		return err
+	}
 	if err == nil {
 		// Unregister before looking at the cause: CancelRun cancels under
 		// e.mu, so either its cancel is seen here or it finds no worker
@@ -62,38 +72,72 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 			// The run was handed over (waiting for a confirmation) just as
 			// a cancel found this worker still registered: nobody else
 			// finishes it, so do it here rather than at the next recovery.
-			if _, err := e.store.FinishCancel(settle, run.RunID, 0, true); err != nil {
-				log.Error("finish cancel", "err", err)
-			}
+			e.finalWrite(settle, log, "finish cancel", func() error {
+				_, err := e.store.FinishCancel(settle, run.RunID, nil, 0)
+				return err
+			})
 		}
 		return
 	}
 	var lost *chat.ErrNotRunning
 	cause := context.Cause(ctx)
 	switch {
+	case errors.As(err, &lost) && lost.Fenced, errors.Is(err, chat.ErrStepNotPending):
+		// Another claim holds the run (this execution stalled past its
+		// lease, or recovery took it): whoever holds it now finishes it.
+		log.Warn("run taken from this execution; it stops without publishing", "err", err)
 	case errors.As(err, &lost) && !lost.Status.CancelAccepted():
 		log.Warn("run taken from this worker", "status", lost.Status)
-		return
 	case errors.As(err, &lost), errors.Is(cause, errCancelRequested):
-		if _, err := e.store.FinishCancel(settle, run.RunID, unbuffered, false); err != nil {
-			log.Error("finish cancel", "err", err)
-		}
+		e.finalWrite(settle, log, "finish cancel", finishCancel)
 	case errors.Is(cause, errShutdown):
-		err := e.store.Release(settle, run.RunID, e.cfg.InstanceID)
-		if errors.As(err, &lost) && lost.Status.CancelAccepted() {
-			_, err = e.store.FinishCancel(settle, run.RunID, unbuffered, false)
-		}
-		if err != nil {
-			log.Error("hand run back", "err", err)
-		}
+		e.finalWrite(settle, log, "hand run back", func() error {
+			err := e.store.Release(settle, lease)
+			if errors.As(err, &lost) && !lost.Fenced && lost.Status.CancelAccepted() {
+				return finishCancel()
+			}
+			return err
+		})
 	default:
 		log.Warn("run failed", "err", err)
-		ferr := e.store.Fail(settle, run.RunID, e.cfg.InstanceID, userMessage(err))
-		if errors.As(ferr, &lost) && lost.Status.CancelAccepted() {
-			_, ferr = e.store.FinishCancel(settle, run.RunID, unbuffered, false)
+		e.finalWrite(settle, log, "record failure", func() error {
+			err := e.store.Fail(settle, lease, userMessage(err))
+			if errors.As(err, &lost) && !lost.Fenced && lost.Status.CancelAccepted() {
+				return finishCancel()
+			}
+			return err
+		})
+	}
+}
+
+// finalWrite runs a write that settles a run, again with backoff while it
+// fails for a reason other than the run itself (a database that is busy or
+// briefly away), until ctx ends. If it never succeeds the execution lets
+// go anyway: its lease is no longer renewed, so it expires and recovery
+// (in this process or another) settles the run from its records — an
+// acknowledged cancel is never stuck until a restart.
+func (e *Engine) finalWrite(ctx context.Context, log *slog.Logger, what string, write func() error) {
+	for try := 0; ; try++ {
+		err := write()
+		var lost *chat.ErrNotRunning
+		var ce *chat.Error
+		switch {
+		case err == nil:
+			return
+		case errors.As(err, &lost), errors.As(err, &ce), errors.Is(err, chat.ErrStepNotPending):
+			log.Warn(what+": the run moved on", "err", err)
+			return
 		}
-		if ferr != nil {
-			log.Error("record failure", "err", ferr)
+		wait := min(50*time.Millisecond<<try, 2*time.Second)
+		log.Warn(what+" failed; trying again", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			log.Error(what+" failed; the run is left to recovery once its lease expires", "err", err)
+			return
+		case <-e.ctx.Done():
+			log.Error(what+" failed while the engine stops; the run is recovered from its records", "err", err)
+			return
+		case <-time.After(wait):
 		}
 	}
 }
@@ -101,21 +145,24 @@ func (e *Engine) execute(run *chat.Run, claimed time.Time) {
 // work advances the run step by step until it ends, waits for a
 // confirmation, or stops at a safe point. It returns how many received
 // characters it never buffered (for the cancel's discard count).
-func (e *Engine) work(ctx context.Context, runID string, first *firstToken) (int64, error) {
+func (e *Engine) work(ctx context.Context, lease chat.Lease, first *firstToken) (int64, error) {
 	for range maxSteps {
-		in, err := e.store.RunInput(ctx, runID)
+		in, err := e.store.RunInput(ctx, lease.RunID)
 		if err != nil {
 			return 0, err
 		}
 		op := in.Operation
+		// A fork continuing a tool step waits on the call of the thread it
+		// was forked from: the step runs again here, as a call of this run.
+		inherited := op != nil && op.ThreadID != in.Run.ThreadID
 		// An operation with a recorded result is settled, whatever its phase
 		// (an outcome that could not be looked up stays unknown).
-		openCommit := op != nil && op.ResultRef == nil && (op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown)
+		openCommit := op != nil && !inherited && op.ResultRef == nil && (op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown)
 		if in.Run.Status.CancelAccepted() && openCommit {
 			// A commit may have reached the provider: settle it by its key
 			// before the cancel can report what happened.
 			first.done = true
-			if err := e.toolStep(ctx, in); err != nil {
+			if err := e.toolStep(ctx, in, lease); err != nil {
 				return 0, err
 			}
 			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
@@ -123,22 +170,36 @@ func (e *Engine) work(ctx context.Context, runID string, first *firstToken) (int
 		if in.Run.Status != chat.RunRunning {
 			return 0, &chat.ErrNotRunning{Status: in.Run.Status}
 		}
-		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && op.ResultRef == nil && openPhase(op.Phase) {
+		write := context.WithoutCancel(ctx)
+		if in.Pending == nil {
+			// The run's last step is published (by an execution that then
+			// lost its run before finishing it): only the status is left.
+			first.done = true
+			return 0, e.store.Complete(write, lease)
+		}
+		if in.Pending.Step == chat.StepTool && op != nil && !inherited && op.ResultRef == nil && openPhase(op.Phase) {
 			first.done = true // the claim's first wait is the tool's
-			if err := e.toolStep(ctx, in); err != nil {
+			if err := e.toolStep(ctx, in, lease); err != nil {
 				return 0, err
 			}
 			continue
 		}
-		if in.Pending != nil && in.Pending.Step == chat.StepTool && op != nil && (op.Phase == chat.PhaseAborted || op.Phase == chat.PhaseVoided) {
+		if in.Pending.Step == chat.StepTool && op != nil && (inherited || op.Phase == chat.PhaseAborted || op.Phase == chat.PhaseVoided) {
 			// The pending step is a call a cancel stopped before it had a
-			// result (aborted) or before it was sent (voided): the step runs
-			// again as a new operation of this run, not as a new model turn.
-			tc, err := e.prepareCall(in, &model.ToolCall{ID: op.OperationID, Name: op.Tool, Arguments: op.Args})
+			// result (aborted) or before it was sent (voided), or the call of
+			// the thread this one was forked from: the step runs again as a
+			// new operation of this run, not as a new model turn — under the
+			// same business key, so an action the source already performed
+			// is not performed again (the provider answers it was done).
+			prior := ""
+			if op.Contract == tools.Consequential && op.IdempotencyKey != nil {
+				prior = *op.IdempotencyKey // the same action: the same key
+			}
+			tc, err := e.prepareCall(in, &model.ToolCall{ID: op.OperationID, Name: op.Tool, Arguments: op.Args}, prior)
 			if err != nil {
 				return 0, err
 			}
-			if err := e.store.PublishStep(context.WithoutCancel(ctx), runID, e.cfg.InstanceID, chat.StepOutput{Call: tc}); err != nil {
+			if err := e.store.PublishStep(write, lease, chat.StepOutput{Step: *in.Pending, Call: tc}); err != nil {
 				return 0, err
 			}
 			if tc.Contract == tools.Consequential {
@@ -146,17 +207,17 @@ func (e *Engine) work(ctx context.Context, runID string, first *firstToken) (int
 			}
 			continue
 		}
-		out, unbuffered, err := e.generate(ctx, in, first)
+		out, unbuffered, err := e.generate(ctx, in, lease, first)
 		if err != nil {
 			return unbuffered, err
 		}
-		write := context.WithoutCancel(ctx)
-		if err := e.store.PublishStep(write, runID, e.cfg.InstanceID, out); err != nil {
+		out.Step = *in.Pending
+		if err := e.store.PublishStep(write, lease, out); err != nil {
 			return 0, err
 		}
 		switch {
 		case out.Call == nil:
-			return 0, e.store.Complete(write, runID, e.cfg.InstanceID)
+			return 0, e.store.Complete(write, lease)
 		case out.Call.Contract == tools.Consequential:
 			return 0, nil // waits for the user's decision; no worker holds it
 		}
@@ -206,7 +267,7 @@ func openPhase(phase string) bool {
 // the context (cancelled on a cancel wake-up).
 //
 // first records the claim's time to the model's first chunk.
-func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstToken) (chat.StepOutput, int64, error) {
+func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Lease, first *firstToken) (chat.StepOutput, int64, error) {
 	runID := in.Run.RunID
 	stream, err := e.model.Stream(ctx, e.modelRequest(in))
 	if err != nil {
@@ -299,7 +360,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstTok
 		// the batch waits for the writer takes it back unwritten, and it
 		// counts as unbuffered; once in a transaction it is written or
 		// refused whole.
-		if err := e.store.AppendDeltas(ctx, runID, e.cfg.InstanceID, out.MessageID, batch); err != nil {
+		if err := e.store.AppendDeltas(ctx, lease, out.MessageID, batch); err != nil {
 			return out, unbuffered(), err
 		}
 		for _, t := range batch {
@@ -318,7 +379,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, first *firstTok
 		return out, 0, chat.Errorf(chat.CodeInternal, "the model's card is not valid JSON, so nothing of it was published. Continue from the saved point to try again.")
 	}
 	if call != nil {
-		tc, err := e.prepareCall(in, call)
+		tc, err := e.prepareCall(in, call, "")
 		if err != nil {
 			return out, 0, err
 		}

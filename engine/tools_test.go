@@ -774,7 +774,7 @@ func TestConsequentialToolConfirmCommits(t *testing.T) {
 	ack := e.ask("send the quote")
 	op, evs := e.waitConfirmation(ack.RunID)
 	if op.Phase != chat.PhasePrepared || op.Contract != tools.Consequential || op.IdempotencyKey == nil ||
-		!strings.HasPrefix(*op.IdempotencyKey, "email:"+e.thr.ThreadID+":") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
+		!strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
 		t.Fatalf("prepared operation = %+v", op)
 	}
 	var preview email
@@ -1086,7 +1086,6 @@ func TestConsequentialProviderRejects(t *testing.T) {
 // engine reconciles it by its key before anything else.
 func TestCrashDuringCommitIsReconciled(t *testing.T) {
 	ctx := context.Background()
-	lease := time.Now().Add(time.Hour)
 	// crashed leaves a run whose dead worker set the operation committing,
 	// after (reached) or before its Commit reached the provider.
 	crashed := func(t *testing.T, reached, cancelled bool) (*toolEnv, *fakeMailer, string, string) {
@@ -1094,7 +1093,8 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		mail := newMailer(mailAccepts, false)
 		e := newToolEnv(t, m, mail)
 		ack := e.startRun(e.thr.ThreadID, e.thr.StateVersion, ptr("send the quote"))
-		if r, err := e.st.Claim(ctx, "dead", lease); err != nil || r == nil || r.RunID != ack.RunID {
+		r, err := e.st.Claim(ctx, "dead", time.Hour)
+		if err != nil || r == nil || r.Run.RunID != ack.RunID {
 			t.Fatalf("claim = %+v, %v", r, err)
 		}
 		args, _ := mail.Validate(mailArgs)
@@ -1104,17 +1104,18 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		}
 		call := &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "send_email", Contract: tools.Consequential,
 			Args: args, Preview: preview, IdempotencyKey: key}
-		if err := e.st.PublishStep(ctx, ack.RunID, "dead", chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage),
+		if err := e.st.PublishStep(ctx, r.Lease, chat.StepOutput{Step: e.pending(ack.RunID), MessageID: chat.NewID(chat.PrefixMessage),
 			Kind: chat.KindText, Content: "I will send it.", Call: call}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.st.DecideOperation(ctx, chat.LocalUserID, call.OperationID, e.version(), true); err != nil {
 			t.Fatal(err)
 		}
-		if r, err := e.st.Claim(ctx, "dead", lease); err != nil || r == nil || r.RunID != ack.RunID {
+		r, err = e.st.Claim(ctx, "dead", time.Hour)
+		if err != nil || r == nil || r.Run.RunID != ack.RunID {
 			t.Fatalf("claim of the confirmed run = %+v, %v", r, err)
 		}
-		if err := e.st.SetOperationPhase(ctx, ack.RunID, "dead", call.OperationID, chat.PhaseCommitting, "", true); err != nil {
+		if err := e.st.SetOperationPhase(ctx, r.Lease, call.OperationID, chat.PhaseCommitting, "", true); err != nil {
 			t.Fatal(err)
 		}
 		if reached {
@@ -1144,8 +1145,10 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		{"provider never got it", false, false, chat.PhaseCommitted, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false},
 		{"cancelled, provider had accepted", true, true, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool", false},
 		// It never reached the provider and the user has cancelled since:
-		// voided, never sent after the cancel.
-		{"cancelled, provider never got it", false, true, chat.PhaseVoided, chat.OutcomeNotStarted, 0, 0, "user assistant", false},
+		// never sent after the cancel, but since the dead worker had passed
+		// the safe point, nobody can say it was not sent: unknown (never
+		// not_started), and the reconciler keeps looking the key up.
+		{"cancelled, provider never got it", false, true, chat.PhaseUnknown, chat.OutcomeUnknown, 0, 0, "user assistant tool", false},
 		// The provider had accepted, but its status endpoint is down: the
 		// cancel cannot know, so it must not report "not started".
 		{"cancelled, provider had accepted, lookup fails", true, true, chat.PhaseUnknown, chat.OutcomeUnknown, 1, 1, "user assistant tool", true},
@@ -1304,19 +1307,19 @@ type hookStore struct {
 	beforePhase  func(phase string)
 }
 
-func (s *hookStore) PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error {
-	err := s.Store.PublishStep(ctx, runID, owner, out)
+func (s *hookStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	err := s.Store.PublishStep(ctx, lease, out)
 	if err == nil && s.afterPublish != nil {
 		s.afterPublish(out)
 	}
 	return err
 }
 
-func (s *hookStore) SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error {
+func (s *hookStore) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
 	if s.beforePhase != nil {
 		s.beforePhase(phase)
 	}
-	return s.Store.SetOperationPhase(ctx, runID, owner, opID, phase, outcome, needRunning)
+	return s.Store.SetOperationPhase(ctx, lease, opID, phase, outcome, needRunning)
 }
 
 // cancelFromWorker cancels from inside a store hook, on the worker's

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
@@ -23,7 +24,16 @@ const (
 // prepareCall turns the model's call into an operation to record: a known
 // tool, valid arguments, and for a consequential tool its draft and
 // business idempotency key.
-func (e *Engine) prepareCall(in chat.RunInput, call *model.ToolCall) (*chat.ToolCall, error) {
+//
+// The key is the action's, not the attempt's: it is derived from the step
+// of the conversation that asks for the call — its lineage, the pending
+// step's input hash, which a resumed attempt, a fork and a continuation
+// from an older checkpoint all share — and the arguments. So re-running a
+// step whose action already happened (after a cancel, in a fork) names the
+// same key, and the provider answers that it was done; a new request in
+// the conversation is a new action. prior is the key of the same call
+// prepared before (its re-run after a cancel voided it), reused as is.
+func (e *Engine) prepareCall(in chat.RunInput, call *model.ToolCall, prior string) (*chat.ToolCall, error) {
 	if e.tools == nil {
 		return nil, chat.Errorf(chat.CodeInternal, "the model asked for tool %q, but no tools are configured", call.Name)
 	}
@@ -38,9 +48,12 @@ func (e *Engine) prepareCall(in chat.RunInput, call *model.ToolCall) (*chat.Tool
 	spec := t.Spec()
 	tc := &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: spec.Name, Contract: spec.Contract, Args: args}
 	if c, ok := t.(tools.Committer); ok && spec.Contract == tools.Consequential {
-		preview, key, err := c.Prepare(in.Run.ThreadID, args)
+		preview, key, err := c.Prepare(stepScope(in.Pending), args)
 		if err != nil {
 			return nil, chat.Errorf(chat.CodeInternal, "could not prepare %s: %v; nothing was sent", call.Name, err)
+		}
+		if prior != "" {
+			key = prior
 		}
 		tc.Preview, tc.IdempotencyKey = preview, key
 	} else {
@@ -49,19 +62,32 @@ func (e *Engine) prepareCall(in chat.RunInput, call *model.ToolCall) (*chat.Tool
 	return tc, nil
 }
 
+// stepScope names the step a call belongs to in its keys: "step-" and 24
+// hex digits of the pending step's input hash (its lineage, see
+// prepareCall).
+func stepScope(p *chat.Pending) string {
+	h := ""
+	if p != nil {
+		h = strings.TrimPrefix(p.InputHash, "sha256:")
+	}
+	if len(h) > 24 {
+		h = h[:24]
+	}
+	return "step-" + h
+}
+
 // toolStep performs the operation the head checkpoint waits on and records
 // its outcome: a runner tool runs (an idempotent one is waited for even
 // after a cancel, and its result kept for the next run); a confirmed
 // consequential call passes the safe point before commit, is handed to the
 // external system with its key, and is reconciled by that key when its
 // outcome is unknown.
-func (e *Engine) toolStep(ctx context.Context, in chat.RunInput) error {
+func (e *Engine) toolStep(ctx context.Context, in chat.RunInput, lease chat.Lease) error {
 	op := in.Operation
 	t, ok := e.tools.Get(op.Tool)
 	if !ok {
 		return fmt.Errorf("operation %s names tool %q, which is not configured any more", op.OperationID, op.Tool)
 	}
-	runID, owner := in.Run.RunID, e.cfg.InstanceID
 	key := op.OperationID
 	if op.IdempotencyKey != nil {
 		key = *op.IdempotencyKey
@@ -72,21 +98,20 @@ func (e *Engine) toolStep(ctx context.Context, in chat.RunInput) error {
 		if op.Phase == chat.PhaseConfirmed {
 			// The safe point before an irreversible action: a recorded
 			// cancel voids the intent here, and nothing is sent.
-			if err := e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseCommitting, "", true); err != nil {
+			if err := e.store.SetOperationPhase(write, lease, op.OperationID, chat.PhaseCommitting, "", true); err != nil {
 				return err
 			}
 		}
-		return e.commit(ctx, in, tool, key)
+		return e.commit(ctx, in, lease, tool, key)
 	case tools.Runner:
-		return e.runTool(ctx, in, tool, key)
+		return e.runTool(ctx, in, lease, tool, key)
 	}
 	return fmt.Errorf("tool %s can neither run nor commit", op.Tool)
 }
 
 // runTool runs a cancellable or idempotent tool.
-func (e *Engine) runTool(ctx context.Context, in chat.RunInput, t tools.Runner, key string) error {
+func (e *Engine) runTool(ctx context.Context, in chat.RunInput, lease chat.Lease, t tools.Runner, key string) error {
 	op := in.Operation
-	runID, owner := in.Run.RunID, e.cfg.InstanceID
 	write := context.WithoutCancel(ctx)
 	callCtx := ctx
 	if op.Contract == tools.Idempotent {
@@ -95,7 +120,7 @@ func (e *Engine) runTool(ctx context.Context, in chat.RunInput, t tools.Runner, 
 		callCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), toolTimeout)
 		defer cancel()
 	}
-	result, err := e.await(ctx, in, callCtx, "tool", func(c context.Context) (json.RawMessage, error) {
+	result, err := e.await(ctx, in, lease, callCtx, "tool", func(c context.Context) (json.RawMessage, error) {
 		return t.Run(c, key, op.Args)
 	})
 	switch {
@@ -103,17 +128,17 @@ func (e *Engine) runTool(ctx context.Context, in chat.RunInput, t tools.Runner, 
 		if errors.Is(context.Cause(ctx), errShutdown) && op.Contract == tools.Idempotent {
 			return ctx.Err() // runs again under the same key after the restart
 		}
-		if err := e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseAborted, chat.OutcomeAborted, false); err != nil {
+		if err := e.store.SetOperationPhase(write, lease, op.OperationID, chat.PhaseAborted, chat.OutcomeAborted, false); err != nil {
 			return err
 		}
 		return ctx.Err()
 	case err != nil:
 		result, _ = json.Marshal(map[string]string{"status": "failed", "error": err.Error()})
-		if err := e.store.RecordToolResult(write, runID, owner, op.OperationID, chat.ToolOutcome{Phase: chat.PhaseFailed, Outcome: chat.OutcomeFailed, Result: result}); err != nil {
+		if err := e.store.RecordToolResult(write, lease, op.OperationID, chat.ToolOutcome{Phase: chat.PhaseFailed, Outcome: chat.OutcomeFailed, Result: result}); err != nil {
 			return err
 		}
 	default:
-		if err := e.store.RecordToolResult(write, runID, owner, op.OperationID, chat.ToolOutcome{Phase: chat.PhaseCompleted, Outcome: chat.OutcomeCompleted, Result: result}); err != nil {
+		if err := e.store.RecordToolResult(write, lease, op.OperationID, chat.ToolOutcome{Phase: chat.PhaseCompleted, Outcome: chat.OutcomeCompleted, Result: result}); err != nil {
 			return err
 		}
 	}
@@ -124,22 +149,35 @@ func (e *Engine) runTool(ctx context.Context, in chat.RunInput, t tools.Runner, 
 }
 
 // commit hands a confirmed call to the external system with its key, and
-// settles an outcome nobody saw by looking the key up. A cancel that
-// arrives meanwhile cannot recall the call: the run reports cancelling and
-// waits for the truth.
-func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer, key string) error {
+// settles an outcome nobody saw by looking the key up.
+//
+// Only the system's own word settles an outcome: an answer to the call
+// (done, or refused: nothing happened), or a lookup that finds the key.
+// A lost answer, a timeout or a lookup that does not find the key (yet: a
+// system may record a key only once it finished acting) leaves it
+// unknown. While the run goes on, the call is tried again under the same
+// key (the system acts once per key) a few times; a cancel never does:
+// once the call may have reached the system, a cancel cannot recall it,
+// so it is reported unknown and never not_started. An outcome still
+// unknown is recorded as such (the model and the receipt say so), and the
+// engine's reconciler keeps looking the key up after the run moved on or
+// ended, until the system answers or the horizon passes.
+func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease, t tools.Committer, key string) error {
 	op := in.Operation
-	runID, owner := in.Run.RunID, e.cfg.InstanceID
 	write := context.WithoutCancel(ctx)
 	callCtx, cancel := context.WithTimeout(write, toolTimeout)
 	defer cancel()
 	record := func(phase, outcome string, result json.RawMessage) error {
-		return e.store.RecordToolResult(write, runID, owner, op.OperationID, chat.ToolOutcome{Phase: phase, Outcome: outcome, Result: result})
+		return e.store.RecordToolResult(write, lease, op.OperationID, chat.ToolOutcome{Phase: phase, Outcome: outcome, Result: result})
+	}
+	cancelled := func() bool {
+		return in.Run.Status.CancelAccepted() || errors.Is(context.Cause(ctx), errCancelRequested)
 	}
 	// An outcome left open (a crash, a lost answer) is looked up first: the
 	// key may already have acted.
 	var lastErr, lookupErr error
-	if op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown {
+	sent := op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown // may have reached the system
+	if sent {
 		st, err := t.Status(callCtx, key)
 		if err == nil && st.Known {
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
@@ -147,35 +185,26 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer
 		lookupErr = err
 	}
 	unknown := op.Phase == chat.PhaseUnknown
-	retry := op.Phase == chat.PhaseCommitting || op.Phase == chat.PhaseUnknown
 	for try := 0; try < reconcileTries; try++ {
-		if retry && (in.Run.Status.CancelAccepted() || errors.Is(context.Cause(ctx), errCancelRequested)) {
-			if lookupErr != nil {
-				// The system could not be asked whether it acted: the
-				// cancel must not claim it never did.
-				res, _ := json.Marshal(map[string]string{"status": "unknown", "error": fmt.Sprintf("cancelled before the outcome was known; looking the key up failed: %v", lookupErr)})
-				return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, res))
-			}
-			// The external system never got it (it said so), and the user
-			// has cancelled since: the intent is voided rather than sent
-			// after the cancel.
-			return e.afterTool(ctx, e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseVoided, chat.OutcomeNotStarted, false))
+		if sent && cancelled() {
+			return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "cancelled before the provider said whether it acted", lastErr, lookupErr)))
 		}
-		retry = true
-		result, err := e.await(ctx, in, callCtx, "tool_commit", func(c context.Context) (json.RawMessage, error) {
+		sent = true
+		result, err := e.await(ctx, in, lease, callCtx, "tool_commit", func(c context.Context) (json.RawMessage, error) {
 			return t.Commit(c, key, op.Args)
 		})
 		switch {
 		case err == nil:
 			return e.afterTool(ctx, record(chat.PhaseCommitted, chat.OutcomeCommitted, result))
 		case errors.Is(err, tools.ErrRejected):
+			// The system answered that it did nothing.
 			res, _ := json.Marshal(map[string]string{"status": "failed", "error": err.Error()})
 			return e.afterTool(ctx, record(chat.PhaseFailed, chat.OutcomeFailed, res))
 		}
 		lastErr = err
 		// Nobody knows whether it acted: say so, then ask by key.
 		if !unknown {
-			if err := e.store.SetOperationPhase(write, runID, owner, op.OperationID, chat.PhaseUnknown, chat.OutcomeUnknown, false); err != nil {
+			if err := e.store.SetOperationPhase(write, lease, op.OperationID, chat.PhaseUnknown, chat.OutcomeUnknown, false); err != nil {
 				return err
 			}
 			unknown = true
@@ -189,18 +218,26 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, t tools.Committer
 		if err == nil && st.Known {
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 		}
-		// Not known there: it never acted, and committing again under the
-		// same key is safe. (When the lookup itself failed, the retry rests
-		// on the system honouring the key.)
+	}
+	return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "the provider did not confirm the call", lastErr, lookupErr)))
+}
+
+// unknownResult is the recorded result of a call whose outcome nobody
+// knows yet: what happened, and that the key is still being looked up.
+func unknownResult(key, what string, callErr, lookupErr error) json.RawMessage {
+	res := map[string]string{
+		"status": "unknown",
+		"key":    key,
+		"note":   what + "; it may have acted. The gateway keeps looking the key up and reports what it finds.",
+	}
+	if callErr != nil {
+		res["error"] = callErr.Error()
 	}
 	if lookupErr != nil {
-		// The system could not be asked: the outcome stays unknown, and the
-		// result says so instead of guessing.
-		res, _ := json.Marshal(map[string]string{"status": "unknown", "error": fmt.Sprintf("%v; looking the key up failed: %v", lastErr, lookupErr)})
-		return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, res))
+		res["lookup_error"] = lookupErr.Error()
 	}
-	res, _ := json.Marshal(map[string]string{"status": "failed", "error": fmt.Sprint(lastErr)})
-	return e.afterTool(ctx, record(chat.PhaseFailed, chat.OutcomeFailed, res))
+	b, _ := json.Marshal(res)
+	return b
 }
 
 // afterTool returns the recording's error, or the run context's when a
@@ -216,7 +253,7 @@ func (e *Engine) afterTool(ctx context.Context, err error) error {
 // cancel, the run is marked cancelling (the operation in flight named) and
 // the call is still awaited; on shutdown the call is awaited as well, since
 // its outcome must be recorded either way (callCtx bounds it).
-func (e *Engine) await(ctx context.Context, in chat.RunInput, callCtx context.Context, kind string, call func(context.Context) (json.RawMessage, error)) (json.RawMessage, error) {
+func (e *Engine) await(ctx context.Context, in chat.RunInput, lease chat.Lease, callCtx context.Context, kind string, call func(context.Context) (json.RawMessage, error)) (json.RawMessage, error) {
 	type answer struct {
 		res json.RawMessage
 		err error
@@ -232,7 +269,7 @@ func (e *Engine) await(ctx context.Context, in chat.RunInput, callCtx context.Co
 	case <-ctx.Done():
 	}
 	if callCtx.Err() == nil && errors.Is(context.Cause(ctx), errCancelRequested) {
-		err := e.store.MarkCancelling(context.WithoutCancel(ctx), in.Run.RunID, e.cfg.InstanceID,
+		err := e.store.MarkCancelling(context.WithoutCancel(ctx), lease,
 			chat.ActiveOperation{Kind: kind, OperationID: in.Operation.OperationID})
 		if err != nil {
 			e.log.Error("mark cancelling", "run_id", in.Run.RunID, "err", err)

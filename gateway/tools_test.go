@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -37,6 +38,8 @@ type toolHarness struct {
 	*harness
 	outbox *tools.Outbox
 }
+
+var emailKey = regexp.MustCompile(`^email:step-[0-9a-f]{24}:[0-9a-f]{16}:send$`)
 
 func newToolHarness(t *testing.T, pace time.Duration, cfg tools.OutboxConfig, opts ...option) *toolHarness {
 	t.Helper()
@@ -321,9 +324,10 @@ func wantEmailOp(t *testing.T, op chat.Operation, threadID, runID, to string) {
 		t.Fatalf("prepared operation %s has no idempotency_key", op.OperationID)
 	}
 	key := *op.IdempotencyKey
-	mid, ok := strings.CutPrefix(key, "email:"+threadID+":")
-	if mid, ok2 := strings.CutSuffix(mid, ":send"); !ok || !ok2 || len(mid) != 16 || strings.Trim(mid, "0123456789abcdef") != "" {
-		t.Errorf("idempotency_key %q, want email:%s:<16 hex>:send", key, threadID)
+	// The key names the step that drafted the email (its lineage), not the
+	// thread: email:step-<24 hex>:<16 hex of the draft>:send.
+	if !emailKey.MatchString(key) {
+		t.Errorf("idempotency_key %q, want email:step-<24 hex>:<16 hex>:send", key)
 	}
 	var preview, args tools.EmailDraft
 	if err := json.Unmarshal(op.Preview, &preview); err != nil || preview.To != to || preview.Subject == "" || preview.Body == "" {

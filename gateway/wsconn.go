@@ -263,9 +263,10 @@ func (c *wsConn) queueLocked(frame []byte) bool {
 // queueReplayLocked appends what a subscribe sends at once (its replay or
 // snapshot). One replay is not held to QueueBytes: that bound catches a
 // client falling behind live events, while the size of a replay is the
-// server's choice (at most store.MaxReplay events, or one snapshot), and
-// counting it would close a client that reads perfectly well, and close it
-// again on every reconnect, whenever its gap is larger than the bound.
+// server's choice (at most store.MaxReplay events and a few MiB, or one
+// snapshot), and counting it would close a client that reads perfectly
+// well, and close it again on every reconnect, whenever its gap is larger
+// than the bound.
 // Replays the writer has not taken yet do count, so a client that stops
 // reading and keeps subscribing is closed as too slow.
 func (c *wsConn) queueReplayLocked(frames [][]byte) {

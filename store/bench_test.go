@@ -43,7 +43,7 @@ func benchAppendWith(b *testing.B, per int, opts store.Options) {
 			b.Fatal(err)
 		}
 		ids[i] = ack.RunID
-		if _, err := st.Claim(ctx, "w", time.Now().Add(time.Hour)); err != nil {
+		if _, err := st.Claim(ctx, "w", time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -59,7 +59,7 @@ func benchAppendWith(b *testing.B, per int, opts store.Options) {
 				batch[j] = "word "
 			}
 			for next.Add(int64(per)) <= int64(b.N) {
-				if err := st.AppendDeltas(ctx, run, "w", msg, batch); err != nil {
+				if err := st.AppendDeltas(ctx, leaseW(run), msg, batch); err != nil {
 					b.Error(err)
 					return
 				}

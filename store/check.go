@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
@@ -12,9 +15,19 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
+// The audit: Check verifies the ten invariants of the protocol (PROTOCOL.md)
+// over a whole database. Each invariant is one function below, listed in
+// the invariants table; per-thread rules see one thread's rows at a time
+// (read thread by thread, so a large database is streamed, never loaded
+// whole), database-wide rules run once. Rows another thread owns (a fork's
+// copied history) are looked up by id when a rule needs them.
+//
+// What the database alone cannot show is said, not assumed: Audit.Unchecked
+// names it (e.g. the records of providers outside this database).
+
 // Violation is one broken invariant found by Check.
 type Violation struct {
-	Invariant int    // 1..8 as numbered in the protocol; 0 for other consistency rules
+	Invariant int    // 1..10 as numbered in the protocol; 0 for other consistency rules
 	Detail    string // what is wrong, with ids
 }
 
@@ -25,373 +38,988 @@ func (v Violation) String() string {
 	return fmt.Sprintf("invariant %d: %s", v.Invariant, v.Detail)
 }
 
-// Check audits the invariants of the protocol over the whole database in
-// one consistent read and returns every violation found (none = healthy).
+// Audit is the result of Check.
+type Audit struct {
+	Violations []Violation
+	// Unchecked says, per invariant, what this database cannot show, so
+	// what the audit does not cover.
+	Unchecked []string
+	// What was read.
+	Threads, Runs, Operations, Events, Deltas int
+}
+
+// invariant is one row of the audit's table: per-thread rules in thread,
+// database-wide ones in global (either may be nil).
+type invariant struct {
+	n      int
+	rule   string
+	thread func(a *auditor, th *auditThread)
+	global func(a *auditor) error
+}
+
+// invariants is the audit, in the protocol's order. Invariant 0 holds the
+// consistency rules the others rely on (purge watermarks).
+var invariants = []invariant{
+	{0, "purge watermarks are possible", checkWatermarks, nil},
+	{1, "no published message exists without a checkpoint that contains it", checkMessagesInCheckpoints, nil},
+	{2, "one idempotency key causes at most one external action", nil, checkOneActionPerKey},
+	{3, "every resume references an existing checkpoint of the same thread (or of its fork source)", checkResumeLineage, nil},
+	{4, "after run.cancelled nothing of the run is published or emitted but tool.updated", checkNothingAfterCancelled, nil},
+	{5, "state_version moves by exactly one per durable event and no other way", checkStateVersion, nil},
+	{6, "history holds only published messages; delta text is never history", checkHistoryIsPublished, nil},
+	{7, "a run has at most one terminal status; once cancel_requested it is cancelled", checkTerminalStatus, nil},
+	{8, "seqs are gapless except recorded absences; one event per message and checkpoint", checkEventLog, nil},
+	{9, "each step of a run is published at most once", checkStepsOnce, nil},
+	{10, "a reported outcome never contradicts the provider", checkOutcomes, checkOutcomesAtProvider},
+}
+
+// Check audits the invariants and returns every violation (none =
+// healthy); Audit says what it could not see.
 func (s *Store) Check(ctx context.Context) ([]Violation, error) {
-	var out []Violation
+	a, err := s.Audit(ctx)
+	return a.Violations, err
+}
+
+// auditPage is how many threads the audit reads per query.
+const auditPage = 500
+
+// Audit runs the whole audit in one consistent read.
+func (s *Store) Audit(ctx context.Context) (Audit, error) {
+	a := &auditor{ctx: ctx, pg: s.pg,
+		cpThread: map[string]string{}, msgThread: map[string]string{}, opThread: map[string]string{}, forkedFrom: map[string]string{}}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		var err error
-		out, err = check(ctx, q, s.pg)
-		return err
+		a.q = q
+		a.out = Audit{}
+		for _, inv := range invariants {
+			if inv.global != nil {
+				if err := inv.global(a); err != nil {
+					return err
+				}
+			}
+		}
+		after := ""
+		for {
+			var rows []threadRow
+			if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id > ?
+				ORDER BY thread_id LIMIT ?`), after, auditPage); err != nil {
+				return fmt.Errorf("audit: list threads: %w", err)
+			}
+			for _, row := range rows {
+				th, err := a.load(row)
+				if err != nil {
+					return err
+				}
+				for _, inv := range invariants {
+					if inv.thread != nil {
+						inv.thread(a, th)
+					}
+				}
+			}
+			if len(rows) < auditPage {
+				return nil
+			}
+			after = rows[len(rows)-1].ThreadID
+		}
 	})
-	return out, err
+	return a.out, err
 }
 
-type checkEvent struct {
-	ThreadID     string  `db:"thread_id"`
-	Seq          int64   `db:"seq"`
-	Type         string  `db:"type"`
-	RunID        *string `db:"run_id"`
-	MessageID    *string `db:"message_id"`
-	StateVersion int64   `db:"state_version"`
-	Payload      string  `db:"payload"`
+// auditor carries the audit's read transaction, its findings and the
+// look-ups it shares between threads. Used by one goroutine.
+type auditor struct {
+	ctx context.Context
+	q   *sqlx.Tx
+	pg  bool
+	out Audit
+	// Caches of rows of other threads (fork lineage): checkpoint, message
+	// and operation id -> thread id ("" = no such row), thread -> fork
+	// source.
+	cpThread, msgThread, opThread, forkedFrom map[string]string
 }
 
-func check(ctx context.Context, q *sqlx.Tx, pg bool) ([]Violation, error) {
-	var vs []Violation
-	add := func(inv int, format string, args ...any) {
-		vs = append(vs, Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)})
-	}
-	var threads []threadRow
-	if err := q.SelectContext(ctx, &threads, `SELECT `+threadCols+` FROM threads`); err != nil {
-		return nil, err
-	}
+func (a *auditor) add(inv int, format string, args ...any) {
+	a.out.Violations = append(a.out.Violations, Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (a *auditor) unchecked(format string, args ...any) {
+	a.out.Unchecked = append(a.out.Unchecked, fmt.Sprintf(format, args...))
+}
+
+// auditEvent is one held durable event, with the ids its payload names.
+type auditEvent struct {
+	Seq          int64          `db:"seq"`
+	Type         string         `db:"type"`
+	RunID        sql.NullString `db:"run_id"`
+	MessageID    sql.NullString `db:"message_id"`
+	StateVersion int64          `db:"state_version"`
+	TS           int64          `db:"ts"`
+	Payload      string         `db:"payload"`
+	body         eventBody
+	bodyErr      error
+}
+
+// eventBody is the union of the payload fields the audit reads.
+type eventBody struct {
+	Type         string  `json:"type"`
+	Seq          int64   `json:"seq"`
+	StateVersion int64   `json:"state_version"`
+	RunID        string  `json:"run_id"`
+	CheckpointID string  `json:"checkpoint_id"`
+	ParentID     *string `json:"parent_checkpoint_id"`
+	MessageID    string  `json:"message_id"`
+	Message      *struct {
+		MessageID string `json:"message_id"`
+		Content   string `json:"content"`
+	} `json:"message"`
+	Operation *struct {
+		OperationID string `json:"operation_id"`
+	} `json:"operation"`
+}
+
+type auditDelta struct {
+	Seq       int64  `db:"seq"`
+	RunID     string `db:"run_id"`
+	MessageID string `db:"message_id"`
+	Part      int    `db:"part"`
+	Text      string `db:"text"`
+}
+
+// auditThread is one thread's rows.
+type auditThread struct {
+	row     threadRow
+	cps     []chat.Checkpoint // by state_version
+	cpByID  map[string]chat.Checkpoint
+	msgs    []messageRow
+	msgByID map[string]messageRow
+	runs    []runRow
+	runByID map[string]runRow
+	ops     []operationRow
+	opByID  map[string]operationRow
+	events  []auditEvent   // by seq
+	deltas  []auditDelta   // by seq
+	parts   map[string]int // streamed message id -> how many deltas it had
+	// Derived once: a run's terminal events and its run.cancelled seq.
+	terminal    map[string][]auditEvent
+	cancelledAt map[string]int64
+}
+
+// load reads one thread's rows.
+func (a *auditor) load(row threadRow) (*auditThread, error) {
+	ctx, q, id := a.ctx, a.q, row.ThreadID
+	th := &auditThread{row: row, cpByID: map[string]chat.Checkpoint{}, msgByID: map[string]messageRow{},
+		runByID: map[string]runRow{}, opByID: map[string]operationRow{}, parts: map[string]int{},
+		terminal: map[string][]auditEvent{}, cancelledAt: map[string]int64{}}
 	var cpRows []checkpointRow
-	if err := q.SelectContext(ctx, &cpRows, `SELECT `+checkpointCols+` FROM checkpoints`); err != nil {
-		return nil, err
+	if err := q.SelectContext(ctx, &cpRows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? ORDER BY state_version, checkpoint_id`), id); err != nil {
+		return nil, fmt.Errorf("audit: checkpoints of %s: %w", id, err)
 	}
-	var msgRows []messageRow
-	if err := q.SelectContext(ctx, &msgRows, `SELECT `+messageCols+` FROM messages`); err != nil {
-		return nil, err
-	}
-	var runRows []runRow
-	if err := q.SelectContext(ctx, &runRows, `SELECT `+runCols+` FROM runs`); err != nil {
-		return nil, err
-	}
-	var events []checkEvent
-	if err := q.SelectContext(ctx, &events, `SELECT thread_id, seq, type, run_id, message_id, state_version, payload FROM events ORDER BY thread_id, seq`); err != nil {
-		return nil, err
-	}
-	var deltaSeqs []struct {
-		ThreadID  string `db:"thread_id"`
-		Seq       int64  `db:"seq"`
-		RunID     string `db:"run_id"`
-		MessageID string `db:"message_id"`
-		Part      int    `db:"part"`
-		Text      string `db:"text"`
-	}
-	if err := q.SelectContext(ctx, &deltaSeqs, `SELECT thread_id, seq, run_id, message_id, part, text FROM stream_deltas ORDER BY thread_id, seq`); err != nil {
-		return nil, err
-	}
-
-	cps := map[string]chat.Checkpoint{}
-	inSomeCheckpoint := map[string]bool{}
 	for _, r := range cpRows {
 		cp, err := r.checkpoint()
 		if err != nil {
-			add(0, "%v", err)
+			a.add(0, "%v", err)
 			continue
 		}
-		cps[cp.CheckpointID] = cp
-		for _, id := range cp.MessageIDs {
-			inSomeCheckpoint[id] = true
-		}
+		th.cps = append(th.cps, cp)
+		th.cpByID[cp.CheckpointID] = cp
 	}
-	msgs := map[string]messageRow{}
-	for _, m := range msgRows {
-		msgs[m.MessageID] = m
+	if err := q.SelectContext(ctx, &th.msgs, q.Rebind(`SELECT `+messageCols+` FROM messages WHERE thread_id = ? ORDER BY state_version, message_id`), id); err != nil {
+		return nil, fmt.Errorf("audit: messages of %s: %w", id, err)
 	}
-	threadByID := map[string]threadRow{}
-	for _, t := range threads {
-		threadByID[t.ThreadID] = t
+	for _, m := range th.msgs {
+		th.msgByID[m.MessageID] = m
 	}
-
-	// Retention: a thread's watermark says what PurgeEvents removed from its
-	// event log: every event with seq <= events_purged_through, the last of
-	// them at events_purged_version, none with a ts after events_purged_ts.
-	// Only an event that lies there may be absent; everything above it is
-	// held to the rules as strictly as in a log never purged.
-	//
-	// A message's message.published carries the message's state_version, so
-	// it was purged exactly when that version is at or below the mark.
-	publishedPurged := func(m messageRow) bool {
-		return m.StateVersion <= threadByID[m.ThreadID].EventsPurgedVersion
+	if err := q.SelectContext(ctx, &th.runs, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ? ORDER BY created_at, run_id`), id); err != nil {
+		return nil, fmt.Errorf("audit: runs of %s: %w", id, err)
 	}
-	// A run's terminal event has the run's finished_at as ts and comes after
-	// its run.started (at start_state_version): it can have been purged only
-	// when both lie within the mark.
-	terminalPurged := func(r runRow) bool {
-		th := threadByID[r.ThreadID]
-		return r.FinishedAt.Valid && r.StartStateVersion <= th.EventsPurgedVersion && r.FinishedAt.Int64 <= th.EventsPurgedTS
+	for _, r := range th.runs {
+		th.runByID[r.RunID] = r
 	}
-	for _, t := range threads {
-		if t.EventsPurgedThrough < 0 || t.EventsPurgedThrough > t.LastSeq || (t.EventsPurgedThrough == 0) != (t.EventsPurgedVersion == 0) ||
-			(t.EventsPurgedThrough > 0 && t.EventsPurgedVersion >= t.StateVersion) {
-			add(0, "thread %s has an impossible purge watermark (seq %d, v%d; thread at seq %d, v%d)",
-				t.ThreadID, t.EventsPurgedThrough, t.EventsPurgedVersion, t.LastSeq, t.StateVersion)
-		}
+	if err := q.SelectContext(ctx, &th.ops, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE thread_id = ? ORDER BY created_at, operation_id`), id); err != nil {
+		return nil, fmt.Errorf("audit: operations of %s: %w", id, err)
 	}
-	firstSeen := map[string]bool{}
-	for _, e := range events {
-		th := threadByID[e.ThreadID]
-		if e.Seq <= th.EventsPurgedThrough {
-			add(0, "thread %s still holds event seq %d at or below its purge watermark %d", e.ThreadID, e.Seq, th.EventsPurgedThrough)
-		}
-		if !firstSeen[e.ThreadID] {
-			firstSeen[e.ThreadID] = true
-			if e.StateVersion <= th.EventsPurgedVersion {
-				add(0, "thread %s event seq %d has state_version %d, at or below its purge watermark v%d", e.ThreadID, e.Seq, e.StateVersion, th.EventsPurgedVersion)
+	for _, o := range th.ops {
+		th.opByID[o.OperationID] = o
+	}
+	if err := q.SelectContext(ctx, &th.events, q.Rebind(`SELECT seq, type, run_id, message_id, state_version, ts, payload
+		FROM events WHERE thread_id = ? ORDER BY seq`), id); err != nil {
+		return nil, fmt.Errorf("audit: events of %s: %w", id, err)
+	}
+	for i := range th.events {
+		e := &th.events[i]
+		e.bodyErr = json.Unmarshal([]byte(e.Payload), &e.body)
+		if e.RunID.Valid {
+			switch e.Type {
+			case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled:
+				th.terminal[e.RunID.String] = append(th.terminal[e.RunID.String], *e)
+				if e.Type == chat.EventRunCancelled {
+					th.cancelledAt[e.RunID.String] = e.Seq
+				}
 			}
 		}
 	}
-	terminalEvents := map[string]int{}
-	for _, e := range events {
-		if e.RunID != nil && (e.Type == chat.EventRunCompleted || e.Type == chat.EventRunFailed || e.Type == chat.EventRunCancelled) {
-			terminalEvents[*e.RunID]++
-		}
+	if err := q.SelectContext(ctx, &th.deltas, q.Rebind(`SELECT seq, run_id, message_id, part, text
+		FROM stream_deltas WHERE thread_id = ? ORDER BY seq`), id); err != nil {
+		return nil, fmt.Errorf("audit: deltas of %s: %w", id, err)
 	}
+	var streamed []struct {
+		MessageID string `db:"message_id"`
+		Parts     int    `db:"parts"`
+	}
+	if err := q.SelectContext(ctx, &streamed, q.Rebind(`SELECT sm.message_id, sm.parts FROM runs r
+		JOIN stream_messages sm ON sm.run_id = r.run_id WHERE r.thread_id = ?`), id); err != nil {
+		return nil, fmt.Errorf("audit: streamed messages of %s: %w", id, err)
+	}
+	for _, m := range streamed {
+		th.parts[m.MessageID] = m.Parts
+	}
+	a.out.Threads++
+	a.out.Runs += len(th.runs)
+	a.out.Operations += len(th.ops)
+	a.out.Events += len(th.events)
+	a.out.Deltas += len(th.deltas)
+	return th, nil
+}
 
-	// 1. No published message without a checkpoint that contains it.
-	for _, m := range msgRows {
-		if !inSomeCheckpoint[m.MessageID] {
-			add(1, "message %s (thread %s) is in no checkpoint", m.MessageID, m.ThreadID)
-		}
-		if cp, ok := cps[m.CheckpointID]; !ok || !slices.Contains(cp.MessageIDs, m.MessageID) {
-			add(1, "message %s names checkpoint %s, which does not contain it", m.MessageID, m.CheckpointID)
-		}
-	}
+// Retention (see retention.go): the event log is purged per thread as a
+// prefix of seqs, the stream buffer likewise. An event at or below
+// events_purged_through may be absent (its state_version at or below
+// events_purged_version, its ts at or before events_purged_ts); a delta at
+// or below deltas_purged_through is absent. Everything above is held to
+// the rules as strictly as in a log never purged.
 
-	// 2. One idempotency key causes at most one external action: the
-	// embedded provider (send_email's outbox) logs every call; at most one
-	// per key may have been accepted. (Several operations may share a key:
-	// the same email asked for twice is one action.)
-	var outboxLog int
-	hasOutbox := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'outbox_attempts'`
-	if pg {
-		hasOutbox = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'outbox_attempts'`
+// publishedPurged: a message's message.published carries the message's
+// state_version, so it was purged exactly when that version lies within
+// the mark. The same holds for a checkpoint's checkpoint.created.
+func (th *auditThread) versionPurged(v int64) bool { return v <= th.row.EventsPurgedVersion }
+
+// terminalPurged: a run's terminal event has the run's finished_at as ts
+// and comes after its run.started (at start_state_version): it can have
+// been purged only when both lie within the mark.
+func (th *auditThread) terminalPurged(r runRow) bool {
+	return r.FinishedAt.Valid && r.StartStateVersion <= th.row.EventsPurgedVersion && r.FinishedAt.Int64 <= th.row.EventsPurgedTS
+}
+
+// lineage reports whether checkpoint cpID belongs to thread threadID or to
+// the thread it was forked from, and so on up.
+func (a *auditor) lineage(threadID, cpID string) (bool, error) {
+	owner, err := a.rowThread(a.cpThread, `SELECT thread_id FROM checkpoints WHERE checkpoint_id = ?`, cpID)
+	if err != nil || owner == "" {
+		return false, err
 	}
-	if err := q.GetContext(ctx, &outboxLog, hasOutbox); err != nil {
-		return nil, err
-	}
-	if outboxLog > 0 {
-		var dupKeys []struct {
-			Key string `db:"idempotency_key"`
-			N   int    `db:"n"`
+	for id, depth := threadID, 0; id != "" && depth < 1000; depth++ {
+		if owner == id {
+			return true, nil
 		}
-		if err := q.SelectContext(ctx, &dupKeys, `SELECT idempotency_key, COUNT(*) AS n FROM outbox_attempts
-			WHERE result = 'accepted' GROUP BY idempotency_key HAVING COUNT(*) > 1`); err != nil {
-			return nil, err
-		}
-		for _, d := range dupKeys {
-			add(2, "idempotency key %q was accepted by the provider %d times", d.Key, d.N)
+		if id, err = a.forkSource(id); err != nil {
+			return false, err
 		}
 	}
-	// A committed operation must name a key.
+	return false, nil
+}
+
+// rowThread looks up (and caches) the thread of the row q selects by id.
+func (a *auditor) rowThread(cache map[string]string, q, id string) (string, error) {
+	if t, ok := cache[id]; ok {
+		return t, nil
+	}
+	var t string
+	err := a.q.GetContext(a.ctx, &t, a.q.Rebind(q), id)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("audit: look up %s: %w", id, err)
+	}
+	cache[id] = t
+	return t, nil
+}
+
+func (a *auditor) forkSource(threadID string) (string, error) {
+	if t, ok := a.forkedFrom[threadID]; ok {
+		return t, nil
+	}
+	var src sql.NullString
+	err := a.q.GetContext(a.ctx, &src, a.q.Rebind(`SELECT forked_from_thread_id FROM threads WHERE thread_id = ?`), threadID)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("audit: fork source of %s: %w", threadID, err)
+	}
+	a.forkedFrom[threadID] = src.String
+	return src.String, nil
+}
+
+// lookupErr records a failed look-up as a finding: the audit goes on.
+func (a *auditor) lookupErr(err error) {
+	if err != nil {
+		a.add(0, "%v", err)
+	}
+}
+
+// ---- 0: the purge watermarks themselves ----
+
+func checkWatermarks(a *auditor, th *auditThread) {
+	t := th.row
+	if t.EventsPurgedThrough < 0 || t.EventsPurgedThrough > t.LastSeq || (t.EventsPurgedThrough == 0) != (t.EventsPurgedVersion == 0) ||
+		(t.EventsPurgedThrough > 0 && t.EventsPurgedVersion >= t.StateVersion) {
+		a.add(0, "thread %s has an impossible event purge watermark (seq %d, v%d; thread at seq %d, v%d)",
+			t.ThreadID, t.EventsPurgedThrough, t.EventsPurgedVersion, t.LastSeq, t.StateVersion)
+	}
+	if t.DeltasPurgedThrough < 0 || t.DeltasPurgedThrough > t.LastSeq {
+		a.add(0, "thread %s has an impossible stream purge mark %d (thread at seq %d)", t.ThreadID, t.DeltasPurgedThrough, t.LastSeq)
+	}
+	if len(th.events) > 0 && th.events[0].Seq <= t.EventsPurgedThrough {
+		a.add(0, "thread %s still holds event seq %d at or below its purge watermark %d", t.ThreadID, th.events[0].Seq, t.EventsPurgedThrough)
+	}
+	if len(th.deltas) > 0 && th.deltas[0].Seq <= t.DeltasPurgedThrough {
+		a.add(0, "thread %s still holds delta seq %d at or below its stream purge mark %d", t.ThreadID, th.deltas[0].Seq, t.DeltasPurgedThrough)
+	}
+}
+
+// ---- 1: no published message without a checkpoint that contains it ----
+
+func checkMessagesInCheckpoints(a *auditor, th *auditThread) {
+	for _, m := range th.msgs {
+		cp, ok := th.cpByID[m.CheckpointID]
+		if !ok || !slices.Contains(cp.MessageIDs, m.MessageID) {
+			a.add(1, "message %s (thread %s) names checkpoint %s, which is not one of the thread's that contains it", m.MessageID, m.ThreadID, m.CheckpointID)
+		}
+	}
+}
+
+// ---- 2: one key, at most one external action ----
+
+// checkOneActionPerKey audits what this database can show: the embedded
+// email provider's log (at most one acceptance per key), and that every
+// consequential operation that reached its system named a key. Several
+// operations may share a key (a step resumed or forked is the same
+// action): the provider's acceptances are what counts.
+func checkOneActionPerKey(a *auditor) error {
+	ctx, q := a.ctx, a.q
 	var keyless []string
-	if err := q.SelectContext(ctx, &keyless, `SELECT operation_id FROM operations
-		WHERE contract = 'consequential' AND phase IN ('committing', 'committed', 'unknown', 'reconciled') AND idempotency_key IS NULL`); err != nil {
-		return nil, err
+	if err := q.SelectContext(ctx, &keyless, `SELECT operation_id FROM operations WHERE contract = 'consequential'
+		AND (commit_started_at IS NOT NULL OR phase IN ('committing', 'committed', 'unknown', 'reconciled')) AND idempotency_key IS NULL`); err != nil {
+		return fmt.Errorf("audit: keyless operations: %w", err)
 	}
 	for _, id := range keyless {
-		add(2, "consequential operation %s was committed without an idempotency key", id)
+		a.add(2, "consequential operation %s reached its system without an idempotency key", id)
 	}
-
-	// 3. Every resume references an existing checkpoint of the same thread
-	// (or of its fork source).
-	sameLineage := func(threadID, cpID string) bool {
-		cp, ok := cps[cpID]
-		if !ok {
-			return false
+	has, err := a.hasTable("outbox_attempts")
+	if err != nil {
+		return err
+	}
+	if !has {
+		a.unchecked("2, 10: this database holds no embedded email provider log (outbox_attempts), so no provider's acceptances were compared")
+	} else {
+		rows, err := q.QueryxContext(ctx, `SELECT idempotency_key, COUNT(*) AS n FROM outbox_attempts
+			WHERE result = 'accepted' GROUP BY idempotency_key HAVING COUNT(*) > 1`)
+		if err != nil {
+			return fmt.Errorf("audit: provider log: %w", err)
 		}
-		for id, depth := threadID, 0; id != "" && depth < 100; depth++ {
-			if cp.ThreadID == id {
-				return true
+		defer rows.Close()
+		for rows.Next() {
+			var key string
+			var n int
+			if err := rows.Scan(&key, &n); err != nil {
+				return err
 			}
-			id = threadByID[id].ForkedFromThreadID.String
+			a.add(2, "idempotency key %q was accepted by the provider %d times", key, n)
 		}
-		return false
-	}
-	for _, r := range runRows {
-		if !sameLineage(r.ThreadID, r.BaseCheckpointID) {
-			add(3, "run %s starts from checkpoint %s, not in thread %s or its fork source", r.RunID, r.BaseCheckpointID, r.ThreadID)
-		}
-		if r.ResumeCheckpointID.Valid && !sameLineage(r.ThreadID, r.ResumeCheckpointID.String) {
-			add(3, "run %s resumes from checkpoint %s, not in thread %s or its fork source", r.RunID, r.ResumeCheckpointID.String, r.ThreadID)
+		if err := rows.Err(); err != nil {
+			return err
 		}
 	}
-	for _, t := range threads {
-		if t.ForkedFromCheckpointID.Valid && !sameLineage(t.ForkedFromThreadID.String, t.ForkedFromCheckpointID.String) {
-			add(3, "thread %s is forked from missing checkpoint %s", t.ThreadID, t.ForkedFromCheckpointID.String)
-		}
+	var outside []struct {
+		Tool string `db:"tool"`
+		N    int    `db:"n"`
 	}
+	if err := q.SelectContext(ctx, &outside, `SELECT tool, COUNT(*) AS n FROM operations WHERE contract = 'consequential'
+		AND tool <> 'send_email' AND commit_started_at IS NOT NULL GROUP BY tool ORDER BY tool`); err != nil {
+		return fmt.Errorf("audit: operations of other providers: %w", err)
+	}
+	for _, o := range outside {
+		a.unchecked("2, 10: %d operations of %s reached a provider outside this database; whether each key acted at most once, and as reported, only that provider's records can tell", o.N, o.Tool)
+	}
+	return nil
+}
 
-	// 4. After run.cancelled, no message of that run is published and no
-	// event of it is emitted but tool.updated.
-	cancelledAt := map[string]int64{}
-	for _, e := range events {
-		if e.Type == chat.EventRunCancelled && e.RunID != nil {
-			cancelledAt[*e.RunID] = e.Seq
-		}
+// hasTable reports whether the database holds a table of that name (the
+// embedded provider's tables exist once it was opened on it).
+func (a *auditor) hasTable(name string) (bool, error) {
+	q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`
+	if a.pg {
+		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?`
 	}
-	// A purged run.cancelled lay at or below the watermark: whatever of the
-	// run is left above it came after it.
-	for _, r := range runRows {
-		if _, ok := cancelledAt[r.RunID]; !ok && r.status() == chat.RunCancelled && terminalEvents[r.RunID] == 0 && terminalPurged(r) {
-			cancelledAt[r.RunID] = threadByID[r.ThreadID].EventsPurgedThrough
-		}
+	var n int
+	if err := a.q.GetContext(a.ctx, &n, a.q.Rebind(q), name); err != nil {
+		return false, fmt.Errorf("audit: look for the provider log: %w", err)
 	}
-	for _, e := range events {
-		if e.RunID == nil {
-			continue
-		}
-		if at, ok := cancelledAt[*e.RunID]; ok && e.Seq > at && e.Type != chat.EventToolUpdated {
-			add(4, "run %s emitted %s (seq %d) after run.cancelled (seq %d)", *e.RunID, e.Type, e.Seq, at)
-		}
-	}
-	for _, d := range deltaSeqs {
-		if at, ok := cancelledAt[d.RunID]; ok && d.Seq > at {
-			add(4, "run %s streamed a delta (seq %d) after run.cancelled (seq %d)", d.RunID, d.Seq, at)
-		}
-	}
+	return n > 0, nil
+}
 
-	// 5. state_version strictly increases; a checkpoint's parent has a lower
-	// version; the thread row holds the latest.
-	for _, cp := range cps {
+// ---- 3: resumes reference real checkpoints of their lineage ----
+
+func checkResumeLineage(a *auditor, th *auditThread) {
+	in := func(cpID string) bool {
+		ok, err := a.lineage(th.row.ThreadID, cpID)
+		a.lookupErr(err)
+		return ok
+	}
+	for _, r := range th.runs {
+		if !in(r.BaseCheckpointID) {
+			a.add(3, "run %s starts from checkpoint %s, not in thread %s or its fork source", r.RunID, r.BaseCheckpointID, r.ThreadID)
+		}
+		if r.ResumeCheckpointID.Valid && !in(r.ResumeCheckpointID.String) {
+			a.add(3, "run %s resumes from checkpoint %s, not in thread %s or its fork source", r.RunID, r.ResumeCheckpointID.String, r.ThreadID)
+		}
+	}
+	if t := th.row; t.ForkedFromCheckpointID.Valid {
+		ok, err := a.lineage(t.ForkedFromThreadID.String, t.ForkedFromCheckpointID.String)
+		a.lookupErr(err)
+		if !ok {
+			a.add(3, "thread %s is forked from checkpoint %s, which is not in its source thread %s", t.ThreadID, t.ForkedFromCheckpointID.String, t.ForkedFromThreadID.String)
+		}
+	}
+	for _, cp := range th.cps {
 		if cp.ParentCheckpointID == nil {
 			continue
 		}
-		parent, ok := cps[*cp.ParentCheckpointID]
-		if !ok {
-			add(5, "checkpoint %s has missing parent %s", cp.CheckpointID, *cp.ParentCheckpointID)
+		if _, ok := th.cpByID[*cp.ParentCheckpointID]; !ok {
+			a.add(3, "checkpoint %s continues %s, which is not a checkpoint of thread %s", cp.CheckpointID, *cp.ParentCheckpointID, th.row.ThreadID)
+		}
+	}
+}
+
+// ---- 4: nothing of a run after its run.cancelled but reconciliation ----
+
+func checkNothingAfterCancelled(a *auditor, th *auditThread) {
+	at := func(runID string) (int64, bool) {
+		if seq, ok := th.cancelledAt[runID]; ok {
+			return seq, true
+		}
+		// A purged run.cancelled lay at or below the watermark: whatever of
+		// the run is left above it came after it.
+		if r, ok := th.runByID[runID]; ok && r.status() == chat.RunCancelled && len(th.terminal[runID]) == 0 && th.terminalPurged(r) {
+			return th.row.EventsPurgedThrough, true
+		}
+		return 0, false
+	}
+	for _, e := range th.events {
+		if !e.RunID.Valid {
 			continue
 		}
-		if parent.ThreadID == cp.ThreadID && parent.StateVersion >= cp.StateVersion {
-			add(5, "checkpoint %s (v%d) has parent %s with version %d", cp.CheckpointID, cp.StateVersion, parent.CheckpointID, parent.StateVersion)
+		if seq, ok := at(e.RunID.String); ok && e.Seq > seq && e.Type != chat.EventToolUpdated {
+			a.add(4, "run %s emitted %s (seq %d) after run.cancelled (seq %d)", e.RunID.String, e.Type, e.Seq, seq)
 		}
 	}
-	lastVersion := map[string]int64{}
-	lastSeq := map[string]int64{}
-	for _, e := range events {
-		if e.StateVersion <= lastVersion[e.ThreadID] {
-			add(5, "thread %s event seq %d has state_version %d after %d", e.ThreadID, e.Seq, e.StateVersion, lastVersion[e.ThreadID])
-		}
-		lastVersion[e.ThreadID] = e.StateVersion
-		lastSeq[e.ThreadID] = e.Seq
-	}
-	for _, t := range threads {
-		if lastVersion[t.ThreadID] != t.StateVersion {
-			add(5, "thread %s is at state_version %d but its last event says %d", t.ThreadID, t.StateVersion, lastVersion[t.ThreadID])
-		}
-		head, ok := cps[t.HeadCheckpointID]
-		if !ok || head.ThreadID != t.ThreadID {
-			add(5, "thread %s has head %s, not one of its checkpoints", t.ThreadID, t.HeadCheckpointID)
-		} else if head.StateVersion > t.StateVersion {
-			add(5, "thread %s head %s is newer (v%d) than the thread (v%d)", t.ThreadID, head.CheckpointID, head.StateVersion, t.StateVersion)
+	for _, d := range th.deltas {
+		if seq, ok := at(d.RunID); ok && d.Seq > seq {
+			a.add(4, "run %s streamed a delta (seq %d) after run.cancelled (seq %d)", d.RunID, d.Seq, seq)
 		}
 	}
+}
 
-	// 6. History holds only published messages.
-	for _, cp := range cps {
-		for _, id := range cp.MessageIDs {
-			if _, ok := msgs[id]; !ok {
-				add(6, "checkpoint %s holds %s, which is not a published message", cp.CheckpointID, id)
+// ---- 5: state_version moves by exactly one per durable event ----
+
+func checkStateVersion(a *auditor, th *auditThread) {
+	t := th.row
+	// The held log starts right after the purge mark and counts up by one.
+	want := t.EventsPurgedVersion + 1
+	for _, e := range th.events {
+		if e.StateVersion != want {
+			a.add(5, "thread %s event seq %d (%s) has state_version %d, want %d (one more than the durable event before it)", t.ThreadID, e.Seq, e.Type, e.StateVersion, want)
+		}
+		want = e.StateVersion + 1
+	}
+	if want-1 != t.StateVersion {
+		a.add(5, "thread %s is at state_version %d but its last durable event says %d", t.ThreadID, t.StateVersion, want-1)
+	}
+	// A checkpoint and a message carry the version of their own event.
+	versionOf := map[string]int64{} // checkpoint or message id -> its event's version
+	for _, e := range th.events {
+		switch e.Type {
+		case chat.EventCheckpointCreated:
+			versionOf[e.body.CheckpointID] = e.StateVersion
+		case chat.EventMessagePublished:
+			if e.MessageID.Valid {
+				versionOf[e.MessageID.String] = e.StateVersion
 			}
 		}
 	}
-	// A published run message is exactly the text of its deltas while they
-	// are buffered.
-	streamed := map[string]*strings.Builder{}
-	parts := map[string]int{}
-	for _, d := range deltaSeqs {
-		b := streamed[d.MessageID]
-		if b == nil {
-			b = &strings.Builder{}
-			streamed[d.MessageID] = b
+	for _, cp := range th.cps {
+		if v, ok := versionOf[cp.CheckpointID]; ok && v != cp.StateVersion {
+			a.add(5, "checkpoint %s has state_version %d but its checkpoint.created says %d", cp.CheckpointID, cp.StateVersion, v)
 		}
-		if d.Part == 0 || parts[d.MessageID] > 0 {
-			parts[d.MessageID]++
+		if cp.StateVersion > t.StateVersion {
+			a.add(5, "checkpoint %s (v%d) is newer than its thread %s (v%d)", cp.CheckpointID, cp.StateVersion, t.ThreadID, t.StateVersion)
 		}
-		b.WriteString(d.Text)
-	}
-	for id, b := range streamed {
-		m, ok := msgs[id]
-		if !ok || m.Kind == chat.KindFragment || parts[id] == 0 {
-			continue // unpublished (discarded) or partly purged
-		}
-		if m.Content != b.String() {
-			add(6, "message %s differs from the text of its deltas", id)
+		if cp.ParentCheckpointID != nil {
+			if p, ok := th.cpByID[*cp.ParentCheckpointID]; ok && p.StateVersion >= cp.StateVersion {
+				a.add(5, "checkpoint %s (v%d) has parent %s with version %d", cp.CheckpointID, cp.StateVersion, p.CheckpointID, p.StateVersion)
+			}
 		}
 	}
+	for _, m := range th.msgs {
+		if v, ok := versionOf[m.MessageID]; ok && v != m.StateVersion {
+			a.add(5, "message %s has state_version %d but its message.published says %d", m.MessageID, m.StateVersion, v)
+		}
+	}
+	if head, ok := th.cpByID[t.HeadCheckpointID]; !ok {
+		a.add(5, "thread %s has head %s, not one of its checkpoints", t.ThreadID, t.HeadCheckpointID)
+	} else if head.StateVersion > t.StateVersion {
+		a.add(5, "thread %s head %s is newer (v%d) than the thread (v%d)", t.ThreadID, head.CheckpointID, head.StateVersion, t.StateVersion)
+	}
+}
 
-	// 7. One terminal status per run; once cancel_requested, cancelled.
-	// (A terminal event may be missing only when the event purge took it.)
-	active := map[string]string{}
-	for _, r := range runRows {
+// ---- 6: history holds only published messages ----
+
+func checkHistoryIsPublished(a *auditor, th *auditThread) {
+	for _, cp := range th.cps {
+		for _, id := range cp.MessageIDs {
+			if _, ok := th.msgByID[id]; ok {
+				continue
+			}
+			// A fork's history starts with its source's messages.
+			owner, err := a.rowThread(a.msgThread, `SELECT thread_id FROM messages WHERE message_id = ?`, id)
+			a.lookupErr(err)
+			ok := false
+			for src, depth := th.row.ThreadID, 0; owner != "" && src != "" && depth < 1000 && !ok; depth++ {
+				src, err = a.forkSource(src)
+				a.lookupErr(err)
+				ok = src == owner
+			}
+			if !ok {
+				a.add(6, "checkpoint %s holds %s, which is not a published message of its thread or fork source", cp.CheckpointID, id)
+			}
+		}
+	}
+	// Text built from the stream buffer is exactly its deltas: a run's
+	// published message, and a saved fragment up to its last_seq, compared
+	// while every delta of the message is held (a purged or missing delta
+	// is invariant 8's concern).
+	type streamed struct {
+		id    string
+		parts []auditDelta
+	}
+	byMsg := map[string]*streamed{}
+	for _, d := range th.deltas {
+		s := byMsg[d.MessageID]
+		if s == nil {
+			s = &streamed{id: d.MessageID}
+			byMsg[d.MessageID] = s
+		}
+		s.parts = append(s.parts, d)
+	}
+	whole := func(s *streamed) bool {
+		if s == nil || len(s.parts) != th.parts[s.id] {
+			return false
+		}
+		for i, d := range s.parts {
+			if d.Part != i {
+				return false
+			}
+		}
+		return true
+	}
+	for _, m := range th.msgs {
+		switch {
+		case m.Kind == chat.KindFragment && m.FragmentOf.Valid && !m.RedactedAt.Valid:
+			var of chat.FragmentOf
+			if err := json.Unmarshal([]byte(m.FragmentOf.String), &of); err != nil {
+				a.add(0, "fragment %s has unreadable fragment_of: %v", m.MessageID, err)
+				continue
+			}
+			s := byMsg[of.MessageID]
+			if !whole(s) {
+				continue // purged: no longer comparable
+			}
+			var b strings.Builder
+			for _, d := range s.parts {
+				if d.Seq <= of.LastSeq {
+					b.WriteString(d.Text)
+				}
+			}
+			if b.String() != m.Content {
+				a.add(6, "saved fragment %s is not exactly the text of message %s up to seq %d", m.MessageID, of.MessageID, of.LastSeq)
+			}
+		case m.RunID.Valid && m.Kind != chat.KindFragment:
+			s := byMsg[m.MessageID]
+			if !whole(s) {
+				continue
+			}
+			var b strings.Builder
+			for _, d := range s.parts {
+				b.WriteString(d.Text)
+			}
+			if b.String() != m.Content {
+				a.add(6, "message %s differs from the text of its deltas", m.MessageID)
+			}
+		}
+	}
+}
+
+// ---- 7: one terminal status; cancelled once a cancel was accepted ----
+
+var terminalEventOf = map[chat.RunStatus]string{
+	chat.RunCompleted: chat.EventRunCompleted,
+	chat.RunFailed:    chat.EventRunFailed,
+	chat.RunCancelled: chat.EventRunCancelled,
+}
+
+func checkTerminalStatus(a *auditor, th *auditThread) {
+	var active []string
+	for _, r := range th.runs {
 		st := r.status()
 		if !st.Valid() {
-			add(7, "run %s has unknown status %q", r.RunID, r.Status)
+			a.add(7, "run %s has unknown status %q", r.RunID, r.Status)
 		}
-		if n := terminalEvents[r.RunID]; n > 1 || (st.Terminal() && n != 1 && !(n == 0 && terminalPurged(r))) || (!st.Terminal() && n != 0) {
-			add(7, "run %s is %s with %d terminal events", r.RunID, st, n)
+		evs := th.terminal[r.RunID]
+		switch {
+		case len(evs) > 1:
+			a.add(7, "run %s has %d terminal events", r.RunID, len(evs))
+		case st.Terminal() && len(evs) == 0 && !th.terminalPurged(r):
+			a.add(7, "run %s is %s without its terminal event", r.RunID, st)
+		case !st.Terminal() && len(evs) > 0:
+			a.add(7, "run %s is %s but emitted %s", r.RunID, st, evs[0].Type)
+		case st.Terminal() && len(evs) == 1 && evs[0].Type != terminalEventOf[st]:
+			a.add(7, "run %s is %s but its terminal event is %s", r.RunID, st, evs[0].Type)
 		}
 		if r.CancelRequestedAt.Valid && !st.CancelAccepted() {
-			add(7, "run %s had its cancel accepted but is %s", r.RunID, st)
+			a.add(7, "run %s had its cancel accepted but is %s", r.RunID, st)
+		}
+		if st.Terminal() != r.FinishedAt.Valid {
+			a.add(7, "run %s is %s with finished_at %v", r.RunID, st, r.FinishedAt.Valid)
 		}
 		if !st.Terminal() {
-			if other, ok := active[r.ThreadID]; ok {
-				add(7, "thread %s has two active runs: %s and %s", r.ThreadID, other, r.RunID)
-			}
-			active[r.ThreadID] = r.RunID
+			active = append(active, r.RunID)
 		}
+	}
+	if len(active) > 1 {
+		a.add(7, "thread %s has %d active runs: %s", th.row.ThreadID, len(active), strings.Join(active, ", "))
+	}
+}
+
+// ---- 8: the log is gapless but for recorded absences; one event each ----
+
+func checkEventLog(a *auditor, th *auditThread) {
+	t := th.row
+	// Durable events and deltas share one sequence: merged, every seq from
+	// 1 to last_seq appears once, except an event at or below the event
+	// purge mark or a delta at or below the stream purge mark. (A seq
+	// missing at or below the stream mark is taken for a purged delta; were
+	// it a durable event, invariant 5 sees the version it took.)
+	held := make([]int64, 0, len(th.events)+len(th.deltas))
+	for i, j := 0, 0; i < len(th.events) || j < len(th.deltas); {
+		if j >= len(th.deltas) || (i < len(th.events) && th.events[i].Seq <= th.deltas[j].Seq) {
+			held = append(held, th.events[i].Seq)
+			i++
+		} else {
+			held = append(held, th.deltas[j].Seq)
+			j++
+		}
+	}
+	mark := max(t.EventsPurgedThrough, t.DeltasPurgedThrough)
+	var missing []string
+	gap := func(from, to int64) { // seqs from..to are absent
+		from = max(from, mark+1)
+		to = min(to, t.LastSeq)
+		switch {
+		case from > to:
+		case from == to:
+			missing = append(missing, fmt.Sprint(from))
+		default:
+			missing = append(missing, fmt.Sprintf("%d–%d", from, to))
+		}
+	}
+	prev := int64(0)
+	for _, seq := range held {
+		switch {
+		case seq == prev:
+			a.add(8, "thread %s has seq %d twice", t.ThreadID, seq)
+		case seq < 1 || seq > t.LastSeq:
+			a.add(8, "thread %s holds seq %d, outside 1..last_seq (%d)", t.ThreadID, seq, t.LastSeq)
+		}
+		gap(prev+1, seq-1)
+		prev = max(prev, seq)
+	}
+	gap(prev+1, t.LastSeq)
+	for _, r := range missing {
+		a.add(8, "thread %s is missing seq %s from its log, and no purge explains it", t.ThreadID, r)
 	}
 
-	// 8. Per thread, seqs strictly increase (durable events and deltas
-	// share one sequence); every published message has exactly one
-	// message.published event (none when the event purge took it), which
-	// carries the message as it is stored (a redacted draft: without text).
-	seen := map[string]map[int64]bool{}
-	mark := func(thread string, seq int64, what string) {
-		if seen[thread] == nil {
-			seen[thread] = map[int64]bool{}
+	// Every published message has exactly one message.published and every
+	// checkpoint exactly one checkpoint.created, each naming it; every such
+	// event has its row.
+	published := map[string]int{}
+	created := map[string]int{}
+	for _, e := range th.events {
+		if e.bodyErr != nil {
+			a.add(8, "thread %s event seq %d has an unreadable payload: %v", t.ThreadID, e.Seq, e.bodyErr)
+			continue
 		}
-		if seen[thread][seq] {
-			add(8, "thread %s has seq %d twice (%s)", thread, seq, what)
+		b := e.body
+		if b.Type != e.Type || b.Seq != e.Seq || b.StateVersion != e.StateVersion || b.RunID != e.RunID.String {
+			a.add(8, "thread %s event seq %d (%s) carries other fields than its log row (type %s, seq %d, v%d, run %q)", t.ThreadID, e.Seq, e.Type, b.Type, b.Seq, b.StateVersion, b.RunID)
 		}
-		seen[thread][seq] = true
-		if t, ok := threadByID[thread]; !ok || seq > t.LastSeq || seq < 1 {
-			add(8, "thread %s has %s at seq %d outside 1..last_seq", thread, what, seq)
-		}
-	}
-	for _, e := range events {
-		mark(e.ThreadID, e.Seq, e.Type)
-	}
-	for _, d := range deltaSeqs {
-		mark(d.ThreadID, d.Seq, chat.EventMessageDelta)
-	}
-	publishedEvents := map[string]int{}
-	for _, e := range events {
-		if e.Type == chat.EventMessagePublished && e.MessageID != nil {
-			publishedEvents[*e.MessageID]++
-			var body struct {
-				Message struct {
-					MessageID string `json:"message_id"`
-					Content   string `json:"content"`
-				} `json:"message"`
+		switch e.Type {
+		case chat.EventMessagePublished:
+			id := e.MessageID.String
+			published[id]++
+			m, ok := th.msgByID[id]
+			switch {
+			case b.Message == nil || b.Message.MessageID != id:
+				a.add(8, "message.published seq %d of thread %s does not carry message %s", e.Seq, t.ThreadID, id)
+			case !ok:
+				a.add(8, "message.published seq %d of thread %s names message %s, which does not exist", e.Seq, t.ThreadID, id)
+			case b.Message.Content != m.Content:
+				a.add(8, "message.published seq %d of thread %s carries another text than message %s", e.Seq, t.ThreadID, id)
 			}
-			if err := json.Unmarshal([]byte(e.Payload), &body); err != nil || body.Message.MessageID != *e.MessageID {
-				add(8, "message.published seq %d of thread %s does not carry message %s", e.Seq, e.ThreadID, *e.MessageID)
-			} else if m, ok := msgs[*e.MessageID]; ok && body.Message.Content != m.Content {
-				add(0, "message.published seq %d of thread %s carries another text than message %s", e.Seq, e.ThreadID, *e.MessageID)
+		case chat.EventCheckpointCreated:
+			created[b.CheckpointID]++
+			cp, ok := th.cpByID[b.CheckpointID]
+			switch {
+			case !ok:
+				a.add(8, "checkpoint.created seq %d of thread %s names checkpoint %q, which does not exist", e.Seq, t.ThreadID, b.CheckpointID)
+			case (cp.ParentCheckpointID == nil) != (b.ParentID == nil) || (b.ParentID != nil && *b.ParentID != *cp.ParentCheckpointID):
+				a.add(8, "checkpoint.created seq %d of thread %s names another parent than checkpoint %s has", e.Seq, t.ThreadID, cp.CheckpointID)
+			}
+		case chat.EventMessageDeleted:
+			if _, ok := th.msgByID[b.MessageID]; !ok {
+				a.add(8, "message.deleted seq %d of thread %s names message %q, which is not the thread's", e.Seq, t.ThreadID, b.MessageID)
+			}
+		case chat.EventToolPrepared, chat.EventToolUpdated:
+			if b.Operation == nil {
+				a.add(8, "%s seq %d of thread %s carries no operation", e.Type, e.Seq, t.ThreadID)
+			} else if op, ok := th.opByID[b.Operation.OperationID]; !ok || op.RunID != e.RunID.String {
+				a.add(8, "%s seq %d of thread %s names operation %q, which is not one of run %s", e.Type, e.Seq, t.ThreadID, b.Operation.OperationID, e.RunID.String)
+			}
+		}
+		if strings.HasPrefix(e.Type, "run.") || strings.HasPrefix(e.Type, "tool.") {
+			if _, ok := th.runByID[e.RunID.String]; !ok {
+				a.add(8, "%s seq %d of thread %s names run %q, which is not one of the thread's", e.Type, e.Seq, t.ThreadID, e.RunID.String)
 			}
 		}
 	}
-	for _, m := range msgRows {
-		if n := publishedEvents[m.MessageID]; n != 1 && !(n == 0 && publishedPurged(m)) {
-			add(8, "message %s has %d message.published events", m.MessageID, n)
+	for _, m := range th.msgs {
+		if n := published[m.MessageID]; n != 1 && !(n == 0 && th.versionPurged(m.StateVersion)) {
+			a.add(8, "message %s has %d message.published events", m.MessageID, n)
 		}
 		if m.RedactedAt.Valid && (m.Content != "" || !m.DeletedAt.Valid || m.Kind != chat.KindFragment) {
-			add(0, "message %s is marked redacted but is not an emptied deleted draft", m.MessageID)
+			a.add(0, "message %s is marked redacted but is not an emptied deleted draft", m.MessageID)
 		}
 	}
-	return vs, nil
+	for _, cp := range th.cps {
+		if n := created[cp.CheckpointID]; n != 1 && !(n == 0 && th.versionPurged(cp.StateVersion)) {
+			a.add(8, "checkpoint %s has %d checkpoint.created events", cp.CheckpointID, n)
+		}
+	}
+}
+
+// ---- 9: each step of a run is published at most once ----
+
+// checkStepsOnce reads each run's steps from the checkpoints it wrote. A
+// step's checkpoint completes the pending step of its parent: a generate
+// step adds at most one message of the run (and may leave a tool call
+// pending), a tool step records the result of exactly the operation its
+// parent waited on (or, when a cancel stopped that call, prepares it again
+// as a new operation). A checkpoint whose parent had no such step pending
+// is a step published twice; so is a second step checkpoint on one
+// parent, or a second result of one operation.
+func checkStepsOnce(a *auditor, th *auditThread) {
+	stepChildren := map[string][]string{}
+	for _, cp := range th.cps {
+		if cp.RunID == nil {
+			continue
+		}
+		runID := *cp.RunID
+		if _, ok := th.runByID[runID]; !ok {
+			a.add(9, "checkpoint %s names run %s, which is not one of thread %s", cp.CheckpointID, runID, th.row.ThreadID)
+			continue
+		}
+		if cp.ParentCheckpointID == nil {
+			a.add(9, "checkpoint %s of run %s continues no checkpoint", cp.CheckpointID, runID)
+			continue
+		}
+		parent, ok := th.cpByID[*cp.ParentCheckpointID]
+		if !ok {
+			continue // invariant 3 reports it
+		}
+		stepChildren[parent.CheckpointID] = append(stepChildren[parent.CheckpointID], cp.CheckpointID)
+		added, ok := appended(parent.MessageIDs, cp.MessageIDs)
+		if !ok {
+			a.add(9, "checkpoint %s of run %s does not extend its parent's history", cp.CheckpointID, runID)
+			continue
+		}
+		if len(added) > 1 {
+			a.add(9, "checkpoint %s of run %s published %d messages in one step", cp.CheckpointID, runID, len(added))
+		}
+		for _, id := range added {
+			if m, ok := th.msgByID[id]; !ok || m.RunID.String != runID || m.CheckpointID != cp.CheckpointID {
+				a.add(9, "checkpoint %s of run %s adds message %s, which that step did not publish", cp.CheckpointID, runID, id)
+			}
+		}
+		p := parent.Pending
+		switch {
+		case p == nil:
+			a.add(9, "run %s published checkpoint %s on top of %s, which had no step left to run (a step published twice)", runID, cp.CheckpointID, parent.CheckpointID)
+		case p.Step == chat.StepGenerate:
+			if cp.Pending != nil && cp.Pending.Step != chat.StepTool {
+				a.add(9, "generate step checkpoint %s of run %s leaves a %s step pending", cp.CheckpointID, runID, cp.Pending.Step)
+			}
+			if cp.Pending != nil {
+				if op, ok := th.opByID[cp.Pending.InputHash]; !ok || op.RunID != runID {
+					a.add(9, "checkpoint %s of run %s waits on operation %s, which is not the run's", cp.CheckpointID, runID, cp.Pending.InputHash)
+				}
+			}
+			if len(added) == 0 && cp.Pending == nil {
+				a.add(9, "generate step checkpoint %s of run %s produced neither a message nor a call", cp.CheckpointID, runID)
+			}
+		case p.Step == chat.StepTool:
+			waited, ok := th.opByID[p.InputHash]
+			inherited := false
+			if !ok {
+				// A fork's first checkpoint may wait on a call of the thread
+				// it was forked from; the fork prepares it again.
+				owner, err := a.rowThread(a.opThread, `SELECT thread_id FROM operations WHERE operation_id = ?`, p.InputHash)
+				a.lookupErr(err)
+				for src, depth := th.row.ThreadID, 0; owner != "" && src != "" && depth < 1000 && !inherited; depth++ {
+					src, err = a.forkSource(src)
+					a.lookupErr(err)
+					inherited = src == owner
+				}
+			}
+			switch {
+			case inherited && len(added) == 0 && cp.Pending != nil && cp.Pending.Step == chat.StepTool:
+				// The source's call, prepared again in the fork.
+			case !ok:
+				a.add(9, "checkpoint %s waited on operation %s, which is not one of its thread or fork source", parent.CheckpointID, p.InputHash)
+			case len(added) == 1:
+				m := th.msgByID[added[0]]
+				if m.Role != chat.RoleTool || toolMessageOp(m) != waited.OperationID {
+					a.add(9, "tool step checkpoint %s of run %s records %s, not the result of operation %s", cp.CheckpointID, runID, added[0], waited.OperationID)
+				}
+			case len(added) == 0 && cp.Pending != nil && cp.Pending.Step == chat.StepTool && cp.Pending.InputHash != waited.OperationID &&
+				(waited.Phase == chat.PhaseAborted || waited.Phase == chat.PhaseVoided):
+				// The call a cancel stopped, prepared again.
+			default:
+				a.add(9, "checkpoint %s of run %s completes the tool step of %s without recording operation %s's result", cp.CheckpointID, runID, parent.CheckpointID, waited.OperationID)
+			}
+		}
+	}
+	for parent, kids := range stepChildren {
+		if len(kids) > 1 {
+			sort.Strings(kids)
+			a.add(9, "the step pending at checkpoint %s was published %d times: %s", parent, len(kids), strings.Join(kids, ", "))
+		}
+	}
+	// One recorded result per tool call.
+	results := map[string][]string{}
+	for _, m := range th.msgs {
+		if m.Role != chat.RoleTool {
+			continue
+		}
+		op := toolMessageOp(m)
+		o, ok := th.opByID[op]
+		if !ok || !m.RunID.Valid || o.RunID != m.RunID.String {
+			a.add(9, "tool message %s reports operation %q, which is not one of its run", m.MessageID, op)
+			continue
+		}
+		results[op] = append(results[op], m.MessageID)
+	}
+	for _, o := range th.ops {
+		got := results[o.OperationID]
+		if len(got) > 1 {
+			a.add(9, "operation %s has %d recorded results: %s", o.OperationID, len(got), strings.Join(got, ", "))
+		}
+		if o.ResultRef.Valid && !slices.Contains(got, o.ResultRef.String) {
+			a.add(9, "operation %s names result %s, which is not a tool message reporting it", o.OperationID, o.ResultRef.String)
+		}
+	}
+}
+
+// appended returns the ids child adds at the end of parent (ok false when
+// child does not start with parent).
+func appended(parent, child []string) ([]string, bool) {
+	if len(child) < len(parent) || !slices.Equal(parent, child[:len(parent)]) {
+		return nil, false
+	}
+	return child[len(parent):], true
+}
+
+// toolMessageOp is the operation a tool message reports.
+func toolMessageOp(m messageRow) string {
+	var rec struct {
+		OperationID string `json:"operation_id"`
+	}
+	_ = json.Unmarshal([]byte(m.Content), &rec)
+	return rec.OperationID
+}
+
+// ---- 10: reported outcomes never contradict the provider ----
+
+// checkOutcomes audits what the gateway itself recorded: an operation that
+// reached its system is never reported not_started; an ended run leaves no
+// call in flight; an unknown outcome is still being reconciled, or its
+// horizon passed and the receipt says so.
+func checkOutcomes(a *auditor, th *auditThread) {
+	for _, o := range th.ops {
+		r, ok := th.runByID[o.RunID]
+		if !ok {
+			a.add(10, "operation %s names run %s, which is not one of thread %s", o.OperationID, o.RunID, th.row.ThreadID)
+			continue
+		}
+		outcome := o.Outcome.String
+		if o.CommitStartedAt.Valid && (outcome == chat.OutcomeNotStarted || o.Phase == chat.PhaseVoided) {
+			a.add(10, "operation %s reached its system but reports %s/%s", o.OperationID, o.Phase, outcome)
+		}
+		if r.status().Terminal() {
+			switch o.Phase {
+			case chat.PhasePrepared, chat.PhaseConfirmed, chat.PhaseRunning, chat.PhaseCommitting:
+				a.add(10, "run %s ended %s with operation %s still %s", r.RunID, r.Status, o.OperationID, o.Phase)
+			case chat.PhaseUnknown:
+				// Still asked (a next lookup), or given up at the horizon
+				// (no next lookup, the horizon on record: the receipt says so).
+				if !o.ReconcileNextAt.Valid && !o.ReconcileUntil.Valid {
+					a.add(10, "run %s ended %s with operation %s unknown and no reconciliation going on", r.RunID, r.Status, o.OperationID)
+				}
+			}
+		}
+		want := map[string]string{
+			chat.PhaseVoided: chat.OutcomeNotStarted, chat.PhaseRejected: chat.OutcomeNotStarted,
+			chat.PhaseAborted: chat.OutcomeAborted, chat.PhaseCompleted: chat.OutcomeCompleted,
+			chat.PhaseCommitted: chat.OutcomeCommitted, chat.PhaseReconciled: chat.OutcomeCommitted,
+			chat.PhaseFailed: chat.OutcomeFailed, chat.PhaseUnknown: chat.OutcomeUnknown,
+		}[o.Phase]
+		if want != "" && outcome != want {
+			a.add(10, "operation %s is %s but reports outcome %q", o.OperationID, o.Phase, outcome)
+		}
+	}
+}
+
+// checkOutcomesAtProvider compares the outcomes with the embedded email
+// provider's records: a key it accepted caused an action, so at least one
+// operation with that key must report it (committed) or say it does not
+// know (unknown); if every one says not_started, aborted or failed, the
+// receipts deny an action that happened.
+func checkOutcomesAtProvider(a *auditor) error {
+	has, err := a.hasTable("outbox")
+	if err != nil || !has {
+		return err
+	}
+	rows, err := a.q.QueryxContext(a.ctx, `SELECT o.idempotency_key, MIN(o.operation_id) FROM operations o
+		JOIN outbox p ON p.idempotency_key = o.idempotency_key
+		WHERE o.contract = 'consequential'
+		GROUP BY o.idempotency_key
+		HAVING SUM(CASE WHEN o.outcome IN ('committed', 'unknown') THEN 1 ELSE 0 END) = 0
+			AND SUM(CASE WHEN o.outcome IN ('not_started', 'aborted', 'failed') THEN 1 ELSE 0 END) > 0`)
+	if err != nil {
+		return fmt.Errorf("audit: outcomes against the provider: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, op string
+		if err := rows.Scan(&key, &op); err != nil {
+			return err
+		}
+		a.add(10, "the provider accepted key %q, but operation %s (and every other with that key) reports no action", key, op)
+	}
+	return rows.Err()
 }

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"database/sql"
 	"path/filepath"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/mattn/go-sqlite3"
 
+	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/internal/pgtest"
 	"github.com/honestcancel/gateway/store"
 )
@@ -66,3 +68,19 @@ func (c *rawConn) Query(q string, args ...any) (*sql.Rows, error) {
 func (c *rawConn) Exec(q string, args ...any) (sql.Result, error) {
 	return c.db.Exec(c.db.Rebind(q), args...)
 }
+
+// leaseW is the lease of a run claimed once by worker "w" (a run's first
+// claim takes epoch 1; TestClaimsFenceEachOther checks it).
+func leaseW(runID string) chat.Lease { return chat.Lease{RunID: runID, Owner: "w", Epoch: 1} }
+
+// pendingStep is the step the run's thread waits on, as a worker reads it.
+func pendingStep(t testing.TB, st *store.Store, runID string) chat.Pending {
+	t.Helper()
+	in, err := st.RunInput(context.Background(), runID)
+	if err != nil || in.Pending == nil {
+		t.Fatalf("run input of %s: %+v, %v", runID, in.Pending, err)
+	}
+	return *in.Pending
+}
+
+func ptr[T any](v T) *T { return &v }

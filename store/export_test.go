@@ -77,3 +77,10 @@ func (s *Store) GroupedWriteThatFails(ctx context.Context, name string) error {
 		return errors.New("failed after writing")
 	})
 }
+
+// SetMaxReplayBytes bounds replays to n bytes until restore.
+func SetMaxReplayBytes(n int64) (restore func()) {
+	old := maxReplayBytes
+	maxReplayBytes = n
+	return func() { maxReplayBytes = old }
+}

@@ -79,7 +79,7 @@ func startRuns(t *testing.T, st *store.Store, n int) (runs, threads []string) {
 		runs, threads = append(runs, ack.RunID), append(threads, snap.ThreadID)
 	}
 	for range n {
-		if r, err := st.Claim(ctx, "w", time.Now().Add(time.Hour)); err != nil || r == nil {
+		if r, err := st.Claim(ctx, "w", time.Hour); err != nil || r == nil {
 			t.Fatalf("claim: %v %v", r, err)
 		}
 	}
@@ -96,7 +96,7 @@ func TestGroupCommitSharesOneTransactionAndIsolatesFailures(t *testing.T) {
 	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[3], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.FinishCancel(ctx, runs[3], 0, false); err != nil {
+	if _, err := st.FinishCancel(ctx, runs[3], ptr(leaseW(runs[3])), 0); err != nil {
 		t.Fatal(err)
 	}
 	log.mu.Lock()
@@ -108,7 +108,7 @@ func TestGroupCommitSharesOneTransactionAndIsolatesFailures(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, run := range runs {
 		wg.Go(func() {
-			errs[i] = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_group%d", i), []string{"a", "b", "c"})
+			errs[i] = st.AppendDeltas(ctx, leaseW(run), fmt.Sprintf("msg_group%d", i), []string{"a", "b", "c"})
 		})
 	}
 	waitUntil(t, func() bool { return st.QueuedWrites() >= len(runs) }, release, fmt.Sprintf("the %d writes never all queued", len(runs)))
@@ -169,13 +169,13 @@ func TestGroupCommitUnderConcurrency(t *testing.T) {
 						t.Error(err)
 						return
 					}
-					if _, err := st.FinishCancel(ctx, run, 0, false); err != nil {
+					if _, err := st.FinishCancel(ctx, run, ptr(leaseW(run)), 0); err != nil {
 						t.Error(err)
 						return
 					}
 				}
 				parts := []string{fmt.Sprintf("<%d.%d ", i, b), "x", "> "}
-				err := st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_conc%d", i), parts)
+				err := st.AppendDeltas(ctx, leaseW(run), fmt.Sprintf("msg_conc%d", i), parts)
 				var nr *chat.ErrNotRunning
 				switch {
 				case err == nil:
@@ -232,7 +232,7 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, run := range runs[1:] {
 		wg.Go(func() {
-			if err := st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_u%d", i), []string{"x"}); err != nil {
+			if err := st.AppendDeltas(ctx, leaseW(run), fmt.Sprintf("msg_u%d", i), []string{"x"}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -325,7 +325,7 @@ func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, len(runs))
 	for i, run := range runs {
-		wg.Go(func() { errs[i] = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_f%d", i), []string{"ok"}) })
+		wg.Go(func() { errs[i] = st.AppendDeltas(ctx, leaseW(run), fmt.Sprintf("msg_f%d", i), []string{"ok"}) })
 	}
 	var failed error
 	wg.Go(func() { failed = st.GroupedWriteThatFails(ctx, "ghost") })
@@ -362,12 +362,12 @@ func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
 	// The first caller leads (it waits for the writer); the second waits
 	// in the queue behind it and is cancelled there; the third stays.
 	var errLead, errKept error
-	wg.Go(func() { errLead = st.AppendDeltas(ctx, runs[0], "w", "msg_w0", []string{"lead"}) })
+	wg.Go(func() { errLead = st.AppendDeltas(ctx, leaseW(runs[0]), "msg_w0", []string{"lead"}) })
 	waitUntil(t, func() bool { return st.GroupCommitsWaiting() == 1 }, release, "the leader never waited for the writer")
 	stopped, stop := context.WithCancel(ctx)
 	withdrawn := make(chan error, 1)
-	go func() { withdrawn <- st.AppendDeltas(stopped, runs[1], "w", "msg_w1", []string{"gone"}) }()
-	wg.Go(func() { errKept = st.AppendDeltas(ctx, runs[2], "w", "msg_w2", []string{"kept"}) })
+	go func() { withdrawn <- st.AppendDeltas(stopped, leaseW(runs[1]), "msg_w1", []string{"gone"}) }()
+	wg.Go(func() { errKept = st.AppendDeltas(ctx, leaseW(runs[2]), "msg_w2", []string{"kept"}) })
 	waitUntil(t, func() bool { return st.QueuedWrites() == 3 }, release, "the writes never queued")
 	stop()
 	select {
@@ -405,7 +405,7 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 	st.PretendLeading()
 	stopped, stop := context.WithCancel(ctx)
 	answer := make(chan error, 1)
-	go func() { answer <- st.AppendDeltas(stopped, runs[0], "w", "msg_late", []string{"never"}) }()
+	go func() { answer <- st.AppendDeltas(stopped, leaseW(runs[0]), "msg_late", []string{"never"}) }()
 	waitUntil(t, func() bool { return st.QueuedWrites() == 1 }, nil, "the write never queued")
 	handBack := st.TakeQueued()
 	stop()
@@ -420,7 +420,7 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 		t.Fatal("the stopped caller never answered: the lead it was handed is lost")
 	}
 	done := make(chan error, 1)
-	go func() { done <- st.AppendDeltas(ctx, runs[1], "w", "msg_next", []string{"next"}) }()
+	go func() { done <- st.AppendDeltas(ctx, leaseW(runs[1]), "msg_next", []string{"next"}) }()
 	select {
 	case err := <-done:
 		if err != nil {

@@ -97,7 +97,7 @@ func TestInstancesClaimEachRunOnce(t *testing.T) {
 		wg.Go(func() {
 			owner := fmt.Sprintf("instance-%d", i)
 			for range 2 * runs { // bounded: nothing is left long before
-				r, err := st.Claim(ctx, owner, time.Now().Add(time.Hour))
+				r, err := st.Claim(ctx, owner, time.Hour)
 				if err != nil {
 					t.Errorf("%s: %v", owner, err)
 					return
@@ -112,7 +112,7 @@ func TestInstancesClaimEachRunOnce(t *testing.T) {
 					}
 					return
 				}
-				claimed[i] = append(claimed[i], r.RunID)
+				claimed[i] = append(claimed[i], r.Run.RunID)
 				total.Add(1)
 			}
 		})
@@ -153,7 +153,7 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := sts[1].Claim(ctx, "w", time.Now().Add(time.Hour)); err != nil || r == nil {
+	if r, err := sts[1].Claim(ctx, "w", time.Hour); err != nil || r == nil {
 		t.Fatalf("claim: %v, %v", r, err)
 	}
 	const batches = 40
@@ -163,7 +163,7 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 		wg.Go(func() {
 			for b := range batches {
 				parts := []string{fmt.Sprintf("<%d.%d ", i, b), "x>"}
-				if err := st.AppendDeltas(ctx, ack.RunID, "w", fmt.Sprintf("msg_inst%d", i), parts); err != nil {
+				if err := st.AppendDeltas(ctx, leaseW(ack.RunID), fmt.Sprintf("msg_inst%d", i), parts); err != nil {
 					t.Errorf("instance %d batch %d: %v", i, b, err)
 					return
 				}
@@ -206,7 +206,11 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 // orders deadlock; PostgreSQL fails one transaction, which runs again, and
 // neither caller sees the failure.
 func TestInstancesRetryADeadlock(t *testing.T) {
-	dsn := postgresDSN(t)
+	// The instances' sessions are named, so that counting the sessions
+	// that wait for a lock sees these two only, whatever else (another
+	// package's tests) uses the database at the same time.
+	app := strings.ToLower(chat.NewID("dl_"))
+	dsn := postgresDSN(t) + "&application_name=" + app
 	sts := openInstances(t, dsn, 2)
 	runs, threads := startRuns(t, sts[0], 2)
 	// A third connection holds both threads, so that each instance's batch
@@ -229,7 +233,7 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 		for k := range 2 {
 			r := (i + k) % 2
 			wg.Go(func() {
-				errs[i][k] = st.AppendDeltas(ctx, runs[r], "w", fmt.Sprintf("msg_dl%d_%d", i, r), []string{"x"})
+				errs[i][k] = st.AppendDeltas(ctx, leaseW(runs[r]), fmt.Sprintf("msg_dl%d_%d", i, r), []string{"x"})
 			})
 			waitUntil(t, func() bool { return st.QueuedWrites() >= k+1 }, release, fmt.Sprintf("instance %d: write %d never queued", i, k))
 		}
@@ -238,7 +242,7 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 	waiting := func() int {
 		var n int
 		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE '%FROM threads%FOR UPDATE%'`).Scan(&n); err != nil {
+			AND application_name = ? AND wait_event_type = 'Lock' AND query LIKE '%FROM threads%FOR UPDATE%'`, app).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

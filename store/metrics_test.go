@@ -79,7 +79,7 @@ func TestMetricsStreamBufferAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	runs, _ := startRuns(t, st, 4)
-	if err := st.AppendDeltas(ctx, runs[0], "w", "msg_m0", []string{"a", "b"}); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runs[0]), "msg_m0", []string{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}
 	// Run 1 is cancelled; then four appends share one group, one refused.
@@ -87,13 +87,13 @@ func TestMetricsStreamBufferAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond) // so the cancel's latency is visibly above zero
-	if done, err := st.FinishCancel(ctx, runs[1], 0, false); err != nil || !done {
+	if done, err := st.FinishCancel(ctx, runs[1], ptr(leaseW(runs[1])), 0); err != nil || !done {
 		t.Fatalf("finish cancel: %v %v", done, err)
 	}
 	release := st.HoldWriter()
 	var wg sync.WaitGroup
 	for i, run := range runs {
-		wg.Go(func() { _ = st.AppendDeltas(ctx, run, "w", fmt.Sprintf("msg_g%d", i), []string{"x", "y", "z"}) })
+		wg.Go(func() { _ = st.AppendDeltas(ctx, leaseW(run), fmt.Sprintf("msg_g%d", i), []string{"x", "y", "z"}) })
 	}
 	waitUntil(t, func() bool { return st.QueuedWrites() >= len(runs) }, release, fmt.Sprintf("the %d writes never all queued", len(runs)))
 	release()
@@ -133,7 +133,7 @@ func TestMetricsStreamBufferAndCancel(t *testing.T) {
 	if got := rec.bufferedNow(); got != 0 || rows(t, path) != 0 {
 		t.Fatalf("after the purge: buffered %d, rows %d", got, rows(t, path))
 	}
-	if err := st.AppendDeltas(ctx, runs[2], "w", "msg_m2", []string{"p", "q"}); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runs[2]), "msg_m2", []string{"p", "q"}); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

@@ -11,17 +11,19 @@ import (
 )
 
 // PublishStep records what one generate step produced, in one transaction,
-// while owner still runs the run (a recorded cancel wins): the message, if
+// while the run still runs under lease (a recorded cancel wins) and the
+// thread still waits on the step out completes (out.Step): the message, if
 // any, and the tool call, if any, as an operation. The new head checkpoint
 // has no pending step when the step ends the run, or the tool step naming
 // the operation. A consequential call is recorded prepared and the run
 // waits for confirmation (no lease); a runner call is recorded running.
-func (s *Store) PublishStep(ctx context.Context, runID, owner string, out chat.StepOutput) error {
+func (s *Store) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
+		row, err := t.ownRunning(lease)
 		if err != nil {
 			return err
 		}
+		runID := row.RunID
 		if out.Content == "" && out.Call == nil {
 			return errors.New("a step with neither a message nor a tool call")
 		}
@@ -31,6 +33,9 @@ func (s *Store) PublishStep(ctx context.Context, runID, owner string, out chat.S
 		}
 		head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
 		if err != nil {
+			return err
+		}
+		if err := waitsOn(head, out.Step); err != nil {
 			return err
 		}
 		cpID := chat.NewID(chat.PrefixCheckpoint)
@@ -93,6 +98,17 @@ func (s *Store) PublishStep(ctx context.Context, runID, owner string, out chat.S
 	})
 }
 
+// waitsOn refuses a step the head checkpoint is not waiting on: a step
+// already published (by this execution or another of the same run), or
+// one overtaken by a change of the conversation. Reaching it means the
+// caller is stale; it is reported as chat.ErrStepNotPending.
+func waitsOn(head chat.Checkpoint, step chat.Pending) error {
+	if head.Pending == nil || *head.Pending != step {
+		return fmt.Errorf("%w: checkpoint %s waits on %v, not on %v", chat.ErrStepNotPending, head.CheckpointID, head.Pending, step)
+	}
+	return nil
+}
+
 func (t *txn) insertOperation(op chat.Operation) error {
 	var preview any
 	if len(op.Preview) > 0 {
@@ -134,34 +150,61 @@ func (t *txn) operationEvent(c *threadCursor, typ, opID string) error {
 
 // setPhase moves an operation and reports it with tool.updated.
 func (t *txn) setPhase(c *threadCursor, opID, phase, outcome string) error {
-	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = COALESCE(?, outcome), updated_at = ? WHERE operation_id = ?`,
-		phase, nullStr(outcome), ms(t.now), opID); err != nil {
-		return fmt.Errorf("update operation: %w", err)
+	if err := t.updateOperation(opID, phase, outcome, ""); err != nil {
+		return err
 	}
 	return t.operationEvent(c, chat.EventToolUpdated, opID)
 }
 
-// ownWorking loads a run that owner holds and that is running or, with its
-// cancel accepted, still finishing the operation in flight.
-func (t *txn) ownWorking(runID, owner string) (runRow, error) {
-	row, err := t.run(runID)
+// updateOperation writes an operation's phase, outcome ("" keeps it) and
+// result (resultRef "" keeps it), with what the phase implies: entering
+// committing records when the call was first handed to its system;
+// entering unknown schedules reconciliation by key (reconcile.go) unless
+// it is scheduled already; a settled phase ends it.
+func (t *txn) updateOperation(opID, phase, outcome, resultRef string) error {
+	now := ms(t.now)
+	var started, next, until any // nil: keep
+	switch phase {
+	case chat.PhaseCommitting:
+		started = now
+	case chat.PhaseUnknown:
+		next, until = now+reconcileDelay(0).Milliseconds(), now+t.horizon.Milliseconds()
+	}
+	settled := phase != chat.PhaseUnknown
+	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = COALESCE(?, outcome), result_ref = COALESCE(?, result_ref),
+		commit_started_at = COALESCE(commit_started_at, ?),
+		reconcile_next_at = CASE WHEN ? THEN NULL ELSE COALESCE(reconcile_next_at, ?) END,
+		reconcile_until = COALESCE(reconcile_until, ?), updated_at = ? WHERE operation_id = ?`,
+		phase, nullStr(outcome), nullStr(resultRef), started, settled, next, until, now, opID); err != nil {
+		return fmt.Errorf("update operation: %w", err)
+	}
+	return nil
+}
+
+// ownWorking loads a run that lease still holds and that is running or,
+// with its cancel accepted, still finishing the operation in flight.
+func (t *txn) ownWorking(lease chat.Lease) (runRow, error) {
+	row, err := t.run(lease.RunID)
 	if err != nil {
 		return row, err
 	}
 	st := row.status()
-	if row.LeaseOwner.String != owner || (st != chat.RunRunning && st != chat.RunCancelRequested && st != chat.RunCancelling) {
+	if !row.holds(lease) {
+		return row, &chat.ErrNotRunning{Status: st, Fenced: true}
+	}
+	if st != chat.RunRunning && st != chat.RunCancelRequested && st != chat.RunCancelling {
 		return row, &chat.ErrNotRunning{Status: st}
 	}
 	return row, nil
 }
 
-// SetOperationPhase moves an operation of a run owner holds (committing,
+// SetOperationPhase moves an operation of a run lease holds (committing,
 // unknown, aborted, voided …) and reports it. With needRunning, a recorded
 // cancel refuses the move (*chat.ErrNotRunning): the safe point before an
 // irreversible commit.
-func (s *Store) SetOperationPhase(ctx context.Context, runID, owner, opID, phase, outcome string, needRunning bool) error {
+func (s *Store) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownWorking(runID, owner)
+		row, err := t.ownWorking(lease)
 		if err != nil {
 			return err
 		}
@@ -182,9 +225,12 @@ func (s *Store) SetOperationPhase(ctx context.Context, runID, owner, opID, phase
 // continues from it instead of calling the tool again. It is allowed after
 // a cancel was recorded, until the run is cancelled: a result that arrived
 // first is a fact.
-func (s *Store) RecordToolResult(ctx context.Context, runID, owner, opID string, out chat.ToolOutcome) error {
+//
+// The thread must still wait on that operation's tool step: a result is
+// recorded once (chat.ErrStepNotPending otherwise).
+func (s *Store) RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownWorking(runID, owner)
+		row, err := t.ownWorking(lease)
 		if err != nil {
 			return err
 		}
@@ -208,10 +254,12 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 	if err != nil {
 		return err
 	}
+	if err := waitsOn(head, chat.Pending{Step: chat.StepTool, InputHash: opID}); err != nil {
+		return err
+	}
 	msgID := chat.NewID(chat.PrefixMessage)
 	cpID := chat.NewID(chat.PrefixCheckpoint)
-	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = ?, result_ref = ?, updated_at = ? WHERE operation_id = ?`,
-		out.Phase, out.Outcome, msgID, ms(t.now), opID); err != nil {
+	if err := t.updateOperation(opID, out.Phase, out.Outcome, msgID); err != nil {
 		return fmt.Errorf("record tool result: %w", err)
 	}
 	if err := t.operationEvent(c, chat.EventToolUpdated, opID); err != nil {
@@ -242,9 +290,10 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 // MarkCancelling records that a cancel is accepted but an operation in
 // flight (a commit handed to an external system, a tool that cannot be
 // stopped) is not yet settled: run.cancelling names it.
-func (s *Store) MarkCancelling(ctx context.Context, runID, owner string, active chat.ActiveOperation) error {
+func (s *Store) MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownWorking(runID, owner)
+		row, err := t.ownWorking(lease)
+		runID := lease.RunID
 		if err != nil {
 			return err
 		}

@@ -15,10 +15,11 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// Retention per artifact class. Besides the stream buffer (PurgeStream),
-// three classes age out, each by its own method taking the cutoff (what is
-// older than before goes):
+// Retention per artifact class. Each class ages out by its own method
+// taking the cutoff (what is older than before goes):
 //
+//   - PurgeStream: the stream buffer (deltas), per thread a prefix of seqs;
+//     the thread's stream purge mark records what went.
 //   - PurgeEvents: the event log, per thread a prefix of seqs; a thread's
 //     watermark records what went (see below).
 //   - PurgeCancelAudit: cancel audit rows of finished runs.
@@ -167,6 +168,96 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		return 0, false, fmt.Errorf("move purge watermark: %w", err)
 	}
 	return int64(len(rows)), int64(len(rows)) == budget, nil
+}
+
+// PurgeStream deletes the stream buffer's deltas older than before, per
+// thread as a prefix of seqs: every delta of a thread up to its newest one
+// older than before (a newer delta among them goes too: one thread's deltas
+// are written in seq order, so that is rare), and moves the thread's
+// deltas_purged_through to that seq, so the log records the absence
+// (invariant 8) and a replay from before it answers with a snapshot. It
+// reports how many deltas went. History never depends on them.
+func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
+	cutoff := ms(before)
+	var total int64
+	for batches := 0; batches < purgeMaxBatches; {
+		// Threads with deltas to purge and how far, read without the
+		// writer; each is bounded again in its write transaction.
+		var threads []struct {
+			ThreadID string `db:"thread_id"`
+			UpTo     int64  `db:"up_to"`
+		}
+		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(seq) AS up_to FROM stream_deltas
+			WHERE ts < ? GROUP BY thread_id ORDER BY thread_id LIMIT ?`), cutoff, purgeBatch); err != nil {
+			return total, fmt.Errorf("find deltas to purge: %w", err)
+		}
+		if len(threads) == 0 {
+			break
+		}
+		for i := 0; i < len(threads) && batches < purgeMaxBatches; batches++ {
+			var n int64
+			start := i
+			err := s.write(ctx, func(t *txn) error {
+				i, n = start, 0 // from scratch when run again
+				for i < len(threads) && n < int64(purgeBatch) {
+					d, more, err := t.purgeThreadDeltas(threads[i].ThreadID, threads[i].UpTo, int64(purgeBatch)-n)
+					if err != nil {
+						return err
+					}
+					n += d
+					if !more {
+						i++
+					}
+				}
+				t.buffered -= n
+				return nil
+			})
+			if err != nil {
+				return total, err
+			}
+			total += n
+		}
+		if len(threads) < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// purgeThreadDeltas deletes at most budget of one thread's deltas with seq
+// up to upTo, oldest first, and moves its stream purge mark; more reports
+// that the budget ran out.
+func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, bool, error) {
+	var through int64
+	err := t.get(&through, `SELECT deltas_purged_through FROM threads WHERE thread_id = ?`+t.skipLocked(), threadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil // busy (PostgreSQL: another transaction holds it), or gone: the next pass sees it
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("load stream purge mark: %w", err)
+	}
+	var seqs []int64
+	if err := t.sel(&seqs, `SELECT seq FROM stream_deltas WHERE thread_id = ? AND seq <= ? ORDER BY seq LIMIT ?`,
+		threadID, upTo, budget); err != nil {
+		return 0, false, fmt.Errorf("list deltas to purge: %w", err)
+	}
+	if len(seqs) == 0 {
+		return 0, false, nil
+	}
+	last := seqs[len(seqs)-1]
+	res, err := t.exec(`DELETE FROM stream_deltas WHERE thread_id = ? AND seq <= ?`, threadID, last)
+	if err != nil {
+		return 0, false, fmt.Errorf("purge deltas: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, false, fmt.Errorf("purge deltas: %w", err)
+	}
+	if _, err := t.exec(`UPDATE threads SET deltas_purged_through = ? WHERE thread_id = ? AND deltas_purged_through < ?`,
+		last, threadID, last); err != nil {
+		return 0, false, fmt.Errorf("move stream purge mark: %w", err)
+	}
+	return n, int64(len(seqs)) == budget && last < upTo, nil
 }
 
 // PurgeCancelAudit deletes cancel audit rows requested before before whose

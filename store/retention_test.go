@@ -33,8 +33,8 @@ func startAndClaim(t *testing.T, st *store.Store, threadID, question string) str
 	if err != nil {
 		t.Fatal(err)
 	}
-	run, err := st.Claim(ctx, "w", time.Now().Add(time.Hour))
-	if err != nil || run == nil || run.RunID != ack.RunID {
+	run, err := st.Claim(ctx, "w", time.Hour)
+	if err != nil || run == nil || run.Run.RunID != ack.RunID {
 		t.Fatalf("claim = %+v, %v; want %s", run, err, ack.RunID)
 	}
 	return ack.RunID
@@ -45,13 +45,13 @@ func completeRun(t *testing.T, st *store.Store, threadID, question, answer strin
 	t.Helper()
 	runID := startAndClaim(t, st, threadID, question)
 	msgID := chat.NewID(chat.PrefixMessage)
-	if err := st.AppendDeltas(ctx, runID, "w", msgID, strings.SplitAfter(answer, " ")); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, strings.SplitAfter(answer, " ")); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PublishStep(ctx, runID, "w", chat.StepOutput{MessageID: msgID, Kind: chat.KindText, Content: answer}); err != nil {
+	if err := st.PublishStep(ctx, leaseW(runID), chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: msgID, Kind: chat.KindText, Content: answer}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Complete(ctx, runID, "w"); err != nil {
+	if err := st.Complete(ctx, leaseW(runID)); err != nil {
 		t.Fatal(err)
 	}
 	return runID, msgID
@@ -60,10 +60,10 @@ func completeRun(t *testing.T, st *store.Store, threadID, question, answer strin
 func failRun(t *testing.T, st *store.Store, threadID string) string {
 	t.Helper()
 	runID := startAndClaim(t, st, threadID, "fail please")
-	if err := st.AppendDeltas(ctx, runID, "w", chat.NewID(chat.PrefixMessage), []string{"half"}); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runID), chat.NewID(chat.PrefixMessage), []string{"half"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Fail(ctx, runID, "w", "the model went away"); err != nil {
+	if err := st.Fail(ctx, leaseW(runID), "the model went away"); err != nil {
 		t.Fatal(err)
 	}
 	return runID
@@ -73,7 +73,7 @@ func failRun(t *testing.T, st *store.Store, threadID string) string {
 func runningRun(t *testing.T, st *store.Store, threadID string) string {
 	t.Helper()
 	runID := startAndClaim(t, st, threadID, "keep going")
-	if err := st.AppendDeltas(ctx, runID, "w", chat.NewID(chat.PrefixMessage), []string{"still", " streaming"}); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runID), chat.NewID(chat.PrefixMessage), []string{"still", " streaming"}); err != nil {
 		t.Fatal(err)
 	}
 	return runID
@@ -84,7 +84,7 @@ func waitingRun(t *testing.T, st *store.Store, threadID string) string {
 	t.Helper()
 	runID := startAndClaim(t, st, threadID, "send it")
 	opID := chat.NewID("op_")
-	err := st.PublishStep(ctx, runID, "w", chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText, Content: "I will send this.",
+	err := st.PublishStep(ctx, leaseW(runID), chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText, Content: "I will send this.",
 		Call: &chat.ToolCall{OperationID: opID, Tool: "send_email", Contract: "consequential", Args: json.RawMessage(`{"to":"a@example.com"}`),
 			Preview: json.RawMessage(`{"to":"a@example.com"}`), IdempotencyKey: "email:" + opID}})
 	if err != nil {
@@ -289,13 +289,13 @@ func TestPurgeEventsKeepsEveryInvariant(t *testing.T) {
 
 	// The threads go on: the run in flight finishes, new runs start, and
 	// another purge still leaves a healthy log.
-	if err := st.AppendDeltas(ctx, running, "w", "msg_more", []string{"done"}); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(running), "msg_more", []string{"done"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PublishStep(ctx, running, "w", chat.StepOutput{MessageID: "msg_more", Kind: chat.KindText, Content: "done"}); err != nil {
+	if err := st.PublishStep(ctx, leaseW(running), chat.StepOutput{Step: pendingStep(t, st, running), MessageID: "msg_more", Kind: chat.KindText, Content: "done"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Complete(ctx, running, "w"); err != nil {
+	if err := st.Complete(ctx, leaseW(running)); err != nil {
 		t.Fatal(err)
 	}
 	completeRun(t, st, a, "q4", "a four")
@@ -381,7 +381,7 @@ func TestRedactDeletedDrafts(t *testing.T) {
 	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: resumed.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.FinishCancel(ctx, resumed.RunID, 0, false); err != nil {
+	if _, err := st.FinishCancel(ctx, resumed.RunID, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	payloads := map[string]string{}
@@ -517,7 +517,7 @@ func TestPurgeCancelAudit(t *testing.T) {
 	if audit(done) != 0 || audit(pending) != 1 || audit(late) != 1 {
 		t.Fatalf("audit rows: finished %d, unfinished %d, recent %d", audit(done), audit(pending), audit(late))
 	}
-	if _, err := st.FinishCancel(ctx, pending, 0, false); err != nil {
+	if _, err := st.FinishCancel(ctx, pending, ptr(leaseW(pending)), 0); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := st.PurgeCancelAudit(ctx, cut); err != nil || n != 1 || audit(pending) != 0 {
@@ -583,11 +583,11 @@ func TestCheckAfterPurgeStillCatchesViolations(t *testing.T) {
 	report := strings.Join(all, "\n")
 	for _, want := range []string{
 		"invariant 8: message " + msg2 + " has 0 message.published events",
-		"invariant 7: run " + run2 + " is completed with 0 terminal events",
+		"invariant 7: run " + run2 + " is completed without its terminal event",
 		"invariant 4: run " + cancelled + " emitted tool.prepared (seq 10000) after run.cancelled (seq " + itoa(mark) + ")",
 		"at or below its purge watermark",
 		"carries another text than message",
-		"thread " + other + " has an impossible purge watermark",
+		"thread " + other + " has an impossible event purge watermark",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("check did not report %q; got:\n%s", want, report)

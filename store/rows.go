@@ -13,7 +13,7 @@ import (
 
 const threadCols = `thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
 	forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at,
-	events_purged_through, events_purged_version, events_purged_ts`
+	events_purged_through, events_purged_version, events_purged_ts, deltas_purged_through`
 
 type threadRow struct {
 	ThreadID               string         `db:"thread_id"`
@@ -30,6 +30,9 @@ type threadRow struct {
 	EventsPurgedThrough int64 `db:"events_purged_through"`
 	EventsPurgedVersion int64 `db:"events_purged_version"`
 	EventsPurgedTS      int64 `db:"events_purged_ts"`
+	// The stream buffer's purge mark (see PurgeStream): no delta with a
+	// seq at or below it remains.
+	DeltasPurgedThrough int64 `db:"deltas_purged_through"`
 }
 
 // threadColsT is threadCols of the table aliased t.
@@ -49,7 +52,7 @@ func threadColsOf(alias string) string {
 func (r *threadRow) scanTargets() []any {
 	return []any{&r.ThreadID, &r.UserID, &r.Title, &r.StateVersion, &r.LastSeq, &r.HeadCheckpointID,
 		&r.ForkedFromThreadID, &r.ForkedFromCheckpointID, &r.CreatedAt, &r.UpdatedAt,
-		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS}
+		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough}
 }
 
 func (r threadRow) thread() chat.Thread {
@@ -140,7 +143,7 @@ func (r messageRow) message() (chat.Message, error) {
 const runCols = `run_id, thread_id, status, base_checkpoint_id, resume_checkpoint_id, resume_note,
 	cancel_requested_at, cancel_reason, requested_by, cancel_state_version, cancel_published_message_id,
 	discarded_stream_chars, error, attempt, client_request_id, start_state_version, lease_owner,
-	lease_expires_at, created_at, updated_at, finished_at, prompt_tokens, completion_tokens`
+	lease_expires_at, lease_epoch, created_at, updated_at, finished_at, prompt_tokens, completion_tokens`
 
 type runRow struct {
 	RunID                    string         `db:"run_id"`
@@ -161,6 +164,7 @@ type runRow struct {
 	StartStateVersion        int64          `db:"start_state_version"`
 	LeaseOwner               sql.NullString `db:"lease_owner"`
 	LeaseExpiresAt           sql.NullInt64  `db:"lease_expires_at"`
+	LeaseEpoch               int64          `db:"lease_epoch"` // the latest claim's (see Claim)
 	CreatedAt                int64          `db:"created_at"`
 	UpdatedAt                int64          `db:"updated_at"`
 	FinishedAt               sql.NullInt64  `db:"finished_at"`
@@ -182,7 +186,8 @@ func (r runRow) run() chat.Run {
 }
 
 const operationCols = `operation_id, run_id, thread_id, tool, contract, phase, args, preview,
-	idempotency_key, outcome, result_ref, created_at, updated_at`
+	idempotency_key, outcome, result_ref, created_at, updated_at, commit_started_at,
+	reconcile_next_at, reconcile_until, reconcile_tries`
 
 type operationRow struct {
 	OperationID    string         `db:"operation_id"`
@@ -198,6 +203,12 @@ type operationRow struct {
 	ResultRef      sql.NullString `db:"result_ref"`
 	CreatedAt      int64          `db:"created_at"`
 	UpdatedAt      int64          `db:"updated_at"`
+	// When it was first handed to its external system (committing).
+	CommitStartedAt sql.NullInt64 `db:"commit_started_at"`
+	// Reconciliation of an unknown outcome (see reconcile.go).
+	ReconcileNextAt sql.NullInt64 `db:"reconcile_next_at"`
+	ReconcileUntil  sql.NullInt64 `db:"reconcile_until"`
+	ReconcileTries  int           `db:"reconcile_tries"`
 }
 
 func (r operationRow) operation() chat.Operation {
@@ -206,6 +217,7 @@ func (r operationRow) operation() chat.Operation {
 		Phase: r.Phase, Args: json.RawMessage(r.Args), IdempotencyKey: fromNullString(r.IdempotencyKey),
 		Outcome: fromNullString(r.Outcome), ResultRef: fromNullString(r.ResultRef),
 		CreatedAt: fromMS(r.CreatedAt), UpdatedAt: fromMS(r.UpdatedAt),
+		ReconcileNextAt: fromNullMS(r.ReconcileNextAt), ReconcileUntil: fromNullMS(r.ReconcileUntil),
 	}
 	if r.Preview.Valid {
 		o.Preview = json.RawMessage(r.Preview.String)

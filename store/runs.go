@@ -291,9 +291,11 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 // unbuffered counts characters the worker received from the model but never
 // wrote to the stream buffer (the batch in hand when it saw the cancel).
 //
-// With unleasedOnly it also does nothing while a worker holds the run: that
-// worker finishes it at its next safe point.
-func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64, unleasedOnly bool) (bool, error) {
+// lease is the execution finishing it, which must still hold the run
+// (*chat.ErrNotRunning with Fenced otherwise); nil finishes it only while
+// no worker holds the run: a worker that does finishes it at its next safe
+// point.
+func (s *Store) FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbuffered int64) (bool, error) {
 	done := false
 	err := s.writeUrgent(ctx, func(t *txn) error {
 		done = false
@@ -301,16 +303,24 @@ func (s *Store) FinishCancel(ctx context.Context, runID string, unbuffered int64
 		if err != nil {
 			return err
 		}
+		if lease != nil && !row.holds(*lease) {
+			return &chat.ErrNotRunning{Status: row.status(), Fenced: true}
+		}
 		if st := row.status(); st != chat.RunCancelRequested && st != chat.RunCancelling {
 			return nil
 		}
-		if unleasedOnly && row.LeaseOwner.Valid {
+		if lease == nil && row.LeaseOwner.Valid {
 			return nil
 		}
 		done = true
 		return t.finishCancel(row, unbuffered)
 	})
 	return done, err
+}
+
+// holds reports whether l is the run's current lease.
+func (r runRow) holds(l chat.Lease) bool {
+	return r.LeaseOwner.Valid && r.LeaseOwner.String == l.Owner && r.LeaseEpoch == l.Epoch && r.RunID == l.RunID
 }
 
 func (t *txn) finishCancel(row runRow, unbuffered int64) error {
@@ -408,80 +418,108 @@ const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'runni
 	OR (status IN ('cancel_requested', 'cancelling') AND EXISTS (SELECT 1 FROM operations o
 		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)))`
 
-// Claim hands the oldest queued run to owner with a lease until leaseUntil
-// and marks it running. It returns nil when nothing is queued. Claiming
-// writes no event: the run's status changes, its thread's version does not.
-// On PostgreSQL the candidate is locked with SKIP LOCKED: instances claiming
-// at once each take another run instead of queueing behind one.
-func (s *Store) Claim(ctx context.Context, owner string, leaseUntil time.Time) (*chat.Run, error) {
-	var out *chat.Run
+// Claim hands the oldest claimable run to owner with a lease of ttl
+// (granted by the lease clock, see txn.leaseClock) and the run's next
+// epoch, and marks a queued run running. It returns nil when nothing is
+// claimable. Claiming writes no event: the run's status changes, its
+// thread's version does not. On PostgreSQL the candidate is locked with
+// SKIP LOCKED: instances claiming at once each take another run instead of
+// queueing behind one.
+func (s *Store) Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error) {
+	var out *chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
+		now, err := t.leaseClock()
+		if err != nil {
+			return err
+		}
 		var row runRow
-		err := t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
-			lease_owner = ?, lease_expires_at = ?, updated_at = ?
+		err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+			lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
 			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
-			AND lease_owner IS NULL RETURNING `+runCols, owner, ms(leaseUntil), ms(t.now))
+			AND lease_owner IS NULL RETURNING `+runCols, owner, now+ttl.Milliseconds(), ms(t.now))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("claim run: %w", err)
 		}
-		r := row.run()
-		out = &r
+		out = &chat.Claim{Run: row.run(), Lease: chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}}
 		return nil
 	})
 	return out, err
 }
 
-// RenewLeases extends every lease owner holds on a live run.
-func (s *Store) RenewLeases(ctx context.Context, owner string, until time.Time) error {
+// RenewLeases extends, by ttl from the lease clock, each of the given
+// leases that is still its run's current one on a live run. A lease not
+// named here is not renewed: a run whose execution is gone expires and is
+// recovered, also when the process that claimed it is alive.
+func (s *Store) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {
+	if len(leases) == 0 {
+		return nil
+	}
 	return s.write(ctx, func(t *txn) error {
-		_, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND status IN `+activeStatuses, ms(until), owner)
-		return err
+		now, err := t.leaseClock()
+		if err != nil {
+			return err
+		}
+		for _, l := range leases {
+			if _, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?
+				AND status IN `+activeStatuses, now+ttl.Milliseconds(), l.RunID, l.Owner, l.Epoch); err != nil {
+				return fmt.Errorf("renew lease of %s: %w", l.RunID, err)
+			}
+		}
+		return nil
 	})
 }
 
-// ownRunning loads a run and checks that owner still runs it.
-func (t *txn) ownRunning(runID, owner string) (runRow, error) {
-	row, err := t.run(runID)
+// ownRunning loads a run and checks that lease is still its current one
+// and that it is running.
+func (t *txn) ownRunning(lease chat.Lease) (runRow, error) {
+	row, err := t.run(lease.RunID)
 	if err != nil {
 		return row, err
 	}
-	if row.status() != chat.RunRunning || row.LeaseOwner.String != owner {
+	if !row.holds(lease) {
+		return row, &chat.ErrNotRunning{Status: row.status(), Fenced: true}
+	}
+	if row.status() != chat.RunRunning {
 		return row, &chat.ErrNotRunning{Status: row.status()}
 	}
 	return row, nil
 }
 
 // AppendDeltas writes one batch of a streamed message's text to the stream
-// buffer with consecutive seqs, in one transaction, if owner still runs the
-// run; otherwise it writes nothing and returns *chat.ErrNotRunning. (The
+// buffer with consecutive seqs, in one transaction, if the run still runs
+// under lease; otherwise it writes nothing and returns *chat.ErrNotRunning. (The
 // lease is renewed by the engine's maintenance loop for all its runs at
 // once, not per batch.) Concurrent calls of different runs share
 // transactions (group commit, see group.go).
-func (s *Store) AppendDeltas(ctx context.Context, runID, owner, messageID string, texts []string) error {
+func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error {
+	runID := lease.RunID
 	return s.writeGrouped(ctx, func(t *txn) error {
 		// The safe point: the run's status and lease, read with its
 		// thread's sequencer in one statement (this runs once per batch of
 		// every streaming run, so it scans without reflection).
 		var status string
 		var leaseOwner sql.NullString
+		var epoch int64
 		var th threadRow
 		if err := t.lockRunThread(runID); err != nil {
 			return err
 		}
-		err := t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`SELECT r.status, r.lease_owner, `+threadColsT+`
+		err := t.tx.QueryRowContext(t.ctx, t.tx.Rebind(`SELECT r.status, r.lease_owner, r.lease_epoch, `+threadColsT+`
 			FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`+t.forUpdate()), runID).
-			Scan(append([]any{&status, &leaseOwner}, th.scanTargets()...)...)
+			Scan(append([]any{&status, &leaseOwner, &epoch}, th.scanTargets()...)...)
 		if errors.Is(err, sql.ErrNoRows) {
 			return chat.NotFound("run", runID)
 		}
 		if err != nil {
 			return fmt.Errorf("load run: %w", err)
 		}
-		if st := chat.RunStatus(status); st != chat.RunRunning || leaseOwner.String != owner {
+		if st := chat.RunStatus(status); leaseOwner.String != lease.Owner || epoch != lease.Epoch {
+			return &chat.ErrNotRunning{Status: st, Fenced: true}
+		} else if st != chat.RunRunning {
 			return &chat.ErrNotRunning{Status: st}
 		}
 		c := t.adoptThread(th)
@@ -566,9 +604,9 @@ func (s *Store) AddUsage(ctx context.Context, runID string, u chat.Usage) error 
 }
 
 // Complete ends a running run completed (run.completed).
-func (s *Store) Complete(ctx context.Context, runID, owner string) error {
+func (s *Store) Complete(ctx context.Context, lease chat.Lease) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
+		row, err := t.ownRunning(lease)
 		if err != nil {
 			return err
 		}
@@ -577,9 +615,9 @@ func (s *Store) Complete(ctx context.Context, runID, owner string) error {
 }
 
 // Fail ends a running run failed with a message a user understands.
-func (s *Store) Fail(ctx context.Context, runID, owner, message string) error {
+func (s *Store) Fail(ctx context.Context, lease chat.Lease, message string) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
+		row, err := t.ownRunning(lease)
 		if err != nil {
 			return err
 		}
@@ -597,6 +635,9 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	if status == chat.RunFailed {
 		typ = chat.EventRunFailed
 		body = chat.RunFailedBody{Error: message}
+	}
+	if err := t.settleOpenOperations(c, row.RunID); err != nil {
+		return err
 	}
 	ev := t.event(c, typ, row.RunID)
 	ev.Body = body
@@ -617,12 +658,13 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 
 // Release hands a running run back to the queue intact (shutdown): nothing
 // it streamed is published; the next attempt re-runs the pending step.
-func (s *Store) Release(ctx context.Context, runID, owner string) error {
+func (s *Store) Release(ctx context.Context, lease chat.Lease) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(runID, owner)
+		row, err := t.ownRunning(lease)
 		if err != nil {
 			return err
 		}
+		runID := row.RunID
 		if err := transition(row, chat.RunQueued); err != nil {
 			return err
 		}
@@ -632,17 +674,29 @@ func (s *Store) Release(ctx context.Context, runID, owner string) error {
 	})
 }
 
-// Recover settles runs left by a dead worker: every non-terminal run with a
-// lease not held by owner, when foreignExpired is set (one instance: every
-// other owner is a previous process), or whose lease expired before now. A
-// run whose last step was published ends completed; a cancelled one ends
-// cancelled; otherwise its pending step is re-queued (attempt + 1) or, after
-// maxAttempts, the run fails "interrupted".
-func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, now time.Time, maxAttempts int) ([]chat.Recovered, error) {
+// Recover settles runs whose execution is gone: every non-terminal run
+// holding a lease that expired by the lease clock (see txn.leaseClock) —
+// this process's own included, since it renews only the leases of
+// executions it still runs — and, with foreignExpired (one instance: any
+// other owner is a previous process), every lease of another owner. What
+// happens is decided by the run's own records, never by whatever sits at
+// the thread's head: a run whose last step checkpoint has nothing pending
+// ends completed; one whose cancel was accepted ends cancelled; one
+// waiting on a tool call is handed to a worker for it; otherwise its
+// pending step is re-queued (attempt + 1) or, after maxAttempts, the run
+// fails "interrupted". A commit that may have reached its system is
+// handed to a worker to reconcile first.
+func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error) {
+	now := ms(s.clock())
+	if s.pg {
+		if err := s.writer.GetContext(ctx, &now, dbClockSQL); err != nil {
+			return nil, fmt.Errorf("read the database clock: %w", err)
+		}
+	}
 	var ids []string
 	q := `SELECT run_id FROM runs WHERE status IN ('running', 'cancel_requested', 'cancelling') AND lease_owner IS NOT NULL
-		AND lease_owner <> ? AND (CAST(? AS BOOLEAN) OR lease_expires_at < ?)`
-	if err := s.writer.SelectContext(ctx, &ids, s.writer.Rebind(q), owner, foreignExpired, ms(now)); err != nil {
+		AND ((CAST(? AS BOOLEAN) AND lease_owner <> ?) OR lease_expires_at < ?)`
+	if err := s.writer.SelectContext(ctx, &ids, s.writer.Rebind(q), foreignExpired, owner, now); err != nil {
 		return nil, fmt.Errorf("find interrupted runs: %w", err)
 	}
 	// Cancels accepted while no worker held the run (queued, or between
@@ -663,13 +717,19 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			if err != nil {
 				return err
 			}
-			if row.status().Terminal() || (row.LeaseOwner.Valid && row.LeaseOwner.String == owner) {
+			if row.status().Terminal() {
 				return nil
 			}
-			if !foreignExpired && row.LeaseOwner.Valid && row.LeaseExpiresAt.Valid && row.LeaseExpiresAt.Int64 >= ms(now) {
-				// Its owner renewed the lease after the candidates were
-				// listed: it is alive, the run is not ours to take.
-				return nil
+			if row.LeaseOwner.Valid && !(foreignExpired && row.LeaseOwner.String != owner) {
+				// Judged again inside the transaction: a lease renewed
+				// since the candidates were listed is alive.
+				now, err := t.leaseClock()
+				if err != nil {
+					return err
+				}
+				if row.LeaseExpiresAt.Valid && row.LeaseExpiresAt.Int64 >= now {
+					return nil
+				}
 			}
 			var openCommit int
 			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ? AND phase IN ('committing', 'unknown') AND result_ref IS NULL`, row.RunID); err != nil {
@@ -688,19 +748,16 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			if row.status() != chat.RunRunning {
 				return nil
 			}
-			c, err := t.engineThread(row.ThreadID)
+			last, err := t.lastStep(row)
 			if err != nil {
 				return err
 			}
-			head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
-			if err != nil {
-				return err
-			}
-			if head.Pending == nil && head.RunID != nil && *head.RunID == row.RunID {
+			switch {
+			case last != nil && last.Pending == nil:
+				// Its last step was published; only the status was not.
 				action = "completed"
 				return t.finish(row, chat.RunCompleted, "")
-			}
-			if head.Pending != nil && head.Pending.Step == chat.StepTool {
+			case last != nil && last.Pending.Step == chat.StepTool:
 				// The tool step resumes with its operation (a runner tool
 				// runs again under the same key).
 				action = "handed over"
@@ -726,6 +783,25 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 		}
 	}
 	return out, nil
+}
+
+// lastStep is the checkpoint of the run's last published step (nil when
+// it published none): the run's own record of how far it got.
+func (t *txn) lastStep(row runRow) (*chat.Checkpoint, error) {
+	var cp checkpointRow
+	err := t.get(&cp, `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? AND run_id = ?
+		ORDER BY state_version DESC LIMIT 1`, row.ThreadID, row.RunID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load the run's last step: %w", err)
+	}
+	c, err := cp.checkpoint()
+	if err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
 // handOver drops a run's lease so that a worker claims it (see claimable).
@@ -763,7 +839,10 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note, Pending: cp.Pending}
 		if cp.Pending != nil && cp.Pending.Step == chat.StepTool {
 			var op operationRow
-			err := q.GetContext(ctx, &op, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE thread_id = ? AND operation_id = ?`), row.ThreadID, cp.Pending.InputHash)
+			// By id alone: a fork's first checkpoint may wait on a call of
+			// the thread it was forked from (the engine then prepares that
+			// call again in the fork, under the same key).
+			err := q.GetContext(ctx, &op, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE operation_id = ?`), cp.Pending.InputHash)
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("load pending operation: %w", err)
 			}

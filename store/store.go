@@ -69,6 +69,15 @@ type Options struct {
 	// buffer's size and cancel-to-cancelled latency (nil: nothing is
 	// recorded, and Open does not count the stream buffer).
 	Metrics Metrics
+	// Clock is this process's time (nil: time.Now): the timestamps it
+	// writes and, on SQLite, the time leases are granted and judged by.
+	// On PostgreSQL leases always follow the database's clock, so that
+	// instances whose clocks differ agree on when a lease expired.
+	Clock func() time.Time
+	// ReconcileHorizon is how long the outcome of a call left unknown is
+	// looked up by its key before the gateway gives up asking and says so
+	// (default 24h; see reconcile.go).
+	ReconcileHorizon time.Duration
 }
 
 // Store is safe for concurrent use. Close it once, after every user stopped.
@@ -82,6 +91,8 @@ type Store struct {
 	lock     *os.File
 	pg       bool         // PostgreSQL, not SQLite
 	retries  atomic.Int64 // transactions run again (retry.go)
+	clock    func() time.Time
+	horizon  time.Duration // Options.ReconcileHorizon
 }
 
 // IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
@@ -186,7 +197,15 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 		metrics = opts.Metrics
 		metrics.StreamBuffered(n)
 	}
-	st := &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg}
+	clock := opts.Clock
+	if clock == nil {
+		clock = time.Now
+	}
+	horizon := opts.ReconcileHorizon
+	if horizon <= 0 {
+		horizon = DefaultReconcileHorizon
+	}
+	st := &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg, clock: clock, horizon: horizon}
 	st.gate = newWriterGate(&st.queue.waiting)
 	return st, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -141,9 +140,16 @@ func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID str
 	return out, err
 }
 
-// MaxReplay bounds one replay read; a longer gap is answered with a
-// snapshot.
+// MaxReplay bounds one replay read in events, and maxReplayBytes in the
+// size of their text (payloads, and delta texts with their envelope): a
+// longer or larger gap is answered with a snapshot, so no replay holds
+// more than a few MiB in memory or in a tab's queue.
 const MaxReplay = 20000
+
+var maxReplayBytes int64 = 4 << 20
+
+// deltaEnvelope is about what a message.delta's JSON adds to its text.
+const deltaEnvelope = 160
 
 // Events reads the thread's durable events from the log and its deltas from
 // the stream buffer with seq > after, merged in seq order. It answers
@@ -181,7 +187,17 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 			out.Complete = after == row.LastSeq
 			return nil
 		}
-		if row.LastSeq-after > MaxReplay || after < row.EventsPurgedThrough {
+		if row.LastSeq-after > MaxReplay || after < row.EventsPurgedThrough || after < row.DeltasPurgedThrough {
+			return nil
+		}
+		var size int64
+		if err := q.GetContext(ctx, &size, q.Rebind(`SELECT CAST(
+			COALESCE((SELECT SUM(LENGTH(payload)) FROM events WHERE thread_id = ? AND seq > ?), 0) +
+			COALESCE((SELECT SUM(LENGTH(text)) + COUNT(*) * ? FROM stream_deltas WHERE thread_id = ? AND seq > ?), 0) AS BIGINT)`),
+			threadID, after, deltaEnvelope, threadID, after); err != nil {
+			return fmt.Errorf("size the replay: %w", err)
+		}
+		if size > maxReplayBytes {
 			return nil
 		}
 		var durable []struct {
@@ -266,22 +282,6 @@ func (s *Store) LastSeqs(ctx context.Context, threadIDs []string) (map[string]in
 		}
 	}
 	return out, nil
-}
-
-// PurgeStream deletes buffered deltas older than before and reports how
-// many went. History never depends on them.
-func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
-	var n int64
-	err := s.write(ctx, func(t *txn) error {
-		res, err := t.exec(`DELETE FROM stream_deltas WHERE ts < ?`, ms(before))
-		if err != nil {
-			return fmt.Errorf("purge stream buffer: %w", err)
-		}
-		n, err = res.RowsAffected()
-		t.buffered -= n
-		return err
-	})
-	return n, err
 }
 
 // Operations lists a thread's tool calls, oldest first.

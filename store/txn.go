@@ -30,6 +30,8 @@ type txn struct {
 	// writing spoils the whole transaction (see group.go).
 	wrote bool
 	pg    bool // on PostgreSQL (see forUpdate)
+	// horizon is how long an unknown outcome is reconciled (reconcile.go).
+	horizon time.Duration
 	// undo, while a group commit runs one of its requests, holds each
 	// thread cursor as it was before the request first took it (nil: the
 	// request loaded it), so that a refused request can be undone without
@@ -67,8 +69,26 @@ func (t *txn) rollBackCursors() {
 
 // newTxn starts the bookkeeping of write transaction tx.
 func (s *Store) newTxn(ctx context.Context, tx *sqlx.Tx) *txn {
-	return &txn{ctx: ctx, tx: tx, now: time.Now(), threads: map[string]*threadCursor{}, pg: s.pg}
+	return &txn{ctx: ctx, tx: tx, now: s.clock(), threads: map[string]*threadCursor{}, pg: s.pg, horizon: s.horizon}
 }
+
+// leaseClock is the time, in ms, that leases are granted and judged by: on
+// PostgreSQL the database's own clock (read once per call), which every
+// instance shares whatever its own clock says; on SQLite, with one
+// instance, the transaction's time.
+func (t *txn) leaseClock() (int64, error) {
+	if !t.pg {
+		return ms(t.now), nil
+	}
+	var now int64
+	if err := t.tx.GetContext(t.ctx, &now, dbClockSQL); err != nil {
+		return 0, fmt.Errorf("read the database clock: %w", err)
+	}
+	return now, nil
+}
+
+// dbClockSQL reads PostgreSQL's clock in Unix milliseconds.
+const dbClockSQL = `SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)`
 
 // forUpdate is the suffix of a SELECT whose rows drive a decision of this
 // transaction: on PostgreSQL it locks them (and a read that had to wait

@@ -54,6 +54,9 @@ type EmailResult struct {
 	Status     string `json:"status"` // "committed"
 	ProviderID string `json:"provider_id"`
 	Key        string `json:"key"`
+	// AlreadySent: the provider had accepted the key before (the same
+	// step, resumed or forked, asked again): nothing was sent this time.
+	AlreadySent bool `json:"already_sent,omitempty"`
 }
 
 func (s *SendEmail) draft(args json.RawMessage) (EmailDraft, json.RawMessage, error) {
@@ -69,7 +72,8 @@ func (s *SendEmail) draft(args json.RawMessage) (EmailDraft, json.RawMessage, er
 }
 
 // EmailKey is the idempotency key of sending the email whose normalised
-// arguments are norm in scope: "email:<scope>:<16 hex of sha256>:send".
+// arguments are norm in scope (the step of the conversation that drafts
+// it): "email:<scope>:<16 hex of sha256>:send".
 func EmailKey(scope string, norm json.RawMessage) string {
 	sum := sha256.Sum256(norm)
 	return "email:" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":send"
@@ -77,7 +81,8 @@ func EmailKey(scope string, norm json.RawMessage) string {
 
 // Prepare implements Committer: the preview is {"to","subject","body"} and
 // the key depends on scope and the normalised arguments only, so the same
-// draft in the same conversation always has the same key.
+// draft of the same step (resumed, or continued in a fork) always has the
+// same key.
 func (s *SendEmail) Prepare(scope string, args json.RawMessage) (json.RawMessage, string, error) {
 	if scope == "" {
 		return nil, "", errors.New("send_email: empty scope")
@@ -104,11 +109,11 @@ func (s *SendEmail) Commit(ctx context.Context, key string, args json.RawMessage
 	if err != nil {
 		return nil, err
 	}
-	id, err := s.outbox.Send(ctx, key, Email{To: d.To, Subject: d.Subject, Body: d.Body})
+	sent, err := s.outbox.Deliver(ctx, key, Email{To: d.To, Subject: d.Subject, Body: d.Body})
 	if err != nil {
 		return nil, err // ErrRejected (wrapped) or an unknown outcome, as the outbox said
 	}
-	return encodeCompact(EmailResult{Status: "committed", ProviderID: id, Key: key})
+	return encodeCompact(EmailResult{Status: "committed", ProviderID: sent.ProviderID, Key: key, AlreadySent: sent.Duplicate})
 }
 
 // Status implements Committer: Known when the provider holds key, with the

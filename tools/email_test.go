@@ -84,15 +84,20 @@ func TestSendEmailCommitAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(r1) != string(r2) {
-		t.Fatalf("second commit %s, first %s", r2, r1)
-	}
-	var res EmailResult
+	var res, again EmailResult
 	if err := json.Unmarshal(r1, &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != "committed" || res.ProviderID == "" || res.Key != key {
+	if err := json.Unmarshal(r2, &again); err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != "committed" || res.ProviderID == "" || res.Key != key || res.AlreadySent {
 		t.Fatalf("result %s", r1)
+	}
+	// The provider's answer to the key again: the first acceptance, and
+	// that nothing was sent this time.
+	if again.ProviderID != res.ProviderID || again.Key != key || !again.AlreadySent {
+		t.Fatalf("second commit %s, first %s: want the same provider id, marked already sent", r2, r1)
 	}
 	if acc := accepted(t, ob); len(acc) != 1 || !acc[key] {
 		t.Fatalf("accepted = %v", acc)

@@ -227,8 +227,22 @@ func newProviderID() string {
 // wrapping context.DeadlineExceeded (FaultAcceptThenTimeout) or
 // ErrSimulatedCrash (FaultCrash, if CrashFunc returns).
 func (o *Outbox) Send(ctx context.Context, key string, msg Email) (string, error) {
+	sent, err := o.Deliver(ctx, key, msg)
+	return sent.ProviderID, err
+}
+
+// Sent is the provider's answer to a call it processed.
+type Sent struct {
+	ProviderID string
+	// Duplicate: the key had been accepted before; nothing was sent now,
+	// and ProviderID is the first acceptance's.
+	Duplicate bool
+}
+
+// Deliver is Send, answering whether the key had been accepted before.
+func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, error) {
 	if key == "" {
-		return "", errors.New("outbox: empty idempotency key")
+		return Sent{}, errors.New("outbox: empty idempotency key")
 	}
 	call := o.calls.Add(1)
 	fault := ""
@@ -238,7 +252,7 @@ func (o *Outbox) Send(ctx context.Context, key string, msg Email) (string, error
 	if err := wait(ctx, o.cfg.Latency); err != nil {
 		// The request never reached the provider; record the call anyway.
 		_ = o.recordAttempt(context.WithoutCancel(ctx), key, AttemptCancelled)
-		return "", err
+		return Sent{}, err
 	}
 	// From here on the provider is processing the call: it finishes even
 	// if the caller stops waiting.
@@ -247,45 +261,45 @@ func (o *Outbox) Send(ctx context.Context, key string, msg Email) (string, error
 	if fault == FaultReject {
 		id, found, err := o.Lookup(pctx, key)
 		if err != nil {
-			return "", err
+			return Sent{}, err
 		}
 		if !found {
 			if err := o.recordAttempt(pctx, key, AttemptRejected); err != nil {
-				return "", err
+				return Sent{}, err
 			}
-			return "", fmt.Errorf("outbox: key %s: %w", key, ErrRejected)
+			return Sent{}, fmt.Errorf("outbox: key %s: %w", key, ErrRejected)
 		}
 		if err := o.recordAttempt(pctx, key, AttemptDuplicate); err != nil {
-			return "", err
+			return Sent{}, err
 		}
-		return id, nil
+		return Sent{ProviderID: id, Duplicate: true}, nil
 	}
 
-	id, err := o.accept(pctx, key, msg)
+	sent, err := o.accept(pctx, key, msg)
 	if err != nil {
-		return "", err
+		return Sent{}, err
 	}
 	switch fault {
 	case FaultAcceptThenTimeout:
-		return "", fmt.Errorf("outbox: no answer from the email provider for key %s: %w", key, context.DeadlineExceeded)
+		return Sent{}, fmt.Errorf("outbox: no answer from the email provider for key %s: %w", key, context.DeadlineExceeded)
 	case FaultCrash:
 		crash := o.cfg.CrashFunc
 		if crash == nil {
 			crash = func() { os.Exit(3) }
 		}
 		crash()
-		return "", ErrSimulatedCrash
+		return Sent{}, ErrSimulatedCrash
 	}
-	return id, nil
+	return sent, nil
 }
 
 // accept records key once, and the attempt, in one transaction. The first
 // statement writes, so the transaction takes SQLite's write lock at once
 // (no read-to-write upgrade that could fail with SQLITE_BUSY).
-func (o *Outbox) accept(ctx context.Context, key string, msg Email) (string, error) {
+func (o *Outbox) accept(ctx context.Context, key string, msg Email) (Sent, error) {
 	tx, err := o.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return "", fmt.Errorf("outbox: begin: %w", err)
+		return Sent{}, fmt.Errorf("outbox: begin: %w", err)
 	}
 	defer tx.Rollback()
 	now := time.Now().UnixMilli()
@@ -293,11 +307,11 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email) (string, err
 		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING`),
 		key, msg.To, msg.Subject, msg.Body, newProviderID(), now)
 	if err != nil {
-		return "", fmt.Errorf("outbox: accept %s: %w", key, err)
+		return Sent{}, fmt.Errorf("outbox: accept %s: %w", key, err)
 	}
 	n, err := r.RowsAffected()
 	if err != nil {
-		return "", fmt.Errorf("outbox: accept %s: %w", key, err)
+		return Sent{}, fmt.Errorf("outbox: accept %s: %w", key, err)
 	}
 	result := AttemptAccepted
 	if n == 0 {
@@ -305,16 +319,16 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email) (string, err
 	}
 	var id string
 	if err := tx.GetContext(ctx, &id, tx.Rebind(`SELECT provider_id FROM outbox WHERE idempotency_key = ?`), key); err != nil {
-		return "", fmt.Errorf("outbox: read back %s: %w", key, err)
+		return Sent{}, fmt.Errorf("outbox: read back %s: %w", key, err)
 	}
 	if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO outbox_attempts (idempotency_key, at, result) VALUES (?, ?, ?)`),
 		key, now, result); err != nil {
-		return "", fmt.Errorf("outbox: record attempt for %s: %w", key, err)
+		return Sent{}, fmt.Errorf("outbox: record attempt for %s: %w", key, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return "", fmt.Errorf("outbox: commit %s: %w", key, err)
+		return Sent{}, fmt.Errorf("outbox: commit %s: %w", key, err)
 	}
-	return id, nil
+	return Sent{ProviderID: id, Duplicate: result == AttemptDuplicate}, nil
 }
 
 func (o *Outbox) recordAttempt(ctx context.Context, key, result string) error {

@@ -55,7 +55,10 @@ type Committer interface {
 	Tool
 	// Prepare returns what the user must see before confirming (the draft)
 	// and the business idempotency key of the action, e.g.
-	// "email:<thread>:<draft-hash>:send". scope names the conversation.
+	// "email:<scope>:<draft-hash>:send". scope names the step of the
+	// conversation that asks for the action — the same when that step is
+	// resumed after a cancel or continued in a fork — so the key names the
+	// action, not the attempt.
 	Prepare(scope string, args json.RawMessage) (preview json.RawMessage, key string, err error)
 	// Commit performs the action once per key: a second Commit with the same
 	// key returns the first outcome and acts no more.

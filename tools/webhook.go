@@ -118,19 +118,26 @@ var reservedHeaders = map[string]bool{
 //     "<name>:<scope>:<16 hex of sha256(normalised arguments)>:commit".
 //     Commit sends that key as Idempotency-Key; the service must act at
 //     most once per key and answer a repeated key with the first outcome.
-//     A 4xx answer other than 408 and 429 means the service refused and
-//     did nothing: the error wraps ErrRejected. A 408, 429, 3xx or 5xx
-//     answer, a timeout, a network error or a 2xx whose body is not JSON
-//     leaves the outcome unknown (a plain error).
+//     A 4xx answer other than 408, 409 and 429 means the service refused
+//     and did nothing: the error wraps ErrRejected. A 408, 409 (the usual
+//     answer to a key whose first request is still in progress), 429, 3xx
+//     or 5xx answer, a timeout, a network error or a 2xx whose body is not
+//     JSON leaves the outcome unknown (a plain error).
 //     Status GETs status_url with every "{key}" replaced by the key
 //     (escaped for the path, or for the query when the placeholder is after
-//     "?"): 200 with a JSON body means the service knows the key (Known,
-//     Result = body); 404 means it does not; anything else is an error.
-//     Without status_url an outcome left unknown (a lost answer, a crash)
-//     cannot be reconciled: Status returns an error and the outcome stays
-//     unknown (a retried Commit is then safe only because the service
-//     honours Idempotency-Key), so configure status_url for every
-//     consequential tool whose service can look a key up.
+//     "?"): 200 with a JSON body means the service acted on the key
+//     (Known, Result = body); 404 means it has not acted on it yet, which
+//     is not proof that it never will (a service may record a key only
+//     when it finishes acting): the outcome stays unknown, and the gateway
+//     keeps asking until the reconcile horizon; anything else is an error.
+//     What a status endpoint must guarantee: 200 only for a key that
+//     acted, with the same result a repeated POST would return; never 404
+//     for a key that acted. Without status_url an outcome left unknown (a
+//     lost answer, a crash) cannot be reconciled: Status returns an error
+//     and the outcome stays unknown (a retried Commit is then safe only
+//     because the service honours Idempotency-Key), so configure
+//     status_url for every consequential tool whose service can look a key
+//     up.
 func LoadWebhooks(path string, client *http.Client) ([]Tool, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -807,8 +814,8 @@ func (t *WebhookCommitter) Prepare(scope string, args json.RawMessage) (json.Raw
 
 // Commit implements Committer: it POSTs the arguments with key as
 // Idempotency-Key. An error wrapping ErrRejected means nothing was done (the
-// service refused with a 4xx other than 408 and 429, or the arguments or
-// key were invalid so nothing was sent); any other error leaves the
+// service refused with a 4xx other than 408, 409 and 429, or the arguments
+// or key were invalid so nothing was sent); any other error leaves the
 // outcome unknown until Status says.
 func (t *WebhookCommitter) Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	if err := checkKey(t.hook.name, key); err != nil {
@@ -832,15 +839,16 @@ func (t *WebhookCommitter) Commit(ctx context.Context, key string, args json.Raw
 			return nil, fmt.Errorf("%w; the outcome is unknown", err)
 		}
 		return res, nil
-	case c/100 == 4 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
+	case c/100 == 4 && c != http.StatusRequestTimeout && c != http.StatusConflict && c != http.StatusTooManyRequests:
 		return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, true)
 	}
 	return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, false)
 }
 
 // Status implements Committer by GETting status_url for key: 200 with a
-// JSON body is Known, 404 is not known, anything else is an error. Without
-// status_url it always returns an error: the outcome cannot be reconciled.
+// JSON body is Known, 404 is not known (yet), anything else is an error.
+// Without status_url it always returns an error: the outcome cannot be
+// reconciled.
 func (t *WebhookCommitter) Status(ctx context.Context, key string) (Status, error) {
 	h := t.hook
 	if h.statusURL == "" {

@@ -1,0 +1,169 @@
+package store_test
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/store"
+)
+
+// committingRun leaves a run whose confirmed email is being committed
+// (committing) under the returned lease.
+func committingRun(t *testing.T, st *store.Store, threadID string) (chat.Lease, string) {
+	t.Helper()
+	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: version(t, st, threadID), UserMessage: text("send it")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	opID := chat.NewID(chat.PrefixOperation)
+	if err := st.PublishStep(ctx, c.Lease, chat.StepOutput{Step: pendingStep(t, st, ack.RunID), MessageID: chat.NewID(chat.PrefixMessage),
+		Kind: chat.KindText, Content: "I will send this.",
+		Call: &chat.ToolCall{OperationID: opID, Tool: "send_email", Contract: "consequential", Args: json.RawMessage(`{"to":"a@example.com"}`),
+			Preview: json.RawMessage(`{"to":"a@example.com"}`), IdempotencyKey: "email:" + opID}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DecideOperation(ctx, user, opID, version(t, st, threadID), true); err != nil {
+		t.Fatal(err)
+	}
+	c = claimOnly(t, st, "w", ack.RunID, time.Hour)
+	if err := st.SetOperationPhase(ctx, c.Lease, opID, chat.PhaseCommitting, "", true); err != nil {
+		t.Fatal(err)
+	}
+	return c.Lease, opID
+}
+
+func operation(t *testing.T, st *store.Store, opID string) chat.Operation {
+	t.Helper()
+	op, err := st.Operation(ctx, user, opID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+// A run that fails while its call may have reached the provider never
+// leaves the call committing with nobody to settle it: the outcome
+// becomes unknown and is reconciled from then on. (It stayed committing,
+// reconciled never.)
+func TestFailedRunLeavesNoCallInFlight(t *testing.T) {
+	st, _ := open(t)
+	th := newThread(t, st).ThreadID
+	lease, opID := committingRun(t, st, th)
+	if err := st.Fail(ctx, lease, "the tool is not configured any more"); err != nil {
+		t.Fatal(err)
+	}
+	op := operation(t, st, opID)
+	if op.Phase != chat.PhaseUnknown || op.Outcome == nil || *op.Outcome != chat.OutcomeUnknown {
+		t.Fatalf("operation after the run failed = %s/%v, want unknown/unknown", op.Phase, op.Outcome)
+	}
+	if op.ReconcileNextAt == nil || op.ReconcileUntil == nil {
+		t.Fatalf("the unknown outcome is not scheduled for reconciliation: %+v", op)
+	}
+	due, err := st.DueReconciliations(ctx, 10)
+	if err != nil || len(due) != 0 {
+		t.Fatalf("due at once = %+v, %v; the first lookup waits a second", due, err)
+	}
+}
+
+// The reconciler's schedule: a lookup is handed out once it is due and
+// not again while it is being made; a key the provider knows settles the
+// outcome (tool.updated, after the run ended too); one it does not know
+// is asked again later, with backoff, until the horizon — then the
+// gateway stops asking and says so.
+func TestReconciliationSchedule(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMilli())
+	var events []*chat.Event
+	st, _ := openStoreWith(t, true, store.Options{
+		Clock:            func() time.Time { return time.UnixMilli(clock.Load()) },
+		ReconcileHorizon: time.Minute,
+		OnCommit:         func(evs []*chat.Event) { events = append(events, evs...) },
+	})
+	th := newThread(t, st).ThreadID
+	lease, opID := committingRun(t, st, th)
+	if err := st.Fail(ctx, lease, "stopped"); err != nil {
+		t.Fatal(err)
+	}
+	due := func() []chat.Operation {
+		t.Helper()
+		ops, err := st.DueReconciliations(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ops
+	}
+	clock.Add(1000)
+	if got := due(); len(got) != 1 || got[0].OperationID != opID {
+		t.Fatalf("due after a second = %+v, want the operation", got)
+	}
+	if got := due(); len(got) != 0 {
+		t.Fatalf("handed out twice: %+v", got)
+	}
+	// Not known: asked again after 2 s, then 4 s …, no event.
+	before := len(events)
+	op, err := st.SettleReconciliation(ctx, opID, false)
+	if err != nil || op.Phase != chat.PhaseUnknown || op.ReconcileNextAt == nil {
+		t.Fatalf("after a lookup that found nothing: %+v, %v", op, err)
+	}
+	if next := op.ReconcileNextAt.Sub(time.UnixMilli(clock.Load())); next != 2*time.Second {
+		t.Fatalf("next lookup in %v, want 2s", next)
+	}
+	if len(events) != before {
+		t.Fatalf("a lookup that changed nothing emitted %d events", len(events)-before)
+	}
+	// Past the horizon: no next lookup, and the tabs are told.
+	for i := 0; op.ReconcileNextAt != nil && i < 20; i++ {
+		clock.Store(op.ReconcileNextAt.UnixMilli())
+		if got := due(); len(got) != 1 {
+			t.Fatalf("lookup %d not handed out when due", i)
+		}
+		if op, err = st.SettleReconciliation(ctx, opID, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if op.ReconcileNextAt != nil || op.Phase != chat.PhaseUnknown || op.ReconcileUntil == nil {
+		t.Fatalf("after the horizon: %+v, want unknown with no next lookup", op)
+	}
+	if last := events[len(events)-1]; last.Type != chat.EventToolUpdated || last.Body.(chat.ToolBody).Operation.ReconcileNextAt != nil {
+		t.Fatalf("giving up was not reported: last event %s", last.Type)
+	}
+	if _, err := st.SettleReconciliation(ctx, opID, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := operation(t, st, opID); got.Phase != chat.PhaseUnknown {
+		t.Fatalf("an answer after the gateway gave up asking changed the operation: %s", got.Phase)
+	}
+}
+
+// A key the provider knows settles the outcome, reported after the run
+// ended.
+func TestReconciliationFindsTheKey(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMilli())
+	var events []*chat.Event
+	st, _ := openStoreWith(t, true, store.Options{
+		Clock:    func() time.Time { return time.UnixMilli(clock.Load()) },
+		OnCommit: func(evs []*chat.Event) { events = append(events, evs...) },
+	})
+	th := newThread(t, st).ThreadID
+	lease, opID := committingRun(t, st, th)
+	if err := st.Fail(ctx, lease, "stopped"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(1000)
+	if got, err := st.DueReconciliations(ctx, 10); err != nil || len(got) != 1 {
+		t.Fatalf("due = %+v, %v", got, err)
+	}
+	op, err := st.SettleReconciliation(ctx, opID, true)
+	if err != nil || op.Phase != chat.PhaseReconciled || op.Outcome == nil || *op.Outcome != chat.OutcomeCommitted || op.ReconcileNextAt != nil {
+		t.Fatalf("after the provider knew the key: %+v, %v", op, err)
+	}
+	last := events[len(events)-1]
+	if last.Type != chat.EventToolUpdated || last.RunID != op.RunID || last.Body.(chat.ToolBody).Operation.Phase != chat.PhaseReconciled {
+		t.Fatalf("last event %s %+v, want tool.updated reconciled of the run", last.Type, last.Body)
+	}
+}
