@@ -6,6 +6,7 @@ import { mkdtempSync, rmSync, mkdirSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
+import assert from "node:assert/strict";
 import { chromium } from "playwright-core";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -79,6 +80,14 @@ export async function startServer({ pace = "40ms", db, args = [], env = {} } = {
   server.close = async () => {
     await server.stop();
     rmSync(dir, { recursive: true, force: true });
+  };
+  // api calls the HTTP API as a program would (no Origin, no cookie: auth
+  // mode none) and answers the decoded JSON body.
+  server.api = async (path, init = {}) => {
+    const r = await fetch(server.url + path, init);
+    const body = await r.json();
+    if (!r.ok) throw new Error(`${init.method ?? "GET"} ${path}: ${r.status} ${JSON.stringify(body)}`);
+    return body;
   };
   // check runs `gateway check` on the database: every invariant must hold.
   server.check = () => execFileSync(binary(), ["check", "-db", dbPath], { encoding: "utf8" });
@@ -159,13 +168,20 @@ export async function send(page, text) {
 //            (the tab stops seeing the thread change: it goes stale);
 //   "hold":  queued until release() forwards the queue in order.
 // holdFrom(pred) switches to "hold" at the first object matching pred (that
-// object included). Call before the page opens its socket.
+// object included). frames records every object both ways with its
+// connection's number ({conn, from: "client" | "server", obj}). block()
+// takes the WebSocket away while HTTP still answers: the open connection is
+// closed and every new one is closed before it reaches the server, until
+// unblock(). Call before the page opens its socket.
 export async function interceptSocket(page) {
   const ctl = {
     mode: "pass",
     queue: [],
     dropped: [],
     fromClient: [],
+    frames: [],
+    blocked: false,
+    server: null,
     holdPred: null,
     held: null, // resolves when hold mode starts through holdFrom
     connections: 0,
@@ -180,14 +196,30 @@ export async function interceptSocket(page) {
       const q = ctl.queue.splice(0);
       for (const line of q) ctl.client?.send(line);
     },
+    async block() {
+      ctl.blocked = true;
+      const [client, server] = [ctl.client, ctl.server];
+      ctl.client = ctl.server = null;
+      await Promise.all([client?.close({ code: 4000, reason: "blocked by the test" }), server?.close()]);
+    },
+    unblock() {
+      ctl.blocked = false;
+    },
   };
   await page.routeWebSocket(/\/ws$/, (ws) => {
-    ctl.connections++;
+    const conn = ++ctl.connections;
+    if (ctl.blocked) {
+      void ws.close({ code: 4000, reason: "blocked by the test" });
+      return;
+    }
     ctl.client = ws;
     const server = ws.connectToServer();
+    ctl.server = server;
     ws.onMessage((m) => {
       try {
-        ctl.fromClient.push(JSON.parse(String(m)));
+        const obj = JSON.parse(String(m));
+        ctl.fromClient.push(obj);
+        ctl.frames.push({ conn, from: "client", obj });
       } catch {
         // not JSON: forward as is
       }
@@ -197,6 +229,7 @@ export async function interceptSocket(page) {
       for (const line of String(frame).split("\n")) {
         if (!line) continue;
         const obj = JSON.parse(line);
+        ctl.frames.push({ conn, from: "server", obj });
         if (ctl.mode === "pass" && ctl.holdPred && ctl.holdPred(obj)) {
           ctl.mode = "hold";
           ctl.held?.(obj);
@@ -226,4 +259,50 @@ export async function newThread(page, base) {
   // Send is enabled once the page follows the thread (subscribe acknowledged).
   await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
   return page.url();
+}
+
+// longReply opens a new conversation and starts a reply long enough (80+
+// words) to outlast a restart or an outage; it answers the thread's URL and
+// the ids of the thread and of the run.
+export async function longReply(page, server) {
+  const url = await newThread(page, server.url);
+  const threadID = new URL(url).pathname.split("/").pop();
+  await send(page, "How do I prepare a vegetable garden for winter?");
+  await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();
+  await runStatus(page, "running");
+  const snap = await server.api(`/api/threads/${threadID}`);
+  return { url, threadID, runID: snap.active_run.run_id };
+}
+
+// expectCancelKept checks the page shows a cancel pressed while nothing
+// reaches the server as kept: a calm pending line, no error, no claim that
+// anything was cancelled.
+export async function expectCancelKept(page) {
+  await page.getByTestId("cancel-pending").filter({ hasText: "Cancel will be sent when the connection is back" }).waitFor();
+  assert.ok(await page.getByTestId("notice").isHidden(), `a pending state, not an error: ${await page.getByTestId("notice").textContent()}`);
+  const cancel = page.getByTestId("cancel");
+  assert.equal(await cancel.textContent(), "Cancel pending");
+  assert.ok(await cancel.isDisabled(), "pressing again changes nothing");
+  await runStatus(page, "running");
+  assert.equal(await page.getByTestId("receipt").count(), 0, "no receipt before the server's");
+  assert.ok(
+    (await page.evaluate(() => Object.keys(sessionStorage))).some((k) => k.startsWith("gateway.cancel.")),
+    "the intent is kept with the tab",
+  );
+}
+
+// expectCancelSettled checks what is left once the server answered a kept
+// cancel: no pending line, no stale notice (none next to "Live"), nothing
+// of the cancelled reply published, and the intent dropped.
+export async function expectCancelSettled(page, { live = true } = {}) {
+  if (live) assert.equal(await page.getByTestId("conn-status").textContent(), "Live");
+  assert.ok(await page.getByTestId("cancel-pending").isHidden(), "the pending notice is gone");
+  assert.ok(await page.getByTestId("notice").isHidden(), `no notice left: ${await page.getByTestId("notice").textContent()}`);
+  assert.ok(await page.getByTestId("cancel").isHidden());
+  assert.equal(await page.locator("[data-testid=messages] > [data-testid=message][data-role=assistant]").count(), 0, "nothing of the reply was published");
+  assert.deepEqual(
+    (await page.evaluate(() => Object.keys(sessionStorage))).filter((k) => k.startsWith("gateway.cancel.")),
+    [],
+    "the intent is dropped once the server answered",
+  );
 }

@@ -2,10 +2,12 @@
 // address: a graceful shutdown (SIGTERM, runs handed back) and a crash
 // (SIGKILL, runs recovered at start). The page must say it is reconnecting,
 // come back live, and then show the true outcome: the run was not cancelled,
-// it continues and its reply is published once.
+// it continues and its reply is published once. A Cancel pressed while the
+// server is away is kept (across a reload too) and sent first thing on the
+// new connection, before the run handed back to the queue streams on.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
 
 let server, browser;
 before(async () => {
@@ -88,39 +90,75 @@ test("crash mid-reply (SIGKILL) and restart: the run is recovered and completes"
   await restartMidRun("SIGKILL", "Short: knitting patterns for scarves?");
 });
 
-test("Cancel while the server is away is not pretended; after reconnecting it works", async () => {
+test("Cancel pressed while the server is away is kept and sent first on reconnect; the receipt is the server's", async () => {
   const errors = [];
   const page = await newPage(browser, errors);
-  await newThread(page, server.url);
-  // A long reply (80+ words at 250ms): still running long after the restart.
-  await send(page, "How do I prepare a vegetable garden for winter?");
-  await eventually(async () => assert.ok((await page.getByTestId("streaming-text").textContent()).length > 0));
-  await runStatus(page, "running");
+  const socket = await interceptSocket(page);
+  const { runID } = await longReply(page, server);
+  const tab = await page.evaluate(() => sessionStorage.getItem("gateway.tab_id"));
 
   await server.stop("SIGTERM");
   await page.locator("[data-testid=conn-status][data-state=reconnecting]").waitFor();
-  const cancel = page.getByTestId("cancel");
-  await cancel.click();
-  // The cancel could not be sent: the page says so, and does not claim a
-  // cancel is under way.
-  await page.getByTestId("notice").filter({ hasText: /not connected/ }).waitFor();
-  await runStatus(page, "running");
-  assert.equal(await cancel.textContent(), "Cancel");
-  assert.ok(await cancel.isEnabled(), "the user can cancel again");
-  assert.equal(await page.getByTestId("run-chip").filter({ hasText: "Cancelling" }).count(), 0);
-  await shot(page, "restart-cancel-offline");
+  await page.getByTestId("cancel").click();
+  await expectCancelKept(page);
+  await shot(page, "restart-cancel-kept");
+  const seen = socket.frames.length;
 
+  // The run was handed back to the queue: the new process streams it again
+  // unless the kept cancel gets there first.
   await server.start(server.addr);
   await page.locator("[data-testid=conn-status][data-state=live]").waitFor({ timeout: 15000 });
-  // The run was handed back, not cancelled: it streams again.
-  await runStatus(page, "running");
-  await page.getByTestId("run-chip").filter({ hasText: "Interrupted, starting over" }).waitFor({ timeout: 15000 });
-  await cancel.click();
-  await page.getByTestId("receipt").waitFor();
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
   await runStatus(page, "cancelled");
-  assert.ok(await page.getByTestId("notice").isHidden(), "the offline notice is gone once a command succeeds");
-  assert.equal(await page.locator("[data-testid=message][data-role=assistant]").count(), 0);
-  await shot(page, "restart-cancel-after-reconnect");
+
+  // The server's record: cancelled, at this tab's request, over the WebSocket.
+  const run = await server.api(`/api/runs/${runID}`);
+  assert.equal(run.status, "cancelled");
+  assert.equal(run.requested_by, `tab:${tab}`);
+  // First thing on the new connection: right after hello, before subscribe.
+  const sent = socket.frames.slice(seen).find((f) => f.from === "client" && f.obj.type === "run.cancel");
+  assert.ok(sent, "the kept cancel was sent over the WebSocket");
+  assert.equal(sent.obj.run_id, runID);
+  const order = socket.frames.filter((f) => f.conn === sent.conn && f.from === "client").map((f) => f.obj.type);
+  assert.deepEqual(order.slice(0, 3), ["hello", "run.cancel", "subscribe"]);
+  // The receipt is the server's: its run.cancelled event, its count.
+  assert.ok(socket.frames.some((f) => f.from === "server" && f.obj.type === "run.cancelled" && f.obj.run_id === runID));
+  assert.equal(await page.getByTestId("receipt-discarded").textContent(), `${run.discarded_stream_chars} characters of unpublished text`);
+  await expectCancelSettled(page);
+  await shot(page, "restart-cancel-receipt");
+
+  // A reload shows the same receipt: it is what the server holds.
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await runStatus(page, "cancelled");
+  assert.equal(await page.getByTestId("receipt-discarded").textContent(), `${run.discarded_stream_chars} characters of unpublished text`);
+  assert.deepEqual(errors.filter((e) => !refusedReconnect.test(e)), [], "no console errors");
+  await page.close();
+});
+
+test("a cancel kept while the server is away survives reloading the page (Esc, like the button)", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const { url, runID } = await longReply(page, server);
+
+  await server.stop("SIGTERM");
+  await page.locator("[data-testid=conn-status][data-state=reconnecting]").waitFor();
+  await page.keyboard.press("Escape");
+  await expectCancelKept(page);
+  // The user reloads while the server is still away: the browser shows its
+  // own error page; the intent stays with the tab.
+  await assert.rejects(page.reload(), /ERR_CONNECTION_REFUSED/);
+  // (The rejection can come before the error page is committed; a
+  // navigation started earlier would be cut short by it.)
+  await eventually(() => assert.match(page.url(), /^chrome-error:/));
+
+  await server.start(server.addr);
+  await page.goto(url);
+  await page.locator("[data-testid=conn-status][data-state=live]").waitFor({ timeout: 15000 });
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await runStatus(page, "cancelled");
+  assert.equal((await server.api(`/api/runs/${runID}`)).status, "cancelled");
+  await expectCancelSettled(page);
   assert.deepEqual(errors.filter((e) => !refusedReconnect.test(e)), [], "no console errors");
   await page.close();
 });

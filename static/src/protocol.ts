@@ -109,6 +109,16 @@ export interface ServerEvent {
   error?: string;
 }
 
+// CancelAck answers run.cancel (and POST /api/runs/{id}/cancel).
+export interface CancelAck {
+  run_id: string;
+  status: RunStatus;
+  accepted_state_version: number;
+  resume_checkpoint_id: string;
+  published_message_id: string | null;
+  already_requested: boolean;
+}
+
 export interface ErrorReply {
   type: "error";
   re?: string;

@@ -2,6 +2,7 @@
 // tab's id, reconnects with backoff when the connection drops, and turns
 // each command into a promise settled by its ack or error. A dropped
 // connection cancels nothing on the server; after reconnecting, the owner
+// sends what the user asked for while offline (a kept cancel) and then
 // resubscribes from the last seq it applied.
 
 import { CommandError, type ErrorReply, type ServerEvent } from "./protocol";
@@ -14,7 +15,8 @@ interface Pending {
 }
 
 export interface SocketHandlers {
-  // open runs after every (re)connect, once hello was acknowledged.
+  // open runs after every (re)connect, once hello was acknowledged; what it
+  // sends first reaches the server first (commands run in order).
   open: () => void;
   event: (ev: ServerEvent) => void;
   state: (s: ConnState, detail: string) => void;
@@ -40,7 +42,12 @@ export class Socket {
   private nextID = 0;
   private pending = new Map<string, Pending>();
   private backoff = 250;
+  private greeted = false;
   private readonly tab = tabID();
+  // urgent: something waits for the server (a kept cancel), so reconnect
+  // attempts stay at most half a second apart: the sooner it is sent, the
+  // less a run handed back to the queue streams in vain.
+  urgent = false;
 
   constructor(private readonly h: SocketHandlers) {}
 
@@ -48,16 +55,25 @@ export class Socket {
     return this.tab;
   }
 
+  // live: connected and hello acknowledged; a command sent now is answered
+  // unless the connection drops.
+  get live(): boolean {
+    return this.greeted && this.ws !== null && this.ws.readyState === WebSocket.OPEN;
+  }
+
   connect(): void {
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(`${proto}//${location.host}/ws`);
     this.ws = ws;
+    this.greeted = false;
     let opened = false;
     ws.onopen = () => {
       opened = true;
       this.backoff = 250;
       this.send({ type: "hello", tab_id: this.tab })
         .then(() => {
+          if (this.ws !== ws) return;
+          this.greeted = true;
           this.h.state("live", "");
           this.h.open();
         })
@@ -72,7 +88,8 @@ export class Socket {
     ws.onclose = (e: CloseEvent) => {
       if (this.ws !== ws) return;
       this.ws = null;
-      for (const p of this.pending.values()) p.reject(new Error("connection lost"));
+      this.greeted = false;
+      for (const p of this.pending.values()) p.reject(new Error("connection lost: wait for it to come back, then try again"));
       this.pending.clear();
       // 1008: the session ended (signed out elsewhere, password changed,
       // token revoked). An upgrade refused before opening may be the same
@@ -90,7 +107,7 @@ export class Socket {
       }
       const why = e.code === 1001 ? "server restarting" : e.code === 1013 ? "catching up" : "connection lost";
       this.h.state("reconnecting", why);
-      const wait = this.backoff;
+      const wait = this.urgent ? Math.min(this.backoff, 500) : this.backoff;
       this.backoff = Math.min(this.backoff * 2, 5000);
       setTimeout(() => this.connect(), wait);
     };

@@ -3,6 +3,7 @@
 // history), and offers after a cancel only what the server can honour.
 
 import { Socket, type ConnState } from "./socket";
+import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import {
   CommandError,
   type Checkpoint,
@@ -16,10 +17,7 @@ import {
 
 interface Run {
   id: string;
-  status: RunStatus;
-  // cancelSeen: the server's run.cancel_requested (or later) event arrived,
-  // so a cancel status is the server's word, not this tab's expectation.
-  cancelSeen?: boolean;
+  status: RunStatus; // the server's word: its events, snapshot or cancel ack
 }
 
 // Streamed is the reply in flight (or the one a cancel left behind).
@@ -82,7 +80,10 @@ export class ThreadView {
   private checkpoints: Checkpoint[] = [];
   private operations = new Map<string, Operation>();
   private subscribed = false;
+  private following = false; // reading snapshots over HTTP while the socket is down
+  private noticeOffline = false; // the notice is about the lost connection
   private readonly socket: Socket;
+  private readonly cancels: Cancels;
 
   private readonly list: HTMLOListElement;
   private readonly live: HTMLElement;
@@ -93,6 +94,7 @@ export class ThreadView {
   private readonly conn: HTMLElement;
   private readonly banner: HTMLElement;
   private readonly notice: HTMLElement;
+  private readonly cancelPending: HTMLElement;
   private readonly tree: HTMLElement;
   private readonly opsPanel: HTMLElement;
 
@@ -110,14 +112,25 @@ export class ThreadView {
     this.conn = $(root, "[data-testid=conn-status]");
     this.banner = $(root, "[data-testid=conflict-banner]");
     this.notice = $(root, "[data-testid=notice]");
+    this.cancelPending = $(root, "[data-testid=cancel-pending]");
     this.tree = $(root, "[data-testid=tree]");
     this.opsPanel = $(root, "[data-testid=operations]");
-    this.applySnapshot(snap);
     this.socket = new Socket({
-      open: () => this.resubscribe(),
+      // A cancel the user pressed while offline goes first, before this tab
+      // follows the thread again (the run may be streaming once more).
+      open: () => {
+        this.cancels.flush();
+        this.resubscribe();
+      },
       event: (ev) => this.onEvent(ev),
       state: (s, detail) => this.onConn(s, detail),
     });
+    this.cancels = new Cancels(
+      this.socket,
+      (intent, answer) => this.onCancelAnswer(intent, answer),
+      () => this.render(),
+    );
+    this.applySnapshot(snap);
   }
 
   start(): void {
@@ -132,9 +145,9 @@ export class ThreadView {
       }
     });
     document.addEventListener("keydown", (e) => {
-      if (e.key === "Escape" && this.run && !this.cancelAccepted()) {
+      if (e.key === "Escape" && this.canCancel()) {
         e.preventDefault();
-        void this.cancelRun();
+        this.requestCancel();
       }
     });
     this.root.addEventListener("click", (e) => {
@@ -168,7 +181,7 @@ export class ThreadView {
       }
     }
     const ar = s.active_run;
-    this.run = ar ? { id: ar.run_id, status: ar.status, cancelSeen: ar.status === "cancel_requested" || ar.status === "cancelling" } : null;
+    this.run = ar ? { id: ar.run_id, status: ar.status } : null;
     this.streamed =
       s.active_run && s.active_run.message_id
         ? { runID: s.active_run.run_id, messageID: s.active_run.message_id, text: s.active_run.partial_text, lastSeq: s.active_run.last_seq, saved: false }
@@ -183,7 +196,7 @@ export class ThreadView {
         this.subscribed = true;
         this.render();
       })
-      .catch((err: unknown) => this.show(`Could not follow this conversation: ${(err as Error).message}`));
+      .catch((err: unknown) => this.show(`Could not follow this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) }));
   }
 
   private onEvent(ev: ServerEvent): void {
@@ -235,10 +248,7 @@ export class ThreadView {
         break;
       case "run.cancel_requested":
       case "run.cancelling":
-        if (this.run && this.run.id === ev.run_id) {
-          this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
-          this.run.cancelSeen = true;
-        }
+        if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
         break;
       case "run.cancelled": {
         const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
@@ -281,18 +291,101 @@ export class ThreadView {
   private resync(): void {
     this.socket
       .send({ type: "subscribe", thread_id: this.threadID })
-      .catch((err: unknown) => this.show(`Could not reload this conversation: ${(err as Error).message}`));
+      .catch((err: unknown) => this.show(`Could not reload this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) }));
   }
 
   private onConn(s: ConnState, detail: string): void {
     this.conn.dataset.state = s;
     this.conn.textContent = s === "live" ? "Live" : s === "connecting" ? "Connecting…" : `Reconnecting (${detail})…`;
-    if (s !== "live") this.subscribed = false;
+    if (s === "live") {
+      // What the outage caused is over: no "not connected" next to "Live".
+      if (this.noticeOffline) this.show("");
+    } else {
+      this.subscribed = false;
+      // The socket is down: a kept cancel tries HTTP, which may still answer.
+      if (s === "reconnecting") this.cancels.retry();
+    }
     this.render();
   }
 
   private cancelAccepted(): boolean {
     return this.run !== null && (this.run.status === "cancel_requested" || this.run.status === "cancelling");
+  }
+
+  // canCancel: a run is active and this tab has not asked to cancel it yet
+  // (or the server already recorded a cancel).
+  private canCancel(): boolean {
+    return this.run !== null && !this.cancelAccepted() && this.cancels.state(this.run.id) === null;
+  }
+
+  // onCancelAnswer shows the server's answer to a cancel the user pressed:
+  // accepted (the receipt follows with run.cancelled), or why there was
+  // nothing to cancel.
+  private onCancelAnswer(intent: CancelIntent, a: CancelAnswer): void {
+    const here = intent.thread_id === this.threadID;
+    if (a.kind === "accepted") {
+      const r = this.run;
+      if (here && r && r.id === a.ack.run_id && (a.ack.status === "cancel_requested" || a.ack.status === "cancelling")) r.status = a.ack.status;
+      if (this.noticeOffline) this.show("");
+    } else {
+      const e = a.error;
+      const where = here ? "" : " (in another conversation)";
+      if (e.code === "run_not_active" && e.reply.status === "failed") {
+        this.show(`The reply failed before your cancel reached the server${where}; nothing of it was published. Continue from the saved point when you are ready.`, { tone: "info" });
+      } else if (e.code === "run_not_active") {
+        this.show(
+          `The reply finished before your cancel reached the server${where}, so it stays in the conversation. To go back to before it, open Checkpoints and fork from an earlier point.`,
+          { tone: "info" },
+        );
+      } else if (e.code === "not_found") {
+        this.show(`That reply is gone${where} (its conversation was deleted), so there was nothing left to cancel.`, { tone: "info" });
+      } else {
+        this.show(`The server refused the cancel: ${e.message} Reload the page; if the reply is still running, press Cancel again.`);
+      }
+    }
+    // Without the socket no event brings the outcome: read it over HTTP.
+    if (here && !this.subscribed) void this.followOverHTTP(intent.run_id);
+    this.render();
+  }
+
+  // followOverHTTP shows the server's outcome of a cancel answered while the
+  // socket is down: it reads the thread's snapshot until runID is no longer
+  // its active run, then applies it (its last_run is the server's receipt).
+  // Once the tab follows the thread again, events take over.
+  private async followOverHTTP(runID: string): Promise<void> {
+    if (this.following) return;
+    this.following = true;
+    try {
+      for (let wait = 250; !this.subscribed; wait = Math.min(wait * 2, 2000)) {
+        const snap = await this.fetchSnapshot();
+        if (this.subscribed) return;
+        if (snap && snap.last_seq >= this.lastSeq && snap.active_run?.run_id !== runID) {
+          const shown = this.streamed && this.streamed.runID === runID ? this.streamed : null;
+          this.applySnapshot(snap);
+          // What this tab showed of the cancelled reply stays on screen as
+          // discarded text (and can be saved), as after a run.cancelled.
+          if (shown && !this.streamed && this.receipt?.runID === runID) {
+            this.streamed = shown;
+            this.render();
+          }
+          void this.loadCheckpoints();
+          void this.loadOperations();
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
+    } finally {
+      this.following = false;
+    }
+  }
+
+  private async fetchSnapshot(): Promise<Snapshot | null> {
+    try {
+      const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}`, { credentials: "same-origin" });
+      return r.ok ? ((await r.json()) as Snapshot) : null;
+    } catch {
+      return null; // not reachable either: the next try, or the socket, tells
+    }
   }
 
   private async loadCheckpoints(): Promise<void> {
@@ -363,26 +456,17 @@ export class ThreadView {
     }
   }
 
-  private async cancelRun(): Promise<void> {
-    const run = this.run;
-    if (!run) return;
-    const before = run.status;
-    run.status = "cancel_requested"; // the server's ack follows at once
-    this.render();
-    const ok = await this.command({ type: "run.cancel", run_id: run.id });
-    // The cancel was refused or never reached the server (say, while
-    // reconnecting): the run goes on, so the page must not keep saying
-    // "Cancelling…" and must let the user cancel again.
-    if (!ok && this.run === run && !run.cancelSeen && run.status === "cancel_requested") {
-      run.status = before;
-      this.render();
-    }
+  // requestCancel is the Cancel button and Esc: the cancel is kept until
+  // the server answers it, whatever the connection does meanwhile.
+  private requestCancel(): void {
+    if (!this.run || !this.canCancel()) return;
+    this.cancels.request(this.run.id, this.threadID);
   }
 
   private async action(name: string, target: HTMLElement): Promise<void> {
     switch (name) {
       case "cancel":
-        return this.cancelRun();
+        return this.requestCancel();
       case "continue":
         await this.command({ type: "run.start", thread_id: this.threadID, expected_state_version: this.stateVersion });
         return;
@@ -462,7 +546,7 @@ export class ThreadView {
       const ack = await this.socket.send({ type: "thread.fork", thread_id: this.threadID, from_checkpoint_id: from });
       location.assign(`/t/${encodeURIComponent(String(ack.new_thread_id))}`);
     } catch (err) {
-      this.show(`Could not fork: ${(err as Error).message}`);
+      this.show(`Could not fork: ${(err as Error).message}`, { offline: !(err instanceof CommandError) });
     }
   }
 
@@ -479,16 +563,21 @@ export class ThreadView {
         this.banner.hidden = false;
         $(this.banner, "[data-action=fork-seen]").hidden = this.conflictFrom === null;
       } else {
-        this.show((err as Error).message);
+        this.show((err as Error).message, { offline: !(err instanceof CommandError) });
       }
       this.render();
       return false;
     }
   }
 
-  private show(text: string): void {
+  // show puts text in the notice next to the composer ("" hides it). tone
+  // info is an outcome to know, error something that went wrong; offline
+  // marks what the lost connection caused, cleared once it is back.
+  private show(text: string, { tone = "error", offline = false }: { tone?: "error" | "info"; offline?: boolean } = {}): void {
     this.notice.textContent = text;
+    this.notice.dataset.tone = tone;
     this.notice.hidden = text === "";
+    this.noticeOffline = offline && text !== "";
   }
 
   // ---- rendering ----
@@ -499,16 +588,42 @@ export class ThreadView {
     this.renderLive();
     this.renderOperations();
     if (atBottom) window.scrollTo({ top: document.documentElement.scrollHeight });
+    this.renderCancelPending();
     const busy = this.run !== null;
+    const mine = this.run ? this.cancels.state(this.run.id) : null;
     this.send.hidden = busy;
     this.send.disabled = !this.subscribed;
     this.cancel.hidden = !busy;
-    this.cancel.disabled = this.cancelAccepted();
-    this.cancel.textContent = this.cancelAccepted() ? "Cancelling…" : "Cancel";
+    this.cancel.disabled = !this.canCancel();
+    this.cancel.textContent = this.cancelAccepted() || mine === "sending" ? "Cancelling…" : mine === "kept" ? "Cancel pending" : "Cancel";
+    this.socket.urgent = this.cancels.any();
     this.input.placeholder = this.editing ? "Edit your request; sending starts a new branch from before it" : "Ask something…";
     this.root.dataset.stateVersion = String(this.stateVersion);
     this.root.dataset.lastSeq = String(this.lastSeq);
     this.root.dataset.runStatus = this.run ? this.run.status : this.receipt ? "cancelled" : this.failure ? "failed" : "idle";
+    this.root.dataset.cancel = mine ?? "";
+  }
+
+  // renderCancelPending says, next to the composer, that a cancel the user
+  // pressed has not reached the server yet. While live, an attempt in flight
+  // shows on the button ("Cancelling…") only.
+  private renderCancelPending(): void {
+    const kept = this.cancels.keptFor(this.threadID);
+    const live = this.socket.live;
+    let text = "";
+    let hint = "";
+    if (kept.length > 0 && !live) {
+      text = "Cancel will be sent when the connection is back.";
+      hint = "Keep this tab open; reloading it is fine. If the reply finishes first, the page says so.";
+    } else if (kept.some((i) => this.cancels.state(i.run_id) === "kept")) {
+      text = "Your cancel is not recorded yet.";
+      hint = "It is sent again by itself; keep this tab open.";
+    }
+    const want = text + hint;
+    if (this.cancelPending.dataset.text === want) return;
+    this.cancelPending.dataset.text = want;
+    this.cancelPending.hidden = text === "";
+    this.cancelPending.replaceChildren(el("strong", {}, text), " ", el("span", { class: "hint" }, hint));
   }
 
   private renderMessages(): void {
@@ -545,9 +660,12 @@ export class ThreadView {
     const s = this.streamed;
     if (s && !s.saved) {
       const streaming = this.run !== null && this.run.id === s.runID;
+      const mine = this.cancels.state(s.runID);
       const chip = streaming
-        ? this.cancelAccepted()
+        ? this.cancelAccepted() || mine === "sending"
           ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancelling…")
+          : mine === "kept"
+          ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancel pending · not saved yet")
           : el("span", { class: "chip live", "data-testid": "run-chip" }, s.restarted ? "Interrupted, starting over · not saved yet" : "Streaming · not saved yet")
         : el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation");
       parts.push(
