@@ -274,15 +274,16 @@ func (m *Metrics) toolOperation(op chat.Operation) {
 }
 
 // finalPhase reports whether an operation is settled: nothing moves it
-// again. (unknown is final only with its result recorded: an outcome the
-// external system could not tell; without one it is looked up.)
+// again. (unknown is final only once the gateway stopped looking its key
+// up, at the reconcile horizon; until then it may still become
+// reconciled, and is counted then.)
 func finalPhase(op chat.Operation) bool {
 	switch op.Phase {
 	case chat.PhaseCompleted, chat.PhaseCommitted, chat.PhaseRejected, chat.PhaseVoided,
 		chat.PhaseAborted, chat.PhaseFailed, chat.PhaseReconciled:
 		return true
 	case chat.PhaseUnknown:
-		return op.ResultRef != nil
+		return op.ReconcileNextAt == nil && op.ReconcileUntil != nil
 	}
 	return false
 }

@@ -70,8 +70,9 @@ func TestCommittedCountsWhatCommitted(t *testing.T) {
 	m.Committed([]*chat.Event{ev(chat.EventRunCancelled)})
 	m.Committed([]*chat.Event{ev(chat.EventRunStarted), ev(chat.EventRunFailed)})
 	// An email: prepared, confirmed, committing, unknown (looked up, not
-	// final), reconciled (final, committed). A search: running, then
-	// unknown with its result recorded (final). One aborted.
+	// final), reconciled (final, committed). A search: running, unknown
+	// with its result recorded (still reconciled: not final), then unknown
+	// after the gateway stopped asking (final). One aborted.
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolPrepared, "send_email", chat.PhasePrepared, nil, nil)})
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "send_email", chat.PhaseConfirmed, nil, nil)})
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "send_email", chat.PhaseCommitting, nil, nil)})
@@ -79,6 +80,14 @@ func TestCommittedCountsWhatCommitted(t *testing.T) {
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "send_email", chat.PhaseReconciled, ptr(chat.OutcomeCommitted), ptr("msg_secret"))})
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "catalog_search", chat.PhaseRunning, nil, nil)})
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "catalog_search", chat.PhaseUnknown, ptr(chat.OutcomeUnknown), ptr("msg_secret"))})
+	gaveUp := toolEvent(chat.EventToolUpdated, "catalog_search", chat.PhaseUnknown, ptr(chat.OutcomeUnknown), ptr("msg_secret"))
+	horizon := time.Now()
+	gaveUp.Body = chat.ToolBody{Operation: func() chat.Operation {
+		op := gaveUp.Body.(chat.ToolBody).Operation
+		op.ReconcileUntil = &horizon
+		return op
+	}()}
+	m.Committed([]*chat.Event{gaveUp})
 	m.Committed([]*chat.Event{toolEvent(chat.EventToolUpdated, "catalog_search", chat.PhaseAborted, ptr(chat.OutcomeAborted), nil)})
 
 	for _, c := range []struct {
@@ -93,7 +102,7 @@ func TestCommittedCountsWhatCommitted(t *testing.T) {
 		{"gateway_deltas_streamed_total", nil, 4},
 		{"gateway_tool_phase_transitions_total", []string{"tool", "send_email"}, 5},
 		{"gateway_tool_phase_transitions_total", []string{"tool", "send_email", "phase", "unknown"}, 1},
-		{"gateway_tool_phase_transitions_total", []string{"tool", "catalog_search"}, 3},
+		{"gateway_tool_phase_transitions_total", []string{"tool", "catalog_search"}, 4},
 		{"gateway_tool_operations_total", []string{"tool", "send_email"}, 1},
 		{"gateway_tool_operations_total", []string{"tool", "send_email", "outcome", "committed"}, 1},
 		{"gateway_tool_operations_total", []string{"tool", "catalog_search", "outcome", "unknown"}, 1},
