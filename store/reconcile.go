@@ -42,7 +42,8 @@ func reconcileDelay(tries int) time.Duration {
 const reconcileClaim = time.Minute
 
 // settleOpenOperations settles what a run leaves open when it ends
-// completed or failed, so that no call stays in flight without an owner:
+// (completed, failed or cancelled), so that no call stays in flight
+// without an owner:
 // an intent never sent is voided (not_started), a tool call nobody runs
 // any more is aborted, and a commit that may have reached its system
 // becomes unknown and is reconciled from here on.

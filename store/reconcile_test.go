@@ -69,6 +69,30 @@ func TestFailedRunLeavesNoCallInFlight(t *testing.T) {
 	}
 }
 
+// A cancel of a run whose commit nobody could settle (its worker failed,
+// its tool is gone) ends the run cancelled with the outcome unknown and
+// reconciled from then on. (Finishing refused, so the run was handed to a
+// worker again and again, and the cancel never ended.)
+func TestCancelWithACommitNobodySettledEnds(t *testing.T) {
+	st, _ := open(t)
+	th := newThread(t, st).ThreadID
+	lease, opID := committingRun(t, st, th)
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: lease.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := st.FinishCancel(ctx, lease.RunID, &lease, 0); err != nil || !done {
+		t.Fatalf("finish cancel = %v, %v", done, err)
+	}
+	r, err := st.Run(ctx, user, lease.RunID)
+	if err != nil || r.Status != chat.RunCancelled {
+		t.Fatalf("run = %+v, %v", r, err)
+	}
+	op := operation(t, st, opID)
+	if op.Phase != chat.PhaseUnknown || op.ReconcileNextAt == nil {
+		t.Fatalf("operation = %s, next lookup %v; want unknown and reconciled", op.Phase, op.ReconcileNextAt)
+	}
+}
+
 // The reconciler's schedule: a lookup is handed out once it is due and
 // not again while it is being made; a key the provider knows settles the
 // outcome (tool.updated, after the run ended too); one it does not know

@@ -328,28 +328,14 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if err != nil {
 		return err
 	}
-	// Intents never committed are voided; a tool call nobody runs any more
-	// is aborted. A commit whose outcome is open must be reconciled first.
-	var open []struct {
-		OperationID string `db:"operation_id"`
-		Phase       string `db:"phase"`
-	}
-	if err := t.sel(&open, `SELECT operation_id, phase FROM operations WHERE run_id = ?
-		AND phase IN ('prepared', 'confirmed', 'running', 'committing', 'unknown') AND result_ref IS NULL ORDER BY created_at, operation_id`, row.RunID); err != nil {
-		return fmt.Errorf("list open operations: %w", err)
-	}
-	for _, op := range open {
-		switch op.Phase {
-		case chat.PhasePrepared, chat.PhaseConfirmed:
-			err = t.setPhase(c, op.OperationID, chat.PhaseVoided, chat.OutcomeNotStarted)
-		case chat.PhaseRunning:
-			err = t.setPhase(c, op.OperationID, chat.PhaseAborted, chat.OutcomeAborted)
-		default:
-			err = fmt.Errorf("run %s: operation %s is %s: reconcile it by its key before finishing the cancel", row.RunID, op.OperationID, op.Phase)
-		}
-		if err != nil {
-			return err
-		}
+	// What the run leaves open is settled as at any end: an intent never
+	// sent is voided, a tool call nobody runs any more aborted, and a
+	// commit whose outcome nobody saw is unknown — never not_started — and
+	// reconciled by its key from here on. (Recovery and the claim hand such
+	// a commit to a worker first, which looks the key up at once; this is
+	// for a cancel that lands before that.)
+	if err := t.settleOpenOperations(c, row.RunID); err != nil {
+		return err
 	}
 	discarded, err := t.discarded(row.RunID)
 	if err != nil {
