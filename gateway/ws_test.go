@@ -736,7 +736,7 @@ func TestWSStalledClientIsClosed(t *testing.T) {
 	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
 		t.Errorf("stalled client closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)
 	}
-	if q, st := ml.count("slow:queue_overflow"), ml.count("slow:stuck_write"); q != 1 || st != 0 {
+	if q, st := ml.count("slow:websocket:queue_overflow"), ml.count("slow:websocket:stuck_write"); q != 1 || st != 0 {
 		t.Errorf("slow closes counted: %d queue_overflow, %d stuck_write; want 1 and 0", q, st)
 	}
 	if got := ml.waitCount("open:websocket", 2); got != 2 {
@@ -806,7 +806,7 @@ func TestWSStuckWriterIsDropped(t *testing.T) {
 	if code := websocket.CloseStatus(err); code != -1 {
 		t.Errorf("stuck client ended with close code %d (%v), want a dropped connection", code, err)
 	}
-	if q, st := ml.count("slow:queue_overflow"), ml.count("slow:stuck_write"); q != 0 || st != 1 {
+	if q, st := ml.count("slow:websocket:queue_overflow"), ml.count("slow:websocket:stuck_write"); q != 0 || st != 1 {
 		t.Errorf("slow closes counted: %d queue_overflow, %d stuck_write; want 0 and 1", q, st)
 	}
 	last := s.view(th).last()

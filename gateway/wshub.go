@@ -261,7 +261,7 @@ func (h *wsHub) sweep() {
 			for c := range h.conns {
 				if started := c.writeStarted.Load(); started != 0 && now.Sub(time.Unix(0, started)) > h.cfg.StuckWrite {
 					if c.swept.CompareAndSwap(false, true) {
-						h.s.metrics.SlowClosed(slowStuck)
+						h.s.metrics.SlowClosed(transportWebSocket, slowStuck)
 					}
 					c.ws.CloseNow()
 				}
