@@ -47,7 +47,12 @@ func (m *metricsLog) FrameSent(n int) {
 // waitCount waits (bounded) until key counts want; gauges move when a
 // handler ends, a moment after the client saw the close.
 func (m *metricsLog) waitCount(key string, want int) int {
-	deadline := time.Now().Add(waitTimeout)
+	return m.waitCountFor(key, want, waitTimeout)
+}
+
+// waitCountFor is waitCount waiting at most d.
+func (m *metricsLog) waitCountFor(key string, want int, d time.Duration) int {
+	deadline := time.Now().Add(d)
 	for m.count(key) != want && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
 	}

@@ -81,12 +81,17 @@ func (h *harness) dialWith(t *testing.T, name string, opts *websocket.DialOption
 	return &wsClient{t: t, name: name, conn: conn, sent: map[string]map[string]any{}, answered: map[string]int{}, views: map[string]*wsView{}}
 }
 
-// dialStalled connects a client whose TCP path holds very little: a tiny
-// receive buffer and a small segment size, set before connecting, so that a
-// peer that stops reading fills the kernel buffers with a few tens of KiB
-// instead of megabytes, and the server's own queue bound decides.
+// dialStalled connects a WebSocket client over stalledClient.
 func (h *harness) dialStalled(t *testing.T) *wsClient {
 	t.Helper()
+	return h.dialWith(t, "stalled tab", &websocket.DialOptions{HTTPClient: stalledClient(t)})
+}
+
+// stalledClient is an HTTP client whose TCP path holds very little: a tiny
+// receive buffer and a small segment size, set before connecting, so that a
+// peer that stops reading fills the kernel buffers with a few tens of KiB
+// instead of megabytes, and the server's own bounds decide.
+func stalledClient(t *testing.T) *http.Client {
 	d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		err := rc.Control(func(fd uintptr) {
@@ -102,7 +107,7 @@ func (h *harness) dialStalled(t *testing.T) *wsClient {
 	}}
 	tr := &http.Transport{DialContext: d.DialContext}
 	t.Cleanup(tr.CloseIdleConnections)
-	return h.dialWith(t, "stalled tab", &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}})
+	return &http.Client{Transport: tr}
 }
 
 func (c *wsClient) sendRaw(typ websocket.MessageType, b []byte) {
