@@ -148,7 +148,6 @@ type feed interface {
 	Publish(events []*chat.Event)
 	Add(threadID string, sink chat.EventSink)
 	Remove(threadID string, sink chat.EventSink)
-	Subscribe(threadID string, buffer int) *bus.Subscription
 }
 
 // serveUntilDone wires the parts, serves until ctx ends, and shuts down in
@@ -262,9 +261,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	api := gateway.New(gateway.Config{
 		Auth: authn, Store: st, Runs: eng, Log: log,
-		Subscribe: func(threadID string, buffer int) gateway.Subscription { return fd.Subscribe(threadID, buffer) },
-		Feed:      fd,
-		Metrics:   m,
+		Feed:    fd,
+		Metrics: m,
 		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
 			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
 			UserCommandRate: cfg.userRate, UserCommandBurst: max(1, int(2*cfg.userRate))},

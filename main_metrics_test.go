@@ -193,6 +193,7 @@ func TestBinaryMetrics(t *testing.T) {
 		{"gateway_runs_finished_total", []string{"status", "cancelled"}},
 		{"gateway_cancel_ack_seconds", []string{"transport", "websocket"}},
 		{"gateway_websocket_slow_closes_total", []string{"reason", "stuck_write"}},
+		{"gateway_sse_slow_closes_total", []string{"reason", "stuck_write"}},
 		{"gateway_rate_limited_total", []string{"kind", "cancels"}},
 		{"gateway_store_transaction_seconds", []string{"kind", "write"}},
 	} {

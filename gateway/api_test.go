@@ -153,7 +153,6 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	}
 	api := gateway.New(gateway.Config{
 		Auth: authn, Store: st, Runs: eng,
-		Subscribe: func(id string, n int) gateway.Subscription { return feed.Subscribe(id, n) },
 		Feed:      gf,
 		KeepAlive: o.keepAlive,
 		WS:        o.ws,
@@ -357,6 +356,38 @@ func (h *harness) run(runID string) chat.Run {
 	h.t.Helper()
 	var run chat.Run
 	h.call(http.MethodGet, "/api/runs/"+runID, nil, http.StatusOK, &run)
+	return run
+}
+
+// runUnwatched is runToEnd without a stream: it polls the run (bounded)
+// until it completes and takes the message from the snapshot. For tests
+// whose queue bound is so small that a live stream of a run (WebSocket or
+// SSE) may fall behind it and be ended as too slow, the bound doing its job.
+func (h *harness) runUnwatched(threadID string, expected int64, userMessage string) (chat.RunStartAck, chat.Message) {
+	h.t.Helper()
+	ack := h.startRun(threadID, expected, userMessage)
+	if run := h.pollRun(ack.RunID); run.Status != chat.RunCompleted {
+		h.t.Fatalf("run %s is %s, want completed", ack.RunID, run.Status)
+	}
+	msgs := h.snapshot(threadID).Messages
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if m := msgs[i]; m.RunID != nil && *m.RunID == ack.RunID && m.Role == chat.RoleAssistant {
+			return ack, m
+		}
+	}
+	h.t.Fatalf("run %s completed without publishing", ack.RunID)
+	return ack, chat.Message{}
+}
+
+// pollRun polls the run (bounded) until it ends and returns it.
+func (h *harness) pollRun(runID string) chat.Run {
+	h.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	run := h.run(runID)
+	for !run.Status.Terminal() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+		run = h.run(runID)
+	}
 	return run
 }
 

@@ -4,16 +4,15 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
 )
-
-// subscriberBuffer bounds how many events a stream may fall behind the
-// live feed before it resyncs from the store.
-const subscriberBuffer = 1024
 
 // events streams a thread's events as Server-Sent Events: first what the
 // client missed (from Last-Event-ID or after_seq; a snapshot when the gap
@@ -23,6 +22,16 @@ const subscriberBuffer = 1024
 // A stream holds one of its user's connection slots (MaxConnsPerUser, shared
 // with WebSocket connections) while it is open; past the bound it is
 // refused with 429 rate_limited before anything else is looked at.
+//
+// The handler goroutine is the stream's only writer. Live events reach it
+// through an sseFeed, which the thread's feed fills without ever blocking.
+// A stream is held to the WebSocket's bounds (WSConfig): every write runs
+// under a write deadline of StuckWrite, and a write stuck past it (the
+// client stopped reading, or a proxy stalled) ends the stream; so does
+// falling more than QueueBytes behind the live feed, or missing an event.
+// The handler then returns, giving back its subscription and its
+// connection slot, and the client's EventSource reconnects with
+// Last-Event-ID and resumes from the store without gap or duplicate.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	user := userID(r)
 	if err := s.limits.join(user); err != nil {
@@ -54,22 +63,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
+	// A response whose writes cannot be bounded is not streamed: a client
+	// that stopped reading would hold it for ever.
+	rc := http.NewResponseController(w)
+	if err := rc.SetWriteDeadline(time.Time{}); err != nil {
+		writeError(w, s.log, fmt.Errorf("event stream: the response cannot take a write deadline: %w", err))
+		return
+	}
 	// Subscribe before reading the store: every event committed after the
 	// read arrives live; the seq check drops what the read already had.
-	sub := s.subscribe(threadID, subscriberBuffer)
-	defer func() { sub.Close() }()
+	feed := newSSEFeed(s.ws.cfg.QueueBytes, s.metrics)
+	s.feed.Add(threadID, feed)
+	defer s.feed.Remove(threadID, feed)
 	first, err := s.catchUp(r.Context(), user, threadID, after)
-	last := first.lastSeq
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
 
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, s.log, errors.New("response writer cannot stream"))
-		return
-	}
 	h := w.Header()
 	securityHeaders(h)
 	h.Set("Content-Type", "text/event-stream")
@@ -78,60 +89,220 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	s.metrics.ConnOpened(transportSSE)
 	defer s.metrics.ConnClosed(transportSSE)
 	w.WriteHeader(http.StatusOK)
-	out := bufio.NewWriter(w)
-	send := func(evs []*chat.Event) bool {
-		for _, ev := range evs {
-			writeSSE(out, ev)
-		}
-		return out.Flush() == nil
-	}
-	if !send(first.events) {
-		return
-	}
-	flusher.Flush()
+	out := &sseWriter{rc: rc, buf: bufio.NewWriter(w), stuck: s.ws.cfg.StuckWrite}
+	defer out.finish()
 
+	last := first.lastSeq
+	err = out.events(first.events)
 	keepAlive := time.NewTicker(s.keepAlive)
 	defer keepAlive.Stop()
-	for {
+	for err == nil {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-keepAlive.C:
-			out.WriteString(": keep-alive\n\n")
-			if out.Flush() != nil {
-				return
-			}
-			flusher.Flush()
-		case ev, ok := <-sub.Events():
-			var batch []*chat.Event
-			switch {
-			case !ok:
-				// Dropped for falling behind: resubscribe, then fill the gap
+			err = out.write(func(b *bufio.Writer) { b.WriteString(": keep-alive\n\n") })
+		case <-feed.wake:
+			evs, why := feed.take()
+			if why != "" {
+				// Too slow, or an event went missing: say so in a comment
+				// (EventSource ignores it) and end; the reconnect resumes
 				// from the store.
-				sub = s.subscribe(threadID, subscriberBuffer)
-				got, err := s.catchUp(r.Context(), user, threadID, last)
-				if err != nil {
-					s.log.Warn("event stream resync failed", "thread_id", threadID, "err", err)
-					return
-				}
-				batch, last = got.events, got.lastSeq
-			case ev.Seq <= last:
-				continue
-			case ev.Seq == last+1:
-				batch, last = []*chat.Event{ev}, ev.Seq
-			default:
-				got, err := s.catchUp(r.Context(), user, threadID, last)
-				if err != nil {
-					s.log.Warn("event stream gap fill failed", "thread_id", threadID, "err", err)
-					return
-				}
-				batch, last = got.events, got.lastSeq
-			}
-			if !send(batch) {
+				out.write(func(b *bufio.Writer) { b.WriteString(sseEndComment(why)) })
 				return
 			}
-			flusher.Flush()
+			batch := evs[:0]
+			for _, ev := range evs {
+				if ev.Seq > last+1 {
+					// An event never reached the feed: only the store can
+					// fill the gap, and the reconnect asks it. The stream
+					// ends at the next wake-up, after what came before.
+					feed.end(slowMissed)
+					break
+				}
+				if ev.Seq == last+1 { // lower: the catch-up read had it
+					batch, last = append(batch, ev), ev.Seq
+				}
+			}
+			if len(batch) > 0 {
+				err = out.events(batch)
+			}
 		}
+	}
+	if errors.Is(err, errStuckWrite) {
+		feed.end(slowStuck)
+	}
+}
+
+// sseEndComment is the last line of a stream the server ended as a slow
+// consumer for why: what the client's EventSource does anyway, in words
+// for people reading the stream by hand (the WebSocket's close reasons).
+func sseEndComment(why string) string {
+	if why == slowMissed {
+		return ": missed events: reconnect with Last-Event-ID\n\n"
+	}
+	return ": too slow: reconnect with Last-Event-ID\n\n"
+}
+
+// errStuckWrite is a write to an event stream that was still blocked when
+// its deadline (WSConfig.StuckWrite) passed.
+var errStuckWrite = errors.New("event stream write stuck: the client stopped reading")
+
+// sseFeed is one event stream's live events: a chat.EventSink on its thread
+// whose Deliver, called by the feed while the store publishes a commit,
+// never blocks. It appends the event (its shared encoding, not a copy) to a
+// queue bounded in bytes and wakes the stream's writer, the handler
+// goroutine, which takes the whole queue at each wake-up. Past the bound,
+// or when the bus reports the thread's events lost, the stream is ended as
+// a slow consumer: the queue is dropped, nothing more is taken (the feed
+// then unsubscribes it), and the writer ends the response at its next
+// wake-up, at the latest when its write in progress returns (StuckWrite).
+// Safe for concurrent use.
+type sseFeed struct {
+	limit   int           // QueueBytes
+	metrics Metrics       // counts the end as a slow close, once
+	wake    chan struct{} // cap 1: events are queued, or the stream ended
+
+	mu     sync.Mutex
+	queue  []*chat.Event
+	queued int    // bytes of the queued events
+	ended  string // why the stream was ended as slow (slowQueue, …); "" while it is not
+}
+
+func newSSEFeed(limit int, m Metrics) *sseFeed {
+	return &sseFeed{limit: limit, metrics: m, wake: make(chan struct{}, 1)}
+}
+
+// Deliver implements chat.EventSink. It never blocks.
+func (f *sseFeed) Deliver(ev *chat.Event) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended != "" {
+		return false
+	}
+	f.queue = append(f.queue, ev)
+	f.queued += len(ev.Raw)
+	if f.queued > f.limit {
+		f.endLocked(slowQueue)
+		return false
+	}
+	f.signal()
+	return true
+}
+
+// Lost implements bus.LossAware: events of the thread are gone for good,
+// so the stream ends like one that missed an event, and the reconnect
+// starts over from the store (with a snapshot). Never blocks.
+func (f *sseFeed) Lost(string) { f.end(slowMissed) }
+
+// take returns the queued events and empties the queue, or, once the
+// stream was ended, why.
+func (f *sseFeed) take() ([]*chat.Event, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended != "" {
+		return nil, f.ended
+	}
+	evs := f.queue
+	f.queue, f.queued = nil, 0
+	return evs, ""
+}
+
+// end ends the stream as a slow consumer for why, counted once (the first
+// reason wins).
+func (f *sseFeed) end(why string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.endLocked(why)
+}
+
+func (f *sseFeed) endLocked(why string) {
+	if f.ended != "" {
+		return
+	}
+	f.ended = why
+	f.queue, f.queued = nil, 0
+	f.metrics.SlowClosed(transportSSE, why)
+	f.signal()
+}
+
+func (f *sseFeed) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sseWriter writes one event stream, each batch under one write deadline.
+// Owned by the handler goroutine; not safe for concurrent use.
+type sseWriter struct {
+	rc     *http.ResponseController
+	buf    *bufio.Writer
+	stuck  time.Duration // WSConfig.StuckWrite
+	broken bool          // a write failed: the connection is done
+}
+
+// events writes evs in pieces of about maxFrame bytes (one piece for the
+// few events of a live wake-up), each under its own deadline, so that a
+// long replay to a client that reads is not mistaken for a stuck one: a
+// piece, like a WebSocket frame, must get through within StuckWrite. With
+// no events it still flushes once (the headers of a stream that has
+// nothing to replay).
+func (w *sseWriter) events(evs []*chat.Event) error {
+	for once := true; once || len(evs) > 0; once = false {
+		n, size := 0, 0
+		for n < len(evs) && (n == 0 || size+len(evs[n].Raw) < maxFrame) {
+			size += len(evs[n].Raw)
+			n++
+		}
+		piece := evs[:n]
+		evs = evs[n:]
+		if err := w.write(func(b *bufio.Writer) {
+			for _, ev := range piece {
+				writeSSE(b, ev)
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write runs fill, which writes into the buffer, and flushes everything to
+// the client, all under one write deadline; a write still blocked when it
+// passes fails with errStuckWrite. The deadline is cleared afterwards: an
+// idle stream holds none (on HTTP/2 one that passed would reset the stream
+// even with nothing being written).
+func (w *sseWriter) write(fill func(*bufio.Writer)) error {
+	deadline := time.Now().Add(w.stuck)
+	err := w.rc.SetWriteDeadline(deadline)
+	if err == nil {
+		fill(w.buf)
+		err = w.buf.Flush()
+	}
+	if err == nil {
+		err = w.rc.Flush()
+	}
+	if err == nil {
+		err = w.rc.SetWriteDeadline(time.Time{})
+	}
+	if err == nil {
+		return nil
+	}
+	w.broken = true
+	if errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline) {
+		return errStuckWrite
+	}
+	return err
+}
+
+// finish bounds what the server still writes after the handler returns
+// (the end of the chunked body) by the same deadline; net/http clears it
+// once the response is done. A broken stream is left as it is: its
+// connection fails every write anyway.
+func (w *sseWriter) finish() {
+	if !w.broken {
+		w.rc.SetWriteDeadline(time.Now().Add(w.stuck))
 	}
 }
 

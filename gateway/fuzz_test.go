@@ -124,7 +124,6 @@ func (f *fuzzFake) Remove(threadID string, _ chat.EventSink) { f.record("Feed.Re
 func newFuzzServer() (*Server, *fuzzFake) {
 	fake := &fuzzFake{}
 	s := New(Config{Store: fake, Runs: fake, Feed: fake,
-		Subscribe: func(string, int) Subscription { panic("fuzz: no SSE") },
 		// No rate limit: every frame must reach the decoder.
 		WS: WSConfig{CommandRate: 1e12, CommandBurst: 1 << 40,
 			UserCommandRate: 1e12, UserCommandBurst: 1 << 40, CancelRate: 1e12, CancelBurst: 1 << 40}})

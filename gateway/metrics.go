@@ -19,9 +19,10 @@ type Metrics interface {
 	// payload bytes.
 	FrameReceived(n int)
 	FrameSent(n int)
-	// SlowClosed counts a WebSocket closed as a slow consumer (slowQueue,
+	// SlowClosed counts a WebSocket closed, or an event stream ended, as a
+	// slow consumer (transportWebSocket, transportSSE; slowQueue,
 	// slowStuck, slowMissed).
-	SlowClosed(reason string)
+	SlowClosed(transport, reason string)
 	// ConnRefused counts a connection of a transport refused by the
 	// per-user connection limit, which is also a rate_limited answer
 	// (the recorder counts it as kind "connections"; RateLimited is not
@@ -59,7 +60,7 @@ func (noMetrics) ConnOpened(string)                 {}
 func (noMetrics) ConnClosed(string)                 {}
 func (noMetrics) FrameReceived(int)                 {}
 func (noMetrics) FrameSent(int)                     {}
-func (noMetrics) SlowClosed(string)                 {}
+func (noMetrics) SlowClosed(string, string)         {}
 func (noMetrics) ConnRefused(string)                {}
 func (noMetrics) RateLimited(string)                {}
 func (noMetrics) CancelAcked(string, time.Duration) {}

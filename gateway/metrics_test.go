@@ -6,7 +6,7 @@ import (
 )
 
 // metricsLog is a gateway.Metrics that counts what it is told, by
-// "what:label" ("slow:queue_overflow", "limited:connection_commands",
+// "what:label" ("slow:websocket:queue_overflow", "limited:connection_commands",
 // "ack:websocket", "open:websocket" …).
 type metricsLog struct {
 	mu     sync.Mutex
@@ -29,7 +29,7 @@ func (m *metricsLog) count(key string) int {
 
 func (m *metricsLog) ConnOpened(transport string)           { m.add("open:"+transport, 1) }
 func (m *metricsLog) ConnClosed(transport string)           { m.add("open:"+transport, -1) }
-func (m *metricsLog) SlowClosed(reason string)              { m.add("slow:"+reason, 1) }
+func (m *metricsLog) SlowClosed(t, reason string)           { m.add("slow:"+t+":"+reason, 1) }
 func (m *metricsLog) ConnRefused(transport string)          { m.add("refused:"+transport, 1) }
 func (m *metricsLog) RateLimited(kind string)               { m.add("limited:"+kind, 1) }
 func (m *metricsLog) CancelAcked(t string, _ time.Duration) { m.add("ack:"+t, 1) }
@@ -47,7 +47,12 @@ func (m *metricsLog) FrameSent(n int) {
 // waitCount waits (bounded) until key counts want; gauges move when a
 // handler ends, a moment after the client saw the close.
 func (m *metricsLog) waitCount(key string, want int) int {
-	deadline := time.Now().Add(waitTimeout)
+	return m.waitCountFor(key, want, waitTimeout)
+}
+
+// waitCountFor is waitCount waiting at most d.
+func (m *metricsLog) waitCountFor(key string, want int, d time.Duration) int {
+	deadline := time.Now().Add(d)
 	for m.count(key) != want && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
 	}

@@ -265,9 +265,8 @@ func (h *authHarness) passwordServer(t *testing.T) (*httptest.Server, *auth.Auth
 	}
 	api := gateway.New(gateway.Config{
 		Auth: a, Store: h.st, Runs: h.eng,
-		Subscribe: func(id string, n int) gateway.Subscription { return h.feed.Subscribe(id, n) },
-		Feed:      h.feed,
-		WS:        h.ws,
+		Feed: h.feed,
+		WS:   h.ws,
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)

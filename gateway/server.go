@@ -38,18 +38,9 @@ type Runs interface {
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 }
 
-// Subscription delivers one thread's committed events in seq order until it
-// ends; Err says why the feed ended it (nil when closed by its owner).
-type Subscription interface {
-	Events() <-chan *chat.Event
-	Err() error
-	Close()
-}
-
-// Subscribe starts a channel subscription to a thread's live events (SSE).
-type Subscribe func(threadID string, buffer int) Subscription
-
-// Feed delivers a thread's live events to sinks (WebSocket connections).
+// Feed delivers a thread's live events to sinks (WebSocket connections
+// and event streams). A sink that is also bus.LossAware is told when
+// events of a thread are lost for good.
 type Feed interface {
 	Add(threadID string, sink chat.EventSink)
 	Remove(threadID string, sink chat.EventSink)
@@ -68,15 +59,15 @@ type Authenticator interface {
 type Config struct {
 	// Auth authenticates every /api and /ws request; nil serves everyone
 	// as the one local user (auth mode none).
-	Auth      Authenticator
-	Store     Store
-	Runs      Runs
-	Subscribe Subscribe
-	Feed      Feed
-	Log       *slog.Logger
+	Auth  Authenticator
+	Store Store
+	Runs  Runs
+	Feed  Feed
+	Log   *slog.Logger
 	// KeepAlive is the SSE comment interval (default 15s).
 	KeepAlive time.Duration
-	// WebSocket settings; zero values take the defaults of WSConfig.
+	// WebSocket and event stream settings; zero values take the defaults
+	// of WSConfig.
 	WS WSConfig
 	// Metrics records connections, frames, slow consumers, refusals and
 	// cancel ack latency (nil: nothing is recorded).
@@ -90,7 +81,6 @@ type Server struct {
 	auth      Authenticator
 	store     Store
 	runs      Runs
-	subscribe Subscribe
 	feed      Feed
 	log       *slog.Logger
 	keepAlive time.Duration
@@ -114,7 +104,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, subscribe: cfg.Subscribe, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)

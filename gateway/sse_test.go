@@ -15,7 +15,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/gateway"
 )
 
 // waitTimeout bounds every wait for an event, so a bug fails a test rather
@@ -102,6 +104,31 @@ type sseItem struct {
 // none). The stream is closed at the end of the test.
 func (h *harness) openSSE(threadID, query, lastEventID string) *sseStream {
 	h.t.Helper()
+	ctx, cancel, resp := h.requestSSE(h.srv.Client(), threadID, query, lastEventID)
+	return h.readSSE(ctx, cancel, resp, threadID, query, lastEventID)
+}
+
+// requestSSE sends the request of openSSE with client and checks the
+// answer's status and Content-Type; nothing of the body is read.
+func (h *harness) requestSSE(client *http.Client, threadID, query, lastEventID string) (context.Context, context.CancelFunc, *http.Response) {
+	h.t.Helper()
+	ctx, cancel, resp := h.sendSSE(client, threadID, query, lastEventID)
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		h.t.Fatalf("open event stream: status %d: %s", resp.StatusCode, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		h.t.Errorf("event stream Content-Type = %q, want text/event-stream", ct)
+	}
+	return ctx, cancel, resp
+}
+
+// sendSSE sends the request of openSSE with client and returns the answer,
+// whatever its status.
+func (h *harness) sendSSE(client *http.Client, threadID, query, lastEventID string) (context.Context, context.CancelFunc, *http.Response) {
+	h.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	url := h.srv.URL + "/api/threads/" + threadID + "/events"
 	if query != "" {
@@ -116,20 +143,38 @@ func (h *harness) openSSE(threadID, query, lastEventID string) *sseStream {
 	if lastEventID != "" {
 		req.Header.Set("Last-Event-ID", lastEventID)
 	}
-	resp, err := h.srv.Client().Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		cancel()
 		h.t.Fatalf("open event stream: %v", err)
 	}
-	if resp.StatusCode != http.StatusOK {
+	return ctx, cancel, resp
+}
+
+// openSSEAdmitted is openSSE for a user at the connection limit: it polls
+// (bounded) while the answer is 429, until a connection slot is given
+// back.
+func (h *harness) openSSEAdmitted(threadID, query, lastEventID string) *sseStream {
+	h.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		ctx, cancel, resp := h.sendSSE(h.srv.Client(), threadID, query, lastEventID)
+		if resp.StatusCode == http.StatusOK {
+			return h.readSSE(ctx, cancel, resp, threadID, query, lastEventID)
+		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		cancel()
-		h.t.Fatalf("open event stream: status %d: %s", resp.StatusCode, body)
+		if resp.StatusCode != http.StatusTooManyRequests || time.Now().After(deadline) {
+			h.t.Fatalf("open event stream: status %d: %s", resp.StatusCode, body)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
 	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		h.t.Errorf("event stream Content-Type = %q, want text/event-stream", ct)
-	}
+}
+
+// readSSE starts reading the body of an event stream that requestSSE
+// opened with these parameters; cancel ends it.
+func (h *harness) readSSE(ctx context.Context, cancel context.CancelFunc, resp *http.Response, threadID, query, lastEventID string) *sseStream {
 	s := &sseStream{
 		t: h.t, threadID: threadID, cancel: cancel,
 		items: make(chan sseItem, 4096), done: make(chan struct{}),
@@ -247,6 +292,29 @@ func (s *sseStream) next() *wireEvent {
 	case <-timer.C:
 		s.t.Fatalf("no event on %s within %v (last seq %d)", s.threadID, waitTimeout, s.lastSeq)
 		return nil
+	}
+}
+
+// rest reads, checking each event as next does, until the server ends the
+// stream, and returns the events and what ended it; it fails the test if
+// the stream is still open after waitTimeout.
+func (s *sseStream) rest() ([]*wireEvent, error) {
+	s.t.Helper()
+	timer := time.NewTimer(waitTimeout)
+	defer timer.Stop()
+	var got []*wireEvent
+	for {
+		select {
+		case it := <-s.items:
+			if it.err != nil {
+				return got, it.err
+			}
+			s.observe(it.ev)
+			got = append(got, it.ev)
+		case <-timer.C:
+			s.t.Fatalf("event stream of %s still open after %v (last seq %d)", s.threadID, waitTimeout, s.lastSeq)
+			return nil, nil
+		}
 	}
 }
 
@@ -627,6 +695,245 @@ func runeCount(evs []*wireEvent) int64 {
 	var n int64
 	for _, e := range evs {
 		n += int64(utf8.RuneCountInString(e.Text))
+	}
+	return n
+}
+
+// stalledSSE is an event stream whose client reads nothing after the
+// headers (over stalledClient, so that the kernel holds little) until
+// resume.
+type stalledSSE struct {
+	h               *harness
+	ctx             context.Context
+	cancel          context.CancelFunc
+	resp            *http.Response
+	threadID, query string
+}
+
+func (h *harness) openStalledSSE(threadID, query string) *stalledSSE {
+	h.t.Helper()
+	ctx, cancel, resp := h.requestSSE(stalledClient(h.t), threadID, query, "")
+	h.t.Cleanup(func() {
+		cancel()
+		resp.Body.Close()
+	})
+	return &stalledSSE{h: h, ctx: ctx, cancel: cancel, resp: resp, threadID: threadID, query: query}
+}
+
+// resume starts reading: the returned stream has everything from the
+// start, checked as openSSE's.
+func (s *stalledSSE) resume() *sseStream {
+	return s.h.readSSE(s.ctx, s.cancel, s.resp, s.threadID, s.query, "")
+}
+
+// streamStatus opens an event stream of the thread and returns the status
+// of the answer; an accepted stream is closed at once.
+func (h *harness) streamStatus(threadID string) int {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.srv.URL+"/api/threads/"+threadID+"/events?after_seq=0", nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp, err := h.srv.Client().Do(req)
+	if err != nil {
+		h.t.Fatalf("open event stream: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// publishWhileStalled runs runs on the thread, watched by live, until more
+// than bytes were published (as live counts them) and then for at least
+// busy more, and returns the thread's state after them. Every run
+// completing on live while another stream of the thread does not read is
+// the proof that no stream ever makes the publisher wait.
+func (h *harness) publishWhileStalled(live *sseStream, snap chat.Snapshot, bytes int, busy time.Duration) chat.Snapshot {
+	h.t.Helper()
+	v, total := snap.StateVersion, 0
+	var filled time.Time
+	for i := 0; filled.IsZero() || time.Since(filled) < busy; i++ {
+		if i == 300 {
+			h.t.Fatalf("%d runs published only %d bytes", i, total)
+		}
+		n := len(live.events)
+		ack := h.startRun(snap.ThreadID, v, fmt.Sprintf("question %d about readers that stall: %s", i, strings.Repeat("stalls ", 200)))
+		live.waitType(chat.EventRunCompleted, ack.RunID)
+		for _, e := range live.events[n:] {
+			total += len(e.Data)
+		}
+		v = live.lastVersion
+		if filled.IsZero() && total >= bytes {
+			filled = time.Now()
+		}
+	}
+	final := h.snapshot(snap.ThreadID)
+	if live.lastSeq != final.LastSeq {
+		h.t.Fatalf("the reading stream is at seq %d, the thread at %d", live.lastSeq, final.LastSeq)
+	}
+	h.t.Logf("published %d bytes in %d events", total, final.LastSeq)
+	return final
+}
+
+// resumeAfter checks the end of a stream the server gave up on: what it
+// received (prefix, up to seq last) is a gap-free beginning of the thread,
+// cut before its end, and a reconnect with Last-Event-ID, admitted once
+// the ended stream's connection slot is free, gets exactly the rest, so
+// that together they are what the stream that read everything (live) saw.
+func (h *harness) resumeAfter(prefix []*wireEvent, last int64, live *sseStream, final chat.Snapshot) {
+	h.t.Helper()
+	if last >= final.LastSeq {
+		h.t.Fatalf("the stalled stream got all %d events: the test did not stall it", final.LastSeq)
+	}
+	re := h.openSSEAdmitted(final.ThreadID, "after_seq=0", strconv.FormatInt(last, 10))
+	got := append(prefix, re.waitSeq(final.LastSeq)...)
+	if len(got) != len(live.events) {
+		h.t.Fatalf("prefix (%d events, to seq %d) + reconnect = %d events, the thread has %d", len(prefix), last, len(got), len(live.events))
+	}
+	for i, e := range got {
+		if string(e.Data) != string(live.events[i].Data) {
+			h.t.Errorf("event %d after the reconnect is %s, live was %s", i+1, e, live.events[i])
+		}
+	}
+	h.t.Logf("stalled stream cut at seq %d of %d", last, final.LastSeq)
+}
+
+// TestSSEStuckWriterIsDropped: a client that stops reading while the
+// thread keeps publishing holds its stream only until a write has been
+// stuck for StuckWrite. Then the handler returns: the stream ends, its
+// connection slot admits a new stream, the slow close is counted. The
+// publisher and a reading stream never waited for it; what it received is
+// a gap-free prefix, and a reconnect with Last-Event-ID resumes exactly
+// after it.
+func TestSSEStuckWriterIsDropped(t *testing.T) {
+	t.Parallel()
+	const stuck = 200 * time.Millisecond
+	ml := newMetricsLog()
+	h := newHarness(t, 0, withMetrics(ml), withWS(gateway.WSConfig{StuckWrite: stuck, MaxConnsPerUser: 2,
+		UserCommandRate: 1000, UserCommandBurst: 1000}))
+	snap := h.createThread("")
+	stalled := h.openStalledSSE(snap.ThreadID, "after_seq=0")
+	live := h.openSSE(snap.ThreadID, "after_seq=0", "")
+	if got := h.streamStatus(snap.ThreadID); got != http.StatusTooManyRequests {
+		t.Fatalf("a third stream: status %d, want 429 while the stalled one holds its slot", got)
+	}
+
+	// More than the stalled client's path holds (a few tens of KiB with
+	// its socket options; say at most 256 KiB), then the thread stays busy
+	// for several times StuckWrite: by then the handler must be gone.
+	final := h.publishWhileStalled(live, snap, 256<<10, 4*stuck)
+	// Its write has been stuck for about 4×StuckWrite by now: the handler
+	// is gone, give or take scheduling (without a deadline it never is).
+	if got := ml.waitCountFor("open:sse", 1, stuck+time.Second); got != 1 {
+		t.Fatalf("%d event streams counted open, want the reading one: the stuck stream was not ended", got)
+	}
+	if q, st, m := ml.count("slow:sse:queue_overflow"), ml.count("slow:sse:stuck_write"), ml.count("slow:sse:missed_events"); q != 0 || st != 1 || m != 0 {
+		t.Errorf("slow closes counted: %d queue_overflow, %d stuck_write, %d missed_events; want 0, 1, 0", q, st, m)
+	}
+
+	// Its connection slot is free: the reconnect is admitted.
+	s := stalled.resume()
+	prefix, err := s.rest()
+	t.Logf("the stuck stream ended with %v after %d bytes", err, dataBytes(prefix))
+	h.resumeAfter(prefix, s.lastSeq, live, final)
+}
+
+// TestSSESlowStreamIsEnded: a stream that falls more than QueueBytes behind
+// the live feed is ended as too slow. It is counted at once, the publisher
+// never waits for it, and it holds no more than the bound meanwhile; as
+// soon as its writer gets through it ends with a comment saying why. What
+// it received is a gap-free prefix, and a reconnect with Last-Event-ID
+// resumes exactly after it.
+func TestSSESlowStreamIsEnded(t *testing.T) {
+	t.Parallel()
+	const queue = 32 << 10
+	ml := newMetricsLog()
+	h := newHarness(t, 0, withMetrics(ml), withWS(gateway.WSConfig{QueueBytes: queue, StuckWrite: time.Minute,
+		MaxConnsPerUser: 2, UserCommandRate: 1000, UserCommandBurst: 1000}))
+	snap := h.createThread("")
+	th := snap.ThreadID
+	stalled := h.openStalledSSE(th, "after_seq=0")
+
+	// More than what the stalled client's path holds, the write its
+	// handler is blocked in and the queue bound, with a wide margin, as
+	// the store counts it. The runs are not watched live: a stream that
+	// reads may fall 32 KiB behind for a moment too.
+	ctx, user := context.Background(), chat.LocalPrincipal().UserID
+	v, last, total := snap.StateVersion, snap.LastSeq, 0
+	for i := 0; total < 2*queue+384<<10; i++ {
+		ack := h.startRun(th, v, fmt.Sprintf("question %d about slow readers: %s", i, strings.Repeat("slow ", 1<<10)))
+		if run := h.pollRun(ack.RunID); run.Status != chat.RunCompleted {
+			t.Fatalf("run %s is %s", ack.RunID, run.Status)
+		}
+		replay, err := h.st.Events(ctx, user, th, last)
+		if err != nil || !replay.Complete {
+			t.Fatalf("replay after %d: %v (complete %v)", last, err, replay.Complete)
+		}
+		for _, ev := range replay.Events {
+			total += len(ev.Raw)
+		}
+		v, last = replay.StateVersion, replay.LastSeq
+	}
+	if got := ml.waitCount("slow:sse:queue_overflow", 1); got != 1 {
+		t.Fatalf("%d queue overflows counted, want 1", got)
+	}
+	final := h.snapshot(th)
+	all := h.openSSE(th, "after_seq=0", "") // a replay: never held to the bound
+	all.waitSeq(final.LastSeq)
+	s := stalled.resume()
+	prefix, err := s.rest()
+	if err == nil || !strings.Contains(err.Error(), "ended by the server") {
+		t.Errorf("the slow stream ended with %v, want the server ending it", err)
+	}
+	if s.comments.Load() == 0 {
+		t.Errorf("the slow stream ended without a comment saying why")
+	}
+	if got := ml.waitCount("open:sse", 1); got != 1 {
+		t.Errorf("%d event streams counted open, want the reading one", got)
+	}
+	if st, m := ml.count("slow:sse:stuck_write"), ml.count("slow:sse:missed_events"); st != 0 || m != 0 {
+		t.Errorf("slow closes counted: %d stuck_write, %d missed_events; want none", st, m)
+	}
+	h.resumeAfter(prefix, s.lastSeq, all, final)
+}
+
+// TestSSELostEventsEndTheStream: when the bus reports events of the thread
+// lost for good, the stream ends like one that missed an event, counted,
+// and the reconnect starts over from the store.
+func TestSSELostEventsEndTheStream(t *testing.T) {
+	t.Parallel()
+	spy := &feedSpy{}
+	ml := newMetricsLog()
+	h := newHarness(t, 0, withFeedSpy(spy), withMetrics(ml))
+	snap := h.createThread("")
+	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
+	s.catchUp(snap.LastSeq)
+	sinks := spy.added(snap.ThreadID)
+	if len(sinks) != 1 {
+		t.Fatalf("%d sinks added for the thread, want the stream's one", len(sinks))
+	}
+	lossAware, ok := sinks[0].(bus.LossAware)
+	if !ok {
+		t.Fatal("an event stream is not bus.LossAware: a bus could not tell it about lost events")
+	}
+	lossAware.Lost(snap.ThreadID)
+	if _, err := s.rest(); err == nil || !strings.Contains(err.Error(), "ended by the server") {
+		t.Errorf("the stream ended with %v, want the server ending it", err)
+	}
+	if got := ml.waitCount("slow:sse:missed_events", 1); got != 1 {
+		t.Errorf("%d missed_events counted, want 1", got)
+	}
+	re := h.openSSE(snap.ThreadID, "", strconv.FormatInt(s.lastSeq, 10))
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, "short after the loss")
+	re.waitType(chat.EventRunCompleted, ack.RunID)
+}
+
+// dataBytes sums the data lines of some events.
+func dataBytes(evs []*wireEvent) int {
+	n := 0
+	for _, e := range evs {
+		n += len(e.Data)
 	}
 	return n
 }

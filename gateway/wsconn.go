@@ -306,7 +306,7 @@ func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
 // reason), counted once by why (slowQueue, slowMissed).
 func (c *wsConn) slowLocked(why, reason string) {
 	if c.closeCode == 0 {
-		c.hub.s.metrics.SlowClosed(why)
+		c.hub.s.metrics.SlowClosed(transportWebSocket, why)
 	}
 	c.closeLocked(closeSlow, reason)
 }

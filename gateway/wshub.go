@@ -15,8 +15,10 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// WSConfig tunes the WebSocket endpoint and the per-user limits that the
-// HTTP API shares with it (see limits.go). Zero values take the defaults.
+// WSConfig tunes the WebSocket endpoint, the slow-consumer bounds that event
+// streams (GET /api/threads/{id}/events) share with it, and the per-user
+// limits that the HTTP API shares with it (see limits.go). Zero values take
+// the defaults.
 type WSConfig struct {
 	// OriginPatterns lists extra hosts (path.Match patterns, e.g.
 	// "app.example.com") whose pages may connect; same-origin pages and
@@ -25,14 +27,17 @@ type WSConfig struct {
 	// ReadLimit bounds one client frame (default 1 MiB; over it the
 	// connection closes with 1009).
 	ReadLimit int64
-	// QueueBytes bounds what may wait for one connection's writer (default
-	// 4 MiB); a connection over it is closed as too slow. A subscribe's
-	// replay or snapshot may exceed it on its own (see queueReplayLocked).
+	// QueueBytes bounds what may wait for one connection's writer, or one
+	// event stream's (default 4 MiB); a connection over it is closed as
+	// too slow, a stream is ended. A subscribe's replay or snapshot, and a
+	// stream's first catch-up, may exceed it on their own (see
+	// queueReplayLocked).
 	QueueBytes int
 	// PingInterval is the keep-alive period (default 20s).
 	PingInterval time.Duration
 	// StuckWrite is how long one write may block before the sweeper closes
-	// the connection (default 10s).
+	// the connection (default 10s). It is also an event stream's write
+	// deadline: a write still blocked after it ends the stream.
 	StuckWrite time.Duration
 	// CommandRate and CommandBurst bound the frames of one connection
 	// (default 20/s, burst 40), so one tab cannot take its user's whole
@@ -261,7 +266,7 @@ func (h *wsHub) sweep() {
 			for c := range h.conns {
 				if started := c.writeStarted.Load(); started != 0 && now.Sub(time.Unix(0, started)) > h.cfg.StuckWrite {
 					if c.swept.CompareAndSwap(false, true) {
-						h.s.metrics.SlowClosed(slowStuck)
+						h.s.metrics.SlowClosed(transportWebSocket, slowStuck)
 					}
 					c.ws.CloseNow()
 				}

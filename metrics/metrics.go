@@ -34,8 +34,9 @@ var (
 	cancelTransports = []string{"websocket", "http"}
 	// transports of a connection refused by the per-user limit
 	connTransports = []string{"websocket", "sse"}
-	// why a WebSocket was closed as a slow consumer: its queue went over
-	// its bound, its write was stuck, or an event never reached it
+	// why a WebSocket was closed, or an event stream ended, as a slow
+	// consumer: its queue went over its bound, its write was stuck, or an
+	// event never reached it
 	slowReasons = []string{"queue_overflow", "stuck_write", "missed_events"}
 	// the limit behind a rate_limited answer
 	rateLimitKinds = []string{"user_commands", "cancels", "connection_commands", "connections", "subscriptions"}
@@ -68,6 +69,7 @@ type Metrics struct {
 	bytesIn     prometheus.Counter
 	bytesOut    prometheus.Counter
 	slowCloses  *prometheus.CounterVec
+	sseSlow     *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	rateLimited *prometheus.CounterVec
 	cancelAck   *prometheus.HistogramVec
@@ -121,6 +123,9 @@ func New() *Metrics {
 			"Payload bytes of the WebSocket data frames sent."),
 		slowCloses: f.counterVec("gateway_websocket_slow_closes_total",
 			"WebSocket connections closed as slow consumers, by reason: queue_overflow (more than the queue bound waited, closed with 1013), stuck_write (one write blocked too long, dropped), missed_events (an event never reached the queue, closed with 1013).",
+			"reason", slowReasons),
+		sseSlow: f.counterVec("gateway_sse_slow_closes_total",
+			"Server-Sent Event streams ended as slow consumers, by reason: queue_overflow (fell more than the queue bound behind the live feed), stuck_write (one write blocked past the write deadline), missed_events (an event never reached the stream). The client reconnects with Last-Event-ID.",
 			"reason", slowReasons),
 		refused: f.counterVec("gateway_connections_refused_total",
 			"WebSocket upgrades and event streams refused because their user already holds the most connections allowed (-max-conns-per-user), by transport.",
@@ -316,8 +321,15 @@ func (m *Metrics) FrameSent(n int) {
 	m.bytesOut.Add(float64(n))
 }
 
-// SlowClosed counts a WebSocket closed as a slow consumer, by reason.
-func (m *Metrics) SlowClosed(reason string) { m.slowCloses.WithLabelValues(reason).Inc() }
+// SlowClosed counts a WebSocket ("websocket") closed, or an event stream
+// ("sse") ended, as a slow consumer, by reason.
+func (m *Metrics) SlowClosed(transport, reason string) {
+	if transport == "sse" {
+		m.sseSlow.WithLabelValues(reason).Inc()
+		return
+	}
+	m.slowCloses.WithLabelValues(reason).Inc()
+}
 
 // ConnRefused counts a connection refused by the per-user connection
 // limit, in both its counter and the rate_limited answers (kind

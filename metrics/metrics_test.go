@@ -135,6 +135,27 @@ func TestOwnRegistry(t *testing.T) {
 	}
 }
 
+// A slow close is counted under its transport's own metric.
+func TestSlowClosedByTransport(t *testing.T) {
+	m := New()
+	m.SlowClosed("websocket", "queue_overflow")
+	m.SlowClosed("sse", "stuck_write")
+	m.SlowClosed("sse", "stuck_write")
+	for _, c := range []struct {
+		name, reason string
+		want         float64
+	}{
+		{"gateway_websocket_slow_closes_total", "queue_overflow", 1},
+		{"gateway_websocket_slow_closes_total", "stuck_write", 0},
+		{"gateway_sse_slow_closes_total", "stuck_write", 2},
+		{"gateway_sse_slow_closes_total", "queue_overflow", 0},
+	} {
+		if got := value(t, m, c.name, "reason", c.reason); got != c.want {
+			t.Errorf("%s{reason=%q} = %g, want %g", c.name, c.reason, got, c.want)
+		}
+	}
+}
+
 // What runs per delta, per frame and per transaction allocates nothing.
 func TestHotPathDoesNotAllocate(t *testing.T) {
 	m := New()
