@@ -54,7 +54,10 @@ type config struct {
 	searchLatency time.Duration
 	outboxLatency time.Duration
 	outboxFault   string
-	toolsConfig   string
+	// outboxRecordDelay: -outbox-fault record-late records a key this
+	// long after taking it
+	outboxRecordDelay time.Duration
+	toolsConfig       string
 	// auth
 	authMode       auth.Mode
 	authHeader     string
@@ -89,7 +92,8 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.int(&c.workers, "workers", "GATEWAY_WORKERS", 64, "runs executed at once")
 	ef.duration(&c.searchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
 	ef.duration(&c.outboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")
-	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout or crash (GATEWAY_OUTBOX_FAULT)")
+	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout, record-late or crash (GATEWAY_OUTBOX_FAULT)")
+	ef.duration(&c.outboxRecordDelay, "outbox-record-delay", "GATEWAY_OUTBOX_RECORD_DELAY", 10*time.Second, "send_email with -outbox-fault record-late: how long after taking a call the embedded provider records its key (answers lookups for it)")
 	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
 	fs.StringVar(&c.authHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
 	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
@@ -186,6 +190,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.reconcileHorizon < time.Second {
 		return c, errors.New("-reconcile-horizon must be at least 1s: it is how long an unknown outcome is looked up at its provider")
+	}
+	if c.outboxRecordDelay <= 0 {
+		return c, errors.New("-outbox-record-delay must be more than 0")
 	}
 	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")

@@ -211,7 +211,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		fd = bus.NewMemory()
 	}
 
-	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault})
+	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault, RecordDelay: cfg.outboxRecordDelay})
 	if err != nil {
 		return fmt.Errorf("open the embedded email provider: %w", err)
 	}

@@ -33,7 +33,20 @@ const (
 	// FaultCrash: the provider accepts and records the key, then
 	// CrashFunc runs, as if the gateway died before hearing the answer.
 	FaultCrash = "crash"
+	// FaultRecordLate: the provider takes a new key and will act on it,
+	// but the answer is lost (Send returns an error wrapping
+	// context.DeadlineExceeded) and it records the key only RecordDelay
+	// later, as a service that records a key once it finished acting
+	// does: until then Lookup does not find the key and every call with
+	// it is answered the same way (it is still being processed); from
+	// then on both answer as for any accepted key. So a caller's own
+	// lookups right after the lost answer find nothing, and the outcome
+	// stays unknown until a later lookup.
+	FaultRecordLate = "record-late"
 )
+
+// DefaultRecordDelay is OutboxConfig.RecordDelay's default.
+const DefaultRecordDelay = 10 * time.Second
 
 // ErrSimulatedCrash is what Send returns under FaultCrash when CrashFunc
 // returns (a test's CrashFunc that only records).
@@ -44,8 +57,11 @@ type OutboxConfig struct {
 	// Latency is waited (honouring ctx) before the provider sees a call.
 	Latency time.Duration
 	// Fault is one of FaultNone, FaultReject, FaultAcceptThenTimeout,
-	// FaultCrash.
+	// FaultCrash, FaultRecordLate.
 	Fault string
+	// RecordDelay is, under FaultRecordLate, how long after taking a new
+	// key the provider records it; 0 means DefaultRecordDelay.
+	RecordDelay time.Duration
 	// FaultEvery applies Fault to calls 1, 1+N, 1+2N, … of this Outbox
 	// (counting every Send), so with N = 2 the first call fails and the
 	// second succeeds. 0 or 1: every call.
@@ -75,6 +91,7 @@ const (
 	AttemptDuplicate = "duplicate" // the key was already accepted; its provider_id was returned
 	AttemptRejected  = "rejected"  // refused (FaultReject); nothing accepted
 	AttemptCancelled = "cancelled" // the caller gave up before the provider saw the call
+	AttemptPending   = "pending"   // the key was taken before but is not recorded yet (FaultRecordLate); the answer was lost
 )
 
 // Outbox plays an external email provider that honours idempotency keys:
@@ -88,7 +105,10 @@ const (
 // to the end even if the caller's ctx ends meanwhile, as a remote system
 // would. A key it already accepted is always answered with its
 // provider_id (it never claims to reject what it did); the lost-answer and
-// crash faults still apply to such repeats.
+// crash faults still apply to such repeats. A key taken under
+// FaultRecordLate is in its table from the start (so it is never taken
+// twice, and a restart does not forget it), with accepted_at the time it
+// becomes recorded: before it, Lookup does not see the key.
 type Outbox struct {
 	db    *sqlx.DB
 	cfg   OutboxConfig
@@ -139,12 +159,18 @@ const outboxSchemaLock = 0x6f7574626f78 // "outbox"
 // PostgreSQL database; anything else is the path of a SQLite file.
 func OpenOutbox(dsn string, cfg OutboxConfig) (*Outbox, error) {
 	switch cfg.Fault {
-	case FaultNone, FaultReject, FaultAcceptThenTimeout, FaultCrash:
+	case FaultNone, FaultReject, FaultAcceptThenTimeout, FaultCrash, FaultRecordLate:
 	default:
 		return nil, fmt.Errorf("outbox: unknown fault %q", cfg.Fault)
 	}
 	if cfg.FaultEvery < 0 {
 		return nil, fmt.Errorf("outbox: negative FaultEvery %d", cfg.FaultEvery)
+	}
+	if cfg.RecordDelay < 0 {
+		return nil, fmt.Errorf("outbox: negative RecordDelay %v", cfg.RecordDelay)
+	}
+	if cfg.RecordDelay == 0 {
+		cfg.RecordDelay = DefaultRecordDelay
 	}
 	if dsn == "" {
 		return nil, errors.New("outbox: empty database path")
@@ -224,8 +250,9 @@ func newProviderID() string {
 // provider_id and accept nothing more. Errors: ctx's error if ctx ended
 // during Latency (nothing reached the provider), ErrRejected under
 // FaultReject (nothing accepted), or, with the key accepted, an error
-// wrapping context.DeadlineExceeded (FaultAcceptThenTimeout) or
-// ErrSimulatedCrash (FaultCrash, if CrashFunc returns).
+// wrapping context.DeadlineExceeded (FaultAcceptThenTimeout, and
+// FaultRecordLate until the key is recorded) or ErrSimulatedCrash
+// (FaultCrash, if CrashFunc returns).
 func (o *Outbox) Send(ctx context.Context, key string, msg Email) (string, error) {
 	sent, err := o.Deliver(ctx, key, msg)
 	return sent.ProviderID, err
@@ -237,6 +264,9 @@ type Sent struct {
 	// Duplicate: the key had been accepted before; nothing was sent now,
 	// and ProviderID is the first acceptance's.
 	Duplicate bool
+	// pending: the key is taken but not recorded yet (FaultRecordLate):
+	// the caller gets no answer.
+	pending bool
 }
 
 // Deliver is Send, answering whether the key had been accepted before.
@@ -259,15 +289,23 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 	pctx := context.WithoutCancel(ctx)
 
 	if fault == FaultReject {
-		id, found, err := o.Lookup(pctx, key)
+		id, recorded, found, err := o.find(pctx, key)
 		if err != nil {
 			return Sent{}, err
 		}
-		if !found {
+		switch {
+		case !found:
 			if err := o.recordAttempt(pctx, key, AttemptRejected); err != nil {
 				return Sent{}, err
 			}
 			return Sent{}, fmt.Errorf("outbox: key %s: %w", key, ErrRejected)
+		case !recorded:
+			// Taken before (FaultRecordLate) and still being processed:
+			// never refused, and no answer yet.
+			if err := o.recordAttempt(pctx, key, AttemptPending); err != nil {
+				return Sent{}, err
+			}
+			return Sent{}, lostAnswer(key)
 		}
 		if err := o.recordAttempt(pctx, key, AttemptDuplicate); err != nil {
 			return Sent{}, err
@@ -275,13 +313,20 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 		return Sent{ProviderID: id, Duplicate: true}, nil
 	}
 
-	sent, err := o.accept(pctx, key, msg)
+	var recordIn time.Duration
+	if fault == FaultRecordLate {
+		recordIn = o.cfg.RecordDelay
+	}
+	sent, err := o.accept(pctx, key, msg, recordIn)
 	if err != nil {
 		return Sent{}, err
 	}
+	if sent.pending {
+		return Sent{}, lostAnswer(key)
+	}
 	switch fault {
 	case FaultAcceptThenTimeout:
-		return Sent{}, fmt.Errorf("outbox: no answer from the email provider for key %s: %w", key, context.DeadlineExceeded)
+		return Sent{}, lostAnswer(key)
 	case FaultCrash:
 		crash := o.cfg.CrashFunc
 		if crash == nil {
@@ -293,10 +338,19 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 	return sent, nil
 }
 
-// accept records key once, and the attempt, in one transaction. The first
+// lostAnswer is what the caller gets when the provider's answer is lost
+// (FaultAcceptThenTimeout; FaultRecordLate while the key is not recorded):
+// a timeout, as a caller would see it.
+func lostAnswer(key string) error {
+	return fmt.Errorf("outbox: no answer from the email provider for key %s: %w", key, context.DeadlineExceeded)
+}
+
+// accept takes key once, to be recorded recordIn from now (0 but for
+// FaultRecordLate), and records the attempt, in one transaction. The first
 // statement writes, so the transaction takes SQLite's write lock at once
-// (no read-to-write upgrade that could fail with SQLITE_BUSY).
-func (o *Outbox) accept(ctx context.Context, key string, msg Email) (Sent, error) {
+// (no read-to-write upgrade that could fail with SQLITE_BUSY). A key taken
+// before but not recorded yet is answered pending.
+func (o *Outbox) accept(ctx context.Context, key string, msg Email, recordIn time.Duration) (Sent, error) {
 	tx, err := o.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return Sent{}, fmt.Errorf("outbox: begin: %w", err)
@@ -305,7 +359,7 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email) (Sent, error
 	now := time.Now().UnixMilli()
 	r, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO outbox (idempotency_key, recipient, subject, body, provider_id, accepted_at)
 		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING`),
-		key, msg.To, msg.Subject, msg.Body, newProviderID(), now)
+		key, msg.To, msg.Subject, msg.Body, newProviderID(), now+recordIn.Milliseconds())
 	if err != nil {
 		return Sent{}, fmt.Errorf("outbox: accept %s: %w", key, err)
 	}
@@ -313,13 +367,20 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email) (Sent, error
 	if err != nil {
 		return Sent{}, fmt.Errorf("outbox: accept %s: %w", key, err)
 	}
-	result := AttemptAccepted
-	if n == 0 {
-		result = AttemptDuplicate
+	var row struct {
+		ID         string `db:"provider_id"`
+		AcceptedAt int64  `db:"accepted_at"`
 	}
-	var id string
-	if err := tx.GetContext(ctx, &id, tx.Rebind(`SELECT provider_id FROM outbox WHERE idempotency_key = ?`), key); err != nil {
+	if err := tx.GetContext(ctx, &row, tx.Rebind(`SELECT provider_id, accepted_at FROM outbox WHERE idempotency_key = ?`), key); err != nil {
 		return Sent{}, fmt.Errorf("outbox: read back %s: %w", key, err)
+	}
+	result := AttemptAccepted // taken now (and under FaultRecordLate recorded later)
+	switch {
+	case n == 1:
+	case row.AcceptedAt > now:
+		result = AttemptPending
+	default:
+		result = AttemptDuplicate
 	}
 	if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO outbox_attempts (idempotency_key, at, result) VALUES (?, ?, ?)`),
 		key, now, result); err != nil {
@@ -328,7 +389,7 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email) (Sent, error
 	if err := tx.Commit(); err != nil {
 		return Sent{}, fmt.Errorf("outbox: commit %s: %w", key, err)
 	}
-	return Sent{ProviderID: id, Duplicate: result == AttemptDuplicate}, nil
+	return Sent{ProviderID: row.ID, Duplicate: result == AttemptDuplicate, pending: row.AcceptedAt > now}, nil
 }
 
 func (o *Outbox) recordAttempt(ctx context.Context, key, result string) error {
@@ -340,20 +401,38 @@ func (o *Outbox) recordAttempt(ctx context.Context, key, result string) error {
 	return nil
 }
 
-// Lookup returns the provider_id of key, if the provider accepted it.
+// Lookup returns the provider_id of key, if the provider accepted and
+// recorded it (under FaultRecordLate a key is found only RecordDelay after
+// it was taken).
 func (o *Outbox) Lookup(ctx context.Context, key string) (providerID string, found bool, err error) {
-	err = o.db.GetContext(ctx, &providerID, o.db.Rebind(`SELECT provider_id FROM outbox WHERE idempotency_key = ?`), key)
+	id, recorded, _, err := o.find(ctx, key)
+	if err != nil || !recorded {
+		return "", false, err
+	}
+	return id, true, nil
+}
+
+// find reads key's row: whether the provider took it (found) and whether it
+// is recorded yet (accepted_at has come).
+func (o *Outbox) find(ctx context.Context, key string) (providerID string, recorded, found bool, err error) {
+	var row struct {
+		ID         string `db:"provider_id"`
+		AcceptedAt int64  `db:"accepted_at"`
+	}
+	err = o.db.GetContext(ctx, &row, o.db.Rebind(`SELECT provider_id, accepted_at FROM outbox WHERE idempotency_key = ?`), key)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
+		return "", false, false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("outbox: look up %s: %w", key, err)
+		return "", false, false, fmt.Errorf("outbox: look up %s: %w", key, err)
 	}
-	return providerID, true, nil
+	return row.ID, row.AcceptedAt <= time.Now().UnixMilli(), true, nil
 }
 
 // Accepted reports the keys the provider holds as accepted (one row per
-// key by its primary key: how often a key was accepted is in Attempts).
+// key by its primary key: how often a key was accepted is in Attempts),
+// also those taken under FaultRecordLate and not recorded yet: the
+// provider acts on them.
 func (o *Outbox) Accepted(ctx context.Context) (map[string]bool, error) {
 	var keys []string
 	if err := o.db.SelectContext(ctx, &keys, `SELECT idempotency_key FROM outbox`); err != nil {

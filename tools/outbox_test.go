@@ -125,6 +125,98 @@ func TestOutboxAcceptThenTimeout(t *testing.T) {
 	}
 }
 
+// Under record-late the provider takes the call and acts, but the answer
+// is lost and the key is recorded only RecordDelay later: lookups find
+// nothing until then (also from another process, which cannot take it
+// again or get it refused), and the same key afterwards.
+func TestOutboxRecordLate(t *testing.T) {
+	const delay = 2 * time.Second
+	dsn := testDSN(t, "provider.db")
+	o, err := OpenOutbox(dsn, OutboxConfig{Fault: FaultRecordLate, RecordDelay: delay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	ctx := context.Background()
+	start := time.Now()
+	id, err := o.Send(ctx, "k1", testEmail)
+	if !errors.Is(err, context.DeadlineExceeded) || id != "" {
+		t.Fatalf("Send = %q, %v; want a DeadlineExceeded error", id, err)
+	}
+	if _, found, err := o.Lookup(ctx, "k1"); err != nil || found {
+		t.Fatalf("Lookup right after the lost answer: found %v, %v; want not found", found, err)
+	}
+	// The provider has taken it: it acts on it (check compares with this).
+	if acc := accepted(t, o); len(acc) != 1 || !acc["k1"] {
+		t.Fatalf("accepted = %v", acc)
+	}
+	// Asked again before it is recorded: still no answer, nothing taken
+	// twice, whatever the asking process's fault (none, or reject).
+	if _, err := o.Send(ctx, "k1", testEmail); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("repeat while not recorded: %v, want DeadlineExceeded", err)
+	}
+	for _, fault := range []string{FaultNone, FaultReject} {
+		other, err := OpenOutbox(dsn, OutboxConfig{Fault: fault})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, found, err := other.Lookup(ctx, "k1"); err != nil || found {
+			t.Fatalf("fault %q: Lookup found %v, %v; want not found", fault, found, err)
+		}
+		if _, err := other.Send(ctx, "k1", testEmail); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("fault %q: repeat while not recorded: %v, want DeadlineExceeded (never a refusal)", fault, err)
+		}
+		other.Close()
+	}
+	if time.Since(start) >= delay {
+		t.Fatalf("the checks before the key is recorded took %v, longer than the delay %v", time.Since(start), delay)
+	}
+	if res := attemptResults(t, o, "k1"); len(res) != 4 || res[0] != AttemptAccepted || res[1] != AttemptPending || res[2] != AttemptPending || res[3] != AttemptPending {
+		t.Fatalf("attempts = %v, want accepted then 3 pending", res)
+	}
+
+	// Recorded RecordDelay after it was taken, not before.
+	var got string
+	for deadline := time.Now().Add(delay + 10*time.Second); ; {
+		var found bool
+		if got, found, err = o.Lookup(ctx, "k1"); err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key not recorded %v after the call", time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if waited := time.Since(start); waited < delay {
+		t.Fatalf("key recorded after %v, before the delay %v", waited, delay)
+	}
+	// From then on it is answered as any accepted key.
+	sent, err := o.Deliver(ctx, "k1", testEmail)
+	if err != nil || sent.ProviderID != got || !sent.Duplicate {
+		t.Fatalf("Deliver after recording = %+v, %v; want duplicate %q", sent, err, got)
+	}
+	res := attemptResults(t, o, "k1")
+	if n := len(res); n != 5 || res[n-1] != AttemptDuplicate {
+		t.Fatalf("attempts = %v, want a duplicate last", res)
+	}
+	if n := countResult(res, AttemptAccepted); n != 1 {
+		t.Fatalf("%d acceptances of k1, want 1", n)
+	}
+}
+
+func countResult(res []string, want string) int {
+	n := 0
+	for _, r := range res {
+		if r == want {
+			n++
+		}
+	}
+	return n
+}
+
 func TestOutboxCrash(t *testing.T) {
 	var o *Outbox
 	crashed := 0
@@ -236,6 +328,9 @@ func TestOutboxCancelDuringLatency(t *testing.T) {
 func TestOpenOutboxBadConfig(t *testing.T) {
 	if _, err := OpenOutbox(filepath.Join(t.TempDir(), "x.db"), OutboxConfig{Fault: "flaky"}); err == nil {
 		t.Fatal("unknown fault accepted")
+	}
+	if _, err := OpenOutbox(filepath.Join(t.TempDir(), "x.db"), OutboxConfig{Fault: FaultRecordLate, RecordDelay: -time.Second}); err == nil {
+		t.Fatal("negative record delay accepted")
 	}
 }
 

@@ -642,6 +642,7 @@ func TestAfterEmailResult(t *testing.T) {
 		{`{"status":"voided"}`, []string{"cancelled before it happened", "no email went out"}},
 		{`{"status":"failed","error":"mailbox unavailable"}`, []string{"provider refused", "mailbox unavailable", "not sent"}},
 		{`{"status":"failed"}`, []string{"provider refused"}},
+		{`{"status":"unknown","key":"email:t:h:send","note":"…"}`, []string{"do not know yet", "bob@example.com", "may have been sent", "email:t:h:send"}},
 		{`{"status":"maybe"}`, []string{"cannot tell whether the email went out"}},
 		{`garbage`, []string{"cannot tell whether the email went out"}},
 	} {

@@ -593,6 +593,17 @@ func emailAnswer(content, to string) string {
 		return "I did not send the email, because you rejected the draft. Tell me what to change and I will draft it again."
 	case "voided":
 		return "The send was cancelled before it happened, so no email went out."
+	case "unknown":
+		// The answer was lost: it may have gone out. Never say it did not.
+		what := "whether the email went out"
+		if to != "" {
+			what = "whether the email to " + to + " went out"
+		}
+		key := ""
+		if k := str(r["key"]); k != "" {
+			key = " under the key " + k
+		}
+		return "I do not know yet " + what + ": the provider did not confirm it, so it may have been sent. The gateway keeps asking the provider" + key + " and shows what it finds on the page."
 	case "failed":
 		if e := str(r["error"]); e != "" {
 			return "The provider refused the email, so it was not sent. The error was: " + strings.TrimRightFunc(e, func(r rune) bool { return r == '.' || unicode.IsSpace(r) }) + "."

@@ -72,6 +72,12 @@ export interface Operation {
   outcome: string | null;
   created_at: string;
   updated_at: string;
+  // An unknown outcome is looked up by its key at the provider:
+  // reconcile_next_at is the next lookup, reconcile_until the horizon. With
+  // reconcile_until but no reconcile_next_at the gateway stopped asking,
+  // and only the provider's records for the key can tell.
+  reconcile_next_at?: string;
+  reconcile_until?: string;
 }
 
 export interface OperationOutcome {

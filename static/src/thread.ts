@@ -4,6 +4,7 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
+import { receiptLine, stepLine, type Line, type OpNow } from "./outcome";
 import {
   CommandError,
   type Checkpoint,
@@ -37,6 +38,8 @@ interface Receipt {
   runID: string;
   kept: Message | null; // the last published message when the cancel was accepted
   discarded: number;
+  // The run's operations as the cancel reported them; each is shown as it
+  // is now (opNow), so a later tool.updated changes the receipt.
   operations: OperationOutcome[];
 }
 
@@ -172,6 +175,7 @@ export class ThreadView {
     // conversation (nothing moved the head since): a reloaded page shows the
     // same receipt or failure as the tab that watched it happen.
     const last = s.last_run;
+    if (last) this.noteOutcomes(last.operations);
     if (last && last.resume_checkpoint_id === s.head_checkpoint_id) {
       if (last.status === "cancelled") {
         const kept = last.published_message_id ? this.messages.find((m) => m.message_id === last.published_message_id) : undefined;
@@ -251,6 +255,7 @@ export class ThreadView {
         if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
         break;
       case "run.cancelled": {
+        this.noteOutcomes(ev.operations ?? []);
         const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
         this.receipt = {
           runID: ev.run_id ?? "",
@@ -292,6 +297,26 @@ export class ThreadView {
     this.socket
       .send({ type: "subscribe", thread_id: this.threadID })
       .catch((err: unknown) => this.show(`Could not reload this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) }));
+  }
+
+  // noteOutcomes takes the phases a run.cancelled or a snapshot reported
+  // into the operations this tab knows: they are the server's word as of
+  // that seq (events after it correct them, and the operation log, when
+  // read again, brings the rest).
+  private noteOutcomes(list: OperationOutcome[]): void {
+    for (const o of list) {
+      const known = this.operations.get(o.operation_id);
+      if (!known || known.phase === o.phase) continue;
+      const next: Operation = { ...known, phase: o.phase, outcome: o.outcome };
+      if (o.phase !== "unknown") delete next.reconcile_next_at;
+      this.operations.set(o.operation_id, next);
+    }
+  }
+
+  // opNow is an operation of a receipt as this tab knows it now.
+  private opNow(o: OperationOutcome): OpNow {
+    const op = this.operations.get(o.operation_id);
+    return op ? opView(op, o.outcome) : o;
   }
 
   private onConn(s: ConnState, detail: string): void {
@@ -585,6 +610,7 @@ export class ThreadView {
   private render(): void {
     const atBottom = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
     this.renderMessages();
+    this.renderToolSteps();
     this.renderLive();
     this.renderOperations();
     if (atBottom) window.scrollTo({ top: document.documentElement.scrollHeight });
@@ -643,7 +669,12 @@ export class ThreadView {
     });
     if (m.kind === "fragment") li.append(el("div", { class: "label", "data-testid": "fragment-label" }, "Saved fragment"));
     if (m.role === "tool") {
-      li.append(toolResult(m.content));
+      const { node, operationID } = toolResult(m.content);
+      li.append(node);
+      if (operationID) {
+        li.dataset.operationId = operationID;
+        li.append(el("p", { class: "tool-status", "data-testid": "tool-status", "data-operation-id": operationID, role: "status", hidden: "" }));
+      }
     } else {
       li.append(el(m.kind === "card" ? "pre" : "div", { class: m.kind === "card" ? "body card" : "body", "data-testid": "message-body" }, m.content));
     }
@@ -653,6 +684,22 @@ export class ThreadView {
       li.append(el("div", { class: "msg-actions" }, del));
     }
     return li;
+  }
+
+  // renderToolSteps says under each consequential call's result what became
+  // of it now: the recorded result is what was known when it was recorded
+  // (an unknown outcome may since have been confirmed, or given up on).
+  private renderToolSteps(): void {
+    for (const p of this.list.querySelectorAll<HTMLElement>("[data-testid=tool-status]")) {
+      const op = this.operations.get(p.dataset.operationId ?? "");
+      const line = op && op.contract === "consequential" ? stepLine(opView(op)) : null;
+      const want = line ? `${line.state}:${op?.idempotency_key ?? ""}:${JSON.stringify(op?.preview ?? null)}` : "";
+      if (p.dataset.shown === want) continue;
+      p.dataset.shown = want;
+      p.dataset.state = line?.state ?? "";
+      p.hidden = line === null;
+      p.replaceChildren(...(line ? lineParts(line) : []));
+    }
   }
 
   private renderLive(): void {
@@ -755,6 +802,7 @@ export class ThreadView {
           el("span", { class: "phase", "data-testid": "operation-phase" }, op.phase),
           op.outcome ? ` · outcome ${op.outcome}` : "",
           op.idempotency_key ? el("div", { class: "key" }, `key ${op.idempotency_key}`) : "",
+          op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
           el("div", { class: "hint" }, `started ${new Date(op.created_at).toLocaleTimeString()} · updated ${new Date(op.updated_at).toLocaleTimeString()}`),
         ),
       ),
@@ -772,7 +820,17 @@ export class ThreadView {
     const ops =
       r.operations.length === 0
         ? el("li", {}, "No side effects: no tool had started.")
-        : r.operations.map((o) => el("li", { "data-testid": "receipt-operation", "data-outcome": o.outcome }, operationLine(o)));
+        : r.operations.map((o) => {
+            const now = this.opNow(o);
+            const line = receiptLine(now);
+            return el(
+              "li",
+              { "data-testid": "receipt-operation", "data-operation-id": o.operation_id, "data-outcome": now.outcome, "data-state": line.state },
+              el("strong", { class: "op-tool" }, o.tool),
+              ": ",
+              ...lineParts(line),
+            );
+          });
     const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
     if (this.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
     actions.append(button("Start a new branch", "fork", "action-fork"));
@@ -830,40 +888,59 @@ export class ThreadView {
   }
 }
 
-// operationLine says in words what a tool call did, for a cancel receipt.
-function operationLine(o: OperationOutcome): string {
-  switch (o.outcome) {
-    case "committed":
-      return `${o.tool}: already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`;
-    case "not_started":
-      return `${o.tool}: not started. Nothing was sent (${o.phase}).`;
-    case "completed":
-      return `${o.tool}: finished before the cancel. Its result is kept, and continuing reuses it.`;
-    case "aborted":
-      return `${o.tool}: stopped. It runs again if you continue.`;
-    case "unknown":
-      return `${o.tool}: outcome not known yet; it is being checked with the external system.`;
-    default:
-      return `${o.tool}: ${o.outcome} (${o.phase}).`;
+// lineParts is a Line as the page shows it: "<status>. <rest>", the status
+// marked so that its state can colour it.
+function lineParts(line: Line): (Node | string)[] {
+  const status = el("span", { class: "op-state", "data-testid": "operation-status" }, line.status);
+  return line.rest.length > 0 ? [status, ". ", ...line.rest] : [status, "."];
+}
+
+// opView is an operation as the outcome sentences read it; outcome stands
+// in for one the operation does not carry yet.
+function opView(op: Operation, outcome = ""): OpNow {
+  return {
+    operation_id: op.operation_id,
+    tool: op.tool,
+    phase: op.phase,
+    outcome: op.outcome ?? outcome,
+    contract: op.contract,
+    preview: op.preview,
+    idempotency_key: op.idempotency_key,
+    reconcile_next_at: op.reconcile_next_at,
+    reconcile_until: op.reconcile_until,
+  };
+}
+
+// reconcileNote says, in the operation log, how an unknown outcome is
+// being settled.
+function reconcileNote(op: Operation): string {
+  const at = (t: string): string => new Date(t).toLocaleString();
+  if (op.reconcile_next_at) {
+    return `Not confirmed by the provider yet: the gateway keeps looking the key up${op.reconcile_until ? `, until ${at(op.reconcile_until)}` : ""}.`;
   }
+  if (op.reconcile_until) return `The gateway stopped looking the key up at ${at(op.updated_at)}: only the provider's records for it can tell.`;
+  return "Not confirmed by the provider yet: the key is being looked up.";
 }
 
 // toolResult shows a tool message: which tool answered, and its result
 // folded away (the raw JSON is there for whoever wants it).
-function toolResult(content: string): HTMLElement {
+function toolResult(content: string): { node: HTMLElement; operationID: string } {
   let tool = "tool";
   let pretty = content;
+  let operationID = "";
   try {
-    const rec = JSON.parse(content) as { tool?: string; result?: unknown };
+    const rec = JSON.parse(content) as { tool?: string; operation_id?: string; result?: unknown };
     tool = rec.tool ?? tool;
+    operationID = typeof rec.operation_id === "string" ? rec.operation_id : "";
     pretty = JSON.stringify(rec.result ?? rec, null, 2);
   } catch {
     // not JSON: show it as it is
   }
-  return el(
+  const node = el(
     "details",
     { class: "tool-result" },
     el("summary", {}, `Result of ${tool}`),
     el("pre", { class: "body card", "data-testid": "message-body" }, pretty),
   );
+  return { node, operationID };
 }

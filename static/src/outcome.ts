@@ -1,0 +1,118 @@
+// What became of a tool call, in words, from the operation as it is now:
+// its phase and outcome and, while the outcome is unknown, whether the
+// gateway still asks the provider by the call's key. The cancel receipt and
+// the tool step in the conversation say it from the same facts, and change
+// with every tool.updated.
+
+import type { Operation, OperationOutcome } from "./protocol";
+
+// OpNow is what the page knows of an operation: the outcome a run.cancelled
+// or a snapshot reported, completed by the whole operation once the log or
+// a tool event brought it (key, draft, reconciliation).
+export type OpNow = OperationOutcome &
+  Partial<Pick<Operation, "contract" | "preview" | "idempotency_key" | "reconcile_next_at" | "reconcile_until">>;
+
+// Line is one operation in words: its state (data-state), a short status
+// ("not confirmed yet") and the sentences after it, with the key as code.
+export interface Line {
+  state: string;
+  status: string;
+  rest: (Node | string)[];
+}
+
+// opState names what a user must know: an unknown outcome still being
+// checked, or one the gateway stopped asking about; otherwise the outcome.
+export function opState(o: OpNow): string {
+  if (o.outcome !== "unknown") return o.outcome;
+  return o.reconcile_until && !o.reconcile_next_at ? "unknown_given_up" : "unknown_checking";
+}
+
+// effect names what the call does, for sentences: "the email to ann@…" and
+// "sent"; another tool's call is "the refund_order call", "carried out".
+function effect(o: OpNow): { what: string; done: string } {
+  if (o.tool === "send_email") {
+    const to = (o.preview as { to?: unknown } | null | undefined)?.to;
+    return { what: typeof to === "string" && to ? `the email to ${to}` : "the email", done: "sent" };
+  }
+  return { what: `the ${o.tool} call`, done: "carried out" };
+}
+
+const cap = (s: string): string => s.charAt(0).toUpperCase() + s.slice(1);
+
+// keyed is [before, the key as code, after], or [without] when the page
+// does not know the key yet (the operation log has not answered).
+function keyed(o: OpNow, before: string, after: string, without: string): (Node | string)[] {
+  if (!o.idempotency_key) return [without];
+  const c = document.createElement("code");
+  c.className = "op-key";
+  c.dataset.testid = "operation-key";
+  c.textContent = o.idempotency_key;
+  return [before, c, after];
+}
+
+// unknownRest is what an unknown outcome means now: still being checked
+// (the key, and that this will change), or given up on (where to look).
+function unknownRest(o: OpNow): (Node | string)[] {
+  const e = effect(o);
+  if (opState(o) === "unknown_given_up") {
+    return [
+      `${cap(e.what)} may have been ${e.done}: the provider never confirmed whether it was, and the gateway stopped asking. `,
+      ...keyed(o, "Check its records for key ", ".", "Check its records."),
+    ];
+  }
+  return [
+    `${cap(e.what)} may have been ${e.done}. `,
+    ...keyed(o, "The gateway keeps asking the provider (key ", ") and will update this.", "The gateway keeps asking the provider and will update this."),
+  ];
+}
+
+// receiptLine says, in a cancel receipt, what a tool call of the cancelled
+// run did: "<tool>: <status>. <rest>".
+export function receiptLine(o: OpNow): Line {
+  const state = opState(o);
+  const e = effect(o);
+  const line = (status: string, ...rest: (Node | string)[]): Line => ({ state, status, rest });
+  if (state === "unknown_checking") return line("not confirmed yet", ...unknownRest(o));
+  if (state === "unknown_given_up") return line("unknown", ...unknownRest(o));
+  if (o.phase === "reconciled") {
+    return line(
+      e.done,
+      ...keyed(o, "The provider has confirmed (key ", ")", "The provider has confirmed"),
+      ` that it took ${e.what}: it was handed over before the cancel took effect and cannot be undone.`,
+    );
+  }
+  switch (o.outcome) {
+    case "committed":
+      return line(e.done, `${cap(e.what)} was already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`);
+    case "not_started":
+      return line("not started", `Nothing was sent (${o.phase}).`);
+    case "completed":
+      return line("finished before the cancel", "Its result is kept, and continuing reuses it.");
+    case "aborted":
+      return line("stopped", "It runs again if you continue.");
+    default:
+      return line(`${o.outcome} (${o.phase})`);
+  }
+}
+
+// stepLine says, under a consequential call's result in the conversation,
+// what became of it now — the recorded result is what was known then —
+// as "<Status>. <rest>", or null when there is nothing to add.
+export function stepLine(o: OpNow): Line | null {
+  const state = opState(o);
+  const e = effect(o);
+  const line = (status: string, ...rest: (Node | string)[]): Line => ({ state, status, rest });
+  if (state === "unknown_checking") return line("Not confirmed yet", ...unknownRest(o));
+  if (state === "unknown_given_up") return line("Unknown", ...unknownRest(o));
+  if (o.phase === "reconciled") {
+    return line(
+      cap(e.done),
+      "Its answer was lost, but the provider has since confirmed",
+      ...keyed(o, " (key ", ")", ""),
+      ` that it took ${e.what}. It cannot be undone.`,
+    );
+  }
+  if (o.outcome === "committed") return line(cap(e.done), `The provider took ${e.what}. It cannot be undone.`);
+  if (o.outcome === "failed") return line(`Not ${e.done}`, `The provider refused ${e.what}.`);
+  return null;
+}
