@@ -58,18 +58,57 @@ type cluster struct {
 	dsn   string
 	nats  *natstest.Server
 	flags []string
+	pace  string     // -demo-pace ("" : 8ms)
+	extra [][]string // more flags for instance i (nil: none)
 
-	mu    sync.Mutex
-	nodes []*server // nil while an instance is down
+	mu     sync.Mutex
+	nodes  []*server // nil while an instance is down
+	frozen []bool    // instance i is stopped (SIGSTOP): up, but pick skips it
 }
 
 // startNode starts instance i (again).
 func (c *cluster) startNode(i int) {
 	c.t.Helper()
 	flags := append([]string{"-nats", c.nats.URL(), "-instance-id", fmt.Sprintf("gw%d", i)}, c.flags...)
-	s := startServerWith(c.t, c.dsn, "8ms", flags...)
+	if i < len(c.extra) {
+		flags = append(flags, c.extra[i]...)
+	}
+	pace := c.pace
+	if pace == "" {
+		pace = "8ms"
+	}
+	s := startServerWith(c.t, c.dsn, pace, flags...)
 	c.mu.Lock()
 	c.nodes[i] = s
+	c.mu.Unlock()
+}
+
+// node returns instance i (nil while it is down).
+func (c *cluster) node(i int) *server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// freezeNode stops instance i with SIGSTOP; thawNode lets it go on. While
+// it is frozen, pick leaves it out (a load balancer's health check would).
+func (c *cluster) freezeNode(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	if c.frozen == nil {
+		c.frozen = make([]bool, len(c.nodes))
+	}
+	c.frozen[i] = true
+	s := c.nodes[i]
+	c.mu.Unlock()
+	s.freeze()
+}
+
+func (c *cluster) thawNode(i int) {
+	c.t.Helper()
+	c.node(i).thaw()
+	c.mu.Lock()
+	c.frozen[i] = false
 	c.mu.Unlock()
 }
 
@@ -116,8 +155,8 @@ func (c *cluster) pick(r *rand.Rand) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var up []string
-	for _, s := range c.nodes {
-		if s != nil {
+	for i, s := range c.nodes {
+		if s != nil && (c.frozen == nil || !c.frozen[i]) {
 			up = append(up, s.base)
 		}
 	}
@@ -139,13 +178,49 @@ type tab struct {
 	threadID string
 	c        *cluster
 	rng      *rand.Rand // used by the tab's goroutine only
+	first    string     // base URL of the first connection ("": a random instance)
 
 	mu         sync.Mutex
 	events     []tabEvent
 	lastSeq    int64
 	conn       *websocket.Conn
+	base       string            // the instance of conn
+	answers    map[string]string // command id -> its ack or error frame
 	violations []string
 	reconnects int
+}
+
+// send writes a command (a JSON object with its own "id") on the tab's
+// current connection; its ack or error is kept for answer. It fails when
+// the tab is between connections, and says to which instance it went.
+func (tb *tab) send(ctx context.Context, cmd map[string]any) (string, error) {
+	tb.mu.Lock()
+	conn, base := tb.conn, tb.base
+	tb.mu.Unlock()
+	if conn == nil {
+		return "", errors.New("not connected")
+	}
+	b, err := json.Marshal(cmd)
+	if err != nil {
+		return "", err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return base, conn.Write(wctx, websocket.MessageText, b)
+}
+
+// answer returns the ack or error frame of command id ("" : none yet).
+func (tb *tab) answer(id string) string {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return tb.answers[id]
+}
+
+// connectedTo returns the base URL of the tab's connection ("" : none).
+func (tb *tab) connectedTo() string {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return tb.base
 }
 
 func (tb *tab) violate(format string, args ...any) {
@@ -170,8 +245,11 @@ func (tb *tab) drop() {
 // run connects, subscribes after the last seq it has, and reads until the
 // connection ends; then again, until ctx ends.
 func (tb *tab) run(ctx context.Context) {
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
 		base := tb.c.pick(tb.rng)
+		if first && tb.first != "" {
+			base = tb.first
+		}
 		err := tb.session(ctx, base)
 		if ctx.Err() != nil {
 			return
@@ -203,12 +281,12 @@ func (tb *tab) session(ctx context.Context, base string) error {
 	defer conn.CloseNow()
 	conn.SetReadLimit(16 << 20)
 	tb.mu.Lock()
-	tb.conn = conn
+	tb.conn, tb.base = conn, base
 	after := tb.lastSeq
 	tb.mu.Unlock()
 	defer func() {
 		tb.mu.Lock()
-		tb.conn = nil
+		tb.conn, tb.base = nil, ""
 		tb.mu.Unlock()
 	}()
 	sub, _ := json.Marshal(map[string]any{"type": "subscribe", "id": "s1", "thread_id": tb.threadID, "after_seq": after})
@@ -246,6 +324,14 @@ func (tb *tab) session(ctx context.Context, base string) error {
 				if head.Recovered == nil || !*head.Recovered {
 					tb.violate("subscribe after_seq=%d on %s was not recovered (the buffer holds everything in this test)", after, base)
 				}
+			case head.Re != "" && head.Re != "s1" && (head.Type == "ack" || head.Type == "error"):
+				// The answer to a command sent with send.
+				tb.mu.Lock()
+				if tb.answers == nil {
+					tb.answers = map[string]string{}
+				}
+				tb.answers[head.Re] = string(line)
+				tb.mu.Unlock()
 			case head.Type == "error":
 				tb.violate("error frame on %s: %s", base, line)
 			case !acked:

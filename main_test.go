@@ -91,7 +91,8 @@ type server struct {
 	base string
 
 	mu   sync.Mutex
-	logs []string // the last lines of stderr, for failure reports
+	logs []string       // the last lines of stderr, for failure reports
+	msgs map[string]int // msg="…" of every stderr line -> how many lines said it
 
 	exited  chan struct{} // closed once the process was waited for
 	waitErr error
@@ -112,7 +113,7 @@ func startServer(t *testing.T, db, pace string) *server {
 func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
 	t.Helper()
 	bin := gatewayBinary(t)
-	s := &server{t: t, db: db, exited: make(chan struct{})}
+	s := &server{t: t, db: db, exited: make(chan struct{}), msgs: map[string]int{}}
 	s.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace}, flags...)...)
 	s.cmd.Env = childEnv()
 	stderr, err := s.cmd.StderrPipe()
@@ -135,6 +136,11 @@ func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
 			s.logs = append(s.logs, line)
 			if len(s.logs) > keepLogLines {
 				s.logs = s.logs[len(s.logs)-keepLogLines:]
+			}
+			if _, rest, ok := strings.Cut(line, ` msg="`); ok {
+				if msg, _, ok := strings.Cut(rest, `"`); ok {
+					s.msgs[msg]++
+				}
 			}
 			s.mu.Unlock()
 			if m := servingLine.FindStringSubmatch(line); m != nil && !sent {
@@ -170,6 +176,14 @@ func (s *server) stderr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return strings.Join(s.logs, "\n")
+}
+
+// logged counts the stderr lines so far whose msg is exactly msg (all of
+// them, not only the last lines kept for failure reports).
+func (s *server) logged(msg string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.msgs[msg]
 }
 
 func (s *server) waitReady() {
@@ -213,6 +227,27 @@ func (s *server) kill() {
 	case <-s.exited:
 	case <-time.After(15 * time.Second):
 		s.t.Errorf("gateway pid %d did not exit 15s after SIGKILL", s.cmd.Process.Pid)
+	}
+}
+
+// freeze stops the process where it is (SIGSTOP: a pause, an overloaded
+// machine, a VM migrated): it holds its sockets, answers nothing and runs
+// nothing until thaw. SIGKILL (kill, at cleanup) still ends it; a SIGCONT
+// is sent at cleanup anyway, before that kill, so nothing waits on a
+// stopped process.
+func (s *server) freeze() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("SIGSTOP gateway pid %d: %v", s.cmd.Process.Pid, err)
+	}
+	s.t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// thaw lets a frozen process go on (SIGCONT).
+func (s *server) thaw() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("SIGCONT gateway pid %d: %v", s.cmd.Process.Pid, err)
 	}
 }
 
