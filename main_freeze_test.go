@@ -47,7 +47,7 @@ import (
 var (
 	stopSeed  = flag.Int64("stop.seed", 0, "TestFrozenInstance: seed of the first round (0: from the clock)")
 	stopSeeds = flag.Int("stop.seeds", 1, "TestFrozenInstance: rounds, one after the other, with seeds seed, seed+1, …")
-	stopIdle  = flag.Duration("stop.idle-in-tx", 700*time.Millisecond, "TestFrozenInstance: the instances' idle_in_transaction_session_timeout (0: the gateway's default, 20s)")
+	stopIdle  = flag.Duration("stop.idle-in-tx", 700*time.Millisecond, "TestFrozenInstance: the instances' idle_in_transaction_session_timeout (0: the gateway's default, 5s)")
 )
 
 // What the log of the instance that was frozen says when one of its

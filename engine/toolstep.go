@@ -271,7 +271,12 @@ func (e *Engine) await(ctx context.Context, in chat.RunInput, lease chat.Lease, 
 	if callCtx.Err() == nil && errors.Is(context.Cause(ctx), errCancelRequested) {
 		err := e.store.MarkCancelling(context.WithoutCancel(ctx), lease,
 			chat.ActiveOperation{Kind: kind, OperationID: in.Operation.OperationID})
-		if err != nil {
+		var lost *chat.ErrNotRunning
+		switch {
+		case errors.As(err, &lost):
+			// The run moved on (another claim holds it): its holder reports.
+			e.log.Warn("mark cancelling: the run moved on", "run_id", in.Run.RunID, "err", err)
+		case err != nil:
 			e.log.Error("mark cancelling", "run_id", in.Run.RunID, "err", err)
 		}
 	}

@@ -18,7 +18,7 @@ func TestSessionLimitsAreAddedUnlessSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := u.Query()
-	if q.Get("lock_timeout") != "1s" || q.Get("idle_in_transaction_session_timeout") != "20s" || q.Get("sslmode") != "disable" {
+	if q.Get("lock_timeout") != "1s" || q.Get("idle_in_transaction_session_timeout") != "5s" || q.Get("sslmode") != "disable" {
 		t.Fatalf("withSessionLimits gave %s: want the URL's own lock_timeout kept, the idle timeout added, the rest untouched", got)
 	}
 	if _, err := withSessionLimits("postgres://%zz"); err == nil {
@@ -33,7 +33,7 @@ func TestPostgresSessionHasTheLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	for name, want := range map[string]string{"lock_timeout": "5s", "idle_in_transaction_session_timeout": "20s"} {
+	for name, want := range map[string]string{"lock_timeout": "2s", "idle_in_transaction_session_timeout": "5s"} {
 		var got string
 		if err := st.writer.Get(&got, `SHOW `+name); err != nil {
 			t.Fatal(err)

@@ -219,10 +219,14 @@ func (s *Store) Postgres() bool { return s.pg }
 // idle_in_transaction_session_timeout PostgreSQL ends its session and
 // frees them. Meanwhile a transaction waiting for such a lock gives up
 // after lock_timeout and runs again (retry.go), txAttempts times, which
-// outlasts the idle timeout.
+// outlasts the idle timeout. The idle timeout stays well under the default
+// lease TTL (15 s): an instance whose single writer waits behind a frozen
+// one cannot renew its own leases meanwhile, and a stall longer than its
+// lease would hand its live runs to others. (The gateway's transactions
+// are never idle for long: they do no network calls but the database's.)
 var sessionLimits = [][2]string{
-	{"lock_timeout", "5s"},
-	{"idle_in_transaction_session_timeout", "20s"},
+	{"lock_timeout", "2s"},
+	{"idle_in_transaction_session_timeout", "5s"},
 }
 
 // withSessionLimits adds sessionLimits to a PostgreSQL URL as runtime
