@@ -77,3 +77,13 @@ func (s *Store) GroupedWriteThatFails(ctx context.Context, name string) error {
 		return errors.New("failed after writing")
 	})
 }
+
+// Synchronous reads PRAGMA synchronous on the writer connection, where the
+// store's commits happen: 1 is NORMAL, 2 FULL.
+func (s *Store) Synchronous(ctx context.Context) (int, error) {
+	s.gate.lock()
+	defer s.gate.unlock()
+	var n int
+	err := s.writer.GetContext(ctx, &n, `PRAGMA synchronous`)
+	return n, err
+}
