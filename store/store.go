@@ -91,8 +91,10 @@ const (
 	// sync, the last acknowledged ones included (whole transactions: the
 	// database comes back consistent, as of an earlier moment).
 	SynchronousNormal = "normal"
-	// DefaultSynchronous is used when Options.Synchronous is "".
-	DefaultSynchronous = SynchronousNormal
+	// DefaultSynchronous is used when Options.Synchronous is "": full,
+	// because with group commit its cost showed in write throughput at
+	// saturation, not in cancel or publish latency (BENCHMARKS.md).
+	DefaultSynchronous = SynchronousFull
 )
 
 // SQLiteSynchronous checks a synchronous setting ("" for the default,
