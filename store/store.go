@@ -92,8 +92,9 @@ const (
 	// database comes back consistent, as of an earlier moment).
 	SynchronousNormal = "normal"
 	// DefaultSynchronous is used when Options.Synchronous is "": full,
-	// because with group commit its cost showed in write throughput at
-	// saturation, not in cancel or publish latency (BENCHMARKS.md).
+	// because with group commit its cost showed only with the writer
+	// saturated (fewer deltas per second, a longer wait for a new run's
+	// first word), not in cancel latency (BENCHMARKS.md).
 	DefaultSynchronous = SynchronousFull
 )
 
