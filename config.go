@@ -27,6 +27,10 @@ import (
 type config struct {
 	addr string
 	db   string
+	// sqliteSync is SQLite's synchronous setting (store.SynchronousFull or
+	// store.SynchronousNormal) for the store and the embedded email
+	// provider; "" on PostgreSQL.
+	sqliteSync string
 	// scale-out: the NATS bus, this instance's name in run leases, and
 	// how long a lease outlives a silent instance
 	nats             string
@@ -78,6 +82,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef := envFlags{fs: fs}
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
 	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
+	fs.StringVar(&c.sqliteSync, "sqlite-synchronous", env("GATEWAY_SQLITE_SYNCHRONOUS", store.DefaultSynchronous), "SQLite -db: full (an acknowledged write survives an OS crash or power loss: each commit is synced to disk first) or normal (it survives a crash of the process only); refused with a PostgreSQL -db (GATEWAY_SQLITE_SYNCHRONOUS)")
 	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
 	fs.StringVar(&c.natsSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
 	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
@@ -128,6 +133,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := c.checkSynchronous(fs); err != nil {
+		return c, err
 	}
 	if c.authMode, err = auth.ParseMode(*mode); err != nil {
 		return c, err
@@ -198,6 +206,27 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")
 	}
 	return c, nil
+}
+
+// checkSynchronous checks -sqlite-synchronous and keeps it in the form the
+// store takes. With a PostgreSQL -db a value given on the command line, in
+// the environment or in the settings file is refused rather than ignored:
+// it would not make PostgreSQL's commits any more or less durable.
+func (c *config) checkSynchronous(fs *flag.FlagSet) error {
+	if store.IsPostgres(c.db) {
+		given := env("GATEWAY_SQLITE_SYNCHRONOUS", "") != ""
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "sqlite-synchronous" })
+		if given {
+			return errors.New("-sqlite-synchronous (GATEWAY_SQLITE_SYNCHRONOUS) applies to a SQLite -db only: with PostgreSQL an acknowledged write is as durable as PostgreSQL's synchronous_commit makes it (on by default); remove the setting")
+		}
+		c.sqliteSync = ""
+		return nil
+	}
+	if _, err := store.SQLiteSynchronous(c.sqliteSync); err != nil || strings.TrimSpace(c.sqliteSync) == "" {
+		return fmt.Errorf("-sqlite-synchronous (GATEWAY_SQLITE_SYNCHRONOUS) %q: use full (an acknowledged write survives an OS crash or power loss) or normal (it survives a crash of the process only)", c.sqliteSync)
+	}
+	c.sqliteSync = strings.ToLower(strings.TrimSpace(c.sqliteSync))
+	return nil
 }
 
 // natsToken is a valid -nats-subject: NATS subject tokens without

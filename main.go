@@ -174,7 +174,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		m.Committed(events)
 		fd.Publish(events)
 	}
-	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true, ReconcileHorizon: cfg.reconcileHorizon})
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true,
+		ReconcileHorizon: cfg.reconcileHorizon, Synchronous: cfg.sqliteSync})
 	if err != nil {
 		if store.IsPostgres(cfg.db) {
 			return fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, redactedURL(cfg.db))
@@ -211,7 +212,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		fd = bus.NewMemory()
 	}
 
-	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault, RecordDelay: cfg.outboxRecordDelay})
+	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault,
+		RecordDelay: cfg.outboxRecordDelay, Synchronous: cfg.sqliteSync})
 	if err != nil {
 		return fmt.Errorf("open the embedded email provider: %w", err)
 	}
@@ -311,7 +313,11 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
 	}
 	api.SetReady(true)
-	log.Info("gateway serving", "addr", "http://"+ln.Addr().String(), "db", redactedURL(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID)
+	serving := []any{"addr", "http://" + ln.Addr().String(), "db", redactedURL(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID}
+	if cfg.sqliteSync != "" {
+		serving = append(serving, "sqlite_synchronous", cfg.sqliteSync)
+	}
+	log.Info("gateway serving", serving...)
 
 	select {
 	case err := <-served:

@@ -69,3 +69,30 @@ func benchAppendWith(b *testing.B, per int, opts store.Options) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "deltas/s")
 }
+
+// BenchmarkSynchronous is what each SQLite synchronous setting costs on
+// this disk: plain writes one at a time (CreateThread: one transaction, so
+// under full one sync of the WAL each; reports commits/s), and 200 runs'
+// deltas through group commit, 8 per call (reports deltas/s; commits are
+// shared, so a sync is too).
+func BenchmarkSynchronous(b *testing.B) {
+	for _, setting := range []string{store.SynchronousNormal, store.SynchronousFull} {
+		b.Run("sync="+setting+"/plain-write", func(b *testing.B) {
+			st, err := store.Open(ctx, testDSN(b), store.Options{Synchronous: setting})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			start := time.Now()
+			for b.Loop() {
+				if _, err := st.CreateThread(ctx, user, "t"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "commits/s")
+		})
+		b.Run("sync="+setting+"/deltas-200-runs-per-call=8", func(b *testing.B) {
+			benchAppendWith(b, 8, store.Options{OnCommit: func([]*chat.Event) {}, Synchronous: setting})
+		})
+	}
+}

@@ -84,3 +84,13 @@ func SetMaxReplayBytes(n int64) (restore func()) {
 	maxReplayBytes = n
 	return func() { maxReplayBytes = old }
 }
+
+// Synchronous reads PRAGMA synchronous on the writer connection, where the
+// store's commits happen: 1 is NORMAL, 2 FULL.
+func (s *Store) Synchronous(ctx context.Context) (int, error) {
+	s.gate.lock()
+	defer s.gate.unlock()
+	var n int
+	err := s.writer.GetContext(ctx, &n, `PRAGMA synchronous`)
+	return n, err
+}

@@ -78,6 +78,47 @@ type Options struct {
 	// looked up by its key before the gateway gives up asking and says so
 	// (default 24h; see reconcile.go).
 	ReconcileHorizon time.Duration
+	// Synchronous is SQLite's synchronous setting for the writer
+	// connection: SynchronousFull or SynchronousNormal ("" is
+	// DefaultSynchronous; see SQLiteSynchronous). It decides whether an
+	// acknowledged commit survives an OS crash or power loss (full) or only
+	// a crash of the process (normal). SQLite only: on PostgreSQL
+	// durability is the server's synchronous_commit, and this is ignored.
+	Synchronous string
+}
+
+// SQLite synchronous settings (Options.Synchronous).
+const (
+	// SynchronousFull: every commit's WAL frames are synced to the disk
+	// (fsync) before the commit returns, so before anything acknowledges
+	// it. An OS crash or power loss loses no acknowledged commit, as far as
+	// the disk honours fsync.
+	SynchronousFull = "full"
+	// SynchronousNormal: commits reach the WAL file in the OS's cache; the
+	// WAL is synced only at checkpoints. A process crash loses nothing; an
+	// OS crash or power loss can roll back the commits since the last
+	// sync, the last acknowledged ones included (whole transactions: the
+	// database comes back consistent, as of an earlier moment).
+	SynchronousNormal = "normal"
+	// DefaultSynchronous is used when Options.Synchronous is "": full,
+	// because with group commit its cost showed only with the writer
+	// saturated (fewer deltas per second, a longer wait for a new run's
+	// first word), not in cancel latency (BENCHMARKS.md).
+	DefaultSynchronous = SynchronousFull
+)
+
+// SQLiteSynchronous checks a synchronous setting ("" for the default,
+// any letter case) and returns it as SQLite names it in a DSN's
+// _synchronous parameter: FULL or NORMAL.
+func SQLiteSynchronous(setting string) (string, error) {
+	switch v := strings.ToLower(strings.TrimSpace(setting)); v {
+	case "":
+		return strings.ToUpper(DefaultSynchronous), nil
+	case SynchronousFull, SynchronousNormal:
+		return strings.ToUpper(v), nil
+	default:
+		return "", fmt.Errorf("SQLite synchronous %q is not a setting: use full (acknowledged commits survive an OS crash or power loss) or normal (they survive a crash of the process only)", setting)
+	}
 }
 
 // Store is safe for concurrent use. Close it once, after every user stopped.
@@ -107,6 +148,9 @@ func IsPostgres(dsn string) bool {
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if IsPostgres(dsn) {
 		return openPostgres(ctx, dsn, opts)
+	}
+	if _, err := SQLiteSynchronous(opts.Synchronous); err != nil {
+		return nil, err
 	}
 	path := dsn
 	if dir := filepath.Dir(path); dir != "" {
@@ -147,8 +191,12 @@ func lockFile(path string) (*os.File, error) {
 }
 
 func open(ctx context.Context, path string, opts Options) (*Store, error) {
+	synchronous, err := SQLiteSynchronous(opts.Synchronous)
+	if err != nil {
+		return nil, err
+	}
 	base := "file:" + (&url.URL{Path: path}).EscapedPath()
-	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous=NORMAL&_txlock=immediate&_stmt_cache_size=128")
+	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous="+synchronous+"&_txlock=immediate&_stmt_cache_size=128")
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

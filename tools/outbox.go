@@ -68,6 +68,11 @@ type OutboxConfig struct {
 	FaultEvery int
 	// CrashFunc is called under FaultCrash; nil means os.Exit(3).
 	CrashFunc func()
+	// Synchronous is SQLite's synchronous setting for the provider's
+	// connection, as store.Options.Synchronous ("" is
+	// store.DefaultSynchronous): an acceptance is an acknowledgement too,
+	// so give it the gateway's setting. Ignored on PostgreSQL.
+	Synchronous string
 }
 
 // Email is a message handed to the provider.
@@ -178,8 +183,12 @@ func OpenOutbox(dsn string, cfg OutboxConfig) (*Outbox, error) {
 	if store.IsPostgres(dsn) {
 		return openOutboxPostgres(dsn, cfg)
 	}
+	synchronous, err := store.SQLiteSynchronous(cfg.Synchronous)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
 	path := dsn
-	db, err := sqlx.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_journal_mode=WAL&_busy_timeout=5000")
+	db, err := sqlx.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_journal_mode=WAL&_busy_timeout=5000&_synchronous="+synchronous)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
 	}

@@ -105,6 +105,17 @@ func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error)
 		WHERE r.type = 'run.cancel_requested' AND r.ts >= ? AND r.ts < ?`, from, to)
 }
 
+// firstDeltaGaps reads, for runs started in [from, to) that streamed, the
+// time from their run.started event (the run's creation) to their first
+// delta as the store stamped them (ms resolution): queueing, the claim,
+// the model's first word (one pace of the demo model) and the writes
+// between, each waiting for the writer.
+func firstDeltaGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
+	return gaps(ctx, db, `SELECT f.first_ts - e.ts FROM events e
+		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM stream_deltas GROUP BY run_id) f ON f.run_id = e.run_id
+		WHERE e.type = 'run.started' AND e.ts >= ? AND e.ts < ?`, from, to)
+}
+
 // gaps runs a query of millisecond differences over [from, to) and returns
 // them in microseconds.
 func gaps(ctx context.Context, db, query string, from, to int64) ([]int32, error) {

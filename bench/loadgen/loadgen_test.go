@@ -296,6 +296,19 @@ go_info{version="go 1.26"} 1
 	if got := w.quantileBound("gateway_store_transaction_seconds", `kind="grouped"`, 0.99); !math.IsNaN(got) {
 		t.Errorf("bound without observations = %v", got)
 	}
+	// Interpolated as histogram_quantile: rank 50 of 90 in [0, 1 ms],
+	// rank 95 is the 5th of 9 in (1, 10 ms].
+	for q, want := range map[float64]float64{0.5: 0.001 * 50 / 90, 0.95: 0.001 + 0.009*5/9, 0.99: 0.01} {
+		if got := w.quantile("gateway_store_transaction_seconds", `kind="write"`, q); math.Abs(got-want) > 1e-12 {
+			t.Errorf("interpolated p%v = %v, want %v", 100*q, got, want)
+		}
+	}
+	if got := w.quantile("gateway_store_transaction_seconds", `kind="write"`, 0.999); !math.IsInf(got, 1) {
+		t.Errorf("interpolated p99.9 = %v", got)
+	}
+	if got := w.quantile("gateway_store_transaction_seconds", `kind="grouped"`, 0.99); !math.IsNaN(got) {
+		t.Errorf("interpolated without observations = %v", got)
+	}
 }
 
 func TestConfigValidateCluster(t *testing.T) {

@@ -95,16 +95,17 @@ func (w *promWindow) delta(series string) float64 {
 
 func (w *promWindow) rate(series string) float64 { return w.delta(series) / w.seconds }
 
-// quantileBound returns the upper bound (le) of the histogram bucket that
-// holds quantile q of the observations made in the window, for the
-// histogram name whose series carry labels (e.g. `kind="write"`, or ""):
-// the true quantile is at most that. NaN without observations.
-func (w *promWindow) quantileBound(name, labels string, q float64) float64 {
+// promBucket is one cumulative histogram bucket's growth over a window.
+type promBucket struct{ le, n float64 }
+
+// buckets returns the growth of histogram name's buckets (series carrying
+// labels, e.g. `kind="write"`, or "") over the window, by bound; nil
+// without observations.
+func (w *promWindow) buckets(name, labels string) []promBucket {
 	if w == nil || w.before == nil || w.after == nil {
-		return math.NaN()
+		return nil
 	}
-	type bucket struct{ le, n float64 }
-	var buckets []bucket
+	var buckets []promBucket
 	prefix := name + "_bucket{"
 	for series, after := range w.after {
 		if !strings.HasPrefix(series, prefix) || (labels != "" && !strings.Contains(series, labels)) {
@@ -123,20 +124,59 @@ func (w *promWindow) quantileBound(name, labels string, q float64) float64 {
 				continue
 			}
 		}
-		buckets = append(buckets, bucket{v, after - w.before[series]})
+		buckets = append(buckets, promBucket{v, after - w.before[series]})
 	}
 	if len(buckets) == 0 {
-		return math.NaN()
+		return nil
 	}
 	sort.Slice(buckets, func(i, j int) bool { return buckets[i].le < buckets[j].le })
-	total := buckets[len(buckets)-1].n
-	if total <= 0 {
+	if buckets[len(buckets)-1].n <= 0 {
+		return nil
+	}
+	return buckets
+}
+
+// quantileBound returns the upper bound (le) of the histogram bucket that
+// holds quantile q of the observations made in the window, for the
+// histogram name whose series carry labels (e.g. `kind="write"`, or ""):
+// the true quantile is at most that. NaN without observations.
+func (w *promWindow) quantileBound(name, labels string, q float64) float64 {
+	buckets := w.buckets(name, labels)
+	if buckets == nil {
 		return math.NaN()
 	}
+	total := buckets[len(buckets)-1].n
 	for _, b := range buckets {
 		if b.n >= q*total {
 			return b.le
 		}
+	}
+	return math.Inf(1)
+}
+
+// quantile estimates quantile q as Prometheus's histogram_quantile does:
+// linearly within the bucket that holds it (from 0 for the first bucket).
+// It assumes the observations spread evenly over the bucket, so it is an
+// estimate, never outside the bucket's bounds. +Inf when q falls in the
+// +Inf bucket, NaN without observations.
+func (w *promWindow) quantile(name, labels string, q float64) float64 {
+	buckets := w.buckets(name, labels)
+	if buckets == nil {
+		return math.NaN()
+	}
+	rank := q * buckets[len(buckets)-1].n
+	lower, below := 0.0, 0.0
+	for _, b := range buckets {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return b.le
+			}
+			if b.n == below {
+				return b.le
+			}
+			return lower + (b.le-lower)*(rank-below)/(b.n-below)
+		}
+		lower, below = b.le, b.n
 	}
 	return math.Inf(1)
 }

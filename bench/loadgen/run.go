@@ -52,6 +52,11 @@ type Config struct {
 	ClusterWindow            time.Duration // measured, after Warmup
 	ClusterCancelTo          string        // "other": the instance not holding the run's lease; "owner": the one holding it
 
+	// Synchronous is passed to every gateway on SQLite as
+	// -sqlite-synchronous (normal or full); "" passes nothing, so the
+	// gateway's default applies. Not for cluster (PostgreSQL).
+	Synchronous string
+
 	Seed    uint64
 	PerfDir string    // if set, `perf record` the servers during fanout's window into it
 	Keep    bool      // keep the temporary folder (binaries, databases)
@@ -72,7 +77,7 @@ func (c Config) summary() map[string]any {
 		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
 		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
 		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
-		"seed": c.Seed, "perf": c.PerfDir != "",
+		"sqlite_synchronous": c.Synchronous, "seed": c.Seed, "perf": c.PerfDir != "",
 	}
 }
 
@@ -107,6 +112,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("storage needs runs")
 	case c.ReconnectFraction < 0 || c.ReconnectFraction > 1:
 		return fmt.Errorf("-reconnect-fraction is between 0 and 1")
+	case c.Synchronous != "" && c.Synchronous != "normal" && c.Synchronous != "full":
+		return fmt.Errorf("-sqlite-synchronous must be normal or full (or empty: the gateway's default)")
 	}
 	if !slices.Contains(c.Scenarios, "cluster") {
 		return nil
@@ -214,6 +221,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.floor, err = build(ctx, cfg.Repo, "./bench/floor", dir, "floor"); err != nil {
 		return nil, err
 	}
+	if cfg.Synchronous != "" && !supportsFlag(r.gateway, "sqlite-synchronous") {
+		return nil, fmt.Errorf("-sqlite-synchronous %s: this gateway has no -sqlite-synchronous flag", cfg.Synchronous)
+	}
 	r.admin = supportsFlag(r.gateway, "admin-addr")
 	if !r.admin {
 		r.logf("this gateway has no -admin-addr: no server metrics or Go profiles, store figures from the database only")
@@ -247,6 +257,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		s.Name = name
 		s.Seconds = time.Since(began).Seconds()
+		if cfg.Synchronous != "" && name != "cluster" {
+			s.Shape += "; SQLite synchronous=" + cfg.Synchronous
+		}
 		for _, e := range s.GatewayErrors {
 			rep.ProtocolErrors += e.Count
 		}
@@ -308,6 +321,9 @@ func (r *runner) startGateway(name string, pace time.Duration, workers int) (*gw
 	}
 	if r.admin {
 		args = append(args, "-admin-addr", "127.0.0.1:0")
+	}
+	if r.cfg.Synchronous != "" {
+		args = append(args, "-sqlite-synchronous", r.cfg.Synchronous)
 	}
 	p, err := startProcess("gateway", r.gateway, args, 60*time.Second)
 	if err != nil {

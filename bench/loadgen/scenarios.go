@@ -451,6 +451,8 @@ func serverMetrics(f *fanFigures, s *ScenarioReport) []Metric {
 		metric("server metric: writes per group commit", "count", w.delta(promGroupSum)/w.delta(promGroupN), ""),
 		metric("server metric: writer busy (write tx time / window)", "%", 100*w.delta(promTxWriteS)/w.seconds, ""),
 		metric("server metric: write tx p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="write"`, 0.99)), "≤ 10 ms (publish + checkpoint)"),
+		metric("server metric: write tx p99 (interpolated in its bucket)", "ms", ms(w.quantile(promTx, `kind="write"`, 0.99)), ""),
+		metric("server metric: write tx mean", "ms", ms(w.delta(promTxWriteS)/w.delta(promTxWrite)), ""),
 		metric("server metric: deltas streamed", "1/s", w.rate(promDeltas), ""),
 		metric("events per WebSocket frame (coalescing)", "count", perFrame, ""),
 	}
@@ -513,6 +515,11 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
 	}
 	g := summarize(gaps)
+	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
+	}
+	fd := summarize(firsts)
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
 	s.Metrics = []Metric{
 		metric("cancel ack p50", "ms", a.P50, ""),
@@ -524,6 +531,8 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 		metric("server metric: cancel accepted → cancelled p99 (bucket bound)", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
 		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", g.P50, ""),
 		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
+		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
 		metric("cancels measured", "count", float64(a.N), ""),
 		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
 		metric("runs completed before their cancel", "count", float64(missed), ""),
@@ -593,6 +602,11 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 		s.Notes = append(s.Notes, "server-side publish figures unavailable: "+err.Error())
 	}
 	sp := summarize(pg)
+	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
+	}
+	fd := summarize(firsts)
 	s.Metrics = []Metric{
 		metric("deltas buffered (committed)", "1/s", float64(st.Deltas)/f.window, "≥ 30,000"),
 		metric("publish latency p50 (last delta → message.published)", "ms", pub.P50, ""),
@@ -600,6 +614,8 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 		metric("server: last delta → publish tx p50 (store ts)", "ms", sp.P50, ""),
 		metric("server: last delta → publish tx p99 (store ts)", "ms", sp.P99, ""),
 		metric("publishes measured", "count", float64(pub.N), ""),
+		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
+		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
 		metric("server CPU per committed delta", "µs", cpuPerCommitted, ""),
 		metric("delta delivery latency p99", "ms", l.P99, ""),
 		metric("server CPU", "cores", f.serverCores, ""),
