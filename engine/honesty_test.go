@@ -226,34 +226,51 @@ func TestAcknowledgedCancelIsFinishedAfterAFailedWrite(t *testing.T) {
 	}
 }
 
-// firstStalls is a model whose first stream stalls after its first chunk
-// until the test releases it (a GC pause, a SIGSTOP, an overloaded
-// machine); later streams answer at once.
-type firstStalls struct {
+// stalling is a model whose first two streams stall after their first
+// chunk until the test lets each go on (a GC pause, a SIGSTOP, an
+// overloaded machine); later streams answer at once.
+type stalling struct {
 	streams atomic.Int64
-	stalled chan struct{} // the first stream is stalled
-	resume  chan struct{} // closed by the test
+	stalled [2]chan struct{} // closed: stream i is stalled
+	resume  [2]chan struct{} // closed by the test: stream i goes on
+	closed  [2]chan struct{} // closed: the engine is done with stream i
 }
 
-func (m *firstStalls) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
-	n := m.streams.Add(1)
-	return &stallStream{m: m, first: n == 1}, nil
+func newStalling() *stalling {
+	m := &stalling{}
+	for i := range m.stalled {
+		m.stalled[i], m.resume[i], m.closed[i] = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	}
+	return m
+}
+
+func (m *stalling) let(i int) {
+	select {
+	case <-m.resume[i]:
+	default:
+		close(m.resume[i])
+	}
+}
+
+func (m *stalling) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	n := int(m.streams.Add(1)) - 1
+	return &stallStream{m: m, n: n}, nil
 }
 
 type stallStream struct {
-	m     *firstStalls
-	first bool
-	i     int
+	m *stalling
+	n int // which stream of the model
+	i int
 }
 
 func (s *stallStream) Next(ctx context.Context) (model.Chunk, error) {
 	if s.i >= len(words) {
 		return model.Chunk{}, model.EOF
 	}
-	if s.first && s.i == 1 {
-		close(s.m.stalled)
+	if s.n < len(s.m.stalled) && s.i == 1 {
+		close(s.m.stalled[s.n])
 		select {
-		case <-s.m.resume:
+		case <-s.m.resume[s.n]:
 		case <-ctx.Done():
 			return model.Chunk{}, ctx.Err()
 		}
@@ -266,7 +283,16 @@ func (s *stallStream) Next(ctx context.Context) (model.Chunk, error) {
 	return model.Chunk{Text: w}, nil
 }
 
-func (s *stallStream) Close() error { return nil }
+func (s *stallStream) Close() error {
+	if s.n < len(s.m.closed) {
+		select {
+		case <-s.m.closed[s.n]:
+		default:
+			close(s.m.closed[s.n])
+		}
+	}
+	return nil
+}
 
 // stallRenewals drops the renewal of the run's first lease, as a process
 // that stalls past its lease TTL never renews it in time.
@@ -290,20 +316,15 @@ func (s *stallRenewals) RenewLeases(ctx context.Context, leases []chat.Lease, tt
 }
 
 // An execution that stalls past its lease in this very process is fenced:
-// recovery re-queues the run, the same process claims it again and
-// answers, and when the stalled execution wakes up its next write is
-// refused — the step is published once, and its stale text never follows.
+// recovery re-queues the run and the same process claims it again; when
+// the stalled execution wakes up while the new one is still streaming,
+// its next write is refused — the step is published once, by the current
+// execution, and the stale text never follows.
 func TestStalledExecutionIsFencedInTheSameProcess(t *testing.T) {
-	m := &firstStalls{stalled: make(chan struct{}), resume: make(chan struct{})}
+	m := newStalling()
 	h := newHarness(t, nil)
 	h.backend = m
-	t.Cleanup(func() {
-		select {
-		case <-m.resume:
-		default:
-			close(m.resume)
-		}
-	})
+	t.Cleanup(func() { m.let(0); m.let(1) })
 	snap := h.thread()
 	sub := h.feed.Subscribe(snap.ThreadID, 1024)
 	defer sub.Close()
@@ -313,33 +334,48 @@ func TestStalledExecutionIsFencedInTheSameProcess(t *testing.T) {
 		c.Store = rs
 		c.LeaseTTL = 600 * time.Millisecond
 	})
-	<-m.stalled
-	waitFor(t, sub, "run.completed by the second execution", isType(chat.EventRunCompleted, ack.RunID))
-	close(m.resume)
-	h.stop() // waits for the stalled execution to unwind
-	r := h.run(ack.RunID)
-	if r.Status != chat.RunCompleted || r.Attempt != 2 {
-		t.Fatalf("run = %+v; want completed by its second attempt", r)
+	first := waitFor(t, sub, "the first execution's delta", isType(chat.EventMessageDelta, ack.RunID)).Body.(chat.MessageDeltaBody).MessageID
+	<-m.stalled[0] // the first execution stalls, its lease runs out
+	// The run is claimed again here, and the new execution streams.
+	waitFor(t, sub, "the second execution's delta", func(ev *chat.Event) bool {
+		return ev.Type == chat.EventMessageDelta && ev.Body.(chat.MessageDeltaBody).MessageID != first
+	})
+	<-m.stalled[1]
+	m.let(0) // the stalled execution wakes up while the current one runs …
+	// … and, were it not fenced, streams its reply to the end and publishes it.
+	recv(t, m.closed[0], "the stalled execution to be done with its stream")
+	h.stop() // stopping hands the current execution's run back
+	if r := h.run(ack.RunID); r.Status != chat.RunQueued || r.Attempt != 2 {
+		t.Fatalf("run = %+v; want the second attempt handed back, nothing published", r)
 	}
+	if got := h.snapshot(snap.ThreadID); len(got.Messages) != 1 {
+		t.Fatalf("history = %+v; the stalled execution published", got.Messages)
+	}
+	m.let(1)
+	h.startWith(func(c *engine.Config) { c.LeaseTTL = 600 * time.Millisecond })
+	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
+	h.stop()
 	got := h.snapshot(snap.ThreadID)
 	if len(got.Messages) != 2 {
 		t.Fatalf("history = %+v; want the question and one answer", got.Messages)
 	}
-	// Nothing of the stalled execution after it woke: its only delta is
-	// the one before the stall.
+	// Of the stalled execution only the delta before the stall: nothing
+	// after it woke.
 	evs := h.allEvents(snap.ThreadID)
 	wantSeqs(t, evs)
-	var stale int
+	perMessage := map[string]int{}
 	for _, ev := range evs {
-		if ev.Type == chat.EventMessageDelta && ev.Body.(chat.MessageDeltaBody).MessageID != got.Messages[1].MessageID {
-			stale++
+		if ev.Type == chat.EventMessageDelta {
+			perMessage[ev.Body.(chat.MessageDeltaBody).MessageID]++
 		}
 	}
-	if stale != 1 {
-		t.Fatalf("%d deltas of the stalled execution, want the 1 it streamed before stalling", stale)
+	if len(perMessage) != 3 || perMessage[got.Messages[1].MessageID] != len(words) {
+		t.Fatalf("deltas per streamed message = %v; want the stalled one's 1, the handed-back one's 1 and the answer's %d", perMessage, len(words))
 	}
-	if n := m.streams.Load(); n != 2 {
-		t.Fatalf("the model was asked %d times, want 2", n)
+	for id, n := range perMessage {
+		if id != got.Messages[1].MessageID && n != 1 {
+			t.Fatalf("message %s got %d deltas: an execution wrote after it lost its run", id, n)
+		}
 	}
 }
 
