@@ -424,28 +424,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 
 	// Every run comes to rest (a run still waiting for a decision once
 	// its follower gave up is cancelled).
-	settle := func(what string) map[string]int64 {
-		lastSeqs := map[string]int64{}
-		deadline := time.Now().Add(60 * time.Second)
-		for _, id := range ids {
-			for {
-				var snap snapshot
-				code, raw, err := crashCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
-				if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
-					lastSeqs[id] = snap.LastSeq
-					break
-				}
-				if err == nil && code == http.StatusOK && snap.ActiveRun.Status == "waiting_confirmation" {
-					l.cancel(c, rng, snap.ActiveRun.RunID)
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("thread %s still has an active run 60s after %s: %s %v", id, what, raw, err)
-				}
-				pause(context.Background(), 50*time.Millisecond)
-			}
-		}
-		return lastSeqs
-	}
+	settle := func(what string) map[string]int64 { return c.settle(t, l, rng, ids, what) }
 	followers.Wait() // each returns once its run ended, or after 20 s
 	stopWork()
 	settle("the thaw")

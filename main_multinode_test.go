@@ -151,6 +151,34 @@ func (c *cluster) busiest(db *sql.DB) (int, []string) {
 }
 
 // pick returns the base URL of a random instance that is up.
+// settle waits, at most 60 s, until no thread of ids has an active run,
+// cancelling a run left waiting for a confirmation (nobody would decide
+// it), and returns each thread's last seq then. what names the moment, for
+// the failure.
+func (c *cluster) settle(t *testing.T, l *ledger, rng *rand.Rand, ids []string, what string) map[string]int64 {
+	t.Helper()
+	lastSeqs := map[string]int64{}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, id := range ids {
+		for {
+			var snap snapshot
+			code, raw, err := crashCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
+			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
+				lastSeqs[id] = snap.LastSeq
+				break
+			}
+			if err == nil && code == http.StatusOK && snap.ActiveRun.Status == "waiting_confirmation" {
+				l.cancel(c, rng, snap.ActiveRun.RunID)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("thread %s still has an active run 60s after %s: %s %v", id, what, raw, err)
+			}
+			pause(context.Background(), 50*time.Millisecond)
+		}
+	}
+	return lastSeqs
+}
+
 func (c *cluster) pick(r *rand.Rand) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -642,25 +670,7 @@ func TestMultiNode(t *testing.T) {
 	// Every run comes to rest: runs of the killed instance are taken over
 	// when its leases expire; a run the workload left waiting for a
 	// confirmation is cancelled (nobody would ever decide it).
-	settle := time.Now().Add(60 * time.Second)
-	lastSeqs := map[string]int64{}
-	for _, id := range ids {
-		for {
-			var snap snapshot
-			code, raw, err := crashCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
-			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
-				lastSeqs[id] = snap.LastSeq
-				break
-			}
-			if err == nil && code == http.StatusOK && snap.ActiveRun.Status == "waiting_confirmation" {
-				l.cancel(c, rng, snap.ActiveRun.RunID)
-			}
-			if time.Now().After(settle) {
-				t.Fatalf("thread %s still has an active run 60s after the workload stopped: %s %v", id, raw, err)
-			}
-			pause(context.Background(), 100*time.Millisecond)
-		}
-	}
+	lastSeqs := c.settle(t, l, rng, ids, "the workload stopped")
 	// Every tab catches up with its thread's last seq (through NATS or, for
 	// what NATS lost, through the bus's recovery from the event log).
 	catchUp := time.Now().Add(20 * time.Second)

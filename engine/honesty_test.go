@@ -83,13 +83,10 @@ func (l *laggingMailer) openAll() {
 	}
 }
 
-// A commit whose answer was lost, whose key the provider does not know yet
-// and a cancel: the receipt says unknown (never not_started), the
-// reconciler goes on asking after the run ended, and when the provider
-// acts the outcome becomes committed, reported with tool.updated after
-// run.cancelled. (The engine recorded voided/not_started, and the provider
-// then sent the email.)
-func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testing.T) {
+// confirmedLaggingEmail asks for an email through a laggingMailer, with a
+// reconciler that polls every 20 ms, and confirms it.
+func confirmedLaggingEmail(t *testing.T) (*toolEnv, *laggingMailer, chat.RunStartAck, chat.Operation) {
+	t.Helper()
 	m := &toolModel{tool: "send_email", args: mailArgs}
 	mail := newLaggingMailer()
 	e := newToolEnv(t, m, mail)
@@ -99,6 +96,17 @@ func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testin
 	if _, err := e.decide(op.OperationID, true); err != nil {
 		t.Fatal(err)
 	}
+	return e, mail, ack, op
+}
+
+// A commit whose answer was lost, whose key the provider does not know yet
+// and a cancel: the receipt says unknown (never not_started), the
+// reconciler goes on asking after the run ended, and when the provider
+// acts the outcome becomes committed, reported with tool.updated after
+// run.cancelled. (The engine recorded voided/not_started, and the provider
+// then sent the email.)
+func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testing.T) {
+	e, mail, ack, op := confirmedLaggingEmail(t)
 	waitFor(t, e.sub, "the outcome unknown", func(ev *chat.Event) bool {
 		return ev.Type == chat.EventToolUpdated && ev.Body.(chat.ToolBody).Operation.Phase == chat.PhaseUnknown
 	})
@@ -138,15 +146,7 @@ func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testin
 // the outcome recorded unknown, and the reconciler settles it later.
 // (After its tries the engine recorded failed.)
 func TestAmbiguousCommitIsUnknownNotFailed(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newLaggingMailer()
-	e := newToolEnv(t, m, mail)
-	e.startWith(func(c *engine.Config) { c.ReconcilePoll = 20 * time.Millisecond })
-	ack := e.ask("send the quote")
-	op, _ := e.waitConfirmation(ack.RunID)
-	if _, err := e.decide(op.OperationID, true); err != nil {
-		t.Fatal(err)
-	}
+	e, mail, ack, op := confirmedLaggingEmail(t)
 	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
 	if got := opPhases(evs, op.OperationID); slices.Contains(got, chat.PhaseFailed) || got[len(got)-1] != chat.PhaseUnknown {
 		t.Fatalf("tool.updated phases = %v, want the outcome left unknown", got)

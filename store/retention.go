@@ -51,12 +51,9 @@ const terminalStatuses = `('completed', 'failed', 'cancelled')`
 // uses it to tell purged from missing. It reports how many events went.
 func (s *Store) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
 	cutoff := ms(before)
-	var total int64
-	batches := 0
-	from := ""
-	for batches < purgeMaxBatches {
-		// Threads whose first remaining event could go, read without the
-		// writer; each is checked again in the write transaction.
+	// Threads whose first remaining event could go, read without the
+	// writer; each is checked again in the write transaction.
+	list := func(after string) ([]string, error) {
 		var threads []string
 		err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT t.thread_id FROM threads t
 			JOIN events f ON f.thread_id = t.thread_id AND f.seq = (SELECT MIN(e.seq) FROM events e
@@ -65,21 +62,45 @@ func (s *Store) PurgeEvents(ctx context.Context, before time.Time) (int64, error
 			WHERE t.thread_id > ? AND t.created_at < ? AND f.ts < ?
 			AND (r.run_id IS NULL OR r.status IN `+terminalStatuses+`)
 			AND f.seq < (SELECT MAX(e.seq) FROM events e WHERE e.thread_id = t.thread_id)
-			ORDER BY t.thread_id LIMIT ?`), from, cutoff, cutoff, purgeBatch)
+			ORDER BY t.thread_id LIMIT ?`), after, cutoff, cutoff, purgeBatch)
 		if err != nil {
-			return total, fmt.Errorf("find threads to purge: %w", err)
+			return nil, fmt.Errorf("find threads to purge: %w", err)
+		}
+		return threads, nil
+	}
+	return purgeByThread(ctx, s, list, func(id string) string { return id },
+		func(t *txn, id string, budget int64) (int64, bool, error) {
+			return t.purgeThreadEvents(id, cutoff, budget)
+		})
+}
+
+// purgeByThread runs one retention class thread by thread, in write
+// transactions of at most purgeBatch rows and at most purgeMaxBatches of
+// them: list returns the next threads with something to purge after a
+// thread id (read without the writer, in id order), purge removes at most
+// budget rows of one of them inside the transaction and reports whether
+// the budget ran out before it was done. It reports how many rows went.
+func purgeByThread[T any](ctx context.Context, s *Store, list func(after string) ([]T, error), id func(T) string,
+	purge func(t *txn, thread T, budget int64) (int64, bool, error)) (int64, error) {
+	var total int64
+	batches := 0
+	from := ""
+	for batches < purgeMaxBatches {
+		threads, err := list(from)
+		if err != nil {
+			return total, err
 		}
 		if len(threads) == 0 {
 			break
 		}
-		from = threads[len(threads)-1]
+		from = id(threads[len(threads)-1])
 		for i := 0; i < len(threads) && batches < purgeMaxBatches; batches++ {
 			var n int64
 			start := i
 			err := s.write(ctx, func(t *txn) error {
 				i, n = start, 0 // from scratch when run again
 				for i < len(threads) && n < int64(purgeBatch) {
-					d, more, err := t.purgeThreadEvents(threads[i], cutoff, int64(purgeBatch)-n)
+					d, more, err := purge(t, threads[i], int64(purgeBatch)-n)
 					if err != nil {
 						return err
 					}
@@ -179,49 +200,26 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 // reports how many deltas went. History never depends on them.
 func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
 	cutoff := ms(before)
-	var total int64
-	for batches := 0; batches < purgeMaxBatches; {
-		// Threads with deltas to purge and how far, read without the
-		// writer; each is bounded again in its write transaction.
-		var threads []struct {
-			ThreadID string `db:"thread_id"`
-			UpTo     int64  `db:"up_to"`
-		}
-		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(seq) AS up_to FROM stream_deltas
-			WHERE ts < ? GROUP BY thread_id ORDER BY thread_id LIMIT ?`), cutoff, purgeBatch); err != nil {
-			return total, fmt.Errorf("find deltas to purge: %w", err)
-		}
-		if len(threads) == 0 {
-			break
-		}
-		for i := 0; i < len(threads) && batches < purgeMaxBatches; batches++ {
-			var n int64
-			start := i
-			err := s.write(ctx, func(t *txn) error {
-				i, n = start, 0 // from scratch when run again
-				for i < len(threads) && n < int64(purgeBatch) {
-					d, more, err := t.purgeThreadDeltas(threads[i].ThreadID, threads[i].UpTo, int64(purgeBatch)-n)
-					if err != nil {
-						return err
-					}
-					n += d
-					if !more {
-						i++
-					}
-				}
-				t.buffered -= n
-				return nil
-			})
-			if err != nil {
-				return total, err
-			}
-			total += n
-		}
-		if len(threads) < purgeBatch {
-			break
-		}
+	type thread struct {
+		ThreadID string `db:"thread_id"`
+		UpTo     int64  `db:"up_to"`
 	}
-	return total, nil
+	// Threads with deltas to purge and how far, read without the writer;
+	// each is bounded again in its write transaction.
+	list := func(after string) ([]thread, error) {
+		var threads []thread
+		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(seq) AS up_to FROM stream_deltas
+			WHERE ts < ? AND thread_id > ? GROUP BY thread_id ORDER BY thread_id LIMIT ?`), cutoff, after, purgeBatch); err != nil {
+			return nil, fmt.Errorf("find deltas to purge: %w", err)
+		}
+		return threads, nil
+	}
+	return purgeByThread(ctx, s, list, func(th thread) string { return th.ThreadID },
+		func(t *txn, th thread, budget int64) (int64, bool, error) {
+			n, more, err := t.purgeThreadDeltas(th.ThreadID, th.UpTo, budget)
+			t.buffered -= n
+			return n, more, err
+		})
 }
 
 // purgeThreadDeltas deletes at most budget of one thread's deltas with seq
