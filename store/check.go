@@ -18,9 +18,10 @@ import (
 // The audit: Check verifies the ten invariants of the protocol (PROTOCOL.md)
 // over a whole database. Each invariant is one function below, listed in
 // the invariants table; per-thread rules see one thread's rows at a time
-// (read thread by thread, so a large database is streamed, never loaded
-// whole), database-wide rules run once. Rows another thread owns (a fork's
-// copied history) are looked up by id when a rule needs them.
+// (read a page of auditPage threads per query, so a large database is
+// streamed, never loaded whole), database-wide rules run once. Rows
+// another thread owns (a fork's copied history) are looked up by id when a
+// rule needs them.
 //
 // What the database alone cannot show is said, not assumed: Audit.Unchecked
 // names it (e.g. the records of providers outside this database).
@@ -80,8 +81,9 @@ func (s *Store) Check(ctx context.Context) ([]Violation, error) {
 	return a.Violations, err
 }
 
-// auditPage is how many threads the audit reads per query.
-const auditPage = 500
+// auditPage is how many threads the audit reads per query: what it holds
+// in memory at a time.
+const auditPage = 100
 
 // Audit runs the whole audit in one consistent read.
 func (s *Store) Audit(ctx context.Context) (Audit, error) {
@@ -104,11 +106,11 @@ func (s *Store) Audit(ctx context.Context) (Audit, error) {
 				ORDER BY thread_id LIMIT ?`), after, auditPage); err != nil {
 				return fmt.Errorf("audit: list threads: %w", err)
 			}
-			for _, row := range rows {
-				th, err := a.load(row)
-				if err != nil {
-					return err
-				}
+			page, err := a.loadPage(rows)
+			if err != nil {
+				return err
+			}
+			for _, th := range page {
 				for _, inv := range invariants {
 					if inv.thread != nil {
 						inv.thread(a, th)
@@ -147,6 +149,7 @@ func (a *auditor) unchecked(format string, args ...any) {
 
 // auditEvent is one held durable event, with the ids its payload names.
 type auditEvent struct {
+	ThreadID     string         `db:"thread_id"`
 	Seq          int64          `db:"seq"`
 	Type         string         `db:"type"`
 	RunID        sql.NullString `db:"run_id"`
@@ -177,6 +180,7 @@ type eventBody struct {
 }
 
 type auditDelta struct {
+	ThreadID  string `db:"thread_id"`
 	Seq       int64  `db:"seq"`
 	RunID     string `db:"run_id"`
 	MessageID string `db:"message_id"`
@@ -203,15 +207,37 @@ type auditThread struct {
 	cancelledAt map[string]int64
 }
 
-// load reads one thread's rows.
-func (a *auditor) load(row threadRow) (*auditThread, error) {
-	ctx, q, id := a.ctx, a.q, row.ThreadID
-	th := &auditThread{row: row, cpByID: map[string]chat.Checkpoint{}, msgByID: map[string]messageRow{},
-		runByID: map[string]runRow{}, opByID: map[string]operationRow{}, parts: map[string]int{},
-		terminal: map[string][]auditEvent{}, cancelledAt: map[string]int64{}}
+// loadPage reads the rows of a page of threads, a query per table for the
+// whole page (a database of many small threads is read in few queries),
+// and returns them by thread, in rows' order.
+func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	ctx, q := a.ctx, a.q
+	ids := make([]string, len(rows))
+	byID := make(map[string]*auditThread, len(rows))
+	out := make([]*auditThread, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ThreadID
+		th := &auditThread{row: row, cpByID: map[string]chat.Checkpoint{}, msgByID: map[string]messageRow{},
+			runByID: map[string]runRow{}, opByID: map[string]operationRow{}, parts: map[string]int{},
+			terminal: map[string][]auditEvent{}, cancelledAt: map[string]int64{}}
+		byID[row.ThreadID], out[i] = th, th
+	}
+	sel := func(dest any, what, query string) error {
+		query, args, err := sqlx.In(query, ids)
+		if err != nil {
+			return err
+		}
+		if err := q.SelectContext(ctx, dest, q.Rebind(query), args...); err != nil {
+			return fmt.Errorf("audit: %s: %w", what, err)
+		}
+		return nil
+	}
 	var cpRows []checkpointRow
-	if err := q.SelectContext(ctx, &cpRows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? ORDER BY state_version, checkpoint_id`), id); err != nil {
-		return nil, fmt.Errorf("audit: checkpoints of %s: %w", id, err)
+	if err := sel(&cpRows, "checkpoints", `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id IN (?) ORDER BY thread_id, state_version, checkpoint_id`); err != nil {
+		return nil, err
 	}
 	for _, r := range cpRows {
 		cp, err := r.checkpoint()
@@ -219,65 +245,83 @@ func (a *auditor) load(row threadRow) (*auditThread, error) {
 			a.add(0, "%v", err)
 			continue
 		}
+		th := byID[cp.ThreadID]
 		th.cps = append(th.cps, cp)
 		th.cpByID[cp.CheckpointID] = cp
 	}
-	if err := q.SelectContext(ctx, &th.msgs, q.Rebind(`SELECT `+messageCols+` FROM messages WHERE thread_id = ? ORDER BY state_version, message_id`), id); err != nil {
-		return nil, fmt.Errorf("audit: messages of %s: %w", id, err)
+	var msgs []messageRow
+	if err := sel(&msgs, "messages", `SELECT `+messageCols+` FROM messages WHERE thread_id IN (?) ORDER BY thread_id, state_version, message_id`); err != nil {
+		return nil, err
 	}
-	for _, m := range th.msgs {
+	for _, m := range msgs {
+		th := byID[m.ThreadID]
+		th.msgs = append(th.msgs, m)
 		th.msgByID[m.MessageID] = m
 	}
-	if err := q.SelectContext(ctx, &th.runs, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ? ORDER BY created_at, run_id`), id); err != nil {
-		return nil, fmt.Errorf("audit: runs of %s: %w", id, err)
+	var runs []runRow
+	if err := sel(&runs, "runs", `SELECT `+runCols+` FROM runs WHERE thread_id IN (?) ORDER BY thread_id, created_at, run_id`); err != nil {
+		return nil, err
 	}
-	for _, r := range th.runs {
+	for _, r := range runs {
+		th := byID[r.ThreadID]
+		th.runs = append(th.runs, r)
 		th.runByID[r.RunID] = r
 	}
-	if err := q.SelectContext(ctx, &th.ops, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE thread_id = ? ORDER BY created_at, operation_id`), id); err != nil {
-		return nil, fmt.Errorf("audit: operations of %s: %w", id, err)
+	var ops []operationRow
+	if err := sel(&ops, "operations", `SELECT `+operationCols+` FROM operations WHERE thread_id IN (?) ORDER BY thread_id, created_at, operation_id`); err != nil {
+		return nil, err
 	}
-	for _, o := range th.ops {
+	for _, o := range ops {
+		th := byID[o.ThreadID]
+		th.ops = append(th.ops, o)
 		th.opByID[o.OperationID] = o
 	}
-	if err := q.SelectContext(ctx, &th.events, q.Rebind(`SELECT seq, type, run_id, message_id, state_version, ts, payload
-		FROM events WHERE thread_id = ? ORDER BY seq`), id); err != nil {
-		return nil, fmt.Errorf("audit: events of %s: %w", id, err)
+	var events []auditEvent
+	if err := sel(&events, "events", `SELECT thread_id, seq, type, run_id, message_id, state_version, ts, payload
+		FROM events WHERE thread_id IN (?) ORDER BY thread_id, seq`); err != nil {
+		return nil, err
 	}
-	for i := range th.events {
-		e := &th.events[i]
+	for _, e := range events {
 		e.bodyErr = json.Unmarshal([]byte(e.Payload), &e.body)
+		th := byID[e.ThreadID]
+		th.events = append(th.events, e)
 		if e.RunID.Valid {
 			switch e.Type {
 			case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled:
-				th.terminal[e.RunID.String] = append(th.terminal[e.RunID.String], *e)
+				th.terminal[e.RunID.String] = append(th.terminal[e.RunID.String], e)
 				if e.Type == chat.EventRunCancelled {
 					th.cancelledAt[e.RunID.String] = e.Seq
 				}
 			}
 		}
 	}
-	if err := q.SelectContext(ctx, &th.deltas, q.Rebind(`SELECT seq, run_id, message_id, part, text
-		FROM stream_deltas WHERE thread_id = ? ORDER BY seq`), id); err != nil {
-		return nil, fmt.Errorf("audit: deltas of %s: %w", id, err)
+	var deltas []auditDelta
+	if err := sel(&deltas, "deltas", `SELECT thread_id, seq, run_id, message_id, part, text
+		FROM stream_deltas WHERE thread_id IN (?) ORDER BY thread_id, seq`); err != nil {
+		return nil, err
+	}
+	for _, d := range deltas {
+		th := byID[d.ThreadID]
+		th.deltas = append(th.deltas, d)
 	}
 	var streamed []struct {
+		ThreadID  string `db:"thread_id"`
 		MessageID string `db:"message_id"`
 		Parts     int    `db:"parts"`
 	}
-	if err := q.SelectContext(ctx, &streamed, q.Rebind(`SELECT sm.message_id, sm.parts FROM runs r
-		JOIN stream_messages sm ON sm.run_id = r.run_id WHERE r.thread_id = ?`), id); err != nil {
-		return nil, fmt.Errorf("audit: streamed messages of %s: %w", id, err)
+	if err := sel(&streamed, "streamed messages", `SELECT r.thread_id, sm.message_id, sm.parts FROM runs r
+		JOIN stream_messages sm ON sm.run_id = r.run_id WHERE r.thread_id IN (?)`); err != nil {
+		return nil, err
 	}
 	for _, m := range streamed {
-		th.parts[m.MessageID] = m.Parts
+		byID[m.ThreadID].parts[m.MessageID] = m.Parts
 	}
-	a.out.Threads++
-	a.out.Runs += len(th.runs)
-	a.out.Operations += len(th.ops)
-	a.out.Events += len(th.events)
-	a.out.Deltas += len(th.deltas)
-	return th, nil
+	a.out.Threads += len(rows)
+	a.out.Runs += len(runs)
+	a.out.Operations += len(ops)
+	a.out.Events += len(events)
+	a.out.Deltas += len(deltas)
+	return out, nil
 }
 
 // Retention (see retention.go): the event log is purged per thread as a
