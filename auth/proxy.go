@@ -77,9 +77,16 @@ func (a *Authenticator) ClientIP(r *http.Request) string {
 	return addr.String()
 }
 
-// secure says whether cookies must carry Secure: forced, TLS, or a trusted
-// proxy that terminated TLS.
+// secure says whether cookies must carry Secure: forced, or the request
+// came over HTTPS.
 func (a *Authenticator) secure(r *http.Request) bool {
-	return a.cfg.SecureCookies || r.TLS != nil ||
+	return a.cfg.SecureCookies || a.HTTPS(r)
+}
+
+// HTTPS reports whether r reached the server over HTTPS: TLS on this
+// connection, or a trusted proxy that terminated TLS and says so in
+// X-Forwarded-Proto.
+func (a *Authenticator) HTTPS(r *http.Request) bool {
+	return r.TLS != nil ||
 		(a.fromTrustedProxy(r) && strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https"))
 }
