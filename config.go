@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/model/openai"
 	"github.com/honestcancel/gateway/store"
 )
@@ -73,6 +74,15 @@ type config struct {
 	// metricsPublic serves /metrics on the main listener in every auth
 	// mode (under none it always is).
 	metricsPublic bool
+	// hosts are the Host names the server answers to: the loopback names
+	// on a loopback addr, and -allowed-hosts.
+	hosts gateway.Hosts
+	// adminHosts: the admin listener's (loopback names only).
+	adminHosts gateway.Hosts
+	// bodyTimeout bounds reading a request body; idleTimeout how long an
+	// idle keep-alive connection stays open. Not settings: tests shorten
+	// them.
+	bodyTimeout, idleTimeout time.Duration
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -81,6 +91,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	ef := envFlags{fs: fs}
 	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
+	allowedHosts := fs.String("allowed-hosts", env("GATEWAY_ALLOWED_HOSTS", ""), "host names the server answers to (the Host of a request), comma-separated, *.example.com patterns allowed, '*' for any; required on a non-loopback -addr; on a loopback one localhost, 127.0.0.1 and [::1] are always answered (GATEWAY_ALLOWED_HOSTS)")
 	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
 	fs.StringVar(&c.sqliteSync, "sqlite-synchronous", env("GATEWAY_SQLITE_SYNCHRONOUS", store.DefaultSynchronous), "SQLite -db: full (an acknowledged write survives an OS crash or power loss: each commit is synced to disk first) or normal (it survives a crash of the process only); refused with a PostgreSQL -db (GATEWAY_SQLITE_SYNCHRONOUS)")
 	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
@@ -146,6 +157,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if c.authMode == auth.ModeNone && !c.insecureRemote && !loopback(c.addr) {
 		return c, fmt.Errorf("-addr %s is not a loopback address and -auth is none: anyone who can reach it could read and drive every conversation. Use -auth password (create accounts with gateway user add) or -auth header behind an authenticating proxy, listen on 127.0.0.1, or pass -insecure-remote to accept that", c.addr)
 	}
+	if c.hosts, err = answeredHosts(c.addr, *allowedHosts); err != nil {
+		return c, err
+	}
 	if c.authMode == auth.ModeHeader && len(c.trustedProxies) == 0 {
 		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.authHeader)
 	}
@@ -184,6 +198,12 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if c.adminAddr != "" && !loopback(c.adminAddr) {
 		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.adminAddr)
 	}
+	if c.adminAddr != "" {
+		if c.adminHosts, err = answeredHosts(c.adminAddr, ""); err != nil {
+			return c, err
+		}
+	}
+	c.bodyTimeout, c.idleTimeout = gateway.DefaultBodyTimeout, 2*time.Minute
 	if c.nats != "" && !store.IsPostgres(c.db) {
 		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", redactedURL(c.nats))
 	}
@@ -343,6 +363,30 @@ func (o *openaiSettings) backend() (*openai.Backend, error) {
 		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-header, or their GATEWAY_OPENAI_* variables)", err)
 	}
 	return b, nil
+}
+
+// answeredHosts are the Host names a listener on addr answers to: on a
+// loopback address the loopback names (and the address itself, as for
+// 127.0.0.2) plus the list; on any other the list, which must then be
+// given — '*' (any name) only when said.
+func answeredHosts(addr, list string) (gateway.Hosts, error) {
+	hosts, err := gateway.ParseHosts(list)
+	if err != nil {
+		return hosts, fmt.Errorf("-allowed-hosts: %w", err)
+	}
+	if loopback(addr) {
+		hosts = hosts.Union(gateway.LoopbackHosts())
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			if ip, err := gateway.ParseHosts(host); err == nil {
+				hosts = hosts.Union(ip)
+			}
+		}
+		return hosts, nil
+	}
+	if hosts.IsZero() {
+		return hosts, fmt.Errorf("-addr %s is not a loopback address: say which host names the server answers to with -allowed-hosts (GATEWAY_ALLOWED_HOSTS), e.g. -allowed-hosts chat.example.com or '*.example.com' — the names browsers and your proxy use to reach it (behind a proxy, have it pass the Host: proxy_set_header Host $host). A request for any other name is refused, so that a web page cannot reach the server by pointing a name of its own at this address (DNS rebinding); -allowed-hosts '*' answers to every name and gives up that protection", addr)
+	}
+	return hosts, nil
 }
 
 // loopback reports whether addr (host:port) listens on loopback only.

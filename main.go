@@ -289,7 +289,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
 	if cfg.adminAddr != "" {
-		stopAdmin, err := serveAdmin(cfg.adminAddr, m.Handler(), log)
+		stopAdmin, err := serveAdmin(cfg.adminAddr, cfg.adminHosts, m.Handler(), log)
 		if err != nil {
 			ln.Close()
 			return err
@@ -298,9 +298,15 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
+	// Before any route: the Host allowlist (DNS rebinding), HSTS, and the
+	// body read deadline. /livez and /readyz answer whatever the Host:
+	// load balancers probe them by address, and they tell nothing.
+	edge := gateway.Edge(gateway.EdgeConfig{Hosts: cfg.hosts, Unchecked: []string{"/livez", "/readyz"},
+		HTTPS: authn.HTTPS, BodyTimeout: cfg.bodyTimeout, Log: log}, mux)
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           edge,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       cfg.idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return streams },
 	}
 	served := make(chan error, 1)
@@ -311,6 +317,11 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	} else {
 		log.Info("metrics are served on the admin listener (-admin-addr) only under this -auth mode; -metrics-public serves them here too")
+	}
+	if cfg.hosts.Any() {
+		log.Warn("-allowed-hosts '*': answering to every host name, so a web page can reach this server through DNS rebinding")
+	} else {
+		log.Info("answering to host names", "hosts", cfg.hosts.String())
 	}
 	api.SetReady(true)
 	serving := []any{"addr", "http://" + ln.Addr().String(), "db", redactedURL(cfg.db), "model", cfg.model, "auth", cfg.authMode, "instance", instanceID}
@@ -349,8 +360,9 @@ func hasPassword(users []chat.User) bool {
 }
 
 // serveAdmin runs the admin listener (Go's profiles and the metrics) on a
-// loopback address until the returned stop is called; stop waits for it.
-func serveAdmin(addr string, metrics http.Handler, log *slog.Logger) (stop func(), err error) {
+// loopback address, answering to the loopback names (hosts) only, until
+// the returned stop is called; stop waits for it.
+func serveAdmin(addr string, hosts gateway.Hosts, metrics http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener on %s: %w", addr, err)
@@ -362,7 +374,8 @@ func serveAdmin(addr string, metrics http.Handler, log *slog.Logger) (stop func(
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("GET /metrics", metrics)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: gateway.Edge(gateway.EdgeConfig{Hosts: hosts, Log: log}, mux),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -481,7 +481,7 @@ func TestAuthServeFlags(t *testing.T) {
 			{"-auth header", nil, []string{"-auth", "header", "-trusted-proxies", "10.0.0.0/8"}},
 		} {
 			db := filepath.Join(t.TempDir(), "gw.db")
-			code, errOut, served := startOrRefuse(t, tc.env, append([]string{"-addr", unreachable, "-db", db}, tc.args...)...)
+			code, errOut, served := startOrRefuse(t, tc.env, append([]string{"-addr", unreachable, "-db", db, "-allowed-hosts", "chat.example.test"}, tc.args...)...)
 			if strings.Contains(errOut, refusal) || strings.Contains(errOut, "needs -trusted-proxies") {
 				t.Errorf("%s on %s was refused: %s", tc.name, unreachable, errOut)
 				continue

@@ -1,0 +1,646 @@
+package main
+
+// The edge against the real binary: the Host allowlist that stops a web
+// page reaching the server through DNS rebinding, the flags that set it,
+// the security headers; and (in-process, with shortened timeouts) the body
+// read deadline and the idle timeout of the server main wires.
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// hostCall sends method path to base with the Host header host and the
+// extra headers; body "" sends none. It returns the answer's status,
+// headers and body.
+func hostCall(t *testing.T, base, method, path, host string, hdr map[string]string, body string) (int, http.Header, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s (Host %s): %v", method, path, host, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s (Host %s): read body: %v", method, path, host, err)
+	}
+	return resp.StatusCode, resp.Header, raw
+}
+
+// dialHost opens /ws of base with the Host header host and headers hdr.
+func dialHost(base, host string, hdr map[string]string) (*websocket.Conn, *http.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h := http.Header{}
+	for k, v := range hdr {
+		h.Set(k, v)
+	}
+	return websocket.Dial(ctx, "ws"+strings.TrimPrefix(base, "http")+"/ws", &websocket.DialOptions{Host: host, HTTPHeader: h})
+}
+
+// wantForbidden requires a 403 answer in the protocol's error shape.
+func wantForbidden(t *testing.T, what string, status int, raw []byte) {
+	t.Helper()
+	var e struct{ Type, Error, Message string }
+	if err := json.Unmarshal(raw, &e); err != nil || status != http.StatusForbidden || e.Type != "error" || e.Error != "forbidden" || e.Message == "" {
+		t.Errorf("%s: %d %.300s; want 403 {type:error, error:forbidden, message}", what, status, raw)
+	}
+}
+
+// dbFingerprint is every table's row count and each thread's version,
+// last seq, title and update time, read from the SQLite file (read-only) while the server runs:
+// if a request changed anything a user could see, it changes.
+func dbFingerprint(t *testing.T, path string) string {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, name)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	var b strings.Builder
+	for _, name := range tables {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM "` + name + `"`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s=%d ", name, n)
+	}
+	var threads string
+	if err := db.QueryRow(`SELECT coalesce(group_concat(v, ','), '') FROM (SELECT thread_id || ':' || state_version || ':' || last_seq || ':' || title || ':' || updated_at AS v FROM threads ORDER BY thread_id)`).Scan(&threads); err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) < 5 || !strings.Contains(b.String(), "threads=") {
+		t.Fatalf("the database %s has tables %v: not the gateway's?", path, tables)
+	}
+	return b.String() + "threads: " + threads
+}
+
+func portOf(t *testing.T, base string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil || u.Port() == "" {
+		t.Fatalf("no port in %q", base)
+	}
+	return u.Port()
+}
+
+// A page served under a name of its own that resolves to 127.0.0.1 (DNS
+// rebinding) sends that name as Host and, being "same-origin" to itself,
+// a matching Origin. In the default mode (-auth none, loopback) every
+// surface refuses it with 403 forbidden before doing anything: nothing in
+// the database changes. The loopback names, on any port, pass.
+func TestHostAllowlistStopsDNSRebinding(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServer(t, db, "5ms")
+	port := portOf(t, srv.base)
+	th := srv.createThread()
+	threadsBefore := srv.threadList(who{})
+	before := dbFingerprint(t, db)
+
+	surfaces := []struct {
+		name, method, path, body string
+		api                      bool // answered in the protocol's JSON error shape
+	}{
+		{"create a thread", "POST", "/api/threads", `{}`, true},
+		{"list every conversation", "GET", "/api/threads", "", true},
+		{"read a conversation", "GET", "/api/threads/" + th.ThreadID, "", true},
+		{"start a run", "POST", "/api/threads/" + th.ThreadID + "/runs", `{"expected_state_version":1,"user_message":"short: leak"}`, true},
+		{"the event stream (SSE)", "GET", "/api/threads/" + th.ThreadID + "/events?after_seq=0", "", true},
+		{"the home page", "GET", "/", "", false},
+		{"a conversation's page", "GET", "/t/" + th.ThreadID, "", false},
+		{"the new-conversation form", "POST", "/threads", "", false},
+		{"a rename form", "POST", "/t/" + th.ThreadID + "/rename", "title=pwned", false},
+	}
+	for _, host := range []string{"evil.example:" + port, "evil.example", "127.0.0.1.nip.io:" + port, "localhost.evil.example:" + port, "xn--lcalhost-9za:" + port} {
+		for _, origin := range []bool{false, true} {
+			hdr := map[string]string{}
+			if origin {
+				hdr["Origin"] = "http://" + host
+				hdr["Sec-Fetch-Site"] = "same-origin"
+			}
+			for _, s := range surfaces {
+				h := map[string]string{}
+				for k, v := range hdr {
+					h[k] = v
+				}
+				switch {
+				case s.body != "" && s.api:
+					h["Content-Type"] = "application/json"
+				case s.body != "":
+					h["Content-Type"] = "application/x-www-form-urlencoded"
+				}
+				if strings.HasSuffix(s.path, "/events?after_seq=0") {
+					h["Accept"] = "text/event-stream"
+				}
+				what := fmt.Sprintf("%s (%s %s, Host %s, Origin %v)", s.name, s.method, s.path, host, origin)
+				status, header, raw := hostCall(t, srv.base, s.method, s.path, host, h, s.body)
+				if s.api {
+					wantForbidden(t, what, status, raw)
+					continue
+				}
+				if status != http.StatusForbidden || !strings.HasPrefix(header.Get("Content-Type"), "text/plain") ||
+					!strings.Contains(string(raw), "Forbidden") || header.Get("X-Content-Type-Options") != "nosniff" {
+					t.Errorf("%s: %d %q %.200s; want a plain 403 page", what, status, header.Get("Content-Type"), raw)
+				}
+			}
+			c, resp, err := dialHost(srv.base, host, hdr)
+			if err == nil {
+				c.CloseNow()
+				t.Errorf("GET /ws with Host %s (Origin %v) was upgraded", host, origin)
+				continue
+			}
+			if resp == nil {
+				t.Errorf("GET /ws with Host %s: no HTTP answer: %v", host, err)
+				continue
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			wantForbidden(t, fmt.Sprintf("GET /ws with Host %s (Origin %v)", host, origin), resp.StatusCode, raw)
+		}
+	}
+
+	// A request without Host (HTTP/1.0) is refused too.
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.base, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /api/threads HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("HTTP/1.0 without Host: %v", err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	conn.Close()
+	wantForbidden(t, "POST /api/threads over HTTP/1.0 without Host", resp.StatusCode, raw)
+
+	if after := dbFingerprint(t, db); after != before {
+		t.Errorf("refused requests changed the database:\nbefore %s\nafter  %s", before, after)
+	}
+	if got := srv.threadList(who{}); len(got) != len(threadsBefore) {
+		t.Errorf("refused requests changed the conversations: %v, had %v", got, threadsBefore)
+	}
+	if snap := srv.snapshot(th.ThreadID); snap.StateVersion != th.StateVersion || snap.LastSeq != th.LastSeq {
+		t.Errorf("refused requests changed the thread: version %d last seq %d, was %d %d", snap.StateVersion, snap.LastSeq, th.StateVersion, th.LastSeq)
+	}
+
+	// Health probes come from load balancers by address: they answer
+	// whatever the Host, and tell nothing.
+	for _, path := range []string{"/livez", "/readyz"} {
+		if status, _, raw := hostCall(t, srv.base, "GET", path, "10.1.2.3:"+port, nil, ""); status != http.StatusOK {
+			t.Errorf("GET %s with Host 10.1.2.3: %d %s, want 200", path, status, raw)
+		}
+	}
+
+	// The loopback names pass, on any port, in any case, with a trailing
+	// dot; so does a page on them (same Origin).
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port, "LocalHost.:8443", "[0:0:0:0:0:0:0:1]:1", "127.0.0.1"} {
+		same := map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
+		if status, _, raw := hostCall(t, srv.base, "GET", "/api/threads", host, nil, ""); status != http.StatusOK {
+			t.Errorf("GET /api/threads with Host %s: %d %s, want 200", host, status, raw)
+		}
+		if status, _, raw := hostCall(t, srv.base, "POST", "/api/threads", host, same, `{}`); status != http.StatusCreated {
+			t.Errorf("POST /api/threads with Host %s from its own page: %d %s, want 201", host, status, raw)
+		}
+		if status, _, raw := hostCall(t, srv.base, "GET", "/", host, nil, ""); status != http.StatusOK {
+			t.Errorf("GET / with Host %s: %d %.200s, want 200", host, status, raw)
+		}
+		c, resp, err := dialHost(srv.base, host, map[string]string{"Origin": "http://" + host})
+		if err != nil {
+			status := 0
+			if resp != nil {
+				status = resp.StatusCode
+			}
+			t.Errorf("GET /ws with Host %s: %d %v, want an upgrade", host, status, err)
+			continue
+		}
+		ws := &wsClient{t: t, conn: c}
+		if ack := ws.cmd(map[string]any{"type": "hello", "tab_id": "edge"}); ack["type"] != "ack" {
+			t.Errorf("hello over /ws with Host %s: %v", host, ack)
+		}
+		c.CloseNow()
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// -allowed-hosts adds names (and *.NAME patterns) to the loopback ones;
+// everything else is still refused.
+func TestAllowedHostsPatterns(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-allowed-hosts", "*.example.test, chat.other.test")
+	port := portOf(t, srv.base)
+	for host, want := range map[string]bool{
+		"a.example.test:" + port:   true,
+		"A.B.Example.Test.":        true,
+		"chat.other.test:" + port:  true,
+		"CHAT.OTHER.TEST":          true,
+		"localhost:" + port:        true,
+		"127.0.0.1:" + port:        true,
+		"example.test:" + port:     false, // the pattern covers names under it only
+		"x.chat.other.test":        false,
+		"evilexample.test":         false,
+		"a.example.test.evil.test": false,
+		"other.test":               false,
+	} {
+		status, _, raw := hostCall(t, srv.base, "GET", "/api/threads", host, nil, "")
+		if want && status != http.StatusOK {
+			t.Errorf("Host %s: %d %s, want 200", host, status, raw)
+		}
+		if !want {
+			wantForbidden(t, "Host "+host, status, raw)
+		}
+	}
+	if !strings.Contains(srv.stderr(), `msg="answering to host names" hosts=`) || !strings.Contains(srv.stderr(), "*.example.test") {
+		t.Errorf("the log does not say which names the server answers to:\n%s", srv.stderr())
+	}
+	srv.stop()
+
+	// '*' said explicitly answers to every name, with a warning.
+	db = filepath.Join(t.TempDir(), "any.db")
+	srv = startServerWith(t, db, "5ms", "-allowed-hosts", "*")
+	if status, _, raw := hostCall(t, srv.base, "GET", "/api/threads", "anything.example", nil, ""); status != http.StatusOK {
+		t.Errorf("-allowed-hosts '*': Host anything.example answered %d %s, want 200", status, raw)
+	}
+	if srv.logged("-allowed-hosts '*': answering to every host name, so a web page can reach this server through DNS rebinding") != 1 {
+		t.Errorf("-allowed-hosts '*' did not warn:\n%s", srv.stderr())
+	}
+	srv.stop()
+}
+
+// A non-loopback -addr needs -allowed-hosts (flag, variable or settings
+// file line), or '*' said explicitly; malformed entries are refused. A
+// test never listens on a public address: refusals exit before opening
+// anything, and acceptance is shown on 192.0.2.1 (TEST-NET-1, held by no
+// interface), where the configuration passes and the listen then fails.
+func TestAllowedHostsFlags(t *testing.T) {
+	t.Run("required on a non-loopback address", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "gw.db")
+		for _, tc := range []struct {
+			env  []string
+			args []string
+		}{
+			{nil, []string{"-addr", "0.0.0.0:0", "-auth", "password"}},
+			{nil, []string{"-addr", ":0", "-auth", "password", "-allowed-hosts", " , "}},
+			{[]string{"GATEWAY_ADDR=[::]:0", "GATEWAY_AUTH=password"}, nil},
+			{nil, []string{"-addr", "0.0.0.0:0", "-insecure-remote"}},
+		} {
+			code, _, errOut := runCLI(t, tc.env, append([]string{"-db", db}, tc.args...)...)
+			if code != 2 || !strings.Contains(errOut, "is not a loopback address: say which host names the server answers to with -allowed-hosts") ||
+				!strings.Contains(errOut, "GATEWAY_ALLOWED_HOSTS") || !strings.Contains(errOut, "DNS rebinding") || !strings.Contains(errOut, "'*'") {
+				t.Errorf("%v gateway %s: exit %d, stderr %q; want exit 2 asking for -allowed-hosts", tc.env, strings.Join(tc.args, " "), code, errOut)
+			}
+		}
+		if exists(db) {
+			t.Error("a refused start created the database")
+		}
+	})
+
+	t.Run("bad entries", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "gw.db")
+		for list, want := range map[string]string{
+			"*.":                        `"*.": after "*." comes a host name`,
+			"foo.*.example.com":         `"foo.*.example.com": a pattern is "*." and a domain`,
+			"*example.com":              `"*example.com": a pattern is`,
+			"https://chat.example.com":  `"https://chat.example.com" is a URL`,
+			"chat.example.com:443":      `"chat.example.com:443": host names are matched without their port: give chat.example.com`,
+			"chat..example.com":         `"chat..example.com" is not a host name`,
+			"bücher.example":            `xn-- form`,
+			"chat example.com":          `"chat example.com" is not a host name`,
+			"*, chat.example.com":       `"*" answers to every name: give it alone`,
+			"*.192.168.1.1":             `an address is given alone`,
+			"chat.example.com,[::1":     `"[::1" is not a host name`,
+			"chat.example.com,\x01oops": `is not a host name`,
+		} {
+			for _, addr := range []string{"127.0.0.1:0", "192.0.2.1:0"} {
+				code, _, errOut := runCLI(t, nil, "-db", db, "-auth", "password", "-addr", addr, "-allowed-hosts", list)
+				if code != 2 || !strings.Contains(errOut, "-allowed-hosts: ") || !strings.Contains(errOut, want) {
+					t.Errorf("-addr %s -allowed-hosts %q: exit %d, stderr %q; want exit 2 saying %q", addr, list, code, errOut, want)
+				}
+			}
+		}
+		if exists(db) {
+			t.Error("a refused start created the database")
+		}
+	})
+
+	t.Run("accepted on a non-loopback address that is never reachable", func(t *testing.T) {
+		const unreachable = "192.0.2.1:0"
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if strings.HasPrefix(a.String(), "192.0.2.1/") {
+				t.Skip("this host holds 192.0.2.1: listening on it could be reachable")
+			}
+		}
+		conf := writeConfig(t, "allowed-hosts = chat.example.test")
+		for _, tc := range []struct {
+			name string
+			env  []string
+			args []string
+		}{
+			{"-allowed-hosts NAME", nil, []string{"-allowed-hosts", "chat.example.test"}},
+			{"-allowed-hosts PATTERN,ADDRESS", nil, []string{"-allowed-hosts", "*.example.test,192.0.2.1,[2001:db8::1]"}},
+			{"GATEWAY_ALLOWED_HOSTS", []string{"GATEWAY_ALLOWED_HOSTS=chat.example.test"}, nil},
+			{"settings file", nil, []string{"-config", conf}},
+			{"'*'", nil, []string{"-allowed-hosts", "*"}},
+		} {
+			db := filepath.Join(t.TempDir(), "gw.db")
+			code, errOut, served := startOrRefuse(t, tc.env, append([]string{"-addr", unreachable, "-db", db, "-auth", "password"}, tc.args...)...)
+			if strings.Contains(errOut, "allowed-hosts") && !strings.Contains(errOut, "answering to every host name") {
+				t.Errorf("%s on %s was refused: %s", tc.name, unreachable, errOut)
+				continue
+			}
+			if !served && (code != 1 || !strings.Contains(errOut, "listen on "+unreachable)) {
+				t.Errorf("%s on %s: exit %d, stderr %q; want the configuration accepted and the listen to fail", tc.name, unreachable, code, errOut)
+			}
+		}
+	})
+}
+
+// The admin listener (profiles, metrics) is on loopback and answers to
+// the loopback names only: a rebinding page cannot read it either.
+func TestAdminListenerAnswersLoopbackNamesOnly(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0", "-allowed-hosts", "chat.example.test")
+	var admin string
+	for _, l := range strings.Split(srv.stderr(), "\n") {
+		if i := strings.Index(l, `msg="admin listener" addr=`); i >= 0 {
+			admin = strings.TrimSuffix(strings.TrimSpace(l[i+len(`msg="admin listener" addr=`):]), "/debug/pprof/")
+		}
+	}
+	if admin == "" {
+		t.Fatalf("no admin listener line in the log:\n%s", srv.stderr())
+	}
+	port := portOf(t, admin)
+	for _, host := range []string{"evil.example:" + port, "chat.example.test:" + port} {
+		for _, path := range []string{"/metrics", "/debug/pprof/goroutine?debug=1"} {
+			if status, _, raw := hostCall(t, admin, "GET", path, host, nil, ""); status != http.StatusForbidden {
+				t.Errorf("admin %s with Host %s: %d %.200s, want 403", path, host, status, raw)
+			}
+		}
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port} {
+		if status, _, raw := hostCall(t, admin, "GET", "/metrics", host, nil, ""); status != http.StatusOK || !strings.Contains(string(raw), "gateway_") {
+			t.Errorf("admin /metrics with Host %s: %d %.200s, want 200 and the metrics", host, status, raw)
+		}
+	}
+	srv.stop()
+}
+
+// Strict-Transport-Security only when the request came over HTTPS: here,
+// a trusted proxy that says so (the binary itself serves no TLS; TLS on the
+// connection is tested in package gateway). Pages carry COOP and a
+// Permissions-Policy besides their CSP.
+func TestEdgeHeaders(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServerWith(t, db, "5ms", "-trusted-proxies", "127.0.0.1")
+	host := "127.0.0.1:" + portOf(t, srv.base)
+	https := map[string]string{"X-Forwarded-Proto": "https"}
+	for _, path := range []string{"/", "/api/threads", "/login", "/static/nonexistent"} {
+		if _, h, _ := hostCall(t, srv.base, "GET", path, host, https, ""); h.Get("Strict-Transport-Security") != "max-age=31536000" {
+			t.Errorf("GET %s from a trusted proxy saying https: Strict-Transport-Security %q, want max-age=31536000", path, h.Get("Strict-Transport-Security"))
+		}
+		if _, h, _ := hostCall(t, srv.base, "GET", path, host, nil, ""); h.Get("Strict-Transport-Security") != "" {
+			t.Errorf("GET %s over plain HTTP: Strict-Transport-Security %q, want none", path, h.Get("Strict-Transport-Security"))
+		}
+	}
+	status, h, _ := hostCall(t, srv.base, "GET", "/", host, nil, "")
+	if status != http.StatusOK {
+		t.Fatalf("GET /: %d", status)
+	}
+	for k, want := range map[string]string{
+		"Cross-Origin-Opener-Policy": "same-origin",
+		"X-Content-Type-Options":     "nosniff",
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("GET /: %s = %q, want %q", k, got, want)
+		}
+	}
+	if pp := h.Get("Permissions-Policy"); !strings.Contains(pp, "camera=()") || !strings.Contains(pp, "microphone=()") || !strings.Contains(pp, "geolocation=()") {
+		t.Errorf("GET /: Permissions-Policy %q, want camera, microphone and geolocation off", pp)
+	}
+	if csp := h.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Errorf("GET /: Content-Security-Policy %q lost frame-ancestors 'none'", csp)
+	}
+	srv.stop()
+
+	// A proxy that is not trusted cannot turn HSTS on.
+	db = filepath.Join(t.TempDir(), "untrusted.db")
+	srv = startServerWith(t, db, "5ms", "-trusted-proxies", "10.0.0.0/8")
+	if _, h, _ := hostCall(t, srv.base, "GET", "/", "127.0.0.1", https, ""); h.Get("Strict-Transport-Security") != "" {
+		t.Errorf("X-Forwarded-Proto from an untrusted peer set Strict-Transport-Security %q", h.Get("Strict-Transport-Security"))
+	}
+	srv.stop()
+}
+
+// logTap is the in-process server's log: it keeps the lines and hands
+// over the address of the "gateway serving" line.
+type logTap struct {
+	mu    sync.Mutex
+	lines []string
+	addr  chan string
+}
+
+func (l *logTap) Write(p []byte) (int, error) {
+	line := string(p)
+	l.mu.Lock()
+	l.lines = append(l.lines, strings.TrimSpace(line))
+	l.mu.Unlock()
+	if m := servingLine.FindStringSubmatch(line); m != nil {
+		select {
+		case l.addr <- m[1]:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+func (l *logTap) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// The server main wires cuts a request body that does not arrive within
+// the body timeout, and an idle keep-alive connection after the idle
+// timeout, while an event stream and a WebSocket opened before stay open
+// past both and keep delivering. Run in-process to shorten the timeouts
+// (30s and 2min in the binary).
+func TestSlowBodyIsCutStreamsStay(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	cfg, err := parseServe([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", "5ms"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.bodyTimeout, cfg.idleTimeout = 400*time.Millisecond, 400*time.Millisecond
+	tap := &logTap{addr: make(chan string, 1)}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveUntilDone(ctx, cfg, slog.New(slog.NewTextHandler(tap, nil))) }()
+	defer func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serveUntilDone: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the server did not stop within 30s; log:\n%s", tap)
+		}
+	}()
+	srv := &server{t: t, db: db}
+	select {
+	case srv.base = <-tap.addr:
+	case err := <-done:
+		t.Fatalf("the server stopped before serving: %v\n%s", err, tap)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the server did not serve within 30s; log:\n%s", tap)
+	}
+	th := srv.createThread()
+	sse := srv.events(th.ThreadID, th.LastSeq)
+	c, _, err := dialHost(srv.base, strings.TrimPrefix(srv.base, "http://"), nil)
+	if err != nil {
+		t.Fatalf("open /ws: %v", err)
+	}
+	defer c.CloseNow()
+	ws := &wsClient{t: t, conn: c}
+	if ack := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": th.LastSeq}); ack["type"] != "ack" {
+		t.Fatalf("subscribe: %v", ack)
+	}
+
+	addr := strings.TrimPrefix(srv.base, "http://")
+	// An idle keep-alive connection is closed by the server.
+	idle, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	_ = idle.SetDeadline(time.Now().Add(15 * time.Second))
+	fmt.Fprintf(idle, "GET /livez HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
+	idleR := bufio.NewReader(idle)
+	resp, err := http.ReadResponse(idleR, nil)
+	if err != nil {
+		t.Fatalf("GET /livez on the keep-alive connection: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	// A client sends the headers of a body, then a byte at a time, slower
+	// than it could ever finish: the server cuts it.
+	slow, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprintf(slow, "POST /api/threads HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", addr)
+	writerDone := make(chan struct{})
+	stopWriting := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		tick := time.NewTicker(10 * time.Millisecond) // the slow client's pace, not a wait for anything
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopWriting:
+				return
+			case <-tick.C:
+				if _, err := slow.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	_ = slow.SetReadDeadline(time.Now().Add(15 * time.Second))
+	resp, err = http.ReadResponse(bufio.NewReader(slow), nil)
+	var ne net.Error
+	switch {
+	case err == nil:
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct{ Error, Message string }
+		_ = json.Unmarshal(raw, &e)
+		if resp.StatusCode != http.StatusBadRequest || e.Error != "invalid_request" || !strings.Contains(e.Message, "did not arrive within") {
+			t.Errorf("the slow body was answered %d %s; want 400 invalid_request saying it did not arrive in time", resp.StatusCode, raw)
+		}
+	case errors.As(err, &ne) && ne.Timeout():
+		t.Fatalf("a body sent a byte every 10ms was still being read after 15s: no body read deadline")
+	default:
+		// The server closed the connection (a reset can overtake the answer).
+	}
+	close(stopWriting)
+	<-writerDone
+	if got := srv.threadList(who{}); len(got) != 1 {
+		t.Errorf("the cut request created something: threads %v", got)
+	}
+
+	// The idle connection was closed by now or is shortly.
+	if _, err := idleR.ReadByte(); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Errorf("the idle keep-alive connection is still open after 15s (read: %v): no idle timeout", err)
+	}
+
+	// The streams opened before the slow request outlived its deadline:
+	// a run's events reach both.
+	var run struct {
+		RunID string `json:"run_id"`
+	}
+	srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{"expected_state_version": th.StateVersion, "user_message": "short: still there?"}, http.StatusCreated, &run)
+	deadline := time.Now().Add(20 * time.Second)
+	sse.waitFor(deadline, "run.completed on the event stream", func(ev event) bool { return ev.Type == "run.completed" && ev.RunID == run.RunID })
+	wsCtx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	for seen := false; !seen; {
+		_, frame, err := c.Read(wsCtx)
+		if err != nil {
+			t.Fatalf("the WebSocket ended before run.completed: %v", err)
+		}
+		seen = strings.Contains(string(frame), `"run.completed"`)
+	}
+	sse.close()
+	c.Close(websocket.StatusNormalClosure, "")
+}
