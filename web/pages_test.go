@@ -664,6 +664,15 @@ func checkPageHeaders(t *testing.T, w *httptest.ResponseRecorder) {
 	if got := h.Get("Cache-Control"); got != "no-store" {
 		t.Errorf("Cache-Control = %q, want no-store", got)
 	}
+	if got := h.Get("Cross-Origin-Opener-Policy"); got != "same-origin" {
+		t.Errorf("Cross-Origin-Opener-Policy = %q, want same-origin", got)
+	}
+	pp := h.Get("Permissions-Policy")
+	for _, feature := range []string{"camera=()", "microphone=()", "geolocation=()"} {
+		if !strings.Contains(pp, feature) {
+			t.Errorf("Permissions-Policy %q lacks %s", pp, feature)
+		}
+	}
 }
 
 func TestHTTP(t *testing.T) {

@@ -260,11 +260,19 @@ func (p *Pages) render(w http.ResponseWriter, r *http.Request, status int, c tem
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	// No window of another site keeps a handle on this one (nor this one
+	// on a window it opens), and the page asks for no device.
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Permissions-Policy", permissionsPolicy)
 	w.WriteHeader(status)
 	if err := c.Render(r.Context(), w); err != nil && !errors.Is(err, context.Canceled) {
 		p.log.Error("render page", "err", err)
 	}
 }
+
+// permissionsPolicy turns off the powerful features a chat page never
+// uses, for it and anything it could embed.
+const permissionsPolicy = "camera=(), microphone=(), geolocation=(), payment=(), usb=(), serial=(), hid=(), display-capture=()"
 
 func (p *Pages) fail(w http.ResponseWriter, err error) {
 	p.log.Error("page", "err", err)
