@@ -99,8 +99,10 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 		a.limiter.refund(t)
 		return refused("busy", chat.Errorf(chat.CodeRateLimited, "too many sign-ins at once: wait 1 s and try again").With("retry_after_seconds", 1))
 	}
-	u, ok, reason, err := a.checkPassword(r.Context(), norm, nameErr, password)
-	<-a.hashing
+	u, ok, reason, err := func() (chat.User, bool, string, error) {
+		defer func() { <-a.hashing }()
+		return a.checkPassword(r.Context(), norm, nameErr, password)
+	}()
 	if err != nil {
 		a.limiter.refund(t)
 		return refused("error", err)
