@@ -26,7 +26,11 @@ import (
 
 const userUsage = `Usage:
   gateway user add NAME [-db PATH]      create an account; the password is read from the terminal or one line of stdin
-  gateway user passwd NAME [-db PATH]   set a new password and sign out every session of the account
+  gateway user passwd [--revoke-tokens] NAME [-db PATH]
+                                        set a new password and sign out every session of the account;
+                                        --revoke-tokens also revokes its API tokens
+  gateway user sessions NAME [-db PATH] list the account's sessions (when each began and ends)
+  gateway user signout NAME [-db PATH]  end every session of the account at once (its API tokens stay)
   gateway user del NAME [-db PATH]      delete an account: its sessions and tokens end at once
   gateway user list [-db PATH]`
 
@@ -49,6 +53,10 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("user "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
+	revokeTokens := new(bool)
+	if sub == "passwd" {
+		fs.BoolVar(revokeTokens, "revoke-tokens", false, "also revoke every API token of the account")
+	}
 	rest, err := parseInterspersed(fs, args)
 	if err != nil {
 		return 2
@@ -97,10 +105,51 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "created user %s (%s); serve with -auth password so they can sign in\n", u.Name, u.UserID)
 			return 0
 		}
-		if err := st.SetPassword(ctx, name, hash); err != nil {
+		revoked, err := st.ResetPassword(ctx, name, hash, *revokeTokens)
+		if err != nil {
 			return fail(err)
 		}
+		if *revokeTokens {
+			fmt.Fprintf(stdout, "changed the password of %s, signed out all their sessions and revoked their API tokens (%d)\n", name, revoked)
+			return 0
+		}
 		fmt.Fprintf(stdout, "changed the password of %s and signed out all their sessions\n", name)
+	case "sessions":
+		name, ok := wantName()
+		if !ok {
+			return 2
+		}
+		st, err := openAccounts(ctx, *db, false)
+		if err != nil {
+			return fail(err)
+		}
+		defer st.Close()
+		sessions, err := st.Sessions(ctx, name, time.Now())
+		if err != nil {
+			return fail(err)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CREATED\tEXPIRES")
+		for _, s := range sessions {
+			fmt.Fprintf(tw, "%s\t%s\n", s.CreatedAt.Format(time.DateTime), s.ExpiresAt.Format(time.DateTime))
+		}
+		tw.Flush()
+		fmt.Fprintf(stderr, "%d sessions of %s; end them with: gateway user signout %s\n", len(sessions), name, name)
+	case "signout":
+		name, ok := wantName()
+		if !ok {
+			return 2
+		}
+		st, err := openAccounts(ctx, *db, false)
+		if err != nil {
+			return fail(err)
+		}
+		defer st.Close()
+		n, err := st.EndSessions(ctx, name)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "ended %d sessions of %s: every browser signed in as %s must sign in again (API tokens stay: gateway token list -user %s)\n", n, name, name, name)
 	case "del":
 		name, ok := wantName()
 		if !ok {

@@ -6,8 +6,8 @@
 // sign-in page) is the caller's business.
 //
 // An Authenticator is safe for concurrent use. It keeps no per-request
-// state; the sign-in limiter is its only shared mutable state and has its
-// own lock.
+// state; the sign-in limiter (with its own lock) and the bound on password
+// checks running at once are its only shared mutable state.
 package auth
 
 import (
@@ -17,6 +17,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -77,6 +78,9 @@ type Config struct {
 	Limiter LimiterConfig
 	// Now is the clock (default time.Now); tests move it.
 	Now func() time.Time
+	// Log receives the audit lines of sign-ins (AuditSignInSucceeded,
+	// AuditSignInFailed); default: discarded.
+	Log *slog.Logger
 }
 
 // Authenticator authenticates requests. Create it with New.
@@ -87,10 +91,23 @@ type Authenticator struct {
 	// has no password, so a wrong name costs as much time as a wrong
 	// password.
 	dummyHash string
+	// hashing holds one token per password check running (capacity
+	// Limiter.Hashing); a sign-in that finds it full is refused.
+	hashing chan struct{}
+	// compare is bcrypt.CompareHashAndPassword (tests count its calls).
+	compare func(hash, password []byte) error
+	log     *slog.Logger
 }
 
-// SessionCookie is the name of the session cookie.
-const SessionCookie = "gateway_session"
+// The names of the session cookie. A cookie set with Secure is named with
+// the __Host- prefix, which browsers accept only from a secure origin,
+// with Path=/ and no Domain: no other site, subdomain or plain-http page
+// can set or overwrite it. Over plain http (which cannot have it) the
+// cookie is SessionCookie.
+const (
+	SessionCookie       = "gateway_session"
+	SecureSessionCookie = "__Host-" + SessionCookie
+)
 
 // New checks cfg and returns an Authenticator.
 func New(cfg Config) (*Authenticator, error) {
@@ -118,7 +135,11 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Mode != ModeNone && cfg.Store == nil {
 		return nil, fmt.Errorf("auth mode %s needs a store", cfg.Mode)
 	}
-	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter)}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), compare: bcrypt.CompareHashAndPassword, log: cfg.Log}
+	a.hashing = make(chan struct{}, a.limiter.cfg.Hashing)
 	if cfg.Mode == ModePassword { // only SignIn compares against it
 		dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
 		if err != nil {
@@ -176,8 +197,29 @@ func (a *Authenticator) Revalidate(ctx context.Context, p chat.Principal) error 
 	return err
 }
 
+// cookieName is the session cookie's name for r: SecureSessionCookie
+// when the cookie is Secure.
+func (a *Authenticator) cookieName(r *http.Request) string {
+	if a.secure(r) {
+		return SecureSessionCookie
+	}
+	return SessionCookie
+}
+
+// sessionCookie is the request's session cookie: the __Host- one, which
+// only a secure page of this very host can have set; over plain http the
+// plain one. A plain cookie on a secure request is not read: a sibling
+// host or a plain-http page could have planted it.
+func (a *Authenticator) sessionCookie(r *http.Request) (*http.Cookie, error) {
+	c, err := r.Cookie(SecureSessionCookie)
+	if err == nil && c.Value != "" || a.secure(r) {
+		return c, err
+	}
+	return r.Cookie(SessionCookie)
+}
+
 func (a *Authenticator) session(r *http.Request) (chat.Principal, error) {
-	c, err := r.Cookie(SessionCookie)
+	c, err := a.sessionCookie(r)
 	if err != nil || c.Value == "" {
 		return chat.Principal{}, a.unauthorized("sign in at /login, or send Authorization: Bearer <token> (create one with `gateway token create -user NAME`)")
 	}
@@ -213,6 +255,16 @@ func (a *Authenticator) token(ctx context.Context, token string) (chat.Principal
 func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 	if !a.fromTrustedProxy(r) {
 		return chat.Principal{}, a.unauthorized("this server takes identities only from its reverse proxy: go through it, or use a bearer token")
+	}
+	// Two header lines (Go keeps each as a value), or values joined by a
+	// comma (as HTTP lets a proxy merge them): which one the proxy meant
+	// cannot be known, and taking the first would let a client that adds
+	// its own line ahead of the proxy's choose who it is.
+	switch values := r.Header.Values(a.cfg.ProxyHeader); {
+	case len(values) > 1:
+		return chat.Principal{}, chat.Errorf(chat.CodeInvalidRequest, "the request carries %d %s headers: the proxy must name exactly one user (and drop the client's own)", len(values), a.cfg.ProxyHeader)
+	case len(values) == 1 && strings.Contains(values[0], ","):
+		return chat.Principal{}, chat.Errorf(chat.CodeInvalidRequest, "the %s header holds a comma-separated list: the proxy must name exactly one user (and drop the client's own)", a.cfg.ProxyHeader)
 	}
 	raw := r.Header.Get(a.cfg.ProxyHeader)
 	if raw == "" {

@@ -225,9 +225,49 @@ func TestSecureCookieBehindTLSProxy(t *testing.T) {
 		if _, err := a.SignIn(w, r, "alice", "correct horse"); err != nil {
 			t.Fatal(err)
 		}
-		if got := w.Result().Cookies()[0].Secure; got != tc.secure {
-			t.Errorf("%s proto %q: Secure = %v, want %v", tc.remote, tc.proto, got, tc.secure)
+		c := w.Result().Cookies()[0]
+		if c.Secure != tc.secure {
+			t.Errorf("%s proto %q: Secure = %v, want %v", tc.remote, tc.proto, c.Secure, tc.secure)
 		}
+		// A Secure cookie has the __Host- prefix; a plain one cannot.
+		if want := map[bool]string{true: auth.SecureSessionCookie, false: auth.SessionCookie}[tc.secure]; c.Name != want {
+			t.Errorf("%s proto %q: cookie %s, want %s", tc.remote, tc.proto, c.Name, want)
+		}
+	}
+}
+
+// Over https the session is read from the __Host- cookie only: the same
+// value under the plain name (which a sibling host or a plain-http page
+// can plant) is not a session. Sign-out clears the __Host- cookie.
+func TestHostPrefixedCookieOverHTTPS(t *testing.T) {
+	st := openStore(t)
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, SecureCookies: true})
+	alice := addUser(t, st, "alice", "correct horse")
+	w := httptest.NewRecorder()
+	if _, err := a.SignIn(w, httptest.NewRequest("POST", "/login", nil), "alice", "correct horse"); err != nil {
+		t.Fatal(err)
+	}
+	cl := w.Result().Cookies()
+	if len(cl) != 1 || cl[0].Name != auth.SecureSessionCookie || !cl[0].Secure || cl[0].Path != "/" || cl[0].Domain != "" {
+		t.Fatalf("cookies %+v, want one __Host-gateway_session, Secure, Path=/, no Domain", cl)
+	}
+	c := cl[0]
+	p, err := a.Authenticate(withCookie(c))
+	if err != nil || p.UserID != alice.UserID {
+		t.Fatalf("the __Host- cookie: %+v %v", p, err)
+	}
+	if _, err := a.Authenticate(withCookie(&http.Cookie{Name: auth.SessionCookie, Value: c.Value})); code(err) != chat.CodeUnauthorized {
+		t.Fatalf("the session under the plain name over https: %v, want unauthorized", err)
+	}
+	w = httptest.NewRecorder()
+	if err := a.SignOut(w, withCookie(c)); err != nil {
+		t.Fatal(err)
+	}
+	if cl := w.Result().Cookies(); len(cl) != 1 || cl[0].Name != auth.SecureSessionCookie || cl[0].MaxAge >= 0 || !cl[0].Secure {
+		t.Fatalf("sign out set %+v, want the __Host- cookie cleared (Secure, as the prefix requires)", cl)
+	}
+	if _, err := a.Authenticate(withCookie(c)); code(err) != chat.CodeUnauthorized {
+		t.Fatalf("after sign out: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"strings"
@@ -61,63 +62,127 @@ func HashPassword(password string, cost int) (string, error) {
 }
 
 // SignIn checks name and password and, when they match, starts a session
-// and sets its cookie on w. Repeated failures for one name or from one
-// client address are slowed down: while locked the answer is rate_limited
-// with retry_after_seconds, and the password is not even checked.
+// and sets its cookie on w. Every attempt is charged to the name and the
+// client address before the password is checked (see LimiterConfig): while
+// one of them is locked the answer is rate_limited with
+// retry_after_seconds, and the password is not even checked; so it is when
+// Hashing checks are already running. Every outcome is written to the
+// audit log (never the password).
 func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, password string) (chat.User, error) {
 	if a.cfg.Mode != ModePassword {
 		return chat.User{}, chat.Errorf(chat.CodeInvalidRequest, "this server signs users in through %s, not with a password", a.cfg.Mode)
 	}
 	now := a.cfg.Now()
+	addr := a.ClientIP(r)
 	norm, nameErr := NormalizeName(name)
-	keys := []string{"ip:" + a.ClientIP(r)}
+	keys := []string{"ip:" + addr}
 	if nameErr == nil {
 		keys = append(keys, "user:"+norm)
 	}
-	if wait := a.limiter.wait(keys, now); wait > 0 {
+	refused := func(reason string, err error) (chat.User, error) {
+		attrs := []slog.Attr{slog.String("user", norm), slog.String("addr", addr), slog.String("reason", reason)}
+		if secs, ok := chat.RetryAfter(err); ok {
+			attrs = append(attrs, slog.Int("retry_after_seconds", secs))
+		}
+		a.log.LogAttrs(r.Context(), slog.LevelWarn, AuditSignInFailed, attrs...)
+		return chat.User{}, err
+	}
+	t, wait := a.limiter.admit(keys, now)
+	if t == nil {
 		secs := max(1, int(math.Ceil(wait.Seconds()))) // never sooner than the lock ends
-		return chat.User{}, chat.Errorf(chat.CodeRateLimited, "too many failed sign-ins: wait %d s and try again", secs).With("retry_after_seconds", secs)
+		return refused("locked", chat.Errorf(chat.CodeRateLimited, "too many failed sign-ins: wait %d s and try again", secs).With("retry_after_seconds", secs))
 	}
-	var u chat.User
-	hash := a.dummyHash
-	if nameErr == nil {
-		var stored string
-		var err error
-		u, stored, err = a.cfg.Store.UserByName(r.Context(), norm)
-		if err != nil && chat.ErrorCode(err) != chat.CodeNotFound {
-			return chat.User{}, err
-		}
-		if err == nil && stored != "" {
-			hash = stored
-		}
+	select {
+	case a.hashing <- struct{}{}:
+	default:
+		// Not checked, so not a failure: the charge is given back.
+		a.limiter.refund(t)
+		return refused("busy", chat.Errorf(chat.CodeRateLimited, "too many sign-ins at once: wait 1 s and try again").With("retry_after_seconds", 1))
 	}
-	if bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) != nil || hash == a.dummyHash {
-		a.limiter.fail(keys, now)
-		return chat.User{}, a.unauthorized("wrong user name or password")
+	u, ok, reason, err := func() (chat.User, bool, string, error) {
+		defer func() { <-a.hashing }()
+		return a.checkPassword(r.Context(), norm, nameErr, password)
+	}()
+	if err != nil {
+		a.limiter.refund(t)
+		return refused("error", err)
 	}
-	// Only the name's record is cleared: one good account must not reset
-	// the brake on guessing from the same address.
-	a.limiter.succeed(keys[1:])
+	if !ok {
+		return refused(reason, a.unauthorized("wrong user name or password"))
+	}
+	a.limiter.succeed(t)
 	value := rand.Text() + rand.Text()
 	expires := now.Add(a.cfg.SessionTTL)
 	if err := a.cfg.Store.CreateSession(r.Context(), hashSecret(value), u.UserID, expires); err != nil {
-		return chat.User{}, err
+		return refused("error", err)
 	}
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: value, Path: "/", Expires: expires,
-		MaxAge: int(a.cfg.SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: a.secure(r)})
+	secure := a.secure(r)
+	if c, err := r.Cookie(SessionCookie); secure && err == nil && c.Value != "" {
+		clearCookie(w, SessionCookie, true) // left from before the __Host- name: never read over https
+	}
+	http.SetCookie(w, &http.Cookie{Name: a.cookieName(r), Value: value, Path: "/", Expires: expires,
+		MaxAge: int(a.cfg.SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: secure})
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, AuditSignInSucceeded,
+		slog.String("user", u.Name), slog.String("user_id", u.UserID), slog.String("addr", addr))
 	return u, nil
+}
+
+// The audit log's messages, one line per sign-in attempt.
+const (
+	AuditSignInSucceeded = "sign-in succeeded" // info: user, user_id, addr
+	AuditSignInFailed    = "sign-in failed"    // warn: user ("" for a name that is none), addr, reason
+)
+
+// checkPassword runs the one bcrypt comparison of an attempt: against the
+// account's hash, or against a dummy one when there is no such account
+// (or it has no password), so that a wrong name costs what a wrong
+// password costs. reason says why ok is false.
+func (a *Authenticator) checkPassword(ctx context.Context, norm string, nameErr error, password string) (u chat.User, ok bool, reason string, err error) {
+	hash, reason := a.dummyHash, "invalid_name"
+	if nameErr == nil {
+		var stored string
+		u, stored, err = a.cfg.Store.UserByName(ctx, norm)
+		switch {
+		case chat.ErrorCode(err) == chat.CodeNotFound:
+			reason, err = "unknown_user", nil
+		case err != nil:
+			return chat.User{}, false, "", err
+		case stored == "":
+			reason = "no_password"
+		default:
+			hash, reason = stored, "wrong_password"
+		}
+	}
+	if a.compare([]byte(hash), []byte(password)) != nil || hash == a.dummyHash {
+		return chat.User{}, false, reason, nil
+	}
+	return u, true, "", nil
 }
 
 // SignOut ends the request's session (if any) and clears the cookie.
 func (a *Authenticator) SignOut(w http.ResponseWriter, r *http.Request) error {
-	if c, err := r.Cookie(SessionCookie); err == nil && c.Value != "" && a.cfg.Store != nil {
-		if err := a.cfg.Store.DeleteSession(r.Context(), hashSecret(c.Value)); err != nil {
-			return err
+	secure := a.secure(r)
+	for _, name := range []string{SecureSessionCookie, SessionCookie} {
+		c, err := r.Cookie(name)
+		if err != nil || c.Value == "" {
+			continue
+		}
+		if a.cfg.Store != nil {
+			if err := a.cfg.Store.DeleteSession(r.Context(), hashSecret(c.Value)); err != nil {
+				return err
+			}
+		}
+		if name != a.cookieName(r) {
+			clearCookie(w, name, secure || name == SecureSessionCookie)
 		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: "/", MaxAge: -1,
-		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: a.secure(r)})
+	clearCookie(w, a.cookieName(r), secure)
 	return nil
+}
+
+func clearCookie(w http.ResponseWriter, name string, secure bool) {
+	http.SetCookie(w, &http.Cookie{Name: name, Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: secure})
 }
 
 // NewToken makes an API token: its id (stored), its secret hash (stored)

@@ -27,6 +27,14 @@ type APIToken struct {
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 }
 
+// Session is one sign-in of a user, as an administrator sees it: when it
+// began and when it ends. Its secret (the cookie) is never stored, only a
+// hash, and a Session carries neither.
+type Session struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
 // How a Principal proved who it is.
 const (
 	AuthLocal   = "local"   // auth mode none: the one local user

@@ -158,3 +158,40 @@ test("sign in, chat, sign out; a browser without the cookie sees only the sign-i
   await page.close();
   await stranger.close();
 });
+
+// With Secure cookies (here -secure-cookies; in production TLS or a proxy's
+// X-Forwarded-Proto: https) the session cookie carries the __Host- prefix.
+// Chromium treats http://127.0.0.1 as a secure context, so it stores and
+// sends the Secure cookie here as it would over https.
+test("a Secure session cookie is __Host-gateway_session; sign-in and sign-out work with it", async () => {
+  const db = join(dir, "secure.db");
+  execFileSync(binary(), ["user", "add", "alice", "-db", db], {
+    input: PASSWORD + "\n",
+    encoding: "utf8",
+    env: { PATH: process.env.PATH, HOME: process.env.HOME },
+  });
+  const secure = await startServer({ pace: "20ms", db, args: ["-auth", "password", "-secure-cookies"] });
+  try {
+    const context = await browser.newContext();
+    const errors = [];
+    const page = await newPage(context, errors);
+    await page.goto(secure.url + "/");
+    await signIn(page, "alice", PASSWORD);
+    await page.waitForURL(secure.url + "/");
+    await page.getByTestId("account-name").waitFor();
+    const cookies = await context.cookies();
+    const session = cookies.find((c) => c.name === "__Host-gateway_session");
+    assert.ok(session, "a __Host- session cookie: " + JSON.stringify(cookies.map((c) => c.name)));
+    assert.equal(session.secure, true);
+    assert.equal(session.httpOnly, true);
+    assert.equal(session.path, "/");
+    assert.equal(cookies.filter((c) => c.name === "gateway_session").length, 0, "no cookie under the plain name");
+    await page.getByTestId("logout").click();
+    await page.waitForURL((u) => u.pathname === "/login");
+    assert.equal((await context.cookies()).filter((c) => c.name === "__Host-gateway_session").length, 0, "the cookie is cleared");
+    assert.deepEqual(pageErrors(errors), [], "no console errors");
+    await context.close();
+  } finally {
+    await secure.close();
+  }
+});

@@ -101,7 +101,16 @@ func (s *Store) Users(ctx context.Context) ([]chat.User, error) {
 // SetPassword replaces an account's password hash and ends every session
 // of that account in the same transaction.
 func (s *Store) SetPassword(ctx context.Context, name, passwordHash string) error {
-	return s.write(ctx, func(t *txn) error {
+	_, err := s.ResetPassword(ctx, name, passwordHash, false)
+	return err
+}
+
+// ResetPassword is SetPassword that, with revokeTokens, also revokes every
+// live API token of the account, in the same transaction; it returns how
+// many it revoked.
+func (s *Store) ResetPassword(ctx context.Context, name, passwordHash string, revokeTokens bool) (int, error) {
+	var revoked int
+	err := s.write(ctx, func(t *txn) error {
 		id, err := t.activeUser(name)
 		if err != nil {
 			return err
@@ -112,8 +121,73 @@ func (s *Store) SetPassword(ctx context.Context, name, passwordHash string) erro
 		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
 			return fmt.Errorf("end sessions: %w", err)
 		}
+		revoked = 0
+		if revokeTokens {
+			if revoked, err = t.revokeTokens(id); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
+	return revoked, err
+}
+
+// revokeTokens revokes the live tokens of user id and says how many.
+func (t *txn) revokeTokens(id string) (int, error) {
+	res, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)`, ms(t.now), id, ms(t.now))
+	if err != nil {
+		return 0, fmt.Errorf("revoke tokens: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("revoke tokens: %w", err)
+	}
+	return int(n), nil
+}
+
+// Sessions lists the unexpired sessions of the active account name, oldest
+// first: when each began and ends, nothing that could be presented.
+func (s *Store) Sessions(ctx context.Context, name string, now time.Time) ([]chat.Session, error) {
+	if _, _, err := s.UserByName(ctx, name); err != nil {
+		return nil, err
+	}
+	var rows []struct {
+		CreatedAt int64 `db:"created_at"`
+		ExpiresAt int64 `db:"expires_at"`
+	}
+	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(`SELECT s.created_at, s.expires_at
+		FROM sessions s JOIN users u ON u.user_id = s.user_id
+		WHERE u.name = ? AND u.deleted_at IS NULL AND s.expires_at > ?
+		ORDER BY s.created_at, s.expires_at`), name, ms(now)); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	out := make([]chat.Session, len(rows))
+	for i, r := range rows {
+		out[i] = chat.Session{CreatedAt: fromMS(r.CreatedAt), ExpiresAt: fromMS(r.ExpiresAt)}
+	}
+	return out, nil
+}
+
+// EndSessions ends every session of the active account name at once (its
+// API tokens stay) and says how many were unexpired.
+func (s *Store) EndSessions(ctx context.Context, name string) (int, error) {
+	var ended int
+	err := s.write(ctx, func(t *txn) error {
+		id, err := t.activeUser(name)
+		if err != nil {
+			return err
+		}
+		var live int
+		if err := t.get(&live, `SELECT COUNT(*) FROM sessions WHERE user_id = ? AND expires_at > ?`, id, ms(t.now)); err != nil {
+			return fmt.Errorf("count sessions: %w", err)
+		}
+		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
+			return fmt.Errorf("end sessions: %w", err)
+		}
+		ended = live
+		return nil
+	})
+	return ended, err
 }
 
 // DeleteUser removes an account's credentials: its password, sessions and

@@ -154,7 +154,6 @@ func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
 	if secs, ok := chat.RetryAfter(err); ok {
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 	}
-	p.log.Info("sign-in refused", "code", e.Code)
 	p.render(w, r, chat.HTTPStatus(e.Code), Login(form))
 }
 

@@ -1,0 +1,306 @@
+package auth_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/chat"
+)
+
+// attempt is one sign-in from addr; it returns the error (nil: signed in).
+func attempt(a *auth.Authenticator, addr, name, password string) error {
+	r := httptest.NewRequest("POST", "/login", nil)
+	r.RemoteAddr = addr
+	_, err := a.SignIn(httptest.NewRecorder(), r, name, password)
+	return err
+}
+
+// heldChecks counts the password checks (bcrypt) that really run and holds
+// each until release is called, so a test sees how every other attempt of
+// a burst was answered while those are still running: nothing depends on
+// how fast anything is.
+type heldChecks struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func holdChecks(a *auth.Authenticator) *heldChecks {
+	h := &heldChecks{entered: make(chan struct{}, 10000), release: make(chan struct{})}
+	auth.SetCompare(a, func(hash, password []byte) error {
+		h.entered <- struct{}{}
+		<-h.release
+		return bcrypt.CompareHashAndPassword(hash, password)
+	})
+	return h
+}
+
+func (h *heldChecks) open() { h.once.Do(func() { close(h.release) }) }
+
+// burst runs n sign-ins at once (attempt(i) is the i-th) and returns how
+// many password checks ran and the answers of the attempts that were
+// answered without one, once every attempt has either been answered or
+// is being checked; then it lets the checks finish and returns their
+// answers too.
+func burst(t *testing.T, h *heldChecks, n int, attempt func(i int) error) (checked int, early, late []error) {
+	t.Helper()
+	defer h.open()
+	answers := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers <- attempt(i) })
+	}
+	timeout := time.After(30 * time.Second)
+	for checked+len(early) < n {
+		select {
+		case <-h.entered:
+			checked++
+		case err := <-answers:
+			early = append(early, err)
+		case <-timeout:
+			t.Fatalf("after 30 s, of %d sign-ins %d are being checked and %d answered: the others wait (queued) instead of being refused", n, checked, len(early))
+		}
+	}
+	h.open()
+	wg.Wait()
+	close(answers)
+	for err := range answers {
+		late = append(late, err)
+	}
+	return checked, early, late
+}
+
+// wantRetryLater requires every error to be rate_limited with a
+// retry_after_seconds of at least 1 (the page's Retry-After).
+func wantRetryLater(t *testing.T, why string, errs []error, message string) {
+	t.Helper()
+	for _, err := range errs {
+		secs, ok := chat.RetryAfter(err)
+		if code(err) != chat.CodeRateLimited || !ok || secs < 1 || !strings.Contains(err.Error(), message) {
+			t.Fatalf("%s: %v (retry after %d s), want rate_limited %q with retry_after_seconds ≥ 1", why, err, secs, message)
+		}
+	}
+}
+
+// 200 wrong passwords for one name at once: each is charged before its
+// password is checked, so only the allowance (3 free failures and the 4th,
+// which locks the name) is checked at all; the rest are refused at once.
+func TestConcurrentGuessesForOneNameAreChargedBeforeChecking(t *testing.T) {
+	st := openStore(t)
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+		Limiter: auth.LimiterConfig{Free: 3, Base: time.Second, Hashing: 64}})
+	addUser(t, st, "alice", "correct horse")
+	h := holdChecks(a)
+	checked, early, late := burst(t, h, 200, func(i int) error {
+		return attempt(a, "192.0.2.10:5555", "alice", fmt.Sprintf("guess %d", i))
+	})
+	if checked != 4 {
+		t.Fatalf("%d of 200 concurrent wrong passwords were checked by bcrypt, want 4 (3 free failures and the one that locks)", checked)
+	}
+	wantRetryLater(t, "a guess beyond the allowance", early, "too many failed sign-ins")
+	for _, err := range late {
+		if code(err) != chat.CodeUnauthorized {
+			t.Fatalf("a checked wrong password: %v, want unauthorized", err)
+		}
+	}
+	// The lock holds for the right password too, unchecked; it ends.
+	if err := attempt(a, "192.0.2.10:5555", "alice", "correct horse"); code(err) != chat.CodeRateLimited {
+		t.Fatalf("the right password right after the burst: %v, want rate_limited", err)
+	}
+	clk.Add(time.Second)
+	if err := attempt(a, "192.0.2.10:5555", "alice", "correct horse"); err != nil {
+		t.Fatalf("the right password after the lock: %v", err)
+	}
+	if got := len(h.entered); got != 1 {
+		t.Fatalf("%d checks for the two sign-ins after the burst, want 1 (the locked one is not checked)", got)
+	}
+}
+
+// 200 sign-ins for as many names from one address at once: the address's
+// allowance (9 free failures and the 10th, which locks it) is checked, no
+// more.
+func TestConcurrentGuessesFromOneAddressAreChargedBeforeChecking(t *testing.T) {
+	st := openStore(t)
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+		Limiter: auth.LimiterConfig{Free: 3, Hashing: 64}})
+	for i := range 20 {
+		addUser(t, st, fmt.Sprintf("user%d", i), "correct horse")
+	}
+	h := holdChecks(a)
+	checked, early, late := burst(t, h, 200, func(i int) error {
+		return attempt(a, "198.51.100.7:1", fmt.Sprintf("user%d", i), "a wrong guess") // existing and unknown names
+	})
+	if checked != 10 {
+		t.Fatalf("%d of 200 concurrent sign-ins from one address were checked by bcrypt, want 10", checked)
+	}
+	wantRetryLater(t, "a sign-in beyond the address's allowance", early, "too many failed sign-ins")
+	for _, err := range late {
+		if code(err) != chat.CodeUnauthorized {
+			t.Fatalf("a checked sign-in: %v, want unauthorized", err)
+		}
+	}
+	// The address is locked for every name, even with the right password.
+	if err := attempt(a, "198.51.100.7:1", "user19", "correct horse"); code(err) != chat.CodeRateLimited {
+		t.Fatalf("the right password from the locked address: %v, want rate_limited", err)
+	}
+}
+
+// A flood of sign-ins for unknown names from many addresses (each under
+// its own allowance) costs a dummy bcrypt each: at most Hashing of them run
+// at once, the others are refused at once (not queued) and not charged.
+func TestPasswordChecksAtOnceAreBounded(t *testing.T) {
+	st := openStore(t)
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Hashing: 4}})
+	addUser(t, st, "alice", "correct horse")
+	h := holdChecks(a)
+	addr := func(i int) string { return netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}).String() + ":1" }
+	checked, early, late := burst(t, h, 200, func(i int) error {
+		return attempt(a, addr(i), fmt.Sprintf("nobody%d", i), "whatever pw")
+	})
+	if checked != 4 {
+		t.Fatalf("%d password checks ran at once, want the bound of 4", checked)
+	}
+	wantRetryLater(t, "a sign-in beyond the hashing bound", early, "too many sign-ins at once")
+	if len(late) != 4 {
+		t.Fatalf("%d sign-ins answered after the checks, want 4", len(late))
+	}
+	for _, err := range late {
+		if code(err) != chat.CodeUnauthorized {
+			t.Fatalf("an unknown name: %v, want unauthorized", err)
+		}
+	}
+	// The slots are free again.
+	if err := attempt(a, addr(199), "alice", "correct horse"); err != nil {
+		t.Fatalf("the right password after the flood: %v", err)
+	}
+}
+
+// A right password at the allowance's edge (the attempt that would lock)
+// gives its charge back: it leaves no lock on the address.
+func TestSuccessGivesTheChargeBack(t *testing.T) {
+	st := openStore(t)
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Free: 1}})
+	addUser(t, st, "alice", "correct horse")
+	const from = "192.0.2.44:1"
+	for _, name := range []string{"n1", "n2"} { // 2 of the address's 3 free failures
+		if err := attempt(a, from, name, "wrong pw"); code(err) != chat.CodeUnauthorized {
+			t.Fatal(err)
+		}
+	}
+	if err := attempt(a, from, "n3", "wrong pw"); code(err) != chat.CodeUnauthorized { // the 3rd
+		t.Fatal(err)
+	}
+	if err := attempt(a, from, "alice", "correct horse"); err != nil { // the 4th: would lock; succeeds
+		t.Fatalf("right password: %v", err)
+	}
+	if err := attempt(a, from, "n4", "wrong pw"); code(err) != chat.CodeUnauthorized {
+		t.Fatalf("after a success at the edge the address is locked: %v", err)
+	}
+	if err := attempt(a, from, "n5", "wrong pw"); code(err) != chat.CodeRateLimited {
+		t.Fatalf("the 5th failure from the address: %v, want rate_limited", err)
+	}
+}
+
+// lockedBuffer is a log sink for several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+}
+
+// Every sign-in writes one audit line: who, from where (through trusted
+// proxies), the outcome and why — never the password.
+func TestSignInAuditLines(t *testing.T) {
+	st := openStore(t)
+	var buf lockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Log: log,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limiter: auth.LimiterConfig{Free: 1}})
+	alice := addUser(t, st, "alice", "correct horse")
+	viaProxy := func(name, password string) error {
+		r := httptest.NewRequest("POST", "/login", nil)
+		r.RemoteAddr = "10.0.0.2:4000"
+		r.Header.Set("X-Forwarded-For", "198.51.100.1, 203.0.113.5")
+		_, err := a.SignIn(httptest.NewRecorder(), r, name, password)
+		return err
+	}
+	steps := []struct {
+		name, password string
+		do             func(name, password string) error
+		want           string // the line, in slog's text form, after time=…
+	}{
+		{"Alice", "correct horse", viaProxy, `level=INFO msg="sign-in succeeded" user=alice user_id=` + alice.UserID + ` addr=203.0.113.5`},
+		{"alice", "secret guess 1", viaProxy, `level=WARN msg="sign-in failed" user=alice addr=203.0.113.5 reason=wrong_password`},
+		{"alice", "secret guess 2", viaProxy, `level=WARN msg="sign-in failed" user=alice addr=203.0.113.5 reason=wrong_password`},
+		{"alice", "correct horse", viaProxy, `level=WARN msg="sign-in failed" user=alice addr=203.0.113.5 reason=locked retry_after_seconds=1`},
+		{"mallory", "secret guess 3", func(n, p string) error { return attempt(a, "192.0.2.9:1", n, p) },
+			`level=WARN msg="sign-in failed" user=mallory addr=192.0.2.9 reason=unknown_user`},
+		{"secret guess 4!", "secret guess 5", func(n, p string) error { return attempt(a, "192.0.2.9:1", n, p) },
+			`level=WARN msg="sign-in failed" user="" addr=192.0.2.9 reason=invalid_name`},
+	}
+	for i, s := range steps {
+		s.do(s.name, s.password)
+		lines := buf.lines()
+		if len(lines) != i+1 {
+			t.Fatalf("after sign-in %d: %d audit lines, want %d:\n%s", i+1, len(lines), i+1, strings.Join(lines, "\n"))
+		}
+		if _, got, _ := strings.Cut(lines[i], " "); got != s.want {
+			t.Errorf("audit line of sign-in %d:\n got %s\nwant %s", i+1, got, s.want)
+		}
+	}
+	for _, line := range buf.lines() {
+		if strings.Contains(line, "correct horse") || strings.Contains(line, "secret guess") {
+			t.Errorf("an audit line contains a password: %s", line)
+		}
+	}
+}
+
+// Header mode: a request that names the user more than once is refused
+// 400 whichever way it does so, and creates no account.
+func TestHeaderModeRefusesTwoNames(t *testing.T) {
+	st := openStore(t)
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st, ProxyHeader: "X-Remote-User",
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	for name, h := range map[string]http.Header{
+		"two header lines":      {"X-Remote-User": {"mallory", "carol"}},
+		"two lines, one empty":  {"X-Remote-User": {"", "carol"}},
+		"a comma-joined list":   {"X-Remote-User": {"mallory, carol"}},
+		"a comma without space": {"X-Remote-User": {"mallory,carol"}},
+	} {
+		r := httptest.NewRequest("GET", "/api/threads", nil)
+		r.RemoteAddr = "127.0.0.1:4000"
+		r.Header = h
+		_, err := a.Authenticate(r)
+		if code(err) != chat.CodeInvalidRequest || !strings.Contains(err.Error(), "X-Remote-User") || !strings.Contains(err.Error(), "exactly one user") {
+			t.Errorf("%s: %v, want invalid_request saying the proxy must name exactly one user", name, err)
+		}
+	}
+	for _, name := range []string{"mallory", "carol"} {
+		if _, _, err := st.UserByName(context.Background(), name); code(err) != chat.CodeNotFound {
+			t.Errorf("account %s after the refused requests: %v, want none", name, err)
+		}
+	}
+}
