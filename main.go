@@ -271,7 +271,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
-	web.New(st, authn, log).Routes(mux)
+	// The page forms draw from the same per-user command budget as the API.
+	web.New(st, authn, api, log).Routes(mux)
 	// Metrics hold no user content, but they are the server's own business:
 	// on the main listener only when everyone who reaches it is trusted
 	// anyway (-auth none) or when asked for (-metrics-public); always on the
