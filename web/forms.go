@@ -63,8 +63,11 @@ func (p *Pages) post(signed bool, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !formBody(r) {
 			w.Header().Set("Accept-Post", formType)
-			// The body is not read: ask the client to stop sending it.
-			w.Header().Set("Connection", "close")
+			if r.ContentLength != 0 {
+				// The body is not read: the connection ends after this
+				// answer, so the client stops sending it.
+				w.Header().Set("Connection", "close")
+			}
 			p.refuseForm(w, r, http.StatusUnsupportedMediaType, Refusal{Code: chat.CodeInvalidRequest,
 				Message: "This form is accepted only as " + formType + ", as a browser sends it; multipart/form-data and other types are refused."})
 			return
