@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -130,6 +131,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	oa := openaiFlags(fs)
 	if ef.err != nil {
 		return c, ef.err
+	}
+	if err := removedFlag(args); err != nil {
+		return c, err
 	}
 	err := fs.Parse(args)
 	if err != nil {
@@ -282,13 +286,15 @@ func redactedURL(raw string) string {
 	return u.String()
 }
 
-// openaiSettings are the flags of -model openai. The API key is read from
-// GATEWAY_OPENAI_API_KEY or a file, never from a flag value (flags show in
-// process lists and shell history).
+// openaiSettings are the flags of -model openai. The API key and the extra
+// request headers are read from the environment or from files, never from
+// a flag value: flags show in process lists (ps, /proc/PID/cmdline, which
+// every user of the machine can read) and in shell history, and a header
+// sent to a model endpoint is often a credential (Authorization, api-key,
+// x-api-key, a router's or gateway's own key) that no rule on its name
+// could recognise reliably.
 type openaiSettings struct {
-	baseURL, model, keyFile, temperature string
-	headers                              []string // "Name: value"
-	headersFromFlags                     bool
+	baseURL, model, keyFile, headersFile, temperature string
 }
 
 func openaiFlags(fs *flag.FlagSet) *openaiSettings {
@@ -296,20 +302,83 @@ func openaiFlags(fs *flag.FlagSet) *openaiSettings {
 	fs.StringVar(&o.baseURL, "openai-base-url", env("GATEWAY_OPENAI_BASE_URL", "https://api.openai.com/v1"), "-model openai: the API's base URL, for example http://127.0.0.1:11434/v1 (GATEWAY_OPENAI_BASE_URL)")
 	fs.StringVar(&o.model, "openai-model", env("GATEWAY_OPENAI_MODEL", ""), "-model openai: the model name, required (GATEWAY_OPENAI_MODEL)")
 	fs.StringVar(&o.keyFile, "openai-api-key-file", env("GATEWAY_OPENAI_API_KEY_FILE", ""), "-model openai: file holding the API key (GATEWAY_OPENAI_API_KEY_FILE); or set GATEWAY_OPENAI_API_KEY")
+	fs.StringVar(&o.headersFile, "openai-headers-file", env("GATEWAY_OPENAI_HEADERS_FILE", ""), "-model openai: file of extra request headers, one `Name: value` per line, # comments (GATEWAY_OPENAI_HEADERS_FILE); or set GATEWAY_OPENAI_HEADERS, comma-separated. Never a flag: header values are often credentials")
 	fs.StringVar(&o.temperature, "openai-temperature", env("GATEWAY_OPENAI_TEMPERATURE", ""), "-model openai: sampling temperature from 0 to 2; unset leaves the endpoint's default (GATEWAY_OPENAI_TEMPERATURE)")
-	for _, h := range strings.Split(env("GATEWAY_OPENAI_HEADERS", ""), ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			o.headers = append(o.headers, h)
+	return o
+}
+
+// errHeaderFlag refuses the removed -openai-header flag (and its settings
+// file line) without repeating its value.
+var errHeaderFlag = errors.New("-openai-header is not accepted: a header sent to the model endpoint often carries a credential (Authorization, api-key, x-api-key, …), and a flag shows in process lists and shell history. Put the headers in GATEWAY_OPENAI_HEADERS (Name: value, comma-separated) or in a file named by -openai-headers-file (one Name: value per line)")
+
+// removedSettings are flags that no longer exist, each with the error that
+// says what to use instead; refused on the command line and in the
+// settings file alike, before the flag package could echo their values.
+var removedSettings = map[string]error{"openai-header": errHeaderFlag}
+
+// removedFlag returns the error of the first removed flag among args
+// (-name, --name, -name=value), up to a "--".
+func removedFlag(args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if err, gone := removedSettings[name]; gone {
+			return err
 		}
 	}
-	fs.Func("openai-header", "-model openai: extra request header `Name: value`, repeatable; replaces the environment's (GATEWAY_OPENAI_HEADERS, comma-separated)", func(v string) error {
-		if !o.headersFromFlags {
-			o.headers, o.headersFromFlags = nil, true
+	return nil
+}
+
+// headers reads the extra request headers from GATEWAY_OPENAI_HEADERS
+// (comma-separated) or the -openai-headers-file (one per line, blank
+// lines and # comments skipped), not both. No error repeats a value.
+func (o *openaiSettings) headers() (map[string]string, error) {
+	fromEnv := env("GATEWAY_OPENAI_HEADERS", "")
+	var entries []string
+	where := func(int) string { return "a GATEWAY_OPENAI_HEADERS entry" }
+	switch {
+	case fromEnv != "" && o.headersFile != "":
+		return nil, errors.New("the extra OpenAI headers are set twice: use GATEWAY_OPENAI_HEADERS or -openai-headers-file (GATEWAY_OPENAI_HEADERS_FILE), not both")
+	case fromEnv != "":
+		entries = strings.Split(fromEnv, ",")
+	case o.headersFile != "":
+		data, err := os.ReadFile(o.headersFile)
+		if err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return nil, fmt.Errorf("-openai-headers-file: cannot read %s: %v", o.headersFile, err)
 		}
-		o.headers = append(o.headers, v)
-		return nil
-	})
-	return o
+		entries = strings.Split(string(data), "\n")
+		where = func(i int) string { return fmt.Sprintf("line %d of %s", i+1, o.headersFile) }
+	}
+	var out map[string]string
+	for i, h := range entries {
+		h = strings.TrimSpace(h)
+		if h == "" || (o.headersFile != "" && strings.HasPrefix(h, "#")) {
+			continue
+		}
+		name, value, ok := strings.Cut(h, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			// The entry is not echoed: header values can be secrets.
+			return nil, fmt.Errorf("%s is not of the form Name: value", where(i))
+		}
+		if out == nil {
+			out = make(map[string]string)
+		}
+		if _, dup := out[http.CanonicalHeaderKey(name)]; dup {
+			return nil, fmt.Errorf("%s sets the header %s a second time", where(i), http.CanonicalHeaderKey(name))
+		}
+		out[http.CanonicalHeaderKey(name)] = value
+	}
+	return out, nil
 }
 
 // backend checks the settings and builds the backend; it makes no request.
@@ -339,18 +408,11 @@ func (o *openaiSettings) backend() (*openai.Backend, error) {
 	if cfg.APIKey == "" && strings.Contains(cfg.BaseURL, "api.openai.com") {
 		return nil, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
 	}
-	for _, h := range o.headers {
-		name, value, ok := strings.Cut(h, ":")
-		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if !ok || name == "" {
-			// The entry is not echoed: header values can be secrets.
-			return nil, errors.New("an -openai-header (GATEWAY_OPENAI_HEADERS) entry is not of the form Name: value")
-		}
-		if cfg.Headers == nil {
-			cfg.Headers = make(map[string]string)
-		}
-		cfg.Headers[name] = value
+	headers, err := o.headers()
+	if err != nil {
+		return nil, err
 	}
+	cfg.Headers = headers
 	if o.temperature != "" {
 		t, err := strconv.ParseFloat(o.temperature, 64)
 		if err != nil || t < 0 || t > 2 {
@@ -360,7 +422,7 @@ func (o *openaiSettings) backend() (*openai.Backend, error) {
 	}
 	b, err := openai.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-header, or their GATEWAY_OPENAI_* variables)", err)
+		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-headers-file, or their GATEWAY_OPENAI_* variables)", err)
 	}
 	return b, nil
 }

@@ -19,8 +19,9 @@ import (
 //
 // Precedence, highest first: a flag on the command line, its environment
 // variable, the file, the built-in default. Secrets have no flag (the
-// OpenAI key is read from GATEWAY_OPENAI_API_KEY or a key file), so they
-// cannot end up in it either.
+// OpenAI key is read from GATEWAY_OPENAI_API_KEY or a key file, its extra
+// headers from GATEWAY_OPENAI_HEADERS or a headers file), so they cannot
+// end up in it either.
 
 // envOfFlag reads a flag's environment variable from its usage text, where
 // every flag names it: "... (GATEWAY_ADDR)".
@@ -49,6 +50,9 @@ func applyConfigFile(fs *flag.FlagSet, path string, set map[string]bool) error {
 		name, value = strings.TrimSpace(name), strings.Trim(strings.TrimSpace(value), `"`)
 		if !ok || name == "" {
 			return fmt.Errorf("%s line %d: want \"name = value\", for example \"addr = 127.0.0.1:8080\"", path, n)
+		}
+		if err, gone := removedSettings[name]; gone {
+			return fmt.Errorf("%s line %d: %w", path, n, err)
 		}
 		fl := fs.Lookup(name)
 		if fl == nil || name == "config" {

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -183,6 +184,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
+	warnExposed(cfg.db, log)
 	// The engine, once it exists, for the bus's cancel wake-ups.
 	var woken atomic.Pointer[engine.Engine]
 	var wakeups engine.CancelWakeups
@@ -271,7 +273,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)
-	web.New(st, authn, log).Routes(mux)
+	// The page forms draw from the same per-user command budget as the API.
+	web.New(st, authn, api, log).Routes(mux)
 	// Metrics hold no user content, but they are the server's own business:
 	// on the main listener only when everyone who reaches it is trusted
 	// anyway (-auth none) or when asked for (-metrics-public); always on the
@@ -348,6 +351,39 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	<-served
 	return nil
+}
+
+// warnExposed warns when other users of the machine may read the SQLite
+// database's files (every conversation, the password and token hashes) or
+// list its folder: the store creates them private but leaves existing ones
+// as they are. The warning names the chmod that closes them.
+func warnExposed(db string, log *slog.Logger) {
+	e, err := store.Exposed(db)
+	if err != nil {
+		log.Warn("cannot check who may read the database files", "err", err)
+		return
+	}
+	if len(e.Files) > 0 {
+		log.Warn("other users of this machine may read the database, which holds every conversation and the password and token hashes: make it yours alone",
+			"files", strings.Join(e.Files, " "), "run", "chmod 600 "+shellQuote(e.Files...))
+	}
+	if e.Dir != "" {
+		log.Warn("other users of this machine may list the database's folder: make it yours alone (or move the database into a folder of its own)",
+			"dir", e.Dir, "run", "chmod 700 "+shellQuote(e.Dir))
+	}
+}
+
+// shellQuote joins paths for a command to paste into a shell.
+func shellQuote(paths ...string) string {
+	q := make([]string, len(paths))
+	for i, p := range paths {
+		if p != "" && strings.Trim(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./") == "" {
+			q[i] = p
+		} else {
+			q[i] = "'" + strings.ReplaceAll(p, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(q, " ")
 }
 
 func hasPassword(users []chat.User) bool {

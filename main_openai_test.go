@@ -28,8 +28,9 @@ type fakeOpenAI struct {
 	upstreamClosed chan struct{}
 	once           sync.Once
 
-	mu   sync.Mutex
-	auth []string
+	mu      sync.Mutex
+	auth    []string
+	headers []http.Header // of every request
 }
 
 func newFakeOpenAI(t *testing.T) *fakeOpenAI {
@@ -43,6 +44,7 @@ func newFakeOpenAI(t *testing.T) *fakeOpenAI {
 func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.auth = append(f.auth, r.Header.Get("Authorization"))
+	f.headers = append(f.headers, r.Header.Clone())
 	f.mu.Unlock()
 	var body struct {
 		Messages []struct {
@@ -187,7 +189,6 @@ func TestCLIOpenAIConfig(t *testing.T) {
 		{"empty key file", nil, []string{"-openai-model", "m", "-openai-api-key-file", emptyKey}, "is empty"},
 		{"key as a flag", nil, []string{"-openai-model", "m", "-openai-api-key", fakeKey}, "openai-api-key"},
 		{"bad base URL", nil, []string{"-openai-model", "m", "-openai-base-url", "localhost:11434"}, "base URL"},
-		{"bad header flag", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, []string{"-openai-model", "m", "-openai-header", "X-Token " + fakeKey}, "Name: value"},
 		{"bad header env", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_HEADERS=X-A: 1, broken"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_HEADERS"},
 		{"bad temperature", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_TEMPERATURE=hot"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_TEMPERATURE"},
 		{"unknown model backend", nil, []string{"-model", "claude"}, "demo or openai"},

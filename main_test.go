@@ -112,10 +112,17 @@ func startServer(t *testing.T, db, pace string) *server {
 // "crash").
 func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
 	t.Helper()
+	return startServerEnv(t, nil, db, pace, flags...)
+}
+
+// startServerEnv is startServerWith with extra environment variables
+// (NAME=value) for the binary.
+func startServerEnv(t *testing.T, env []string, db, pace string, flags ...string) *server {
+	t.Helper()
 	bin := gatewayBinary(t)
 	s := &server{t: t, db: db, exited: make(chan struct{}), msgs: map[string]int{}}
 	s.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace}, flags...)...)
-	s.cmd.Env = childEnv()
+	s.cmd.Env = childEnv(env...)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatalf("stderr pipe: %v", err)

@@ -19,14 +19,26 @@ const LocalUserID = "usr_local"
 const DefaultTitle = "New conversation"
 
 // TitleFrom makes a thread title from a user message: its first line, cut
-// at a word boundary to at most 60 characters.
+// at a word boundary to at most 60 characters (and MaxTitleBytes), with white space and the
+// control characters a title may not hold (IsControl) folded into single
+// spaces, so it passes CheckTitle ("" when nothing is left).
 func TitleFrom(message string) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(message), "\n")
+	line = strings.Map(func(r rune) rune {
+		if IsControl(r) {
+			return ' '
+		}
+		return r
+	}, line)
 	line = strings.Join(strings.Fields(line), " ")
-	if utf8.RuneCountInString(line) <= 60 {
+	if utf8.RuneCountInString(line) <= 60 && len(line) <= MaxTitleBytes {
 		return line
 	}
-	r := []rune(line)[:60]
+	r := []rune(line)
+	r = r[:min(len(r), 60)]
+	for len(string(r))+len("…") > MaxTitleBytes { // 60 runes of 4 bytes
+		r = r[:len(r)-1]
+	}
 	cut := string(r)
 	if i := strings.LastIndexByte(cut, ' '); i > 20 {
 		cut = cut[:i]

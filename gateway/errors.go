@@ -75,9 +75,9 @@ func securityHeaders(h http.Header) {
 	h.Set("Referrer-Policy", "no-referrer")
 }
 
-// decode reads one JSON object into dst: unknown fields, wrong types,
-// trailing data and oversized bodies are invalid_request with a message
-// naming the problem. An empty body decodes as {} when allowEmpty.
+// decode reads one JSON object into dst: unknown fields, a key given
+// twice, wrong types, trailing data and oversized bodies are
+// invalid_request with a message naming the problem. An empty body decodes as {} when allowEmpty.
 func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) error {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
@@ -109,6 +109,9 @@ func decodeJSON(body []byte, dst any) error {
 	}
 	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return chat.Invalid("request must be a JSON object")
+	}
+	if err := duplicateKey(body); err != nil {
+		return err
 	}
 	return exactFields(body, dst)
 }

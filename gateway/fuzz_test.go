@@ -185,7 +185,7 @@ func checkReached(t *testing.T, c fuzzCall) {
 		nonEmpty(1, "thread_id")
 		nonEmpty(2, "from_checkpoint_id")
 	case "CreateThread":
-		if !textOK(c.args[1].(string), MaxTitleBytes) {
+		if title := c.args[1].(string); !textOK(title, MaxTitleBytes) || strings.IndexFunc(title, chat.IsControl) >= 0 {
 			bad("a bad title")
 		}
 	case "Events":
@@ -277,6 +277,8 @@ var wsSeeds = []string{
 	`{"type":1,"id":"x"}`,
 	`{"id":7}`,
 	`{"type":"hello","id":"1","tab_id":"t"}{}`,
+	`{"type":"hello","id":"1","tab_id":"t","tab_id":"u"}`,
+	`{"type":"hello","id":"1","id":"2","tab_id":"t"}`,
 	`{"type":"hello","id":"1","tab_id":"t"}]`,
 	`null`,
 	`[]`,
@@ -438,7 +440,7 @@ func validated(t *testing.T, v any) bool {
 		}
 	case *createThreadRequest:
 		if req.Title != nil {
-			err = checkText("title", *req.Title, 1, MaxTitleBytes)
+			err = chat.CheckTitle("title", *req.Title)
 		}
 	default:
 		t.Fatalf("no validator for %T", v)
@@ -463,6 +465,9 @@ var httpSeeds = []string{
 	`{"from_checkpoint_id":"chk_1"}`,
 	`{"title":"My thread"}`,
 	`{"title":""}`,
+	`{"title":"a\nb"}`,
+	`{"title":"a","title":"b"}`,
+	`{"expected_state_version":1,"expected_state_version":2}`,
 	`{"expected_state_version":"1"}`,
 	`{"expected_state_version":1.5}`,
 	`{"expected_state_version":null}`,

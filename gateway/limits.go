@@ -18,8 +18,9 @@ import (
 // tabs or connections does not multiply what one account may do:
 //
 //   - commands: one token bucket (UserCommandRate, UserCommandBurst) per
-//     user, charged by every WebSocket frame except run.cancel and by every
-//     state-changing HTTP request (POST /api/...) except the cancel;
+//     user, charged by every WebSocket frame except run.cancel, by every
+//     state-changing HTTP request (POST /api/...) except the cancel, and by
+//     the page forms that change something (ChargeCommand);
 //   - cancels: a separate bucket (CancelRate, CancelBurst) charged only by
 //     run.cancel and POST /api/runs/{id}/cancel (see WSConfig for why);
 //   - connections: open WebSocket connections plus event streams
@@ -233,6 +234,20 @@ func (s *Server) limited(cancel bool, h http.HandlerFunc) http.HandlerFunc {
 		}
 		h(w, r)
 	}
+}
+
+// ChargeCommand charges one command to the user's budget, the one every
+// WebSocket command and state-changing API request draws from (not the
+// cancel reserve): the page forms that change something (package web) are
+// charged through it, so that a browser's form posts do not add to what
+// one account may do. It returns nil, or rate_limited with
+// retry_after_seconds. Safe for concurrent use.
+func (s *Server) ChargeCommand(userID string) error {
+	if err := s.limits.take(userID, false); err != nil {
+		s.metrics.RateLimited(limitUserCommands)
+		return err
+	}
+	return nil
 }
 
 // takeKind names the limit behind a refused take, for Metrics.RateLimited.

@@ -13,7 +13,8 @@ import (
 // over it the answer is invalid_request with a message naming the field
 // and the limit, and nothing is executed.
 //
-//	title                       1–200 bytes (POST /api/threads)
+//	title                       1–200 bytes, no control characters
+//	                            (POST /api/threads; chat.CheckTitle)
 //	user_message                1–32768 bytes (run.start)
 //	reason                      1–200 bytes (run.cancel)
 //	client_request_id           1–128 bytes (run.start)
@@ -32,7 +33,7 @@ import (
 // A saved fragment's text is not sent by the client: the server takes it
 // from the deltas it streamed (up to last_seq).
 const (
-	MaxTitleBytes       = 200
+	MaxTitleBytes       = chat.MaxTitleBytes
 	MaxUserMessageBytes = 32768
 	MaxReasonBytes      = 200
 	MaxClientRequestID  = 128
@@ -53,9 +54,9 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, err)
 		return
 	}
-	title := "New conversation"
+	title := chat.DefaultTitle
 	if req.Title != nil {
-		if err := checkText("title", *req.Title, 1, MaxTitleBytes); err != nil {
+		if err := chat.CheckTitle("title", *req.Title); err != nil {
 			writeError(w, s.log, err)
 			return
 		}

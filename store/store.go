@@ -144,7 +144,7 @@ func IsPostgres(dsn string) bool {
 
 // Open opens the database named by dsn and runs the embedded migrations: a
 // postgres:// or postgresql:// URL is a PostgreSQL database (pgx); anything
-// else is the path of a SQLite file, created if needed.
+// else is the path of a SQLite file, created if needed (see FileMode).
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if IsPostgres(dsn) {
 		return openPostgres(ctx, dsn, opts)
@@ -153,10 +153,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	path := dsn
-	if dir := filepath.Dir(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("create database folder: %w", err)
-		}
+	if err := createPrivate(path); err != nil {
+		return nil, err
 	}
 	var lock *os.File
 	if opts.Exclusive {
@@ -179,7 +177,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 // lockFile takes an exclusive advisory lock, released when the file closes
 // (also when the process dies).
 func lockFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, FileMode)
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
@@ -476,15 +474,22 @@ func (s *Store) Backup(ctx context.Context, dest string) error {
 	if s.pg {
 		return errors.New("backup copies SQLite files only: back up a PostgreSQL database with pg_dump (e.g. pg_dump -Fc -f OUT DSN)")
 	}
-	if _, err := os.Stat(dest); err == nil {
+	if err := os.MkdirAll(filepath.Dir(dest), DirMode); err != nil {
+		return fmt.Errorf("create backup folder: %w", err)
+	}
+	// VACUUM INTO writes into an empty file as into a new one, and keeps
+	// the mode of the file it finds: create it here, private, and only if
+	// it does not exist yet (O_EXCL: never over another file).
+	f, err := os.OpenFile(dest, os.O_RDWR|os.O_CREATE|os.O_EXCL, FileMode)
+	if errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%s already exists: pick a new file name", dest)
 	}
-	if dir := filepath.Dir(dest); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create backup folder: %w", err)
-		}
+	if err != nil {
+		return fmt.Errorf("create backup file: %w", err)
 	}
+	f.Close()
 	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, dest); err != nil {
+		os.Remove(dest)
 		return fmt.Errorf("back up to %s: %w", dest, err)
 	}
 	return nil

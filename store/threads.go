@@ -15,7 +15,7 @@ import (
 )
 
 // MaxTitleLength is the longest thread title accepted, in bytes.
-const MaxTitleLength = 200
+const MaxTitleLength = chat.MaxTitleBytes
 
 // CreateThread creates a thread with its first checkpoint (empty history,
 // state_version 1) and returns its snapshot.

@@ -598,7 +598,7 @@ func (f *fakeStore) counts() (created, renamed int) {
 func newServer(t *testing.T, st *fakeStore) http.Handler {
 	t.Helper()
 	mux := http.NewServeMux()
-	New(st, nil, nil).Routes(mux)
+	New(st, nil, nil, nil).Routes(mux)
 	return mux
 }
 

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/a-h/templ"
 
@@ -42,36 +41,45 @@ type Auth interface {
 
 // Pages serves the browser UI. Safe for concurrent use.
 type Pages struct {
-	store Store
-	auth  Auth
-	log   *slog.Logger
+	store  Store
+	auth   Auth
+	limits Limiter
+	log    *slog.Logger
 }
 
 // New returns the pages over store; auth nil serves everyone as the one
-// local user (auth mode none).
-func New(store Store, auth Auth, log *slog.Logger) *Pages {
+// local user (auth mode none). limits charges the forms that change
+// something to their user's command budget (nil: no limit).
+func New(store Store, auth Auth, limits Limiter, log *slog.Logger) *Pages {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if auth == nil {
 		auth = localAuth{}
 	}
-	return &Pages{store: store, auth: auth, log: log}
+	if limits == nil {
+		limits = noLimit{}
+	}
+	return &Pages{store: store, auth: auth, limits: limits, log: log}
 }
 
 // Routes registers the pages and the static files on mux. Pages need a
 // signed-in user (others are sent to /login, or refused when identity comes
-// from a proxy); form posts are refused cross-origin.
+// from a proxy); form posts are refused cross-origin, and taken only as
+// short URL-encoded bodies (forms.go). The forms that change a user's
+// conversations are charged to the user's command budget; sign-in has its
+// own brake (package auth), and sign-out is never refused for the budget:
+// ending a session must always work.
 func (p *Pages) Routes(mux *http.ServeMux) {
 	forms := http.NewCrossOriginProtection()
 	mux.Handle("GET /static/", static.Handler())
 	mux.HandleFunc("GET /login", p.loginPage)
-	mux.Handle("POST /login", forms.Handler(http.HandlerFunc(p.login)))
-	mux.Handle("POST /logout", forms.Handler(http.HandlerFunc(p.logout)))
+	mux.Handle("POST /login", forms.Handler(p.post(false, p.login)))
+	mux.Handle("POST /logout", forms.Handler(p.post(false, p.logout)))
 	mux.Handle("GET /{$}", p.signedIn(p.home))
 	mux.Handle("GET /t/{id}", p.signedIn(p.thread))
-	mux.Handle("POST /threads", forms.Handler(p.signedIn(p.create)))
-	mux.Handle("POST /t/{id}/rename", forms.Handler(p.signedIn(p.rename)))
+	mux.Handle("POST /threads", forms.Handler(p.post(true, p.create)))
+	mux.Handle("POST /t/{id}/rename", forms.Handler(p.post(true, p.rename)))
 }
 
 // signedIn runs h with the caller in the request's context. Without one, a
@@ -84,16 +92,23 @@ func (p *Pages) signedIn(h http.HandlerFunc) http.Handler {
 			h(w, r.WithContext(chat.NewContextWithPrincipal(r.Context(), who)))
 			return
 		}
-		if chat.ErrorCode(err) == chat.CodeUnauthorized && p.auth.PasswordSignIn() {
-			next := r.URL.Path
-			if r.Method != http.MethodGet {
-				next = "/"
-			}
-			http.Redirect(w, r, "/login?next="+url.QueryEscape(next), http.StatusSeeOther)
-			return
-		}
-		p.refuse(w, r, err)
+		p.notSignedIn(w, r, err)
 	})
+}
+
+// notSignedIn answers a request whose caller did not authenticate (err):
+// a password server sends the browser to /login (and back here
+// afterwards); other modes show why the request was refused.
+func (p *Pages) notSignedIn(w http.ResponseWriter, r *http.Request, err error) {
+	if chat.ErrorCode(err) == chat.CodeUnauthorized && p.auth.PasswordSignIn() {
+		next := r.URL.Path
+		if r.Method != http.MethodGet {
+			next = "/"
+		}
+		http.Redirect(w, r, "/login?next="+url.QueryEscape(next), http.StatusSeeOther)
+		return
+	}
+	p.refuse(w, r, err)
 }
 
 // refuse shows an authentication error as a page.
@@ -133,9 +148,8 @@ func (p *Pages) loginPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	name, password := r.PostFormValue("name"), r.PostFormValue("password")
-	form := LoginForm{Name: name, Next: localNext(r.PostFormValue("next"))}
+	name, password := r.PostForm.Get("name"), r.PostForm.Get("password")
+	form := LoginForm{Name: name, Next: localNext(r.PostForm.Get("next"))}
 	if !p.auth.PasswordSignIn() {
 		http.Redirect(w, r, form.Next, http.StatusSeeOther)
 		return
@@ -181,13 +195,6 @@ func (localAuth) SignIn(http.ResponseWriter, *http.Request, string, string) (cha
 }
 func (localAuth) SignOut(http.ResponseWriter, *http.Request) error { return nil }
 
-// Title limits, as the API's: 200 bytes, which the form's maxlength (in
-// characters) cannot express for non-ASCII text, so both are checked.
-const (
-	maxTitleChars = 200
-	maxTitleBytes = 200
-)
-
 // sidebarSize is how many conversations the sidebar lists.
 const sidebarSize = 100
 
@@ -231,10 +238,14 @@ func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
-	title := strings.TrimSpace(r.PostFormValue("title"))
+	// The API's rule (chat.CheckTitle: at most 200 bytes, which the
+	// input's maxlength, in characters, cannot express for non-ASCII text;
+	// no control characters), after trimming what a browser's text input
+	// leaves around the title.
+	title := strings.TrimSpace(r.PostForm.Get("title"))
 	id := r.PathValue("id")
-	if title == "" || !utf8.ValidString(title) || utf8.RuneCountInString(title) > maxTitleChars || len(title) > maxTitleBytes {
-		http.Error(w, "A title needs 1 to 200 characters (at most 200 bytes). Go back and try again.", http.StatusBadRequest)
+	if err := chat.CheckTitle("title", title); err != nil {
+		p.refuseError(w, r, err)
 		return
 	}
 	if err := p.store.RenameThread(r.Context(), userID(r), id, title); err != nil {

@@ -1,0 +1,257 @@
+package main
+
+// The page forms against the real binary: bodies they must refuse before
+// acting, with the binary's TMPDIR watched for files left behind, and the
+// per-user command budget they share with the API.
+
+import (
+	"bufio"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// generatedMultipart streams a multipart/form-data body of size bytes (a
+// "title" field, then a file part of filler) without allocating it.
+type generatedMultipart struct {
+	head, tail []byte
+	filler     int64
+}
+
+const formBoundary = "binarytestboundary"
+
+func newGeneratedMultipart(size int64) *generatedMultipart {
+	head := []byte("--" + formBoundary + "\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\npwned\r\n" +
+		"--" + formBoundary + "\r\nContent-Disposition: form-data; name=\"upload\"; filename=\"fill.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n")
+	tail := []byte("\r\n--" + formBoundary + "--\r\n")
+	return &generatedMultipart{head: head, tail: tail, filler: size - int64(len(head)+len(tail))}
+}
+
+func (g *generatedMultipart) size() int64 { return int64(len(g.head)+len(g.tail)) + g.filler }
+
+func (g *generatedMultipart) Read(p []byte) (int, error) {
+	switch {
+	case len(g.head) > 0:
+		n := copy(p, g.head)
+		g.head = g.head[n:]
+		return n, nil
+	case g.filler > 0:
+		n := int(min(int64(len(p)), g.filler))
+		for i := range p[:n] {
+			p[i] = 'x'
+		}
+		g.filler -= int64(n)
+		return n, nil
+	case len(g.tail) > 0:
+		n := copy(p, g.tail)
+		g.tail = g.tail[n:]
+		return n, nil
+	}
+	return 0, io.EOF
+}
+
+// formPost sends a POST to the binary (redirects not followed) and returns
+// the status, the Retry-After header and the body.
+func (s *server) formPost(path, contentType string, body io.Reader, length int64) (int, string, string) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.base+path, body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.ContentLength = length
+	if length == 0 {
+		req.Body = http.NoBody
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	client := &http.Client{Timeout: 60 * time.Second, CheckRedirect: noRedirects.CheckRedirect}
+	resp, err := client.Do(req)
+	if err != nil {
+		s.t.Fatalf("POST %s (%s, %d bytes): %v", path, contentType, length, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), string(raw)
+}
+
+// tempFiles lists what is in dir, with sizes, at any depth.
+func tempFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == dir {
+			return err
+		}
+		info, _ := d.Info()
+		out = append(out, path+" ("+strconv.FormatInt(info.Size(), 10)+" bytes)")
+		return nil
+	})
+	return out
+}
+
+type threadTitles struct {
+	Threads []struct {
+		ThreadID string `json:"thread_id"`
+		Title    string `json:"title"`
+	} `json:"threads"`
+}
+
+// Every page form refuses what a browser's form never sends, before
+// acting: a multipart body (150 MB of it, streamed, and a small one), a
+// URL-encoded body over 16 KiB, other content types. Each is answered 415
+// or 413, changes nothing in the database, and leaves nothing in the
+// server's temporary folder.
+func TestBinaryFormBodiesRefused(t *testing.T) {
+	dir := t.TempDir()
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServerEnv(t, []string{"TMPDIR=" + tmp}, filepath.Join(dir, "gw.db"), "0s")
+	var th snapshot
+	srv.mustCall("POST", "/api/threads", map[string]any{"title": "keep me"}, http.StatusCreated, &th)
+
+	big := url.Values{"title": {strings.Repeat("a", 17<<10)}}.Encode()
+	multipart := "multipart/form-data; boundary=" + formBoundary
+	attacks := []struct {
+		name, contentType string
+		body              func() (io.Reader, int64)
+		status            int
+	}{
+		{"multipart 150 MB", multipart, func() (io.Reader, int64) { g := newGeneratedMultipart(150 << 20); return g, g.size() }, http.StatusUnsupportedMediaType},
+		{"multipart 150 MB chunked", multipart, func() (io.Reader, int64) { return newGeneratedMultipart(150 << 20), -1 }, http.StatusUnsupportedMediaType},
+		{"multipart small", multipart, func() (io.Reader, int64) { g := newGeneratedMultipart(1 << 10); return g, g.size() }, http.StatusUnsupportedMediaType},
+		{"17 KiB URL-encoded", "application/x-www-form-urlencoded", func() (io.Reader, int64) { return strings.NewReader(big), int64(len(big)) }, http.StatusRequestEntityTooLarge},
+		{"17 KiB URL-encoded chunked", "application/x-www-form-urlencoded", func() (io.Reader, int64) { return strings.NewReader(big), -1 }, http.StatusRequestEntityTooLarge},
+		{"text/plain", "text/plain", func() (io.Reader, int64) { return strings.NewReader("title=pwned"), 11 }, http.StatusUnsupportedMediaType},
+		{"JSON", "application/json", func() (io.Reader, int64) { return strings.NewReader(`{"title":"pwned"}`), 17 }, http.StatusUnsupportedMediaType},
+		{"no type", "", func() (io.Reader, int64) { return strings.NewReader("title=pwned"), 11 }, http.StatusUnsupportedMediaType},
+	}
+	for _, route := range []string{"/threads", "/t/" + th.ThreadID + "/rename", "/login", "/logout"} {
+		for _, a := range attacks {
+			t.Run(route+" "+a.name, func(t *testing.T) {
+				body, n := a.body()
+				status, _, page := srv.formPost(route, a.contentType, body, n)
+				if status != a.status || !strings.Contains(page, `data-testid="form-refused"`) {
+					t.Errorf("status %d, want %d with the refusal page: %.300s", status, a.status, page)
+				}
+				var list threadTitles
+				srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
+				if len(list.Threads) != 1 || list.Threads[0].Title != "keep me" {
+					t.Errorf("threads now %+v, want only %q", list.Threads, "keep me")
+				}
+				if left := tempFiles(t, tmp); len(left) > 0 {
+					t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
+				}
+			})
+		}
+	}
+	// The forms still work as a browser sends them.
+	status, _, page := srv.formPost("/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader("title=renamed"), 13)
+	if status != http.StatusSeeOther {
+		t.Fatalf("a plain rename: %d %.300s", status, page)
+	}
+	// A title with a control character is refused as it is on the API.
+	for _, title := range []string{"two\nlines", "esc\x1b[2J", "rtl\u202eexe"} {
+		form := url.Values{"title": {title}}.Encode()
+		status, _, page := srv.formPost("/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader(form), int64(len(form)))
+		if status != http.StatusBadRequest || !strings.Contains(page, `data-error="invalid_request"`) || !strings.Contains(page, "control character") {
+			t.Errorf("rename to %q: %d %.300s, want 400 invalid_request naming the control character", title, status, page)
+		}
+		var apiErr apiError
+		if code, raw := srv.call("POST", "/api/threads", map[string]any{"title": title}, &apiErr); code != http.StatusBadRequest || apiErr.Error != "invalid_request" || !strings.HasPrefix(apiErr.Message, "title ") {
+			t.Errorf("API title %q: %d %s, want 400 invalid_request naming title", title, code, raw)
+		}
+	}
+	var list threadTitles
+	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
+	if len(list.Threads) != 1 || list.Threads[0].Title != "renamed" {
+		t.Errorf("threads now %+v, want only %q", list.Threads, "renamed")
+	}
+	if left := tempFiles(t, tmp); len(left) > 0 {
+		t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
+	}
+	srv.stop()
+}
+
+// The forms that change conversations draw from the user's command budget
+// (shared with the API): over it they answer 429 with Retry-After and
+// change nothing; sign-out is never refused for it.
+func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
+	// 0.1 command per second, burst 1: one command, then a wait of 10 s.
+	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-user-command-rate", "0.1")
+	form := "application/x-www-form-urlencoded"
+	if status, _, page := srv.formPost("/threads", form, http.NoBody, 0); status != http.StatusSeeOther {
+		t.Fatalf("first new conversation: %d %.300s", status, page)
+	}
+	var list threadTitles
+	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
+	if len(list.Threads) != 1 {
+		t.Fatalf("%d threads after one form post", len(list.Threads))
+	}
+	id, title := list.Threads[0].ThreadID, list.Threads[0].Title
+	for _, p := range []struct{ path, body string }{{"/threads", ""}, {"/t/" + id + "/rename", "title=over"}} {
+		status, retry, page := srv.formPost(p.path, form, strings.NewReader(p.body), int64(len(p.body)))
+		if secs, err := strconv.Atoi(retry); status != http.StatusTooManyRequests || err != nil || secs < 1 || !strings.Contains(page, `data-error="rate_limited"`) {
+			t.Errorf("POST %s over the budget: %d, Retry-After %q: %.300s; want 429 rate_limited with Retry-After", p.path, status, retry, page)
+		}
+	}
+	// The API sees the same empty budget.
+	if code, raw := srv.call("POST", "/api/threads", map[string]any{}, nil); code != http.StatusTooManyRequests {
+		t.Errorf("API create after the forms spent the budget: %d %s, want 429", code, raw)
+	}
+	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
+	if len(list.Threads) != 1 || list.Threads[0].Title != title {
+		t.Errorf("threads now %+v, want only the first, titled %q", list.Threads, title)
+	}
+	if status, _, _ := srv.formPost("/logout", form, http.NoBody, 0); status != http.StatusSeeOther {
+		t.Errorf("sign-out over the budget: %d, want 303", status)
+	}
+}
+
+// No code of the gateway parses a request body in a way that can write a
+// temporary file: multipart parsing (directly, or through FormValue and
+// PostFormValue, which fall back to it) is not used anywhere.
+func TestNoMultipartParsing(t *testing.T) {
+	banned := []string{".FormValue(", ".PostFormValue(", ".ParseMultipartForm(", ".MultipartReader(", ".FormFile("}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for n := 1; sc.Scan(); n++ {
+			line := sc.Text()
+			if strings.HasPrefix(strings.TrimSpace(line), "//") {
+				continue
+			}
+			for _, b := range banned {
+				if strings.Contains(line, b) {
+					t.Errorf("%s:%d calls %s): read forms through web's post wrapper (r.PostForm) instead", path, n, strings.TrimSuffix(b, "("))
+				}
+			}
+		}
+		return sc.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
