@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -59,11 +60,18 @@ func (g *generatedMultipart) Read(p []byte) (int, error) {
 
 // formPost sends a POST to the binary (redirects not followed) and returns
 // the status, the Retry-After header and the body.
-func (s *server) formPost(path, contentType string, body io.Reader, length int64) (int, string, string) {
-	s.t.Helper()
+//
+// It reads the answer while the body is still being written, as a browser
+// does, on a connection of its own: a server that refuses a body it will
+// not read answers at once and then resets the connection, and
+// http.Client reports whichever of the answer and the reset its select
+// takes first (both are ready on a loaded machine), so it would fail
+// this test at random on a correct server.
+func (s *server) formPost(t testing.TB, path, contentType string, body io.Reader, length int64) (int, string, string) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, s.base+path, body)
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	req.ContentLength = length
 	if length == 0 {
@@ -72,14 +80,35 @@ func (s *server) formPost(path, contentType string, body io.Reader, length int64
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	client := &http.Client{Timeout: 60 * time.Second, CheckRedirect: noRedirects.CheckRedirect}
-	resp, err := client.Do(req)
+	conn, err := net.Dial("tcp", req.URL.Host)
 	if err != nil {
-		s.t.Fatalf("POST %s (%s, %d bytes): %v", path, contentType, length, err)
+		t.Fatalf("POST %s: %v", path, err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	written := make(chan error, 1)
+	go func() { written <- req.Write(conn) }()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatalf("POST %s (%s, %d bytes): no answer: %v (writing the body: %v)", path, contentType, length, err, firstOf(written))
+	}
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s (%s, %d bytes): reading the answer: %v", path, contentType, length, err)
+	}
+	conn.Close() // ends a write the server stopped reading
+	<-written
 	return resp.StatusCode, resp.Header.Get("Retry-After"), string(raw)
+}
+
+// firstOf returns what ch holds now, or nil.
+func firstOf(ch <-chan error) error {
+	select {
+	case err := <-ch:
+		return err
+	default:
+		return nil
+	}
 }
 
 // tempFiles lists what is in dir, with sizes, at any depth.
@@ -139,7 +168,7 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		for _, a := range attacks {
 			t.Run(route+" "+a.name, func(t *testing.T) {
 				body, n := a.body()
-				status, _, page := srv.formPost(route, a.contentType, body, n)
+				status, _, page := srv.formPost(t, route, a.contentType, body, n)
 				if status != a.status || !strings.Contains(page, `data-testid="form-refused"`) {
 					t.Errorf("status %d, want %d with the refusal page: %.300s", status, a.status, page)
 				}
@@ -155,14 +184,14 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		}
 	}
 	// The forms still work as a browser sends them.
-	status, _, page := srv.formPost("/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader("title=renamed"), 13)
+	status, _, page := srv.formPost(t, "/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader("title=renamed"), 13)
 	if status != http.StatusSeeOther {
 		t.Fatalf("a plain rename: %d %.300s", status, page)
 	}
 	// A title with a control character is refused as it is on the API.
 	for _, title := range []string{"two\nlines", "esc\x1b[2J", "rtl\u202eexe"} {
 		form := url.Values{"title": {title}}.Encode()
-		status, _, page := srv.formPost("/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader(form), int64(len(form)))
+		status, _, page := srv.formPost(t, "/t/"+th.ThreadID+"/rename", "application/x-www-form-urlencoded", strings.NewReader(form), int64(len(form)))
 		if status != http.StatusBadRequest || !strings.Contains(page, `data-error="invalid_request"`) || !strings.Contains(page, "control character") {
 			t.Errorf("rename to %q: %d %.300s, want 400 invalid_request naming the control character", title, status, page)
 		}
@@ -189,7 +218,7 @@ func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
 	// 0.1 command per second, burst 1: one command, then a wait of 10 s.
 	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-user-command-rate", "0.1")
 	form := "application/x-www-form-urlencoded"
-	if status, _, page := srv.formPost("/threads", form, http.NoBody, 0); status != http.StatusSeeOther {
+	if status, _, page := srv.formPost(t, "/threads", form, http.NoBody, 0); status != http.StatusSeeOther {
 		t.Fatalf("first new conversation: %d %.300s", status, page)
 	}
 	var list threadTitles
@@ -199,7 +228,7 @@ func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
 	}
 	id, title := list.Threads[0].ThreadID, list.Threads[0].Title
 	for _, p := range []struct{ path, body string }{{"/threads", ""}, {"/t/" + id + "/rename", "title=over"}} {
-		status, retry, page := srv.formPost(p.path, form, strings.NewReader(p.body), int64(len(p.body)))
+		status, retry, page := srv.formPost(t, p.path, form, strings.NewReader(p.body), int64(len(p.body)))
 		if secs, err := strconv.Atoi(retry); status != http.StatusTooManyRequests || err != nil || secs < 1 || !strings.Contains(page, `data-error="rate_limited"`) {
 			t.Errorf("POST %s over the budget: %d, Retry-After %q: %.300s; want 429 rate_limited with Retry-After", p.path, status, retry, page)
 		}
@@ -212,7 +241,7 @@ func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
 	if len(list.Threads) != 1 || list.Threads[0].Title != title {
 		t.Errorf("threads now %+v, want only the first, titled %q", list.Threads, title)
 	}
-	if status, _, _ := srv.formPost("/logout", form, http.NoBody, 0); status != http.StatusSeeOther {
+	if status, _, _ := srv.formPost(t, "/logout", form, http.NoBody, 0); status != http.StatusSeeOther {
 		t.Errorf("sign-out over the budget: %d, want 303", status)
 	}
 }
