@@ -51,6 +51,7 @@ type config struct {
 	adminAddr                    string
 	origins                      []string
 	wsPing                       time.Duration
+	maxConnAge                   time.Duration
 	// per-user limits
 	userConns, userSubs int
 	userRate            float64
@@ -119,7 +120,8 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
 	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
-	ef.duration(&c.wsPing, "ws-ping-interval", "GATEWAY_WS_PING_INTERVAL", 20*time.Second, "WebSocket keep-alive period; a signed-out or revoked connection ends within it")
+	ef.duration(&c.wsPing, "ws-ping-interval", "GATEWAY_WS_PING_INTERVAL", 20*time.Second, "WebSocket ping and event-stream keep-alive period; a WebSocket or event stream whose sign-in was ended (signed out, token revoked, password changed, account deleted) ends within it")
+	ef.duration(&c.maxConnAge, "max-conn-age", "GATEWAY_MAX_CONN_AGE", time.Hour, "end every WebSocket connection and event stream this long after it opened; the client reconnects and is authenticated again (what bounds a connection under -auth header, whose credential only the proxy can check); 0: never")
 	ef.int(&c.userConns, "max-conns-per-user", "GATEWAY_MAX_CONNS_PER_USER", 32, "WebSocket connections and event streams one user may hold open")
 	ef.int(&c.userSubs, "max-subscriptions-per-user", "GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500, "threads one user may watch over all its WebSocket connections")
 	ef.float(&c.userRate, "user-command-rate", "GATEWAY_USER_COMMAND_RATE", 60, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve")
@@ -175,6 +177,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.wsPing < 100*time.Millisecond {
 		return c, errors.New("-ws-ping-interval must be at least 100ms")
+	}
+	if c.maxConnAge != 0 && c.maxConnAge < time.Second {
+		return c, errors.New("-max-conn-age must be at least 1s, or 0 for no limit")
 	}
 	for _, o := range strings.Split(*origins, ",") {
 		if o = strings.TrimSpace(o); o != "" {

@@ -267,7 +267,10 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		Auth: authn, Store: st, Runs: eng, Log: log,
 		Feed:    fd,
 		Metrics: m,
-		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing,
+		// Event streams re-check their credential at each keep-alive, as
+		// the WebSocket does at each ping: one interval for both.
+		KeepAlive: cfg.wsPing,
+		WS: gateway.WSConfig{OriginPatterns: cfg.origins, PingInterval: cfg.wsPing, MaxConnAge: cfg.maxConnAge,
 			MaxConnsPerUser: cfg.userConns, MaxSubscriptionsPerUser: cfg.userSubs,
 			UserCommandRate: cfg.userRate, UserCommandBurst: max(1, int(2*cfg.userRate))},
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -32,8 +33,17 @@ import (
 // The handler then returns, giving back its subscription and its
 // connection slot, and the client's EventSource reconnects with
 // Last-Event-ID and resumes from the store without gap or duplicate.
+//
+// Like a WebSocket connection, a stream re-checks its credential at every
+// keep-alive (KeepAlive) and ends within one interval of a sign-out,
+// token revocation, password change or account deletion: an `error` event
+// carrying the unauthorized error, then the end of the response (the
+// EventSource's reconnect is answered 401, which stops it). A stream also
+// ends at WSConfig.MaxConnAge, with a comment saying so; the reconnect
+// resumes with Last-Event-ID, authenticated afresh.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	user := userID(r)
+	principal, _ := chat.PrincipalFromContext(r.Context())
+	user := principal.UserID
 	if err := s.limits.join(user); err != nil {
 		s.metrics.ConnRefused(transportSSE)
 		writeError(w, s.log, err)
@@ -86,6 +96,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
+	streamID := chat.NewID("sse_") // names the stream in the log
 	s.metrics.ConnOpened(transportSSE)
 	defer s.metrics.ConnClosed(transportSSE)
 	w.WriteHeader(http.StatusOK)
@@ -96,11 +107,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	err = out.events(first.events)
 	keepAlive := time.NewTicker(s.keepAlive)
 	defer keepAlive.Stop()
+	var old <-chan time.Time // MaxConnAge passed
+	if age := s.ws.cfg.MaxConnAge; age > 0 {
+		t := time.NewTimer(age)
+		defer t.Stop()
+		old = t.C
+	}
 	for err == nil {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-old:
+			out.write(func(b *bufio.Writer) { b.WriteString(": connection age limit: reconnect with Last-Event-ID\n\n") })
+			return
 		case <-keepAlive.C:
+			if ended := s.credentialEnded(r.Context(), principal, streamID); ended != nil {
+				out.write(func(b *bufio.Writer) { writeSSEError(b, ended, s.log) })
+				return
+			}
 			err = out.write(func(b *bufio.Writer) { b.WriteString(": keep-alive\n\n") })
 		case <-feed.wake:
 			evs, why := feed.take()
@@ -339,6 +363,14 @@ func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64
 		events:  []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}},
 		lastSeq: snap.LastSeq, stateVersion: snap.StateVersion,
 	}, nil
+}
+
+// writeSSEError writes err as an `error` event whose data is the
+// protocol's error object, as a WebSocket error frame carries it.
+func writeSSEError(w *bufio.Writer, err error, log *slog.Logger) {
+	w.WriteString("event: error\ndata: ")
+	w.Write(errorFrame("", err, log))
+	w.WriteString("\n\n")
 }
 
 func writeSSE(w *bufio.Writer, ev *chat.Event) {

@@ -127,7 +127,7 @@ func (c *wsConn) command(data []byte) {
 	var ack any
 	var err error
 	ended := false
-	c.shallow(func() {
+	shallow(func() {
 		// A session or token ended while the connection was open: the
 		// command is not run, the connection closes with 1008 (the writer
 		// also re-checks every ping interval for connections that only
@@ -426,14 +426,15 @@ func errorFrame(re string, err error, log *slog.Logger) []byte {
 	return bytes.TrimSpace(b)
 }
 
-// shallow runs f on a short-lived goroutine and waits for it. Commands
-// reach the store and the engine (deep SQLite call chains); run on the
-// connection's reader itself, they would grow its stack, which shrinks
-// back only at a garbage collection (rare on an idle server: the runtime
-// forces one every two minutes) — with a thousand tabs, megabytes. A
-// panic is carried back to the reader, where net/http's per-connection
-// recovery sees it as before.
-func (c *wsConn) shallow(f func()) {
+// shallow runs f on a short-lived goroutine and waits for it. Commands and
+// credential re-checks reach the store and the engine (deep SQLite call
+// chains); run on a connection's own long-lived goroutine (a WebSocket's
+// reader or writer, an event stream's handler), they would grow its
+// stack, which shrinks back only at a garbage collection (rare on an idle
+// server: the runtime forces one every two minutes) — with a thousand
+// tabs, megabytes. A panic is carried back to the caller, where net/http's
+// per-connection recovery sees it as before.
+func shallow(f func()) {
 	done := make(chan struct{})
 	var panicked any
 	go func() {

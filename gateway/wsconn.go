@@ -111,16 +111,25 @@ func (c *wsConn) run() {
 // write drains the queue until the connection ends. It pings on an idle
 // interval; a failed write or ping ends the connection, and so does a
 // credential that no longer holds (signed out, revoked, expired), checked
-// at the same interval.
+// at the same interval, and reaching MaxConnAge.
 func (c *wsConn) write() {
 	defer c.cancel()
 	ping := time.NewTicker(c.hub.cfg.PingInterval)
 	defer ping.Stop()
+	var old <-chan time.Time // MaxConnAge passed
+	if age := c.hub.cfg.MaxConnAge; age > 0 {
+		t := time.NewTimer(age)
+		defer t.Stop()
+		old = t.C
+	}
 	var buf bytes.Buffer
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-old:
+			c.aged()
+			continue
 		case <-ping.C:
 			c.recheck()
 			ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
@@ -171,21 +180,44 @@ func (c *wsConn) write() {
 // server close. A failed check (the store unreachable) keeps the connection
 // and is logged: the next interval or command asks again.
 func (c *wsConn) recheck() {
-	var err error
-	c.shallow(func() {
-		ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
-		defer cancel()
-		err = c.hub.s.auth.Revalidate(ctx, c.principal)
-	})
-	switch {
-	case err == nil:
-	case chat.ErrorCode(err) == chat.CodeUnauthorized:
+	if c.hub.s.credentialEnded(c.ctx, c.principal, c.id) != nil {
 		c.mu.Lock()
 		c.closeLocked(closeAuthEnded, closeAuthEndedReason)
 		c.mu.Unlock()
-	case c.ctx.Err() == nil:
-		c.hub.s.log.Warn("recheck connection credential", "connection_id", c.id, "err", err)
 	}
+}
+
+// aged closes the connection once it is MaxConnAge old, through the queue
+// like any other server close; the client reconnects, and its credential
+// is decided afresh (by the proxy, in auth mode header).
+func (c *wsConn) aged() {
+	c.mu.Lock()
+	c.closeLocked(closeAged, closeAgedReason)
+	c.mu.Unlock()
+}
+
+// credentialEnded re-checks a long-lived connection's credential (a
+// WebSocket's or an event stream's, connID naming it in the log): the
+// unauthorized *chat.Error when it no longer holds (signed out, revoked,
+// password changed, account deleted, expired), nil otherwise. A check
+// that fails for another reason (the store unreachable) keeps the
+// connection and is logged: the next interval asks again.
+func (s *Server) credentialEnded(ctx context.Context, p chat.Principal, connID string) error {
+	var err error
+	shallow(func() {
+		ctx, cancel := context.WithTimeout(ctx, s.ws.cfg.StuckWrite)
+		defer cancel()
+		err = s.auth.Revalidate(ctx, p)
+	})
+	switch {
+	case err == nil:
+		return nil
+	case chat.ErrorCode(err) == chat.CodeUnauthorized:
+		return err
+	case ctx.Err() == nil:
+		s.log.Warn("recheck connection credential", "connection_id", connID, "err", err)
+	}
+	return nil
 }
 
 // Deliver implements chat.EventSink. It never blocks.

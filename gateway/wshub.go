@@ -33,8 +33,18 @@ type WSConfig struct {
 	// stream's first catch-up, may exceed it on their own (see
 	// queueReplayLocked).
 	QueueBytes int
-	// PingInterval is the keep-alive period (default 20s).
+	// PingInterval is the keep-alive period (default 20s). A connection
+	// re-checks its credential at each ping, and ends within one interval
+	// of a sign-out, token revocation, password change or account
+	// deletion. Event streams take Config.KeepAlive instead.
 	PingInterval time.Duration
+	// MaxConnAge ends a WebSocket connection (close 1000, "connection age
+	// limit: reconnect") or an event stream (a comment, then the end of
+	// the response) this long after it opened, whatever it is doing; the
+	// client reconnects and is authenticated afresh. It is what bounds a
+	// connection in auth mode header, where the server cannot re-check a
+	// credential that only the proxy sees. 0: no bound.
+	MaxConnAge time.Duration
 	// StuckWrite is how long one write may block before the sweeper closes
 	// the connection (default 10s). It is also an event stream's write
 	// deadline: a write still blocked after it ends the stream.
@@ -134,6 +144,10 @@ const (
 	// in again before reconnecting.
 	closeAuthEnded       = websocket.StatusPolicyViolation
 	closeAuthEndedReason = "signed out: sign in again"
+	// closeAged: the connection reached MaxConnAge; reconnect, which
+	// authenticates it again.
+	closeAged       = websocket.StatusNormalClosure
+	closeAgedReason = "connection age limit: reconnect"
 	// closeGoingAway: the server is shutting down; reconnect (elsewhere).
 	closeGoingAway       = websocket.StatusGoingAway
 	closeGoingAwayReason = "server shutting down: reconnect"

@@ -105,7 +105,7 @@ export class Socket {
           })
           .catch(() => {});
       }
-      const why = e.code === 1001 ? "server restarting" : e.code === 1013 ? "catching up" : "connection lost";
+      const why = e.code === 1001 ? "server restarting" : e.code === 1013 ? "catching up" : e.code === 1000 ? "renewing the connection" : "connection lost";
       this.h.state("reconnecting", why);
       const wait = this.urgent ? Math.min(this.backoff, 500) : this.backoff;
       this.backoff = Math.min(this.backoff * 2, 5000);

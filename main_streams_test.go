@@ -1,0 +1,168 @@
+package main
+
+// Long-lived responses of the real binary against the end of their
+// credential and against -max-conn-age.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// openLines opens a thread's event stream as w and returns its lines as
+// they arrive; the channel closes when the server ends the response.
+func (s *server) openLines(w who, threadID, lastID string) (int, <-chan string) {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/api/threads/"+threadID+"/events?after_seq=0", nil)
+	if err != nil {
+		cancel()
+		s.t.Fatal(err)
+	}
+	w.apply(req.Header)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		s.t.Fatalf("open event stream: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		return resp.StatusCode, nil
+	}
+	lines := make(chan string, 4096)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(lines)
+		defer resp.Body.Close()
+		r := bufio.NewReader(resp.Body)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			select {
+			case lines <- strings.TrimSuffix(line, "\n"):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	s.t.Cleanup(func() { cancel(); <-done })
+	return http.StatusOK, lines
+}
+
+// readToEnd collects lines until the server ends the stream, failing the
+// test after limit.
+func readToEnd(t *testing.T, lines <-chan string, limit time.Duration) []string {
+	t.Helper()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	var got []string
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return got
+			}
+			got = append(got, l)
+		case <-timer.C:
+			n := len(got)
+			t.Fatalf("event stream still open after %v (%d lines, last %q)", limit, n, got[max(0, n-4):])
+			return nil
+		}
+	}
+}
+
+// A token revoked with `gateway token revoke` while its event stream is
+// open ends the stream within one -ws-ping-interval: an error event
+// carrying unauthorized, then the end of the response; a run started
+// afterwards by the same user (another token) reaches no stream of the
+// revoked one, and reopening it is 401.
+func TestRevokedTokenEndsItsEventStream(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	addUser(t, db, "alice", "correct horse battery")
+	token, id := createToken(t, db, "alice")
+	other, _ := createToken(t, db, "alice")
+	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
+	alice, alice2 := who{bearer: token}, who{bearer: other}
+	var th snapshot
+	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "watched"}, http.StatusCreated, &th)
+	status, lines := srv.openLines(alice, th.ThreadID, "")
+	if status != http.StatusOK {
+		t.Fatalf("open the stream: %d", status)
+	}
+	if code, out, errOut := runCLI(t, nil, "token", "revoke", id, "-db", db); code != 0 {
+		t.Fatalf("token revoke: exit %d, %q %q", code, out, errOut)
+	}
+	got := readToEnd(t, lines, 20*time.Second)
+	var last string
+	for _, l := range got {
+		if strings.HasPrefix(l, "event: ") {
+			last = l
+		}
+	}
+	if last != "event: error" || !strings.Contains(strings.Join(got, "\n"), `"error":"unauthorized"`) {
+		t.Errorf("the stream ended without an unauthorized error event: %q", got[max(0, len(got)-6):])
+	}
+	var ack startAck
+	srv.as(alice2, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
+		"expected_state_version": th.StateVersion, "user_message": "after the revoke",
+	}, http.StatusCreated, &ack)
+	srv.waitRun(alice2, ack.RunID)
+	if status, _ := srv.openLines(alice, th.ThreadID, ""); status != http.StatusUnauthorized {
+		t.Errorf("reopening the stream with the revoked token: %d, want 401", status)
+	}
+}
+
+// -max-conn-age ends an event stream (with a comment saying so) and a
+// WebSocket connection (1000) once they are that old; the stream resumes
+// with Last-Event-ID. Values under a second are refused at start.
+func TestMaxConnAgeEndsConnections(t *testing.T) {
+	dir := t.TempDir()
+	if code, _, errOut := runCLI(t, nil, "-addr", "127.0.0.1:0", "-db", filepath.Join(dir, "refused.db"), "-max-conn-age", "10ms"); code != 2 || !strings.Contains(errOut, "-max-conn-age must be at least 1s") {
+		t.Errorf("-max-conn-age 10ms: exit %d, stderr %q; want 2 naming the bound", code, errOut)
+	}
+	srv := startServerWith(t, filepath.Join(dir, "gw.db"), "5ms", "-max-conn-age", "1s")
+	th := srv.createThread()
+	opened := time.Now()
+	status, lines := srv.openLines(who{}, th.ThreadID, "")
+	if status != http.StatusOK {
+		t.Fatalf("open the stream: %d", status)
+	}
+	ws := srv.mustDialWS(who{}, "a connection to age")
+	got := readToEnd(t, lines, 20*time.Second)
+	if took := time.Since(opened); took < time.Second {
+		t.Errorf("the stream ended after %v, before -max-conn-age", took)
+	}
+	if n := len(got); n < 2 || got[n-2] != ": connection age limit: reconnect with Last-Event-ID" {
+		t.Errorf("the stream's last lines %q, want the age-limit comment", got[max(0, n-4):])
+	}
+	lastID := ""
+	for _, l := range got {
+		if v, ok := strings.CutPrefix(l, "id: "); ok {
+			lastID = v
+		}
+	}
+	if status, _ := srv.openLines(who{}, th.ThreadID, lastID); status != http.StatusOK {
+		t.Errorf("resuming with Last-Event-ID %s: %d", lastID, status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, _, err := ws.conn.Read(ctx)
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.StatusNormalClosure || !strings.Contains(ce.Reason, "age limit") {
+		t.Errorf("the WebSocket ended with %v, want 1000 naming the age limit", err)
+	}
+}
