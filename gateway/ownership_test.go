@@ -259,14 +259,22 @@ func (h *authHarness) proxy(t *testing.T, user string) *toolHarness {
 // authenticator (session cookies, bearer tokens).
 func (h *authHarness) passwordServer(t *testing.T) (*httptest.Server, *auth.Authenticator) {
 	t.Helper()
+	return h.passwordServerWith(t, 0, h.ws)
+}
+
+// passwordServerWith is passwordServer with the event streams' keep-alive
+// (0: the default) and the WebSocket settings given.
+func (h *authHarness) passwordServerWith(t *testing.T, keepAlive time.Duration, ws gateway.WSConfig) (*httptest.Server, *auth.Authenticator) {
+	t.Helper()
 	a, err := auth.New(auth.Config{Mode: auth.ModePassword, Store: h.st, BcryptCost: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	api := gateway.New(gateway.Config{
 		Auth: a, Store: h.st, Runs: h.eng,
-		Feed: h.feed,
-		WS:   h.ws,
+		Feed:      h.feed,
+		KeepAlive: keepAlive,
+		WS:        ws,
 	})
 	mux := http.NewServeMux()
 	api.Routes(mux)

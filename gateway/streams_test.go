@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -23,28 +22,6 @@ import (
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
 )
-
-// streamServer serves the harness's stack in password mode with the given
-// keep-alive (event streams) and WebSocket settings.
-func streamServer(t *testing.T, h *authHarness, keepAlive time.Duration, ws gateway.WSConfig) (*httptest.Server, *auth.Authenticator) {
-	t.Helper()
-	a, err := auth.New(auth.Config{Mode: auth.ModePassword, Store: h.st, BcryptCost: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := gateway.New(gateway.Config{Auth: a, Store: h.st, Runs: h.eng, Feed: h.feed, KeepAlive: keepAlive, WS: ws})
-	mux := http.NewServeMux()
-	api.Routes(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(func() {
-		closing, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		api.CloseWebSockets(closing)
-		cancel()
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	return srv, a
-}
 
 // rawStream is an event stream read line by line, comments and error
 // events included, until the server ends it.
@@ -158,7 +135,7 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	h := newAuthHarness(t, gateway.WSConfig{})
-	srv, a := streamServer(t, h, 30*time.Millisecond, gateway.WSConfig{PingInterval: 30 * time.Millisecond})
+	srv, a := h.passwordServerWith(t, 30*time.Millisecond, gateway.WSConfig{PingInterval: 30 * time.Millisecond})
 	type credential int
 	const (
 		session credential = iota
