@@ -558,12 +558,12 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 			continue
 		}
 		var later, published int
-		if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM stream_deltas WHERE message_id = $1 AND seq > $2),
+		if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM stream_batches WHERE message_id = $1 AND last_seq > $2),
 			(SELECT COUNT(*) FROM messages WHERE message_id = $1)`, h.streamed, freezeSeq[h.threadID]).Scan(&later, &published); err != nil {
 			t.Fatalf("read message %s: %v", h.streamed, err)
 		}
 		if later != 0 || published != 0 {
-			t.Errorf("run %s: the execution that streamed %s lost its run while frozen, yet the message got %d deltas after the freeze and was published %d times", h.runID, h.streamed, later, published)
+			t.Errorf("run %s: the execution that streamed %s lost its run while frozen, yet the message got %d delta batches after the freeze and was published %d times", h.runID, h.streamed, later, published)
 		}
 	}
 	// No email accepted twice.

@@ -179,14 +179,7 @@ type eventBody struct {
 	} `json:"operation"`
 }
 
-type auditDelta struct {
-	ThreadID  string `db:"thread_id"`
-	Seq       int64  `db:"seq"`
-	RunID     string `db:"run_id"`
-	MessageID string `db:"message_id"`
-	Part      int    `db:"part"`
-	Text      string `db:"text"`
-}
+type auditDelta = bufferedDelta
 
 // auditThread is one thread's rows.
 type auditThread struct {
@@ -295,14 +288,22 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 			}
 		}
 	}
-	var deltas []auditDelta
-	if err := sel(&deltas, "deltas", `SELECT thread_id, seq, run_id, message_id, part, text
-		FROM stream_deltas WHERE thread_id IN (?) ORDER BY thread_id, seq`); err != nil {
+	var batches []deltaBatch
+	if err := sel(&batches, "deltas", `SELECT `+batchCols+`
+		FROM stream_batches WHERE thread_id IN (?) ORDER BY thread_id, first_seq`); err != nil {
 		return nil, err
 	}
-	for _, d := range deltas {
-		th := byID[d.ThreadID]
-		th.deltas = append(th.deltas, d)
+	var deltas []auditDelta
+	for _, b := range batches {
+		ds, err := b.deltas()
+		if err != nil {
+			// A damaged batch holds seqs nobody can replay.
+			a.add(8, "%v", err)
+			continue
+		}
+		th := byID[b.ThreadID]
+		th.deltas = append(th.deltas, ds...)
+		deltas = append(deltas, ds...)
 	}
 	var streamed []struct {
 		ThreadID  string `db:"thread_id"`

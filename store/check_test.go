@@ -153,18 +153,20 @@ func newHealthy(t *testing.T) *healthy {
 
 func (h *healthy) deltaSeqs(t *testing.T, runID string) []int64 {
 	t.Helper()
-	rows, err := h.db.Query(`SELECT seq FROM stream_deltas WHERE run_id = ? ORDER BY seq`, runID)
+	rows, err := h.db.Query(`SELECT first_seq, last_seq FROM stream_batches WHERE run_id = ? ORDER BY first_seq`, runID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
 	var out []int64
 	for rows.Next() {
-		var s int64
-		if err := rows.Scan(&s); err != nil {
+		var first, last int64
+		if err := rows.Scan(&first, &last); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, s)
+		for s := first; s <= last; s++ {
+			out = append(out, s)
+		}
 	}
 	return out
 }
@@ -232,7 +234,7 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			h.exec(t, `UPDATE runs SET base_checkpoint_id = ? WHERE run_id = ?`, h.rootB, h.run1)
 		}, 3, "not in thread", nil},
 		{"a delta of a run after its run.cancelled", func(t *testing.T, h *healthy) {
-			h.exec(t, `UPDATE stream_deltas SET run_id = ? WHERE thread_id = ? AND seq = ?`, h.run2, h.a, h.deltas3[0])
+			h.exec(t, `UPDATE stream_batches SET run_id = ? WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ?`, h.run2, h.a, h.deltas3[0], h.deltas3[0])
 		}, 4, "streamed a delta", nil},
 		{"state_version moved without an event", func(t *testing.T, h *healthy) {
 			h.exec(t, `UPDATE threads SET state_version = state_version + 1 WHERE thread_id = ?`, h.a)
@@ -267,7 +269,7 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			h.exec(t, `UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?`, h.run1)
 		}, 7, "is running but emitted run.completed", nil},
 		{"a gap in the seqs", func(t *testing.T, h *healthy) {
-			h.exec(t, `DELETE FROM stream_deltas WHERE thread_id = ? AND seq = ?`, h.a, h.deltas1[1])
+			h.exec(t, `DELETE FROM stream_batches WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ?`, h.a, h.deltas1[1], h.deltas1[1])
 		}, 8, "from its log, and no purge explains it", nil},
 		{"a message without its event", func(t *testing.T, h *healthy) {
 			h.exec(t, `DELETE FROM events WHERE message_id = ? AND type = 'message.published'`, h.answer1)

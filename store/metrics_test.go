@@ -55,12 +55,12 @@ func (r *recorder) bufferedNow() int64 {
 	return r.buffered
 }
 
-// rows counts stream_deltas directly in the database.
+// rows counts the deltas of stream_batches directly in the database.
 func rows(t *testing.T, path string) int64 {
 	t.Helper()
 	db := rawDB(t, path)
 	var n int64
-	if err := db.QueryRow(`SELECT COUNT(*) FROM stream_deltas`).Scan(&n); err != nil {
+	if err := db.QueryRow(`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM stream_batches`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -208,7 +208,7 @@ func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error
 	// each is bounded again in its write transaction.
 	list := func(after string) ([]thread, error) {
 		var threads []thread
-		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(seq) AS up_to FROM stream_deltas
+		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(last_seq) AS up_to FROM stream_batches
 			WHERE ts < ? AND thread_id > ? GROUP BY thread_id ORDER BY thread_id LIMIT ?`), cutoff, after, purgeBatch); err != nil {
 			return nil, fmt.Errorf("find deltas to purge: %w", err)
 		}
@@ -234,28 +234,37 @@ func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, boo
 	if err != nil {
 		return 0, false, fmt.Errorf("load stream purge mark: %w", err)
 	}
-	var seqs []int64
-	if err := t.sel(&seqs, `SELECT seq FROM stream_deltas WHERE thread_id = ? AND seq <= ? ORDER BY seq LIMIT ?`,
+	// Whole batches, oldest first, as many as hold at most budget deltas
+	// (at least one).
+	var batches []struct {
+		FirstSeq int64 `db:"first_seq"`
+		LastSeq  int64 `db:"last_seq"`
+	}
+	if err := t.sel(&batches, `SELECT first_seq, last_seq FROM stream_batches WHERE thread_id = ? AND last_seq <= ? ORDER BY first_seq LIMIT ?`,
 		threadID, upTo, budget); err != nil {
 		return 0, false, fmt.Errorf("list deltas to purge: %w", err)
 	}
-	if len(seqs) == 0 {
+	if len(batches) == 0 {
 		return 0, false, nil
 	}
-	last := seqs[len(seqs)-1]
-	res, err := t.exec(`DELETE FROM stream_deltas WHERE thread_id = ? AND seq <= ?`, threadID, last)
-	if err != nil {
-		return 0, false, fmt.Errorf("purge deltas: %w", err)
+	var n int64
+	last, taken := batches[0].LastSeq, 0
+	for _, b := range batches {
+		size := b.LastSeq - b.FirstSeq + 1
+		if n > 0 && n+size > budget {
+			break
+		}
+		n, last, taken = n+size, b.LastSeq, taken+1
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
+	more := last < upTo && (taken < len(batches) || int64(len(batches)) == budget)
+	if _, err := t.exec(`DELETE FROM stream_batches WHERE thread_id = ? AND last_seq <= ?`, threadID, last); err != nil {
 		return 0, false, fmt.Errorf("purge deltas: %w", err)
 	}
 	if _, err := t.exec(`UPDATE threads SET deltas_purged_through = ? WHERE thread_id = ? AND deltas_purged_through < ?`,
 		last, threadID, last); err != nil {
 		return 0, false, fmt.Errorf("move stream purge mark: %w", err)
 	}
-	return n, int64(len(seqs)) == budget && last < upTo, nil
+	return n, more, nil
 }
 
 // PurgeCancelAudit deletes cancel audit rows requested before before whose

@@ -476,12 +476,16 @@ func (t *txn) ownRunning(lease chat.Lease) (runRow, error) {
 }
 
 // AppendDeltas writes one batch of a streamed message's text to the stream
-// buffer with consecutive seqs, in one transaction, if the run still runs
+// buffer with consecutive seqs (one stream_batches row, see batches.go),
+// in one transaction, if the run still runs
 // under lease; otherwise it writes nothing and returns *chat.ErrNotRunning. (The
 // lease is renewed by the engine's maintenance loop for all its runs at
 // once, not per batch.) Concurrent calls of different runs share
 // transactions (group commit, see group.go).
 func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error {
+	if len(texts) == 0 {
+		return nil
+	}
 	runID := lease.RunID
 	return s.writeGrouped(ctx, func(t *txn) error {
 		// The safe point: the run's status and lease, read with its
@@ -530,53 +534,27 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 		default:
 			parts -= len(texts)
 		}
-		// One INSERT for the whole batch.
-		args := make([]any, 0, 7*len(texts))
-		for i, text := range texts {
+		// One row for the whole batch.
+		first := c.row.LastSeq + 1
+		for _, text := range texts {
 			ev := t.event(c, chat.EventMessageDelta, runID)
 			ev.MessageID = messageID
 			ev.Body = chat.MessageDeltaBody{MessageID: messageID, Text: text}
-			args = append(args, ev.ThreadID, ev.Seq, runID, messageID, parts+i, text, ev.TS)
 			if err := t.append(ev); err != nil {
 				return err
 			}
 		}
-		if _, err := t.exec(insertDeltas(len(texts)), args...); err != nil {
+		encoded, err := encodeTexts(texts)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`INSERT INTO stream_batches (`+batchCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			th.ThreadID, first, c.row.LastSeq, runID, messageID, parts, encoded, ms(t.now)); err != nil {
 			return fmt.Errorf("buffer deltas: %w", err)
 		}
 		t.buffered += int64(len(texts))
 		return nil
 	})
-}
-
-// insertDeltas is the INSERT of n stream-buffer rows. The texts for the
-// batch sizes the engine uses are built once (the driver caches the
-// prepared statements by text); larger ones are built when asked.
-func insertDeltas(n int) string {
-	if n < len(insertDeltasSQL) {
-		return insertDeltasSQL[n]
-	}
-	return buildInsertDeltas(n)
-}
-
-var insertDeltasSQL = func() []string {
-	out := make([]string, 65) // up to the engine's default MaxBatch
-	for n := range out {
-		out[n] = buildInsertDeltas(n)
-	}
-	return out
-}()
-
-func buildInsertDeltas(n int) string {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO stream_deltas (thread_id, seq, run_id, message_id, part, text, ts) VALUES `)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`(?, ?, ?, ?, ?, ?, ?)`)
-	}
-	return b.String()
 }
 
 // AddUsage adds tokens a model step used to its run's count. It is

@@ -235,7 +235,7 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 		// The stream buffer's size is kept up to date from here on by the
 		// commits that add or purge deltas (no count per scrape).
 		var n int64
-		if err := reader.GetContext(ctx, &n, `SELECT COUNT(*) FROM stream_deltas`); err != nil {
+		if err := reader.GetContext(ctx, &n, `SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM stream_batches`); err != nil {
 			reader.Close()
 			writer.Close()
 			return nil, fmt.Errorf("count the stream buffer: %w", err)

@@ -44,12 +44,13 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		if p.LastSeq > c.row.LastSeq {
 			return chat.Invalid("last_seq %d is beyond the thread's last event (%d)", p.LastSeq, c.row.LastSeq)
 		}
-		var deltas []struct {
-			Part int    `db:"part"`
-			Text string `db:"text"`
-		}
-		if err := t.sel(&deltas, `SELECT part, text FROM stream_deltas WHERE message_id = ? AND seq <= ? ORDER BY seq`, p.MessageID, p.LastSeq); err != nil {
+		var batches []deltaBatch
+		if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`, p.MessageID, p.LastSeq); err != nil {
 			return fmt.Errorf("load deltas: %w", err)
+		}
+		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= p.LastSeq })
+		if err != nil {
+			return err
 		}
 		if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
 			return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID)
@@ -193,7 +194,7 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 		var size int64
 		if err := q.GetContext(ctx, &size, q.Rebind(`SELECT CAST(
 			COALESCE((SELECT SUM(LENGTH(payload)) FROM events WHERE thread_id = ? AND seq > ?), 0) +
-			COALESCE((SELECT SUM(LENGTH(text)) + COUNT(*) * ? FROM stream_deltas WHERE thread_id = ? AND seq > ?), 0) AS BIGINT)`),
+			COALESCE((SELECT SUM(LENGTH(texts) + (last_seq - first_seq + 1) * ?) FROM stream_batches WHERE thread_id = ? AND last_seq > ?), 0) AS BIGINT)`),
 			threadID, after, deltaEnvelope, threadID, after); err != nil {
 			return fmt.Errorf("size the replay: %w", err)
 		}
@@ -208,16 +209,14 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 		if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
 			return fmt.Errorf("read event log: %w", err)
 		}
-		var deltas []struct {
-			Seq       int64  `db:"seq"`
-			RunID     string `db:"run_id"`
-			MessageID string `db:"message_id"`
-			Text      string `db:"text"`
-			TS        int64  `db:"ts"`
-		}
-		if err := q.SelectContext(ctx, &deltas, q.Rebind(`SELECT seq, run_id, message_id, text, ts FROM stream_deltas
-			WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
+		var batches []deltaBatch
+		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches
+			WHERE thread_id = ? AND last_seq > ? ORDER BY first_seq`), threadID, after); err != nil {
 			return fmt.Errorf("read stream buffer: %w", err)
+		}
+		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq > after })
+		if err != nil {
+			return err
 		}
 		out.Events = make([]*chat.Event, 0, len(durable)+len(deltas))
 		next := after + 1

@@ -271,11 +271,19 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (cha
 	}
 	if msgID != "" {
 		active.MessageID = &msgID
-		var parts []string
-		if err := q.SelectContext(ctx, &parts, q.Rebind(`SELECT text FROM stream_deltas WHERE message_id = ? AND seq <= ? ORDER BY seq`), msgID, row.LastSeq); err != nil {
+		var batches []deltaBatch
+		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`), msgID, row.LastSeq); err != nil {
 			return snap, fmt.Errorf("load partial text: %w", err)
 		}
-		active.PartialText = strings.Join(parts, "")
+		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= row.LastSeq })
+		if err != nil {
+			return snap, err
+		}
+		var text strings.Builder
+		for _, d := range deltas {
+			text.WriteString(d.Text)
+		}
+		active.PartialText = text.String()
 	}
 	snap.ActiveRun = active
 	return snap, nil

@@ -52,9 +52,9 @@ func redactDB(db string) string {
 // [from, to) in Unix milliseconds (the ts the store stamps on every event
 // and delta: the start time of the transaction that wrote it).
 type storeStats struct {
-	Deltas      int64 // stream_deltas rows: message.delta events committed
-	DeltaMillis int64 // distinct ts among them: a lower bound on delta transactions
-	RunBatches  int64 // distinct (run, ts): per-run batches; one transaction each without group commit
+	Deltas      int64 // deltas in stream_batches rows: message.delta events committed
+	DeltaMillis int64 // distinct ts among the rows: a lower bound on delta transactions
+	RunBatches  int64 // stream_batches rows: per-run batches (AppendDeltas calls); one transaction each without group commit
 	Durable     int64 // events rows: durable events committed
 	DurableTx   int64 // distinct (thread, ts) among them: about one per durable transaction
 }
@@ -71,8 +71,7 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 		q   string
 		dst []any
 	}{
-		{`SELECT COUNT(*), COUNT(DISTINCT ts) FROM stream_deltas WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis}},
-		{`SELECT COUNT(*) FROM (SELECT 1 FROM stream_deltas WHERE ts >= ? AND ts < ? GROUP BY run_id, ts) AS b`, []any{&st.RunBatches}},
+		{`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COUNT(DISTINCT ts), COUNT(*) FROM stream_batches WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis, &st.RunBatches}},
 		{`SELECT COUNT(*) FROM events WHERE ts >= ? AND ts < ?`, []any{&st.Durable}},
 		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts) AS t`, []any{&st.DurableTx}},
 	}
@@ -90,9 +89,9 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 // step from the end of the stream to publish + checkpoint, including the
 // wait for the writer.
 func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts) FROM stream_deltas d WHERE d.message_id = e.message_id)
+	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts) FROM stream_batches d WHERE d.message_id = e.message_id)
 		FROM events e WHERE e.type = 'message.published' AND e.run_id IS NOT NULL AND e.ts >= ? AND e.ts < ?
-		AND EXISTS (SELECT 1 FROM stream_deltas d WHERE d.message_id = e.message_id)`, from, to)
+		AND EXISTS (SELECT 1 FROM stream_batches d WHERE d.message_id = e.message_id)`, from, to)
 }
 
 // cancelGaps reads, for runs whose cancel was recorded in [from, to), the
@@ -112,7 +111,7 @@ func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error)
 // between, each waiting for the writer.
 func firstDeltaGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
 	return gaps(ctx, db, `SELECT f.first_ts - e.ts FROM events e
-		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM stream_deltas GROUP BY run_id) f ON f.run_id = e.run_id
+		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM stream_batches GROUP BY run_id) f ON f.run_id = e.run_id
 		WHERE e.type = 'run.started' AND e.ts >= ? AND e.ts < ?`, from, to)
 }
 
