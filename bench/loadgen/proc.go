@@ -136,6 +136,8 @@ type cpuMeter struct {
 	cpu1, self1         int64
 	busy1, total1       int64
 	startErr, finishErr error
+	io0, io1            int64 // write_bytes of the pids
+	ioErr               error
 }
 
 // sumCPU is the CPU time of every pid so far; the first error, if any.
@@ -154,6 +156,7 @@ func sumCPU(pids []int) (int64, error) {
 
 func (m *cpuMeter) start(pids ...int) {
 	m.pids = pids
+	m.io0, m.ioErr = sumWriteBytes(pids)
 	m.cpu0, m.startErr = sumCPU(pids)
 	m.self0, _ = cpuMicros(os.Getpid())
 	m.busy0, m.total0, _ = machineCPU()
@@ -161,6 +164,10 @@ func (m *cpuMeter) start(pids ...int) {
 
 func (m *cpuMeter) finish() {
 	m.cpu1, m.finishErr = sumCPU(m.pids)
+	var err error
+	if m.io1, err = sumWriteBytes(m.pids); m.ioErr == nil {
+		m.ioErr = err
+	}
 	m.self1, _ = cpuMicros(os.Getpid())
 	m.busy1, m.total1, _ = machineCPU()
 }
@@ -232,4 +239,37 @@ func (m *cpuMeter) machineBusy() float64 {
 		return 0
 	}
 	return float64(m.busy1-m.busy0) / float64(m.total1-m.total0)
+}
+
+// writtenBytes is what the pids sent to the storage layer over the window
+// (/proc/PID/io write_bytes: counted when a page is dirtied or written
+// directly, so SQLite's WAL and checkpoint writes show as they happen), and
+// whether it could be read.
+func (m *cpuMeter) writtenBytes() (int64, bool) {
+	return m.io1 - m.io0, m.ioErr == nil
+}
+
+// sumWriteBytes is the write_bytes of every pid so far.
+func sumWriteBytes(pids []int) (int64, error) {
+	var sum int64
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+		if err != nil {
+			return 0, err
+		}
+		found := false
+		for _, line := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "write_bytes: "); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("/proc/%d/io: %w", pid, err)
+				}
+				sum, found = sum+n, true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("/proc/%d/io has no write_bytes", pid)
+		}
+	}
+	return sum, nil
 }

@@ -106,6 +106,8 @@ type fanFigures struct {
 	serverCores, genCores float64
 	serverMicros          int64 // server CPU over the window; valid when cpuOK
 	cpuOK                 bool
+	writtenBytes          int64 // the server's write_bytes over the window; valid when ioOK
+	ioOK                  bool
 	machineBusy           float64
 	otherCores            float64 // CPU used by neither the server nor the generator
 	lat, spread, publish  Dist
@@ -126,6 +128,7 @@ func (f *fanFigures) fill(m *cpuMeter, window time.Duration, deliveries, deltas 
 	f.deliveries = float64(deliveries) / f.window
 	f.deltas = float64(deltas) / f.window
 	f.serverMicros, f.cpuOK = m.serverMicros(), m.err() == nil
+	f.writtenBytes, f.ioOK = m.writtenBytes()
 	f.cpuPerDelta = nan
 	if f.cpuOK && deltas > 0 {
 		f.cpuPerDelta = float64(m.serverMicros()) / float64(deltas)
@@ -591,9 +594,12 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	if err != nil {
 		s.Notes = append(s.Notes, "store figures unavailable: "+err.Error())
 	}
-	cpuPerCommitted := nan
+	cpuPerCommitted, bytesPerCommitted := nan, nan
 	if st.Deltas > 0 && f.cpuOK {
 		cpuPerCommitted = float64(f.serverMicros) / float64(st.Deltas)
+	}
+	if st.Deltas > 0 && f.ioOK {
+		bytesPerCommitted = float64(f.writtenBytes) / float64(st.Deltas)
 	}
 	f.store = &st
 	f.storeErr = err
@@ -616,7 +622,9 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 		metric("publishes measured", "count", float64(pub.N), ""),
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
 		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
-		metric("server CPU per committed delta", "µs", cpuPerCommitted, ""),
+		metric("server CPU per committed delta", "µs", cpuPerCommitted, "≤ 10 µs"),
+		metric("bytes written to storage per committed delta (/proc/PID/io)", "B", bytesPerCommitted, "≤ 300"),
+		metric("bytes written to storage", "MiB/s", float64(f.writtenBytes)/f.window/(1<<20), ""),
 		metric("delta delivery latency p99", "ms", l.P99, ""),
 		metric("server CPU", "cores", f.serverCores, ""),
 		metric("generator CPU", "cores", f.genCores, ""),
