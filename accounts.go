@@ -21,8 +21,9 @@ import (
 
 // The account commands work on the database directly, also while the
 // server runs: sessions and tokens are looked up on every request, so a
-// revoked token or a changed password takes effect at once (open
-// WebSockets end within one ping interval).
+// revoked token or a changed password takes effect at once (an open
+// WebSocket ends at its first command after the server's 1 s credential
+// cache, auth.DefaultCredentialCache, and within one ping interval).
 
 const userUsage = `Usage:
   gateway user add NAME [-db PATH]      create an account; the password is read from the terminal or one line of stdin

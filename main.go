@@ -250,7 +250,8 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer eng.Close()
 
 	authn, err := auth.New(auth.Config{Mode: cfg.authMode, Store: st, ProxyHeader: cfg.authHeader,
-		TrustedProxies: cfg.trustedProxies, SessionTTL: cfg.sessionTTL, SecureCookies: cfg.secureCookies, Log: log})
+		TrustedProxies: cfg.trustedProxies, SessionTTL: cfg.sessionTTL, SecureCookies: cfg.secureCookies, Log: log,
+		CredentialCache: auth.DefaultCredentialCache})
 	if err != nil {
 		return err
 	}

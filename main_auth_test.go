@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/auth"
 )
 
 // ---------------------------------------------------------------------------
@@ -924,9 +926,10 @@ func (s *server) snapshotAs(w who, threadID string) snapshot {
 	return snap
 }
 
-// An open WebSocket of a revoked token is closed with 1008: at its next
-// command (which is not run), or within one ping interval when it only
-// listens.
+// An open WebSocket of a token revoked with the CLI (another process) is
+// closed with 1008: at its next command (which is not run) once the
+// server's cached answer for the token (auth.DefaultCredentialCache) is
+// out of date, or within one ping interval when it only listens.
 func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	addUser(t, db, "alice", "correct horse battery")
@@ -965,12 +968,18 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	closedWith1008(ws, "listening", time.Now())
 
 	// A socket that sends a command after the revocation: the command is
-	// not run, the socket closes.
+	// not run, the socket closes. Its hello had the token checked, and
+	// the server trusts that answer for up to the cache time: this
+	// command goes once that passed (one sooner may still run, as the
+	// README says). The wait is the bound under test, not a guess at
+	// when something is done.
 	ws2 := srv.mustDialWS(who{bearer: commander}, "the commanding token")
+	checked := time.Now() // the hello's ack: the server checked before it
 	if code, _, errOut := runCLI(t, nil, "token", "revoke", commanderID, "-db", db); code != 0 {
 		t.Fatalf("token revoke: %d %s", code, errOut)
 	}
 	revoked := time.Now()
+	time.Sleep(time.Until(checked.Add(auth.DefaultCredentialCache)))
 	b, _ := json.Marshal(map[string]any{"type": "run.start", "id": "after-revoke", "thread_id": th.ThreadID,
 		"expected_state_version": th.StateVersion, "user_message": "short: sent after the revocation"})
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -981,6 +990,59 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	closedWith1008(ws2, "commanding", revoked)
 	if after := srv.snapshotAs(who{bearer: keeper}, th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// Signing out on the page (POST /logout) ends the session's open WebSocket
+// at its very next command, though the server checked the session a
+// moment before and trusts that answer for auth.DefaultCredentialCache:
+// the sign-out went through this server, which forgets the answer. The
+// command is not run; the connection closes with 1008 long before a ping
+// (every 20 s) could have ended it.
+func TestSignOutEndsWebSocketAtItsNextCommand(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	const pw = "correct horse battery"
+	addUser(t, db, "alice", pw)
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	alice := who{cookie: srv.signIn("alice", pw)}
+	other := who{cookie: srv.signIn("alice", pw)} // another browser: stays signed in
+	var th snapshot
+	srv.as(alice, "POST", "/api/threads", map[string]any{}, http.StatusCreated, &th)
+	ws := srv.mustDialWS(alice, "alice's cookie")
+	if a := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); a["type"] != "ack" {
+		t.Fatalf("subscribe: %v", a)
+	}
+	checked := time.Now() // the subscribe's ack: its check is cached
+	if resp, _ := srv.send(alice, "POST", "/logout", nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("POST /logout: %d, want 303", resp.StatusCode)
+	}
+	b, _ := json.Marshal(map[string]any{"type": "run.start", "id": "after-sign-out", "thread_id": th.ThreadID,
+		"expected_state_version": th.StateVersion, "user_message": "short: sent after the sign-out"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ws.conn.Write(ctx, websocket.MessageText, b); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, frame, err := ws.conn.Read(ctx)
+		if err == nil {
+			if bytes.Contains(frame, []byte(`"after-sign-out"`)) {
+				t.Fatalf("the command after the sign-out was answered: %s", frame)
+			}
+			continue
+		}
+		if st := websocket.CloseStatus(err); st != websocket.StatusPolicyViolation {
+			t.Fatalf("the signed-out socket ended with %v (status %d), want a 1008 close", err, st)
+		}
+		break
+	}
+	if took := time.Since(checked); took >= auth.DefaultCredentialCache {
+		t.Logf("the close came %v after the last check, past the cache time: this run did not exercise the cache", took)
+	}
+	if after := srv.snapshotAs(other, th.ThreadID); after.StateVersion != th.StateVersion {
+		t.Fatalf("a signed-out session's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
 	srv.stop()
 	checkDB(t, db)

@@ -6,8 +6,9 @@
 // sign-in page) is the caller's business.
 //
 // An Authenticator is safe for concurrent use. It keeps no per-request
-// state; the sign-in limiter (with its own lock) and the bound on password
-// checks running at once are its only shared mutable state.
+// state; the sign-in limiter and the credential cache (each with its own
+// lock) and the bound on password checks running at once are its only
+// shared mutable state.
 package auth
 
 import (
@@ -52,9 +53,13 @@ type Store interface {
 	UserByName(ctx context.Context, name string) (chat.User, string, error)
 	EnsureUser(ctx context.Context, name string) (chat.User, error)
 	CreateSession(ctx context.Context, sessionHash, userID string, expires time.Time) error
-	SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error)
+	// SessionUntil returns the account of an unexpired session and when
+	// the session expires, or not_found.
+	SessionUntil(ctx context.Context, sessionHash string, now time.Time) (chat.User, time.Time, error)
 	DeleteSession(ctx context.Context, sessionHash string) error
-	TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error)
+	// TokenUntil returns the account of a live token, its secret hash and
+	// when it expires (zero: never), or not_found.
+	TokenUntil(ctx context.Context, tokenID string, now time.Time) (chat.User, string, time.Time, error)
 }
 
 // Config configures an Authenticator.
@@ -76,6 +81,18 @@ type Config struct {
 	BcryptCost int
 	// Limits of the sign-in limiter (defaults in limiter.go).
 	Limiter LimiterConfig
+	// CredentialCache is how long RevalidateCached trusts a positive
+	// answer of the store (never past the credential's own expiry). A
+	// credential ended by another process (the account commands, another
+	// instance) is seen by RevalidateCached at most this long after the
+	// last read; one ended through this Authenticator (SignOut, Forget) at
+	// once. 0 (the zero value) turns the cache off: every RevalidateCached
+	// reads the store. The server uses DefaultCredentialCache (1 s).
+	CredentialCache time.Duration
+	// CredentialCacheEntries bounds the credentials cached at once
+	// (default DefaultCredentialCacheEntries, 10 000); the oldest check is
+	// evicted first.
+	CredentialCacheEntries int
 	// Now is the clock (default time.Now); tests move it.
 	Now func() time.Time
 	// Log receives the audit lines of sign-ins (AuditSignInSucceeded,
@@ -97,6 +114,8 @@ type Authenticator struct {
 	// compare is bcrypt.CompareHashAndPassword (tests count its calls).
 	compare func(hash, password []byte) error
 	log     *slog.Logger
+	// checked remembers the credentials Revalidate found to hold.
+	checked *credCache
 }
 
 // The names of the session cookie. A cookie set with Secure is named with
@@ -138,7 +157,8 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), compare: bcrypt.CompareHashAndPassword, log: cfg.Log}
+	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), compare: bcrypt.CompareHashAndPassword, log: cfg.Log,
+		checked: newCredCache(cfg.CredentialCache, cfg.CredentialCacheEntries)}
 	a.hashing = make(chan struct{}, a.limiter.cfg.Hashing)
 	if cfg.Mode == ModePassword { // only SignIn compares against it
 		dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
@@ -178,24 +198,62 @@ func (a *Authenticator) Authenticate(r *http.Request) (chat.Principal, error) {
 }
 
 // Revalidate reports whether p's credential still holds (a session not
-// ended or expired, a token not revoked or expired); long-lived
-// connections call it to end themselves when it no longer does.
+// ended or expired, a token not revoked or expired), reading the store
+// every time; long-lived connections call it at each keep-alive to end
+// themselves when it no longer does. It answers nil, an unauthorized
+// *chat.Error, or the store's error. A positive answer refreshes the
+// credential cache (see RevalidateCached); any other answer removes the
+// credential from it.
 func (a *Authenticator) Revalidate(ctx context.Context, p chat.Principal) error {
+	return a.revalidate(ctx, p, false)
+}
+
+// RevalidateCached is Revalidate for the hot path (every WebSocket
+// command): when the store found p's credential to hold less than
+// Config.CredentialCache ago, and the credential has not expired since
+// nor been ended through this Authenticator (SignOut, Forget), it answers
+// nil without reading the store. Only positive answers are cached.
+func (a *Authenticator) RevalidateCached(ctx context.Context, p chat.Principal) error {
+	return a.revalidate(ctx, p, true)
+}
+
+func (a *Authenticator) revalidate(ctx context.Context, p chat.Principal, cached bool) error {
 	kind, id, _ := strings.Cut(p.Credential, ":")
-	var err error
-	switch kind {
-	case chat.AuthSession:
-		_, err = a.cfg.Store.SessionUser(ctx, id, a.cfg.Now())
-	case chat.AuthToken:
-		_, _, err = a.cfg.Store.TokenUser(ctx, id, a.cfg.Now())
-	default:
+	if kind != chat.AuthSession && kind != chat.AuthToken {
 		return nil
 	}
-	if chat.ErrorCode(err) == chat.CodeNotFound {
-		return a.unauthorized("your %s was ended (signed out, revoked or expired): sign in again", kind)
+	now := a.cfg.Now()
+	if cached && a.checked.holds(p.Credential, now) {
+		return nil
 	}
-	return err
+	// Read before the store: an answer read before a Forget must not be
+	// put in after it.
+	gen := a.checked.generation()
+	var expires time.Time
+	var err error
+	if kind == chat.AuthSession {
+		_, expires, err = a.cfg.Store.SessionUntil(ctx, id, now)
+	} else {
+		_, _, expires, err = a.cfg.Store.TokenUntil(ctx, id, now)
+	}
+	if err != nil {
+		a.checked.drop(p.Credential)
+		if chat.ErrorCode(err) == chat.CodeNotFound {
+			return a.unauthorized("your %s was ended (signed out, revoked or expired): sign in again", kind)
+		}
+		return err
+	}
+	a.checked.put(p.Credential, gen, now, expires)
+	return nil
 }
+
+// Forget drops credential (a chat.Principal's Credential) from the cache
+// of RevalidateCached, so that its next call reads the store. Whatever
+// ends a session or token through this process calls it after the end is
+// written (SignOut does): the credential's connections are then refused
+// at their next command. A check already reading the store when Forget
+// runs does not put its answer in.
+func (a *Authenticator) Forget(credential string) { a.checked.forget(credential) }
 
 // cookieName is the session cookie's name for r: SecureSessionCookie
 // when the cookie is Secure.
@@ -224,22 +282,25 @@ func (a *Authenticator) session(r *http.Request) (chat.Principal, error) {
 		return chat.Principal{}, a.unauthorized("sign in at /login, or send Authorization: Bearer <token> (create one with `gateway token create -user NAME`)")
 	}
 	hash := hashSecret(c.Value)
-	u, err := a.cfg.Store.SessionUser(r.Context(), hash, a.cfg.Now())
+	u, _, err := a.cfg.Store.SessionUntil(r.Context(), hash, a.cfg.Now())
 	if chat.ErrorCode(err) == chat.CodeNotFound {
 		return chat.Principal{}, a.unauthorized("your session ended (signed out, expired or password changed): sign in again at /login")
 	}
 	if err != nil {
 		return chat.Principal{}, err
 	}
-	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthSession, Credential: chat.AuthSession + ":" + hash}, nil
+	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthSession, Credential: sessionCredential(hash)}, nil
 }
+
+// sessionCredential is a session's chat.Principal.Credential.
+func sessionCredential(hash string) string { return chat.AuthSession + ":" + hash }
 
 func (a *Authenticator) token(ctx context.Context, token string) (chat.Principal, error) {
 	id, secret, ok := strings.Cut(token, ".")
 	if !ok || !strings.HasPrefix(id, chat.PrefixToken) || secret == "" {
 		return chat.Principal{}, a.unauthorized("malformed bearer token: it looks like tok_….…; create one with `gateway token create -user NAME`")
 	}
-	u, want, err := a.cfg.Store.TokenUser(ctx, id, a.cfg.Now())
+	u, want, _, err := a.cfg.Store.TokenUntil(ctx, id, a.cfg.Now())
 	if chat.ErrorCode(err) == chat.CodeNotFound {
 		return chat.Principal{}, a.unauthorized("the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`")
 	}

@@ -159,7 +159,10 @@ func (a *Authenticator) checkPassword(ctx context.Context, norm string, nameErr 
 	return u, true, "", nil
 }
 
-// SignOut ends the request's session (if any) and clears the cookie.
+// SignOut ends the request's session (if any) and clears the cookie. The
+// session is forgotten by the credential cache once its end is written
+// (and when the write fails, which may still have ended it), so an open
+// WebSocket of it is refused at its next command.
 func (a *Authenticator) SignOut(w http.ResponseWriter, r *http.Request) error {
 	secure := a.secure(r)
 	for _, name := range []string{SecureSessionCookie, SessionCookie} {
@@ -168,7 +171,10 @@ func (a *Authenticator) SignOut(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		if a.cfg.Store != nil {
-			if err := a.cfg.Store.DeleteSession(r.Context(), hashSecret(c.Value)); err != nil {
+			hash := hashSecret(c.Value)
+			err := a.cfg.Store.DeleteSession(r.Context(), hash)
+			a.Forget(sessionCredential(hash))
+			if err != nil {
 				return err
 			}
 		}

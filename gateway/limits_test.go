@@ -46,6 +46,10 @@ func (p proxyAuth) Revalidate(ctx context.Context, pr chat.Principal) error {
 	return p.a.Revalidate(ctx, pr)
 }
 
+func (p proxyAuth) RevalidateCached(ctx context.Context, pr chat.Principal) error {
+	return p.a.RevalidateCached(ctx, pr)
+}
+
 // testClock is the rate limits' clock: it moves only when told, so a
 // bucket holds exactly what the test gave it.
 type testClock struct {
@@ -77,10 +81,11 @@ func newUsersHarness(t *testing.T, pace time.Duration, ws gateway.WSConfig) *har
 }
 
 // headerAuth is the real authenticator in header mode, 127.0.0.1 being the
-// trusted proxy.
+// trusted proxy, caching credentials (bearer tokens) as the server's does.
 func headerAuth(t *testing.T, st *store.Store) *auth.Authenticator {
 	t.Helper()
-	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		CredentialCache: auth.DefaultCredentialCache})
 	if err != nil {
 		t.Fatal(err)
 	}

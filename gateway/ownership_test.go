@@ -263,10 +263,23 @@ func (h *authHarness) passwordServer(t *testing.T) (*httptest.Server, *auth.Auth
 }
 
 // passwordServerWith is passwordServer with the event streams' keep-alive
-// (0: the default) and the WebSocket settings given.
+// (0: the default) and the WebSocket settings given. The authenticator
+// caches credentials as the server's does (auth.DefaultCredentialCache).
 func (h *authHarness) passwordServerWith(t *testing.T, keepAlive time.Duration, ws gateway.WSConfig) (*httptest.Server, *auth.Authenticator) {
 	t.Helper()
-	a, err := auth.New(auth.Config{Mode: auth.ModePassword, Store: h.st, BcryptCost: 4})
+	return h.passwordServerAuth(t, auth.Config{CredentialCache: auth.DefaultCredentialCache}, keepAlive, ws)
+}
+
+// passwordServerAuth is passwordServerWith behind a password-mode
+// authenticator made of cfg (Mode, BcryptCost and, when nil, Store filled
+// in): tests give it a clock, a cache time or a store that counts reads.
+func (h *authHarness) passwordServerAuth(t *testing.T, cfg auth.Config, keepAlive time.Duration, ws gateway.WSConfig) (*httptest.Server, *auth.Authenticator) {
+	t.Helper()
+	cfg.Mode, cfg.BcryptCost = auth.ModePassword, 4
+	if cfg.Store == nil {
+		cfg.Store = h.st
+	}
+	a, err := auth.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

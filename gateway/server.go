@@ -51,8 +51,13 @@ type Authenticator interface {
 	// Authenticate returns the caller, or an unauthorized, forbidden or
 	// rate_limited *chat.Error saying how to get in.
 	Authenticate(r *http.Request) (chat.Principal, error)
-	// Revalidate reports whether a connection's credential still holds.
+	// Revalidate reports whether a connection's credential still holds,
+	// asking the store (the keep-alive re-check).
 	Revalidate(ctx context.Context, p chat.Principal) error
+	// RevalidateCached is Revalidate that may answer from a recent
+	// positive answer (auth.Config.CredentialCache): the check before
+	// every WebSocket command.
+	RevalidateCached(ctx context.Context, p chat.Principal) error
 }
 
 // Config wires a Server.
@@ -193,4 +198,5 @@ func (localAuth) Authenticate(*http.Request) (chat.Principal, error) {
 	return chat.LocalPrincipal(), nil
 }
 
-func (localAuth) Revalidate(context.Context, chat.Principal) error { return nil }
+func (localAuth) Revalidate(context.Context, chat.Principal) error       { return nil }
+func (localAuth) RevalidateCached(context.Context, chat.Principal) error { return nil }

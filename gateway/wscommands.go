@@ -129,10 +129,12 @@ func (c *wsConn) command(data []byte) {
 	ended := false
 	shallow(func() {
 		// A session or token ended while the connection was open: the
-		// command is not run, the connection closes with 1008 (the writer
-		// also re-checks every ping interval for connections that only
-		// listen).
-		if err = c.hub.s.auth.Revalidate(c.ctx, c.principal); err != nil {
+		// command is not run, the connection closes with 1008. The check
+		// may answer from the authenticator's cache: an end written by
+		// another process is seen within its cache time (1 s), one
+		// through this process at once; the writer re-checks the store
+		// every ping interval, also for connections that only listen.
+		if err = c.hub.s.auth.RevalidateCached(c.ctx, c.principal); err != nil {
 			ended = chat.ErrorCode(err) == chat.CodeUnauthorized
 			return
 		}

@@ -197,7 +197,8 @@ func (c *wsConn) aged() {
 }
 
 // credentialEnded re-checks a long-lived connection's credential (a
-// WebSocket's or an event stream's, connID naming it in the log): the
+// WebSocket's or an event stream's, connID naming it in the log), always
+// reading the store (never the authenticator's cache): the
 // unauthorized *chat.Error when it no longer holds (signed out, revoked,
 // password changed, account deleted, expired), nil otherwise. A check
 // that fails for another reason (the store unreachable) keeps the

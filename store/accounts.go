@@ -242,17 +242,26 @@ func (s *Store) CreateSession(ctx context.Context, sessionHash, userID string, e
 // SessionUser returns the active account of an unexpired session, or
 // not_found.
 func (s *Store) SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error) {
-	var r userRow
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash
+	u, _, err := s.SessionUntil(ctx, sessionHash, now)
+	return u, err
+}
+
+// SessionUntil is SessionUser that also says when the session expires.
+func (s *Store) SessionUntil(ctx context.Context, sessionHash string, now time.Time) (chat.User, time.Time, error) {
+	var r struct {
+		userRow
+		ExpiresAt int64 `db:"expires_at"`
+	}
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, s.expires_at
 		FROM sessions s JOIN users u ON u.user_id = s.user_id
 		WHERE s.session_hash = ? AND s.expires_at > ? AND u.deleted_at IS NULL`), sessionHash, ms(now))
 	if errors.Is(err, sql.ErrNoRows) {
-		return chat.User{}, chat.Errorf(chat.CodeNotFound, "no such session")
+		return chat.User{}, time.Time{}, chat.Errorf(chat.CodeNotFound, "no such session")
 	}
 	if err != nil {
-		return chat.User{}, fmt.Errorf("load session: %w", err)
+		return chat.User{}, time.Time{}, fmt.Errorf("load session: %w", err)
 	}
-	return r.user(), nil
+	return r.userRow.user(), fromMS(r.ExpiresAt), nil
 }
 
 // DeleteSession ends one session (sign out). Ending an unknown session is
@@ -307,20 +316,32 @@ func (s *Store) CreateToken(ctx context.Context, userName string, tok chat.APITo
 // TokenUser returns the account of a live (unrevoked, unexpired) token and
 // the token's secret hash for the caller to compare, or not_found.
 func (s *Store) TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error) {
+	u, hash, _, err := s.TokenUntil(ctx, tokenID, now)
+	return u, hash, err
+}
+
+// TokenUntil is TokenUser that also says when the token expires (the zero
+// time: never).
+func (s *Store) TokenUntil(ctx context.Context, tokenID string, now time.Time) (chat.User, string, time.Time, error) {
 	var r struct {
 		userRow
-		SecretHash string `db:"secret_hash"`
+		SecretHash string        `db:"secret_hash"`
+		ExpiresAt  sql.NullInt64 `db:"expires_at"`
 	}
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, t.secret_hash
+	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, t.secret_hash, t.expires_at
 		FROM api_tokens t JOIN users u ON u.user_id = t.user_id
 		WHERE t.token_id = ? AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ?) AND u.deleted_at IS NULL`), tokenID, ms(now))
 	if errors.Is(err, sql.ErrNoRows) {
-		return chat.User{}, "", chat.Errorf(chat.CodeNotFound, "no such token")
+		return chat.User{}, "", time.Time{}, chat.Errorf(chat.CodeNotFound, "no such token")
 	}
 	if err != nil {
-		return chat.User{}, "", fmt.Errorf("load token: %w", err)
+		return chat.User{}, "", time.Time{}, fmt.Errorf("load token: %w", err)
 	}
-	return r.userRow.user(), r.SecretHash, nil
+	var expires time.Time
+	if r.ExpiresAt.Valid {
+		expires = fromMS(r.ExpiresAt.Int64)
+	}
+	return r.userRow.user(), r.SecretHash, expires, nil
 }
 
 // RevokeToken revokes a token at once; revoking it again is not an error.
