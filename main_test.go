@@ -454,6 +454,11 @@ type stream struct {
 	lastSeq int64
 	deltas  map[string]*strings.Builder // message id -> concatenated delta text
 	seen    []event
+	// afterCrash: the stream resumes from a position seen before the
+	// server was killed, so its first event may be a thread.snapshot
+	// (the deltas in memory at the kill are lost, and recorded lost);
+	// resynced says it was.
+	afterCrash, resynced bool
 }
 
 func (s *server) events(threadID string, after int64) *stream {
@@ -482,6 +487,15 @@ func (s *server) events(threadID string, after int64) *stream {
 		lastSeq: after, deltas: map[string]*strings.Builder{}}
 	go st.read(ctx, resp.Body)
 	s.t.Cleanup(st.close)
+	return st
+}
+
+// eventsAfterCrash is events for a position a tab saw before the server
+// was killed: the stream may start with a snapshot (see stream.afterCrash).
+func (s *server) eventsAfterCrash(threadID string, after int64) *stream {
+	s.t.Helper()
+	st := s.events(threadID, after)
+	st.afterCrash = true
 	return st
 }
 
@@ -553,6 +567,31 @@ func (st *stream) next(deadline time.Time, what string) event {
 	}
 	if ev.sseID != strconv.FormatInt(ev.Seq, 10) {
 		st.t.Errorf("SSE id: line %q but data seq %d (%s)", ev.sseID, ev.Seq, ev.Type)
+	}
+	if ev.Type == "thread.snapshot" && st.afterCrash && len(st.seen) == 0 {
+		// Seqs never repeat across a crash: the snapshot ends past
+		// everything the tab saw before it.
+		if ev.Seq <= st.lastSeq {
+			st.t.Fatalf("after the crash, event stream of %s resynced with a snapshot at seq %d, not past seq %d seen before it: %s", st.threadID, ev.Seq, st.lastSeq, ev.raw)
+		}
+		var snap struct {
+			ActiveRun *struct {
+				MessageID   *string `json:"message_id"`
+				PartialText string  `json:"partial_text"`
+			} `json:"active_run"`
+		}
+		if err := json.Unmarshal([]byte(ev.raw), &snap); err != nil {
+			st.t.Fatalf("snapshot: %v", err)
+		}
+		st.deltas = map[string]*strings.Builder{}
+		if a := snap.ActiveRun; a != nil && a.MessageID != nil {
+			b := &strings.Builder{}
+			b.WriteString(a.PartialText)
+			st.deltas[*a.MessageID] = b
+		}
+		st.lastSeq, st.resynced = ev.Seq, true
+		st.seen = append(st.seen, ev)
+		return ev
 	}
 	if ev.Type == "thread.snapshot" {
 		st.t.Fatalf("event stream of %s answered after_seq=%d with a thread.snapshot, but every event after it should still be held: %s",
@@ -879,7 +918,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		checkDB(t, db) // the invariants hold even mid-run
 
 		srv = startServer(t, db, pace)
-		evs = srv.events(tid, seenSeq)
+		evs = srv.eventsAfterCrash(tid, seenSeq)
 		var published *message
 		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev event) bool {
 			if ev.RunID == runID {

@@ -125,7 +125,7 @@ func newHarness(t *testing.T, m *scripted) *harness {
 
 func (h *harness) open() {
 	h.feed = bus.NewMemory()
-	st, err := store.Open(context.Background(), h.path, store.Options{OnCommit: h.feed.Publish})
+	st, err := store.Open(context.Background(), h.path, store.Options{OnCommit: h.feed.Publish, Exclusive: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}

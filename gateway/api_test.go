@@ -131,7 +131,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	if o.db == "" {
 		o.db = filepath.Join(t.TempDir(), "gateway.db")
 	}
-	st, err := store.Open(ctx, o.db, store.Options{OnCommit: feed.Publish})
+	st, err := store.Open(ctx, o.db, store.Options{OnCommit: feed.Publish, Exclusive: true})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}

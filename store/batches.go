@@ -19,11 +19,12 @@ type deltaBatch struct {
 	MessageID string `db:"message_id"`
 	FirstPart int    `db:"first_part"`
 	Texts     string `db:"texts"`
-	TS        int64  `db:"ts"`
+	TS        int64  `db:"ts"`         // the first delta's
+	TSOffsets string `db:"ts_offsets"` // "" (all at TS) or a JSON array: each delta's ms after TS
 }
 
 // batchCols are the columns of a deltaBatch, in its order.
-const batchCols = `thread_id, first_seq, last_seq, run_id, message_id, first_part, texts, ts`
+const batchCols = `thread_id, first_seq, last_seq, run_id, message_id, first_part, texts, ts, ts_offsets`
 
 // bufferedDelta is one delta of a batch.
 type bufferedDelta struct {
@@ -46,10 +47,20 @@ func (b deltaBatch) deltas() ([]bufferedDelta, error) {
 	if int64(len(texts)) != b.LastSeq-b.FirstSeq+1 {
 		return nil, fmt.Errorf("stream batch %s/%d: %d texts for seqs %d..%d", b.ThreadID, b.FirstSeq, len(texts), b.FirstSeq, b.LastSeq)
 	}
+	var offsets []int64
+	if b.TSOffsets != "" {
+		if err := json.Unmarshal([]byte(b.TSOffsets), &offsets); err != nil || len(offsets) != len(texts) {
+			return nil, fmt.Errorf("stream batch %s/%d: ts_offsets %q do not give one offset per delta", b.ThreadID, b.FirstSeq, b.TSOffsets)
+		}
+	}
 	out := make([]bufferedDelta, len(texts))
 	for i, text := range texts {
+		ts := b.TS
+		if offsets != nil {
+			ts += offsets[i]
+		}
 		out[i] = bufferedDelta{ThreadID: b.ThreadID, Seq: b.FirstSeq + int64(i), RunID: b.RunID, MessageID: b.MessageID,
-			Part: b.FirstPart + i, Text: text, TS: b.TS}
+			Part: b.FirstPart + i, Text: text, TS: ts}
 	}
 	return out, nil
 }
@@ -70,6 +81,25 @@ func expandBatches(batches []deltaBatch, keep func(bufferedDelta) bool) ([]buffe
 		}
 	}
 	return out, nil
+}
+
+// encodeTimes is the ts and ts_offsets columns of a batch whose deltas
+// were stamped tss.
+func encodeTimes(tss []int64) (int64, string, error) {
+	first, same := tss[0], true
+	offsets := make([]int64, len(tss))
+	for i, ts := range tss {
+		offsets[i] = ts - first
+		same = same && ts == first
+	}
+	if same {
+		return first, "", nil
+	}
+	b, err := json.Marshal(offsets)
+	if err != nil {
+		return 0, "", fmt.Errorf("encode stream batch times: %w", err)
+	}
+	return first, string(b), nil
 }
 
 // encodeTexts is the texts column of a batch.

@@ -36,7 +36,21 @@ func TestBatchExpandsInOrder(t *testing.T) {
 	if again, err := b.deltas(); err != nil || !reflect.DeepEqual(again, want) {
 		t.Errorf("encoded then expanded: %+v %v", again, err)
 	}
+	// Deltas fanned out at different times keep each its own.
+	first, offsets, err := encodeTimes([]int64{100, 100, 104})
+	if err != nil || first != 100 || offsets != "[0,0,4]" {
+		t.Fatalf("encodeTimes: %d %q %v", first, offsets, err)
+	}
+	if same, none, _ := encodeTimes([]int64{7, 7}); same != 7 || none != "" {
+		t.Errorf("encodeTimes of equal times: %d %q, want 7 and no offsets", same, none)
+	}
+	b.TS, b.TSOffsets = first, offsets
+	timed, err := b.deltas()
+	if err != nil || timed[0].TS != 100 || timed[1].TS != 100 || timed[2].TS != 104 {
+		t.Errorf("expanded with offsets: %+v %v", timed, err)
+	}
 	for _, bad := range []deltaBatch{
+		{ThreadID: "thr_a", FirstSeq: 1, LastSeq: 2, Texts: `["a","b"]`, TSOffsets: `[0]`},
 		{ThreadID: "thr_a", FirstSeq: 1, LastSeq: 2, Texts: `["one"]`},
 		{ThreadID: "thr_a", FirstSeq: 1, LastSeq: 1, Texts: `not json`},
 		{ThreadID: "thr_a", FirstSeq: 1, LastSeq: 1, Texts: `[1]`},
@@ -95,7 +109,7 @@ func TestStreamBatchesMigration(t *testing.T) {
 	var got []delta
 	for rows.Next() {
 		var b deltaBatch
-		if err := rows.Scan(&b.ThreadID, &b.FirstSeq, &b.LastSeq, &b.RunID, &b.MessageID, &b.FirstPart, &b.Texts, &b.TS); err != nil {
+		if err := rows.Scan(&b.ThreadID, &b.FirstSeq, &b.LastSeq, &b.RunID, &b.MessageID, &b.FirstPart, &b.Texts, &b.TS, &b.TSOffsets); err != nil {
 			t.Fatal(err)
 		}
 		ds, err := b.deltas()

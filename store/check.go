@@ -181,6 +181,14 @@ type eventBody struct {
 
 type auditDelta = bufferedDelta
 
+// lostSeqs is one stream_gaps row: seqs handed out (or reserved) by a
+// process that stopped before writing them, recorded at the next start.
+type lostSeqs struct {
+	ThreadID string `db:"thread_id"`
+	FirstSeq int64  `db:"first_seq"`
+	LastSeq  int64  `db:"last_seq"`
+}
+
 // auditThread is one thread's rows.
 type auditThread struct {
 	row     threadRow
@@ -194,6 +202,7 @@ type auditThread struct {
 	opByID  map[string]operationRow
 	events  []auditEvent   // by seq
 	deltas  []auditDelta   // by seq
+	lost    []lostSeqs     // stream_gaps: seqs a crash lost, by first seq
 	parts   map[string]int // streamed message id -> how many deltas it had
 	// Derived once: a run's terminal events and its run.cancelled seq.
 	terminal    map[string][]auditEvent
@@ -304,6 +313,13 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		th := byID[b.ThreadID]
 		th.deltas = append(th.deltas, ds...)
 		deltas = append(deltas, ds...)
+	}
+	var lost []lostSeqs
+	if err := sel(&lost, "lost stream seqs", `SELECT thread_id, first_seq, last_seq FROM stream_gaps WHERE thread_id IN (?) ORDER BY thread_id, first_seq`); err != nil {
+		return nil, err
+	}
+	for _, l := range lost {
+		byID[l.ThreadID].lost = append(byID[l.ThreadID].lost, l)
 	}
 	var streamed []struct {
 		ThreadID  string `db:"thread_id"`
@@ -763,9 +779,7 @@ func checkEventLog(a *auditor, th *auditThread) {
 	}
 	mark := max(t.EventsPurgedThrough, t.DeltasPurgedThrough)
 	var missing []string
-	gap := func(from, to int64) { // seqs from..to are absent
-		from = max(from, mark+1)
-		to = min(to, t.LastSeq)
+	report := func(from, to int64) {
 		switch {
 		case from > to:
 		case from == to:
@@ -773,6 +787,35 @@ func checkEventLog(a *auditor, th *auditThread) {
 		default:
 			missing = append(missing, fmt.Sprintf("%d–%d", from, to))
 		}
+	}
+	// Seqs recorded lost in a crash may be absent; one of them held, or a
+	// record past last_seq, contradicts the record.
+	for i, l := range th.lost {
+		if l.FirstSeq < 1 || l.LastSeq < l.FirstSeq || l.LastSeq > t.LastSeq || (i > 0 && l.FirstSeq <= th.lost[i-1].LastSeq) {
+			a.add(8, "thread %s records seqs %d–%d lost, outside 1..last_seq (%d) or overlapping another record", t.ThreadID, l.FirstSeq, l.LastSeq, t.LastSeq)
+		}
+	}
+	for _, seq := range held {
+		for _, l := range th.lost {
+			if seq >= l.FirstSeq && seq <= l.LastSeq {
+				a.add(8, "thread %s holds seq %d, which it records lost (%d–%d)", t.ThreadID, seq, l.FirstSeq, l.LastSeq)
+			}
+		}
+	}
+	gap := func(from, to int64) { // seqs from..to are absent
+		from = max(from, mark+1)
+		to = min(to, t.LastSeq)
+		for _, l := range th.lost {
+			if from > to {
+				return
+			}
+			if l.LastSeq < from || l.FirstSeq > to {
+				continue
+			}
+			report(from, l.FirstSeq-1)
+			from = l.LastSeq + 1
+		}
+		report(from, to)
 	}
 	prev := int64(0)
 	for _, seq := range held {

@@ -94,3 +94,28 @@ func (s *Store) Synchronous(ctx context.Context) (int, error) {
 	err := s.writer.GetContext(ctx, &n, `PRAGMA synchronous`)
 	return n, err
 }
+
+// Crash ends the store as a killed process would: what only memory holds
+// (deltas fanned out and not yet written) is lost, and the reserved seqs
+// stay reserved.
+func (s *Store) Crash() {
+	if s.buf != nil {
+		s.buf.closed.Store(true)
+		s.buf.stop()
+		<-s.buf.done
+		s.buf = nil
+	}
+	s.reader.Close()
+	s.writer.Close()
+	if s.lock != nil {
+		s.lock.Close()
+	}
+}
+
+// PendingDeltas is how many deltas only memory holds.
+func (s *Store) PendingDeltas() int64 {
+	if s.buf == nil {
+		return 0
+	}
+	return s.buf.pending.Load()
+}

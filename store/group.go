@@ -241,7 +241,11 @@ func (s *Store) commitGroupLocked(batch []*groupReq) int {
 func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupReq) {
 	results := make([]error, len(batch))
 	answered := len(batch)
+	var t *txn
 	answer := func(err error) (int, []*groupReq) {
+		if t != nil {
+			t.endStreams(false) // after a rollback or a failed commit
+		}
 		if mayRetry && retryable(err) {
 			return 0, batch[:answered]
 		}
@@ -260,7 +264,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 	if err != nil {
 		return answer(fmt.Errorf("begin: %w", err))
 	}
-	t := s.newTxn(ctx, tx)
+	t = s.newTxn(ctx, tx)
 	t.undo = map[string]*threadCursor{} // per request, to undo a refusal
 	ran := 0
 	for i, r := range batch {
@@ -273,7 +277,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			results[i] = err
 			continue
 		}
-		mark, buffered, cancels := len(t.events), t.buffered, len(t.cancelsAccepted)
+		mark, buffered, cancels, live := len(t.events), t.buffered, len(t.cancelsAccepted), len(t.live)
 		clear(t.undo)
 		t.wrote = false
 		err := r.fn(t)
@@ -287,6 +291,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			// failed it, which aborts the transaction): nothing of this
 			// transaction can be trusted.
 			_ = tx.Rollback()
+			t.endStreams(false)
 			if mayRetry && retryable(err) {
 				return 0, batch // another instance's doing: every request again
 			}
@@ -298,7 +303,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			}
 			return 1 + s.commitGroupLocked(rest), nil
 		}
-		t.events, t.buffered, t.cancelsAccepted = t.events[:mark], buffered, t.cancelsAccepted[:cancels]
+		t.events, t.buffered, t.cancelsAccepted, t.live = t.events[:mark], buffered, t.cancelsAccepted[:cancels], t.live[:live]
 		t.rollBackCursors()
 	}
 	if ran == 0 {
@@ -313,5 +318,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 		return answer(fmt.Errorf("commit: %w", err))
 	}
 	s.committedLocked(t)
+	t.endStreams(true)
+	t = nil
 	return answer(nil)
 }

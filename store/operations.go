@@ -31,6 +31,7 @@ func (s *Store) PublishStep(ctx context.Context, lease chat.Lease, out chat.Step
 		if err != nil {
 			return err
 		}
+		t.release(c)
 		head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
 		if err != nil {
 			return err
@@ -86,6 +87,7 @@ func (s *Store) PublishStep(ctx context.Context, lease chat.Lease, out chat.Step
 			if err := transition(row, chat.RunWaitingConfirmation); err != nil {
 				return err
 			}
+			t.runChanged(runID)
 			if _, err := t.exec(`UPDATE runs SET status = 'waiting_confirmation', lease_owner = NULL, lease_expires_at = NULL,
 				updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
 				return fmt.Errorf("wait for confirmation: %w", err)
@@ -307,6 +309,7 @@ func (s *Store) MarkCancelling(ctx context.Context, lease chat.Lease, active cha
 		if err != nil {
 			return err
 		}
+		t.runChanged(runID)
 		if _, err := t.exec(`UPDATE runs SET status = 'cancelling', updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
 			return fmt.Errorf("mark cancelling: %w", err)
 		}
@@ -348,6 +351,7 @@ func (s *Store) DecideOperation(ctx context.Context, userID, opID string, expect
 		if err := transition(row, chat.RunRunning); err != nil {
 			return err
 		}
+		t.runChanged(row.RunID)
 		if _, err := t.exec(`UPDATE runs SET status = 'running', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
 			WHERE run_id = ?`, ms(t.now), row.RunID); err != nil {
 			return fmt.Errorf("resume run: %w", err)

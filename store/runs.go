@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
@@ -256,6 +255,7 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 			if err := transition(row, chat.RunCancelRequested); err != nil {
 				return err
 			}
+			t.runChanged(row.RunID)
 			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?, cancel_reason = ?,
 				requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?, resume_checkpoint_id = ?,
 				updated_at = ? WHERE run_id = ?`,
@@ -328,6 +328,7 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if err != nil {
 		return err
 	}
+	t.release(c)
 	// What the run leaves open is settled as at any end: an intent never
 	// sent is voided, a tool call nobody runs any more aborted, and a
 	// commit whose outcome nobody saw is unknown — never not_started — and
@@ -354,6 +355,7 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if err := transition(row, chat.RunCancelled); err != nil {
 		return err
 	}
+	t.runChanged(row.RunID)
 	if _, err := t.exec(`UPDATE runs SET status = 'cancelled', discarded_stream_chars = ?, resume_checkpoint_id = ?,
 		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
 		discarded, c.row.HeadCheckpointID, ms(t.now), ms(t.now), row.RunID); err != nil {
@@ -486,6 +488,11 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 	if len(texts) == 0 {
 		return nil
 	}
+	if s.buf != nil {
+		if handled, err := s.buf.appendFast(ctx, lease, messageID, texts); handled {
+			return err
+		}
+	}
 	runID := lease.RunID
 	return s.writeGrouped(ctx, func(t *txn) error {
 		// The safe point: the run's status and lease, read with its
@@ -512,47 +519,31 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 		} else if st != chat.RunRunning {
 			return &chat.ErrNotRunning{Status: st}
 		}
-		c := t.adoptThread(th)
-		chars := 0
-		for _, text := range texts {
-			chars += utf8.RuneCountInString(text)
+		c, err := t.adoptThread(th)
+		if err != nil {
+			return err
 		}
-		// Count the batch into its message's row and learn where it
-		// starts; the first batch of a message creates the row.
-		var parts int
-		err = t.execRow(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`,
-			len(texts), chars, messageID).Scan(&parts)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			if _, err := t.exec(`INSERT INTO stream_messages (message_id, thread_id, run_id, first_seq, parts, chars, created_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?)`, messageID, th.ThreadID, runID, c.row.LastSeq+1, len(texts), chars, ms(t.now)); err != nil {
-				return fmt.Errorf("start streamed message: %w", err)
-			}
-			parts = 0
-		case err != nil:
-			return fmt.Errorf("count streamed text: %w", err)
-		default:
-			parts -= len(texts)
-		}
-		// One row for the whole batch.
+		// One row for the whole batch, at the thread's next seqs (after
+		// the deltas adoptThread wrote from memory, if any).
 		first := c.row.LastSeq + 1
-		for _, text := range texts {
-			ev := t.event(c, chat.EventMessageDelta, runID)
-			ev.MessageID = messageID
-			ev.Body = chat.MessageDeltaBody{MessageID: messageID, Text: text}
+		tss := make([]int64, len(texts))
+		for i := range tss {
+			tss[i] = ms(t.now)
+		}
+		if err := t.writeBatch(c, runID, messageID, texts, tss); err != nil {
+			return err
+		}
+		for i, text := range texts {
+			ev := &chat.Event{Type: chat.EventMessageDelta, ThreadID: th.ThreadID, Seq: first + int64(i), TS: ms(t.now),
+				RunID: runID, MessageID: messageID, Body: chat.MessageDeltaBody{MessageID: messageID, Text: text}}
 			if err := t.append(ev); err != nil {
 				return err
 			}
 		}
-		encoded, err := encodeTexts(texts)
-		if err != nil {
-			return err
-		}
-		if _, err := t.exec(`INSERT INTO stream_batches (`+batchCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			th.ThreadID, first, c.row.LastSeq, runID, messageID, parts, encoded, ms(t.now)); err != nil {
-			return fmt.Errorf("buffer deltas: %w", err)
-		}
-		t.buffered += int64(len(texts))
+		// From now on this run's batches of this message may skip the
+		// database (SQLite), within the seqs reserved here.
+		t.reserve(c)
+		t.confirmLive(lease, th.ThreadID, messageID)
 		return nil
 	})
 }
@@ -594,6 +585,7 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	if err != nil {
 		return err
 	}
+	t.release(c)
 	typ := chat.EventRunCompleted
 	var body any
 	if status == chat.RunFailed {
@@ -612,6 +604,7 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	if err != nil {
 		return err
 	}
+	t.runChanged(row.RunID)
 	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, discarded_stream_chars = ?,
 		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
 		string(status), nullStr(message), c.row.HeadCheckpointID, discarded, ms(t.now), ms(t.now), row.RunID); err != nil {
@@ -632,6 +625,7 @@ func (s *Store) Release(ctx context.Context, lease chat.Lease) error {
 		if err := transition(row, chat.RunQueued); err != nil {
 			return err
 		}
+		t.runChanged(runID)
 		_, err = t.exec(`UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
 			WHERE run_id = ?`, ms(t.now), runID)
 		return err
@@ -735,6 +729,7 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 			if err := transition(row, chat.RunQueued); err != nil {
 				return err
 			}
+			t.runChanged(row.RunID)
 			_, err = t.exec(`UPDATE runs SET status = 'queued', attempt = attempt + 1, lease_owner = NULL,
 				lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
 			return err
@@ -770,6 +765,7 @@ func (t *txn) lastStep(row runRow) (*chat.Checkpoint, error) {
 
 // handOver drops a run's lease so that a worker claims it (see claimable).
 func (t *txn) handOver(runID string) error {
+	t.runChanged(runID)
 	_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), runID)
 	return err
 }

@@ -130,8 +130,9 @@ type Store struct {
 	onCommit func([]*chat.Event)
 	metrics  Metrics
 	lock     *os.File
-	pg       bool         // PostgreSQL, not SQLite
-	retries  atomic.Int64 // transactions run again (retry.go)
+	pg       bool          // PostgreSQL, not SQLite
+	buf      *streamBuffer // deltas fanned out before written (SQLite, Exclusive); nil otherwise
+	retries  atomic.Int64  // transactions run again (retry.go)
 	clock    func() time.Time
 	horizon  time.Duration // Options.ReconcileHorizon
 }
@@ -171,6 +172,16 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	st.lock = lock
+	if opts.Exclusive {
+		// This process is the database's only writer: deltas may be
+		// fanned out before they are written (streambuf.go). What a
+		// previous process handed out and never wrote is recorded first.
+		if _, err := recoverStream(ctx, st); err != nil {
+			st.Close()
+			return nil, err
+		}
+		st.buf = newStreamBuffer(st)
+	}
 	return st, nil
 }
 
@@ -367,9 +378,18 @@ func migrate(ctx context.Context, db *sql.DB, dialect goose.Dialect, dir string,
 	return nil
 }
 
-// Close closes both pools and releases the lock.
+// Close writes the deltas still in memory and gives back the seqs reserved
+// for them (streambuf.go), then closes both pools and releases the lock.
+// Nothing may stream (AppendDeltas) once Close is called.
 func (s *Store) Close() error {
-	err := errors.Join(s.reader.Close(), s.writer.Close())
+	var err error
+	if s.buf != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = s.buf.close(ctx)
+		cancel()
+		s.buf = nil
+	}
+	err = errors.Join(err, s.reader.Close(), s.writer.Close())
 	if s.lock != nil {
 		err = errors.Join(err, s.lock.Close())
 	}
@@ -407,16 +427,20 @@ func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
 	t := s.newTxn(ctx, tx)
 	if err := fn(t); err != nil {
 		_ = tx.Rollback()
+		t.endStreams(false)
 		return err
 	}
 	if err := t.flushThreads(); err != nil {
 		_ = tx.Rollback()
+		t.endStreams(false)
 		return err
 	}
 	if err := tx.Commit(); err != nil {
+		t.endStreams(false)
 		return fmt.Errorf("commit: %w", err)
 	}
 	s.committedLocked(t)
+	t.endStreams(true)
 	return nil
 }
 

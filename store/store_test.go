@@ -36,6 +36,9 @@ func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
 func openStoreWith(t *testing.T, checkAtEnd bool, opts store.Options) (*store.Store, string) {
 	t.Helper()
 	path := testDSN(t)
+	// As the server opens it: deltas are fanned out before they are
+	// written (on SQLite).
+	opts.Exclusive = true
 	st, err := store.Open(ctx, path, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -52,6 +52,23 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		if err != nil {
 			return err
 		}
+		if n := len(deltas); n > 0 && deltas[0].Part == 0 && deltas[n-1].Part == n-1 {
+			// What a crash lost of the message (streambuf.go) may lie
+			// between its last written delta and the seq the tab saw.
+			var lost struct {
+				First int64 `db:"first_seq"`
+				Last  int64 `db:"last_seq"`
+			}
+			err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq LIMIT 1`,
+				p.ThreadID, deltas[n-1].Seq, p.LastSeq)
+			switch {
+			case err == nil:
+				return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost when the server stopped (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
+					p.MessageID, deltas[n-1].Seq, lost.First, lost.Last, deltas[n-1].Seq, deltas[n-1].Seq)
+			case !errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("look for lost stream seqs: %w", err)
+			}
+		}
 		if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
 			return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID)
 		}
@@ -176,19 +193,53 @@ func (s *Store) ThreadEvents(ctx context.Context, threadID string, after int64) 
 // transaction).
 func (s *Store) replay(ctx context.Context, threadID string, after int64, load func(q *sqlx.Tx) (threadRow, error)) (chat.Replay, error) {
 	var out chat.Replay
+	// The deltas only memory holds yet (streambuf.go), all above the
+	// database's last_seq: read with the database under the thread's
+	// sequencer, so the two join without a gap or an overlap.
+	var pending []*chat.Event
+	if s.buf != nil {
+		ts := s.buf.thread(threadID)
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		for _, pb := range ts.pending {
+			pending = append(pending, pb.events...)
+		}
+	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		row, err := load(q)
 		if err != nil {
 			return err
 		}
-		out.LastSeq, out.StateVersion = row.LastSeq, row.StateVersion
-		if after >= row.LastSeq {
+		last := row.LastSeq
+		if n := len(pending); n > 0 {
+			if pending[0].Seq != row.LastSeq+1 {
+				return fmt.Errorf("thread %s: the deltas in memory start at seq %d, the database ends at %d", threadID, pending[0].Seq, row.LastSeq)
+			}
+			last = pending[n-1].Seq
+		}
+		out.LastSeq, out.StateVersion = last, row.StateVersion
+		if after >= last {
 			// Nothing missed; a seq beyond the thread's end was never
 			// sent by this server, so the reader must start over.
-			out.Complete = after == row.LastSeq
+			out.Complete = after == last
 			return nil
 		}
-		if row.LastSeq-after > MaxReplay || after < row.EventsPurgedThrough || after < row.DeltasPurgedThrough {
+		if last-after > MaxReplay || after < row.EventsPurgedThrough || after < row.DeltasPurgedThrough {
+			return nil
+		}
+		// What is in memory, after what the database holds (if anything).
+		defer func() {
+			if !out.Complete && after < row.LastSeq {
+				return
+			}
+			for _, ev := range pending {
+				if ev.Seq > after {
+					out.Events = append(out.Events, ev)
+				}
+			}
+			out.Complete = true
+		}()
+		if after >= row.LastSeq {
 			return nil
 		}
 		var size int64

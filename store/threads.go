@@ -222,14 +222,44 @@ func (s *Store) Thread(ctx context.Context, userID, threadID string) (chat.Threa
 
 // Snapshot reads a thread's state in one consistent read: the head's
 // history and the run in flight with its partial text.
+//
+// On SQLite the deltas only memory holds yet (streambuf.go) are part of
+// it: the snapshot ends at the last seq handed out, and the partial text
+// includes them.
 func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error) {
 	var snap chat.Snapshot
+	var pending []*pendingBatch
+	if s.buf != nil {
+		ts := s.buf.thread(threadID)
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		pending = ts.pending
+	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		var err error
 		snap, err = readSnapshot(ctx, q, userID, threadID)
 		return err
 	})
-	return snap, err
+	if err != nil || len(pending) == 0 {
+		return snap, err
+	}
+	snap.LastSeq = pending[len(pending)-1].last
+	if a := snap.ActiveRun; a != nil {
+		a.LastSeq = snap.LastSeq
+		if a.MessageID != nil {
+			var text strings.Builder
+			text.WriteString(a.PartialText)
+			for _, pb := range pending {
+				if pb.messageID == *a.MessageID {
+					for _, t := range pb.texts {
+						text.WriteString(t)
+					}
+				}
+			}
+			a.PartialText = text.String()
+		}
+	}
+	return snap, nil
 }
 
 func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (chat.Snapshot, error) {

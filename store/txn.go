@@ -37,6 +37,12 @@ type txn struct {
 	// request loaded it), so that a refused request can be undone without
 	// copying every cursor of the batch before every request.
 	undo map[string]*threadCursor
+	// The stream buffer (SQLite; nil on PostgreSQL) and what this
+	// transaction holds of it and does to it (see streambuf.go).
+	buf         *streamBuffer
+	held        map[string]*threadStream
+	live        []liveRun
+	changedRuns []string
 }
 
 // keep records, for undo, the cursor of threadID as it is before the
@@ -69,7 +75,8 @@ func (t *txn) rollBackCursors() {
 
 // newTxn starts the bookkeeping of write transaction tx.
 func (s *Store) newTxn(ctx context.Context, tx *sqlx.Tx) *txn {
-	return &txn{ctx: ctx, tx: tx, now: s.clock(), threads: map[string]*threadCursor{}, pg: s.pg, horizon: s.horizon}
+	return &txn{ctx: ctx, tx: tx, now: s.clock(), threads: map[string]*threadCursor{}, pg: s.pg, horizon: s.horizon,
+		buf: s.buf, held: map[string]*threadStream{}}
 }
 
 // leaseClock is the time, in ms, that leases are granted and judged by: on
@@ -184,15 +191,15 @@ func (t *txn) engineThread(threadID string) (*threadCursor, error) {
 // adoptThread makes row, read by the caller for the engine's own write,
 // the transaction's sequencer of its thread (or returns the one already
 // loaded, which is newer).
-func (t *txn) adoptThread(row threadRow) *threadCursor {
+func (t *txn) adoptThread(row threadRow) (*threadCursor, error) {
 	if c, ok := t.threads[row.ThreadID]; ok {
 		t.keep(row.ThreadID, c)
-		return c
+		return c, nil
 	}
 	c := &threadCursor{row: row, origSeq: row.LastSeq}
 	t.keep(row.ThreadID, nil)
 	t.threads[row.ThreadID] = c
-	return c
+	return c, t.holdStream(c)
 }
 
 // loadThread checks ownership unless owner is "" (engine writes only).
@@ -215,7 +222,7 @@ func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 	c := &threadCursor{row: row, origSeq: row.LastSeq}
 	t.keep(threadID, nil)
 	t.threads[threadID] = c
-	return c, nil
+	return c, t.holdStream(c)
 }
 
 // event reserves the next seq (and, for durable types, the next
@@ -265,9 +272,9 @@ func (t *txn) flushThreads() error {
 		if !c.touched {
 			continue
 		}
-		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?
+		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?, seq_reserved = ?
 			WHERE thread_id = ? AND last_seq = ?`,
-			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.ThreadID, c.origSeq)
+			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.SeqReserved, c.row.ThreadID, c.origSeq)
 		if err != nil {
 			return fmt.Errorf("update thread: %w", err)
 		}

@@ -89,7 +89,7 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 // step from the end of the stream to publish + checkpoint, including the
 // wait for the writer.
 func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts) FROM stream_batches d WHERE d.message_id = e.message_id)
+	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts + COALESCE(CAST(json_extract(NULLIF(d.ts_offsets, ''), '$[#-1]') AS INTEGER), 0)) FROM stream_batches d WHERE d.message_id = e.message_id)
 		FROM events e WHERE e.type = 'message.published' AND e.run_id IS NOT NULL AND e.ts >= ? AND e.ts < ?
 		AND EXISTS (SELECT 1 FROM stream_batches d WHERE d.message_id = e.message_id)`, from, to)
 }

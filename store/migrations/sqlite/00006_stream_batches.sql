@@ -3,7 +3,9 @@
 -- (the deltas one AppendDeltas call wrote, consecutive seqs first_seq ..
 -- last_seq, parts first_part .. first_part + count - 1), their texts a JSON
 -- array of strings in seq order: one row and two index entries per batch
--- instead of per delta. Existing deltas become batches of one.
+-- instead of per delta. ts is the first delta's; ts_offsets, when the
+-- deltas' times differ, a JSON array of each one's offset from it in ms.
+-- Existing deltas become batches of one.
 CREATE TABLE stream_batches (
     thread_id  TEXT NOT NULL,
     first_seq  BIGINT NOT NULL,
@@ -13,6 +15,7 @@ CREATE TABLE stream_batches (
     first_part INTEGER NOT NULL,
     texts      TEXT NOT NULL,
     ts         BIGINT NOT NULL,
+    ts_offsets TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (thread_id, first_seq)
 );
 

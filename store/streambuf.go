@@ -1,0 +1,468 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// The stream path on SQLite, where this process is the database's only
+// writer: a delta is sequenced in memory, fanned out at once and written
+// later, in a batch with the other deltas of its thread (and of every
+// streaming thread) that came meanwhile. Durable events keep
+// persist-then-fan-out.
+//
+// The rules that keep this honest:
+//
+//   - One sequencer per thread (threadStream), guarded by its mutex. A
+//     delta takes its seqs and is fanned out under it, so fan-out is in
+//     seq order. A write transaction that loads a thread takes the same
+//     mutex and holds it until the transaction has committed and fanned out
+//     its own events (or rolled back), and first writes the thread's
+//     pending deltas: the database always holds every seq up to the
+//     thread's last_seq, and what is only in memory is above it.
+//   - A delta takes seqs only below seq_reserved, a durable high-water mark
+//     the transactions that write deltas move ahead, so no seq handed out
+//     is ever handed out again, also after a crash. At the next start the
+//     seqs between last_seq and seq_reserved (handed out and lost, or never
+//     used) are recorded in stream_gaps, and last_seq moves past them: a
+//     tab that saw some of them gets a snapshot, a fragment naming them an
+//     error saying what is still known. A clean Close writes everything and
+//     gives the unused reservation back.
+//   - A delta is taken without the database only for a run this process
+//     confirmed running under the very lease (and message) in a write
+//     transaction (the slow path, which also writes its batch at once). Any
+//     transaction that changes a run's status or lease forgets it at
+//     commit, under the run's thread mutex, so the next batch of a
+//     cancelled, requeued or fenced execution goes to the database and is
+//     refused there.
+//
+// Lock order: the writer gate, then thread mutexes (a transaction may hold
+// several). Nothing waits for the gate while holding a thread mutex, so
+// fan-out and readers that hold one never wait for the writer.
+//
+// On PostgreSQL (several instances may write one thread) there is no
+// buffer: deltas are written before they are fanned out, as before.
+
+const (
+	// reserveBlock seqs are reserved at once; a transaction that writes a
+	// thread's deltas reserves more when fewer than reserveLow are left.
+	reserveBlock = 4096
+	reserveLow   = 1024
+	// flushDelay gathers deltas into one transaction: the flusher writes
+	// what is pending this long after the first delta it was woken for.
+	flushDelay = 10 * time.Millisecond
+	// maxPendingDeltas bounds the deltas held in memory for all threads;
+	// beyond it a batch takes the slow path (written before it is fanned
+	// out), which slows the streams to the writer's pace.
+	maxPendingDeltas = 1 << 16
+)
+
+// streamBuffer is the store's in-memory stream path (nil on PostgreSQL).
+// Safe for concurrent use; its flusher goroutine is owned by the Store
+// (started by Open, stopped and waited for by Close).
+type streamBuffer struct {
+	s *Store
+
+	mu      sync.Mutex
+	threads map[string]*threadStream
+	runs    map[string]liveRun // runs whose deltas may skip the database
+
+	pending atomic.Int64  // deltas held in memory, all threads
+	closed  atomic.Bool   // close began: every batch takes the slow path
+	wake    chan struct{} // cap 1: there is something to write
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// threadStream is one thread's sequencer. Its fields are guarded by mu.
+type threadStream struct {
+	mu       sync.Mutex
+	known    bool  // loaded from the database once
+	written  int64 // the thread's last_seq in the database
+	next     int64 // the last seq handed out (≥ written)
+	reserved int64 // seqs up to it may be handed out without a write
+	pending  []*pendingBatch
+}
+
+// pendingBatch is a run's batch of deltas fanned out and not yet written.
+type pendingBatch struct {
+	runID, messageID string
+	texts            []string
+	first, last      int64
+	ts               int64
+	events           []*chat.Event
+}
+
+// liveRun is a run confirmed running under lease, streaming messageID.
+type liveRun struct {
+	lease     chat.Lease
+	threadID  string
+	messageID string
+}
+
+func newStreamBuffer(s *Store) *streamBuffer {
+	ctx, stop := context.WithCancel(context.Background())
+	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{},
+		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
+	go b.flusher(ctx)
+	return b
+}
+
+// thread returns threadID's sequencer, created unknown.
+func (b *streamBuffer) thread(threadID string) *threadStream {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ts, ok := b.threads[threadID]
+	if !ok {
+		ts = &threadStream{}
+		b.threads[threadID] = ts
+	}
+	return ts
+}
+
+func (b *streamBuffer) liveRun(runID string) (liveRun, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lr, ok := b.runs[runID]
+	return lr, ok
+}
+
+// appendFast hands out seqs for texts and fans them out without writing,
+// when the run is confirmed running under lease on messageID and its
+// thread has seqs reserved. handled false: take the slow path.
+func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, messageID string, texts []string) (handled bool, err error) {
+	lr, ok := b.liveRun(lease.RunID)
+	if !ok || lr.lease != lease || lr.messageID != messageID || b.pending.Load() >= maxPendingDeltas {
+		return false, nil
+	}
+	ts := b.thread(lr.threadID)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	n := int64(len(texts))
+	if lr, ok = b.liveRun(lease.RunID); !ok || lr.lease != lease || lr.messageID != messageID ||
+		!ts.known || ts.next+n > ts.reserved || b.closed.Load() {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return true, err // a cancel wake-up or shutdown: nothing taken
+	}
+	now := ms(b.s.clock())
+	// The caller reuses texts once this returns: keep a copy.
+	pb := &pendingBatch{runID: lease.RunID, messageID: messageID, texts: slices.Clone(texts), first: ts.next + 1, last: ts.next + n, ts: now,
+		events: make([]*chat.Event, len(texts))}
+	for i, text := range texts {
+		ev := &chat.Event{Type: chat.EventMessageDelta, ThreadID: lr.threadID, Seq: pb.first + int64(i), TS: now,
+			RunID: lease.RunID, MessageID: messageID, Body: chat.MessageDeltaBody{MessageID: messageID, Text: text}}
+		if err := ev.Encode(); err != nil {
+			return true, err
+		}
+		pb.events[i] = ev
+	}
+	ts.next = pb.last
+	ts.pending = append(ts.pending, pb)
+	b.pending.Add(n)
+	b.s.onCommit(pb.events)
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	return true, nil
+}
+
+// flusher writes what is pending, flushDelay after being woken, until
+// stopped.
+func (b *streamBuffer) flusher(ctx context.Context) {
+	defer close(b.done)
+	timer := time.NewTimer(flushDelay)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.wake:
+		}
+		timer.Reset(flushDelay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		if err := b.flush(ctx); err != nil && ctx.Err() == nil {
+			// The deltas stay pending: the next wake-up (or the next
+			// write of their thread) tries again.
+			select {
+			case b.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// flush writes every thread's pending deltas in one transaction.
+func (b *streamBuffer) flush(ctx context.Context) error {
+	// b.mu is taken inside thread mutexes, never around them.
+	b.mu.Lock()
+	all := make(map[string]*threadStream, len(b.threads))
+	for id, ts := range b.threads {
+		all[id] = ts
+	}
+	b.mu.Unlock()
+	var ids []string
+	for id, ts := range all {
+		ts.mu.Lock()
+		if len(ts.pending) > 0 {
+			ids = append(ids, id)
+		}
+		ts.mu.Unlock()
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	return b.s.write(ctx, func(t *txn) error {
+		for _, id := range ids {
+			c, err := t.engineThread(id)
+			if err != nil {
+				return err
+			}
+			t.reserve(c)
+		}
+		return nil
+	})
+}
+
+// close stops the flusher, writes what is pending and gives every unused
+// reservation back. Called by Store.Close once nothing streams any more.
+func (b *streamBuffer) close(ctx context.Context) error {
+	b.closed.Store(true)
+	b.stop()
+	<-b.done
+	if err := b.flush(ctx); err != nil {
+		return fmt.Errorf("write the stream buffer: %w", err)
+	}
+	return b.s.write(ctx, func(t *txn) error {
+		if _, err := t.exec(`UPDATE threads SET seq_reserved = last_seq WHERE seq_reserved > last_seq`); err != nil {
+			return fmt.Errorf("give back reserved seqs: %w", err)
+		}
+		return nil
+	})
+}
+
+// ---- inside a write transaction ----
+
+// holdStream takes the sequencer of c's thread for the rest of the
+// transaction and writes its pending deltas into it (see above). Called
+// once per thread, when the transaction loads it.
+func (t *txn) holdStream(c *threadCursor) error {
+	if t.buf == nil {
+		return nil
+	}
+	id := c.row.ThreadID
+	if _, ok := t.held[id]; ok {
+		return nil
+	}
+	ts := t.buf.thread(id)
+	ts.mu.Lock()
+	t.held[id] = ts
+	if !ts.known {
+		ts.known, ts.written, ts.next, ts.reserved = true, c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
+	}
+	if c.row.LastSeq != ts.written {
+		if len(ts.pending) > 0 {
+			return fmt.Errorf("thread %s: the database's last_seq %d is not the %d this process wrote, so the deltas held in memory have no place: another process writes this database", id, c.row.LastSeq, ts.written)
+		}
+		// Nothing in memory: the database is the truth.
+		ts.written, ts.next, ts.reserved = c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
+	}
+	// Consecutive batches of one message become one row (each delta
+	// keeps the time it was fanned out with).
+	for i := 0; i < len(ts.pending); {
+		pb := ts.pending[i]
+		var texts []string
+		var tss []int64
+		j := i
+		for ; j < len(ts.pending) && ts.pending[j].messageID == pb.messageID && ts.pending[j].runID == pb.runID; j++ {
+			texts = append(texts, ts.pending[j].texts...)
+			for range ts.pending[j].texts {
+				tss = append(tss, ts.pending[j].ts)
+			}
+		}
+		if err := t.writeBatch(c, pb.runID, pb.messageID, texts, tss); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// reserve moves the thread's reservation ahead when few seqs are left.
+func (t *txn) reserve(c *threadCursor) {
+	if t.buf == nil {
+		return
+	}
+	ts := t.held[c.row.ThreadID]
+	if ts == nil {
+		return
+	}
+	if c.row.SeqReserved-c.row.LastSeq < reserveLow || ts.reserved-ts.next < reserveLow {
+		c.row.SeqReserved = max(c.row.LastSeq, ts.next) + reserveBlock
+		c.touched = true
+	}
+}
+
+// release gives back the thread's reserved seqs: the step that streamed
+// ends in this transaction (published, or its run ends), so at a crash
+// from here on nothing of it is lost and no seq is recorded lost. A run
+// streaming again reserves anew (its first batch takes the slow path).
+func (t *txn) release(c *threadCursor) {
+	if t.buf == nil || c.row.SeqReserved == 0 {
+		return
+	}
+	c.row.SeqReserved = 0
+	c.touched = true
+}
+
+// writeBatch writes one batch of a streamed message's deltas at c's next
+// seqs (they were handed out already when the batch was fanned out, or
+// are handed out now by the caller's events), counting it into its
+// message's row; the first batch of a message creates the row.
+func (t *txn) writeBatch(c *threadCursor, runID, messageID string, texts []string, tss []int64) error {
+	chars := 0
+	for _, text := range texts {
+		chars += len([]rune(text))
+	}
+	first := c.row.LastSeq + 1
+	var parts int
+	err := t.execRow(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`,
+		len(texts), chars, messageID).Scan(&parts)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := t.exec(`INSERT INTO stream_messages (message_id, thread_id, run_id, first_seq, parts, chars, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, messageID, c.row.ThreadID, runID, first, len(texts), chars, ms(t.now)); err != nil {
+			return fmt.Errorf("start streamed message: %w", err)
+		}
+		parts = 0
+	case err != nil:
+		return fmt.Errorf("count streamed text: %w", err)
+	default:
+		parts -= len(texts)
+	}
+	encoded, err := encodeTexts(texts)
+	if err != nil {
+		return err
+	}
+	ts, offsets, err := encodeTimes(tss)
+	if err != nil {
+		return err
+	}
+	c.row.LastSeq += int64(len(texts))
+	c.touched = true
+	if _, err := t.exec(`INSERT INTO stream_batches (`+batchCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.row.ThreadID, first, c.row.LastSeq, runID, messageID, parts, encoded, ts, offsets); err != nil {
+		return fmt.Errorf("buffer deltas: %w", err)
+	}
+	t.buffered += int64(len(texts))
+	return nil
+}
+
+// confirmLive stages runID as confirmed running under lease on
+// messageID, effective when the transaction commits.
+func (t *txn) confirmLive(lease chat.Lease, threadID, messageID string) {
+	if t.buf != nil {
+		t.live = append(t.live, liveRun{lease: lease, threadID: threadID, messageID: messageID})
+	}
+}
+
+// runChanged notes that the transaction changes runID's status or lease:
+// at commit the buffer forgets it (see above).
+func (t *txn) runChanged(runID string) {
+	if t.buf != nil {
+		t.changedRuns = append(t.changedRuns, runID)
+	}
+}
+
+// endStreams ends the transaction's hold on its threads' sequencers, after
+// it committed (and fanned out its events) or rolled back. On commit every
+// held thread's pending deltas are written, so its sequencer moves to what
+// the transaction left; runs it confirmed become live, runs it changed are
+// forgotten.
+func (t *txn) endStreams(committed bool) {
+	if t.buf == nil {
+		return
+	}
+	b := t.buf
+	if committed {
+		for id, ts := range t.held {
+			c, ok := t.threads[id]
+			if !ok {
+				continue // loaded by a refused request only: nothing was written
+			}
+			for _, pb := range ts.pending {
+				b.pending.Add(-int64(len(pb.texts)))
+			}
+			ts.pending = nil
+			ts.written, ts.next = c.row.LastSeq, c.row.LastSeq
+			ts.reserved = max(c.row.SeqReserved, c.row.LastSeq)
+		}
+		b.mu.Lock()
+		for _, lr := range t.live {
+			b.runs[lr.lease.RunID] = lr
+		}
+		var others []liveRun // forgotten under a mutex this transaction does not hold
+		for _, runID := range t.changedRuns {
+			lr, ok := b.runs[runID]
+			if !ok {
+				continue
+			}
+			if _, held := t.held[lr.threadID]; held {
+				delete(b.runs, runID)
+			} else {
+				others = append(others, lr)
+			}
+		}
+		b.mu.Unlock()
+		for _, lr := range others {
+			ts := b.thread(lr.threadID)
+			ts.mu.Lock()
+			b.mu.Lock()
+			if cur, ok := b.runs[lr.lease.RunID]; ok && cur == lr {
+				delete(b.runs, lr.lease.RunID)
+			}
+			b.mu.Unlock()
+			ts.mu.Unlock()
+		}
+	}
+	for _, ts := range t.held {
+		ts.mu.Unlock()
+	}
+	clear(t.held)
+	t.live, t.changedRuns = nil, nil
+}
+
+// recoverStream records, at start, the seqs a previous process handed out
+// (or reserved) and never wrote, and moves each thread's last_seq past
+// them; it returns how many threads had such a gap.
+func recoverStream(ctx context.Context, s *Store) (int64, error) {
+	var n int64
+	err := s.write(ctx, func(t *txn) error {
+		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at)
+			SELECT thread_id, last_seq + 1, seq_reserved, ? FROM threads WHERE seq_reserved > last_seq`, ms(t.now)); err != nil {
+			return fmt.Errorf("record lost stream seqs: %w", err)
+		}
+		res, err := t.exec(`UPDATE threads SET last_seq = seq_reserved WHERE seq_reserved > last_seq`)
+		if err != nil {
+			return fmt.Errorf("move last_seq past lost stream seqs: %w", err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
+}
