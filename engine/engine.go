@@ -32,9 +32,10 @@ type Store interface {
 	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
 	// FinishCancel with a nil lease finishes only a run no worker holds.
 	FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbufferedChars int64) (bool, error)
-	// Claim, RenewLeases and Recover grant and judge leases by the
-	// store's lease clock (the database's, on PostgreSQL).
-	Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error)
+	// ClaimBatch (up to max runs in one write), RenewLeases and Recover
+	// grant and judge leases by the store's lease clock (the database's,
+	// on PostgreSQL).
+	ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error)
 	RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error
 	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
 	AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error
@@ -342,28 +343,36 @@ func (e *Engine) poke() {
 }
 
 // dispatch claims queued runs while a worker slot is free.
+// claimBatch bounds the runs one claim transaction takes: a burst of runs
+// started at once is claimed in a few writes, not one each.
+const claimBatch = 16
+
 func (e *Engine) dispatch() {
+	// slots holds one token per execution running; only this goroutine
+	// adds them, so the free ones counted here stay free.
 	slots := make(chan struct{}, e.cfg.Workers)
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for {
-		select {
-		case slots <- struct{}{}:
-			claim, err := e.store.Claim(e.ctx, e.cfg.InstanceID, e.cfg.LeaseTTL)
+		if e.ctx.Err() != nil {
+			return
+		}
+		if free := min(cap(slots)-len(slots), claimBatch); free > 0 {
+			claims, err := e.store.ClaimBatch(e.ctx, e.cfg.InstanceID, e.cfg.LeaseTTL, free)
 			if err != nil && e.ctx.Err() == nil {
 				e.log.Error("claim run", "err", err)
 			}
-			if claim != nil {
-				claimed := time.Now()
+			claimed := time.Now()
+			for _, claim := range claims {
+				slots <- struct{}{}
 				e.wg.Go(func() {
 					defer func() { <-slots; e.poke() }()
 					e.execute(claim, claimed)
 				})
-				continue
 			}
-			<-slots
-		case <-e.ctx.Done():
-			return
+			if len(claims) == free {
+				continue // there may be more to claim
+			}
 		}
 		select {
 		case <-e.wake:

@@ -302,12 +302,14 @@ type stallRenewals struct {
 	first atomic.Int64 // the first claim's epoch, once seen
 }
 
-func (s *stallRenewals) Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error) {
-	c, err := s.Store.Claim(ctx, owner, ttl)
-	if c != nil && c.Run.RunID == s.runID {
-		s.first.CompareAndSwap(0, c.Lease.Epoch)
+func (s *stallRenewals) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
+	cs, err := s.Store.ClaimBatch(ctx, owner, ttl, max)
+	for _, c := range cs {
+		if c.Run.RunID == s.runID {
+			s.first.CompareAndSwap(0, c.Lease.Epoch)
+		}
 	}
-	return c, err
+	return cs, err
 }
 
 func (s *stallRenewals) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {

@@ -54,11 +54,11 @@ func (s *raceStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.
 	return err
 }
 
-func (s *raceStore) Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error) {
+func (s *raceStore) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
 	if err := s.dead(); err != nil {
 		return nil, err
 	}
-	return s.Store.Claim(ctx, owner, ttl)
+	return s.Store.ClaimBatch(ctx, owner, ttl, max)
 }
 
 func (s *raceStore) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {

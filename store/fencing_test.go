@@ -3,6 +3,7 @@ package store_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -262,4 +263,40 @@ func TestLeasesFollowTheDatabaseClock(t *testing.T) {
 		t.Fatalf("an instance 30 s behind did not take over the expired run: %+v, %v", got, err)
 	}
 	wantFenced(t, "the dead owner's write", owner.AppendDeltas(ctx, c.Lease, "msg_a", []string{"late"}))
+}
+
+// ClaimBatch takes up to max claimable runs, oldest first, each once, in
+// one transaction, each with its own new lease.
+func TestClaimBatchTakesTheOldestOnce(t *testing.T) {
+	st, _ := open(t)
+	var runs []string
+	for range 5 {
+		snap := newThread(t, st)
+		ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, ack.RunID)
+	}
+	first, err := st.ClaimBatch(ctx, "w", time.Hour, 3)
+	if err != nil || len(first) != 3 {
+		t.Fatalf("ClaimBatch(3): %d claims, %v", len(first), err)
+	}
+	rest, err := st.ClaimBatch(ctx, "w", time.Hour, 10)
+	if err != nil || len(rest) != 2 {
+		t.Fatalf("ClaimBatch(10) of the 2 left: %d claims, %v", len(rest), err)
+	}
+	var got []string
+	for _, c := range append(first, rest...) {
+		if c.Lease.RunID != c.Run.RunID || c.Lease.Owner != "w" || c.Lease.Epoch != 1 || c.Run.Status != chat.RunRunning {
+			t.Errorf("claim %+v: want run running under w's first lease", c)
+		}
+		got = append(got, c.Run.RunID)
+	}
+	if strings.Join(got, ",") != strings.Join(runs, ",") {
+		t.Errorf("claimed %v, want the runs oldest first %v", got, runs)
+	}
+	if none, err := st.ClaimBatch(ctx, "w", time.Hour, 4); err != nil || len(none) != 0 {
+		t.Errorf("ClaimBatch with nothing claimable: %d, %v", len(none), err)
+	}
 }

@@ -414,28 +414,44 @@ const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'runni
 // SKIP LOCKED: instances claiming at once each take another run instead of
 // queueing behind one.
 func (s *Store) Claim(ctx context.Context, owner string, ttl time.Duration) (*chat.Claim, error) {
-	var out *chat.Claim
+	claims, err := s.ClaimBatch(ctx, owner, ttl, 1)
+	if len(claims) == 0 {
+		return nil, err
+	}
+	return claims[0], err
+}
+
+// ClaimBatch is Claim of up to max runs, oldest first, in one transaction:
+// a burst of runs started at once waits for one write instead of one
+// each.
+func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
+	var out []*chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
 		now, err := t.leaseClock()
 		if err != nil {
 			return err
 		}
-		var row runRow
-		err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
-			lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
-			WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
-			AND lease_owner IS NULL RETURNING `+runCols, owner, now+ttl.Milliseconds(), ms(t.now))
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+		for len(out) < max {
+			var row runRow
+			err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+				lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
+				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
+				AND lease_owner IS NULL RETURNING `+runCols, owner, now+ttl.Milliseconds(), ms(t.now))
+			if errors.Is(err, sql.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("claim run: %w", err)
+			}
+			out = append(out, &chat.Claim{Run: row.run(), Lease: chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}})
 		}
-		if err != nil {
-			return fmt.Errorf("claim run: %w", err)
-		}
-		out = &chat.Claim{Run: row.run(), Lease: chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // RenewLeases extends, by ttl from the lease clock, each of the given
