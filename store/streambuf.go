@@ -63,6 +63,8 @@ const (
 	// beyond it a batch takes the slow path (written before it is fanned
 	// out), which slows the streams to the writer's pace.
 	maxPendingDeltas = 1 << 16
+	// flushThreads bounds the threads one flush transaction writes.
+	flushThreads = 16
 )
 
 // streamBuffer is the store's in-memory stream path (nil on PostgreSQL).
@@ -224,19 +226,24 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 		}
 		ts.mu.Unlock()
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	return b.s.write(ctx, func(t *txn) error {
-		for _, id := range ids {
-			c, err := t.engineThread(id)
-			if err != nil {
-				return err
+	// A few threads per transaction, so that a cancel (or any write)
+	// waits for one short transaction, not for every stream's backlog.
+	for chunk := range slices.Chunk(ids, flushThreads) {
+		err := b.s.write(ctx, func(t *txn) error {
+			for _, id := range chunk {
+				c, err := t.engineThread(id)
+				if err != nil {
+					return err
+				}
+				t.reserve(c)
 			}
-			t.reserve(c)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // close stops the flusher, writes what is pending and gives every unused
