@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/internal/pgtest"
 	"github.com/honestcancel/gateway/store"
 )
 
@@ -278,16 +279,21 @@ func TestClaimBatchTakesTheOldestOnce(t *testing.T) {
 		}
 		runs = append(runs, ack.RunID)
 	}
-	first, err := st.ClaimBatch(ctx, "w", time.Hour, 3)
-	if err != nil || len(first) != 3 {
-		t.Fatalf("ClaimBatch(3): %d claims, %v", len(first), err)
+	// On PostgreSQL a batch is one run (see ClaimBatch).
+	per := 3
+	if pgtest.OnPostgres() {
+		per = 1
 	}
-	rest, err := st.ClaimBatch(ctx, "w", time.Hour, 10)
-	if err != nil || len(rest) != 2 {
-		t.Fatalf("ClaimBatch(10) of the 2 left: %d claims, %v", len(rest), err)
+	var claims []*chat.Claim
+	for len(claims) < 5 {
+		batch, err := st.ClaimBatch(ctx, "w", time.Hour, 3)
+		if err != nil || len(batch) != min(per, 5-len(claims)) {
+			t.Fatalf("ClaimBatch(3) after %d claims: %d claims, %v; want %d", len(claims), len(batch), err, min(per, 5-len(claims)))
+		}
+		claims = append(claims, batch...)
 	}
 	var got []string
-	for _, c := range append(first, rest...) {
+	for _, c := range claims {
 		if c.Lease.RunID != c.Run.RunID || c.Lease.Owner != "w" || c.Lease.Epoch != 1 || c.Run.Status != chat.RunRunning {
 			t.Errorf("claim %+v: want run running under w's first lease", c)
 		}

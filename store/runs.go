@@ -423,8 +423,14 @@ func (s *Store) Claim(ctx context.Context, owner string, ttl time.Duration) (*ch
 
 // ClaimBatch is Claim of up to max runs, oldest first, in one transaction:
 // a burst of runs started at once waits for one write instead of one
-// each.
+// each. On PostgreSQL it claims one: a claim holds its runs' rows until it
+// commits, and another instance's cancel of one of them waits for that
+// (the cluster benchmark's cross-instance cancel ack p99 went from 22 to
+// 26–30 ms with batches of 16).
 func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
+	if s.pg {
+		max = min(max, 1)
+	}
 	var out []*chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
@@ -432,7 +438,9 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 		if err != nil {
 			return err
 		}
-		for len(out) < max {
+		// A cancel waiting for the writer stops the batch: it waits for a
+		// claim or two, not sixteen.
+		for len(out) < max && (len(out) == 0 || s.queue.waiting.Load() == 0) {
 			var row runRow
 			err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
 				lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?

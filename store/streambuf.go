@@ -230,7 +230,16 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 	// waits for one short transaction, not for every stream's backlog.
 	for chunk := range slices.Chunk(ids, flushThreads) {
 		err := b.s.write(ctx, func(t *txn) error {
-			for _, id := range chunk {
+			for i, id := range chunk {
+				if i > 0 && b.s.queue.waiting.Load() > 0 {
+					// A cancel waits: commit these; the next wake-up
+					// writes the rest.
+					select {
+					case b.wake <- struct{}{}:
+					default:
+					}
+					return nil
+				}
 				c, err := t.engineThread(id)
 				if err != nil {
 					return err
