@@ -15,8 +15,9 @@ import (
 
 // The stream path on SQLite, where this process is the database's only
 // writer: a delta is sequenced in memory, fanned out at once and written
-// later, in a batch with the other deltas of its thread (and of every
-// streaming thread) that came meanwhile. Durable events keep
+// later, in a batch with the other deltas of its thread that came
+// meanwhile (one row per message), in a transaction with up to
+// flushThreads other streaming threads. Durable events keep
 // persist-then-fan-out.
 //
 // The rules that keep this honest:
