@@ -169,7 +169,7 @@ func New() *Metrics {
 			"Stream-buffer writes (one batch of one run's deltas each) per group-commit transaction.",
 			[]float64{1, 2, 4, 8, 16, 32, 64, 128}),
 		streamBuffer: f.gauge("gateway_stream_buffer_deltas",
-			"Deltas held in the stream buffer now (deltas in stream_batches: counted at start, then kept up to date as batches commit and the purge removes them)."),
+			"Deltas held in the stream buffer now (deltas in stream_batches: counted at start, then kept up to date as batches commit and the purge removes them; deltas fanned out and not yet written are not counted)."),
 	}
 	m.ackWS = m.cancelAck.WithLabelValues("websocket")
 	m.ackHTTP = m.cancelAck.WithLabelValues("http")
