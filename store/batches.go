@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // The stream buffer on disk: one stream_batches row per batch of a
@@ -86,14 +87,13 @@ func expandBatches(batches []deltaBatch, keep func(bufferedDelta) bool) ([]buffe
 // encodeTimes is the ts and ts_offsets columns of a batch whose deltas
 // were stamped tss.
 func encodeTimes(tss []int64) (int64, string, error) {
-	first, same := tss[0], true
+	first := tss[0]
+	if !slices.ContainsFunc(tss, func(ts int64) bool { return ts != first }) {
+		return first, "", nil
+	}
 	offsets := make([]int64, len(tss))
 	for i, ts := range tss {
 		offsets[i] = ts - first
-		same = same && ts == first
-	}
-	if same {
-		return first, "", nil
 	}
 	b, err := json.Marshal(offsets)
 	if err != nil {

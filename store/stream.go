@@ -227,83 +227,88 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 		if last-after > MaxReplay || after < row.EventsPurgedThrough || after < row.DeltasPurgedThrough {
 			return nil
 		}
-		// What is in memory, after what the database holds (if anything).
-		defer func() {
-			if !out.Complete && after < row.LastSeq {
-				return
+		// What the database holds, then what only memory holds.
+		var logged []*chat.Event
+		if after < row.LastSeq {
+			var complete bool
+			if logged, complete, err = readLogged(ctx, q, threadID, after, row.LastSeq); err != nil || !complete {
+				return err
 			}
-			for _, ev := range pending {
-				if ev.Seq > after {
-					out.Events = append(out.Events, ev)
-				}
+		}
+		out.Events = logged
+		for _, ev := range pending {
+			if ev.Seq > after {
+				out.Events = append(out.Events, ev)
 			}
-			out.Complete = true
-		}()
-		if after >= row.LastSeq {
-			return nil
 		}
-		var size int64
-		if err := q.GetContext(ctx, &size, q.Rebind(`SELECT CAST(
-			COALESCE((SELECT SUM(LENGTH(payload)) FROM events WHERE thread_id = ? AND seq > ?), 0) +
-			COALESCE((SELECT SUM(LENGTH(texts) + (last_seq - first_seq + 1) * ?) FROM stream_batches WHERE thread_id = ? AND last_seq > ?), 0) AS BIGINT)`),
-			threadID, after, deltaEnvelope, threadID, after); err != nil {
-			return fmt.Errorf("size the replay: %w", err)
-		}
-		if size > maxReplayBytes {
-			return nil
-		}
-		var durable []struct {
-			Seq     int64  `db:"seq"`
-			Type    string `db:"type"`
-			Payload string `db:"payload"`
-		}
-		if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
-			return fmt.Errorf("read event log: %w", err)
-		}
-		var batches []deltaBatch
-		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches
-			WHERE thread_id = ? AND last_seq > ? ORDER BY first_seq`), threadID, after); err != nil {
-			return fmt.Errorf("read stream buffer: %w", err)
-		}
-		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq > after })
-		if err != nil {
-			return err
-		}
-		out.Events = make([]*chat.Event, 0, len(durable)+len(deltas))
-		next := after + 1
-		i, j := 0, 0
-		for i < len(durable) || j < len(deltas) {
-			if i < len(durable) && (j >= len(deltas) || durable[i].Seq < deltas[j].Seq) {
-				if durable[i].Seq != next {
-					out.Events = nil // a gap: purged deltas
-					return nil
-				}
-				d := durable[i]
-				out.Events = append(out.Events, &chat.Event{Type: d.Type, ThreadID: threadID, Seq: d.Seq, Raw: []byte(d.Payload)})
-				i++
-			} else {
-				d := deltas[j]
-				if d.Seq != next {
-					out.Events = nil
-					return nil
-				}
-				ev := chat.Event{Type: chat.EventMessageDelta, ThreadID: threadID, Seq: d.Seq, TS: d.TS, RunID: d.RunID,
-					Body: chat.MessageDeltaBody{MessageID: d.MessageID, Text: d.Text}}
-				if err := ev.Encode(); err != nil {
-					return err
-				}
-				out.Events = append(out.Events, &ev)
-				j++
-			}
-			next++
-		}
-		out.Complete = next == row.LastSeq+1
-		if !out.Complete {
-			out.Events = nil
-		}
+		out.Complete = true
 		return nil
 	})
 	return out, err
+}
+
+// readLogged reads a thread's events after seq after up to upTo, its
+// last_seq, from the event log and the stream buffer, merged in seq
+// order; complete is false when they do not make every seq in between
+// (purged, lost in a crash) or are too many to replay.
+func readLogged(ctx context.Context, q *sqlx.Tx, threadID string, after, upTo int64) (events []*chat.Event, complete bool, err error) {
+	var size int64
+	if err := q.GetContext(ctx, &size, q.Rebind(`SELECT CAST(
+		COALESCE((SELECT SUM(LENGTH(payload)) FROM events WHERE thread_id = ? AND seq > ?), 0) +
+		COALESCE((SELECT SUM(LENGTH(texts) + (last_seq - first_seq + 1) * ?) FROM stream_batches WHERE thread_id = ? AND last_seq > ?), 0) AS BIGINT)`),
+		threadID, after, deltaEnvelope, threadID, after); err != nil {
+		return nil, false, fmt.Errorf("size the replay: %w", err)
+	}
+	if size > maxReplayBytes {
+		return nil, false, nil
+	}
+	var durable []struct {
+		Seq     int64  `db:"seq"`
+		Type    string `db:"type"`
+		Payload string `db:"payload"`
+	}
+	if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
+		return nil, false, fmt.Errorf("read event log: %w", err)
+	}
+	var batches []deltaBatch
+	if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches
+		WHERE thread_id = ? AND last_seq > ? ORDER BY first_seq`), threadID, after); err != nil {
+		return nil, false, fmt.Errorf("read stream buffer: %w", err)
+	}
+	deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq > after })
+	if err != nil {
+		return nil, false, err
+	}
+	events = make([]*chat.Event, 0, len(durable)+len(deltas))
+	next := after + 1
+	i, j := 0, 0
+	for i < len(durable) || j < len(deltas) {
+		if i < len(durable) && (j >= len(deltas) || durable[i].Seq < deltas[j].Seq) {
+			if durable[i].Seq != next {
+				return nil, false, nil // a gap: purged or lost deltas
+			}
+			d := durable[i]
+			events = append(events, &chat.Event{Type: d.Type, ThreadID: threadID, Seq: d.Seq, Raw: []byte(d.Payload)})
+			i++
+		} else {
+			d := deltas[j]
+			if d.Seq != next {
+				return nil, false, nil
+			}
+			ev := chat.Event{Type: chat.EventMessageDelta, ThreadID: threadID, Seq: d.Seq, TS: d.TS, RunID: d.RunID,
+				Body: chat.MessageDeltaBody{MessageID: d.MessageID, Text: d.Text}}
+			if err := ev.Encode(); err != nil {
+				return nil, false, err
+			}
+			events = append(events, &ev)
+			j++
+		}
+		next++
+	}
+	if next != upTo+1 {
+		return nil, false, nil
+	}
+	return events, true, nil
 }
 
 // lastSeqsChunk bounds the ids in one LastSeqs query.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -76,7 +77,8 @@ type streamBuffer struct {
 
 	mu      sync.Mutex
 	threads map[string]*threadStream
-	runs    map[string]liveRun // runs whose deltas may skip the database
+	runs    map[string]liveRun  // runs whose deltas may skip the database
+	dirty   map[string]struct{} // threads that may hold pending deltas: what the flusher visits
 
 	pending atomic.Int64  // deltas held in memory, all threads
 	closed  atomic.Bool   // close began: every batch takes the slow path
@@ -113,7 +115,7 @@ type liveRun struct {
 
 func newStreamBuffer(s *Store) *streamBuffer {
 	ctx, stop := context.WithCancel(context.Background())
-	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{},
+	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{}, dirty: map[string]struct{}{},
 		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
 	go b.flusher(ctx)
 	return b
@@ -123,6 +125,10 @@ func newStreamBuffer(s *Store) *streamBuffer {
 func (b *streamBuffer) thread(threadID string) *threadStream {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.threadLocked(threadID)
+}
+
+func (b *streamBuffer) threadLocked(threadID string) *threadStream {
 	ts, ok := b.threads[threadID]
 	if !ok {
 		ts = &threadStream{}
@@ -131,27 +137,53 @@ func (b *streamBuffer) thread(threadID string) *threadStream {
 	return ts
 }
 
-func (b *streamBuffer) liveRun(runID string) (liveRun, bool) {
+// live returns the run's confirmation and its thread's sequencer, if the
+// run is confirmed live.
+func (b *streamBuffer) live(runID string) (liveRun, *threadStream, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	lr, ok := b.runs[runID]
-	return lr, ok
+	if !ok {
+		return lr, nil, false
+	}
+	return lr, b.threadLocked(lr.threadID), true
+}
+
+// stillLive reports whether runID is still confirmed as lr and, if so,
+// marks its thread dirty for the flusher, in one lock.
+func (b *streamBuffer) stillLive(lr liveRun) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.runs[lr.lease.RunID]; !ok || cur != lr {
+		return false
+	}
+	b.dirty[lr.threadID] = struct{}{}
+	return true
+}
+
+// markDirty gives threads back to the flusher's next pass.
+func (b *streamBuffer) markDirty(ids []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, id := range ids {
+		b.dirty[id] = struct{}{}
+	}
 }
 
 // appendFast hands out seqs for texts and fans them out without writing,
 // when the run is confirmed running under lease on messageID and its
 // thread has seqs reserved. handled false: take the slow path.
 func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, messageID string, texts []string) (handled bool, err error) {
-	lr, ok := b.liveRun(lease.RunID)
+	lr, ts, ok := b.live(lease.RunID)
 	if !ok || lr.lease != lease || lr.messageID != messageID || b.pending.Load() >= maxPendingDeltas {
 		return false, nil
 	}
-	ts := b.thread(lr.threadID)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	n := int64(len(texts))
-	if lr, ok = b.liveRun(lease.RunID); !ok || lr.lease != lease || lr.messageID != messageID ||
-		!ts.known || ts.next+n > ts.reserved || b.closed.Load() {
+	// Checked again under the thread's mutex, which a transaction that
+	// forgets the run holds while it does.
+	if !ts.known || ts.next+n > ts.reserved || b.closed.Load() || !b.stillLive(lr) {
 		return false, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -210,48 +242,52 @@ func (b *streamBuffer) flusher(ctx context.Context) {
 	}
 }
 
-// flush writes every thread's pending deltas in one transaction.
+// flush writes the pending deltas of every dirty thread, a few threads per
+// transaction, so that a cancel (or any write) waits for one short
+// transaction, not for every stream's backlog. Threads it did not get to
+// (an error) stay dirty.
 func (b *streamBuffer) flush(ctx context.Context) error {
-	// b.mu is taken inside thread mutexes, never around them.
 	b.mu.Lock()
-	all := make(map[string]*threadStream, len(b.threads))
-	for id, ts := range b.threads {
-		all[id] = ts
+	dirty := make([]*threadStream, 0, len(b.dirty))
+	names := make([]string, 0, len(b.dirty))
+	for id := range b.dirty {
+		dirty, names = append(dirty, b.threads[id]), append(names, id)
 	}
+	clear(b.dirty)
 	b.mu.Unlock()
+	// b.mu is taken inside thread mutexes, never around them. A thread
+	// whose deltas a durable write took along meanwhile has none left.
 	var ids []string
-	for id, ts := range all {
+	for i, ts := range dirty {
 		ts.mu.Lock()
 		if len(ts.pending) > 0 {
-			ids = append(ids, id)
+			ids = append(ids, names[i])
 		}
 		ts.mu.Unlock()
 	}
-	// A few threads per transaction, so that a cancel (or any write)
-	// waits for one short transaction, not for every stream's backlog.
-	for chunk := range slices.Chunk(ids, flushThreads) {
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), flushThreads)]
+		done := 0
 		err := b.s.write(ctx, func(t *txn) error {
-			for i, id := range chunk {
-				if i > 0 && b.s.queue.waiting.Load() > 0 {
-					// A cancel waits: commit these; the next wake-up
-					// writes the rest.
-					select {
-					case b.wake <- struct{}{}:
-					default:
-					}
-					return nil
+			done = 0
+			for _, id := range chunk {
+				if done > 0 && b.s.queue.waiting.Load() > 0 {
+					return nil // a cancel waits: commit these first
 				}
 				c, err := t.engineThread(id)
 				if err != nil {
 					return err
 				}
 				t.reserve(c)
+				done++
 			}
 			return nil
 		})
 		if err != nil {
+			b.markDirty(ids)
 			return err
 		}
+		ids = ids[done:]
 	}
 	return nil
 }
@@ -285,6 +321,9 @@ func (t *txn) holdStream(c *threadCursor) error {
 	id := c.row.ThreadID
 	if _, ok := t.held[id]; ok {
 		return nil
+	}
+	if t.held == nil {
+		t.held = map[string]*threadStream{}
 	}
 	ts := t.buf.thread(id)
 	ts.mu.Lock()
@@ -354,7 +393,7 @@ func (t *txn) release(c *threadCursor) {
 func (t *txn) writeBatch(c *threadCursor, runID, messageID string, texts []string, tss []int64) error {
 	chars := 0
 	for _, text := range texts {
-		chars += len([]rune(text))
+		chars += utf8.RuneCountInString(text)
 	}
 	first := c.row.LastSeq + 1
 	var parts int

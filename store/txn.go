@@ -76,7 +76,7 @@ func (t *txn) rollBackCursors() {
 // newTxn starts the bookkeeping of write transaction tx.
 func (s *Store) newTxn(ctx context.Context, tx *sqlx.Tx) *txn {
 	return &txn{ctx: ctx, tx: tx, now: s.clock(), threads: map[string]*threadCursor{}, pg: s.pg, horizon: s.horizon,
-		buf: s.buf, held: map[string]*threadStream{}}
+		buf: s.buf}
 }
 
 // leaseClock is the time, in ms, that leases are granted and judged by: on
