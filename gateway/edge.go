@@ -175,10 +175,14 @@ func hostName(hostport string) (string, bool) {
 	return canonicalName(host)
 }
 
+// errMalformedHost is splitHostPort's refusal; its callers only test it.
+var errMalformedHost = errors.New("malformed host")
+
 // splitHostPort splits "host", "host:port", "[v6]" or "[v6]:port"; an
-// IPv6 address without brackets is an error (it is not a valid Host).
+// IPv6 address without brackets is an error (it is not a valid Host). It
+// runs for every request, so its error is a value, not built per call.
 func splitHostPort(s string) (host, port string, err error) {
-	malformed := fmt.Errorf("malformed host %q", s)
+	malformed := errMalformedHost
 	rest := s
 	if strings.HasPrefix(s, "[") {
 		end := strings.IndexByte(s, ']')

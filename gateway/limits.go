@@ -227,13 +227,22 @@ func (s *Server) TrackedUsers() int { return s.limits.tracked() }
 // it the answer is 429 rate_limited with Retry-After.
 func (s *Server) limited(cancel bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := s.limits.take(userID(r), cancel); err != nil {
-			s.metrics.RateLimited(takeKind(cancel))
+		if err := s.charge(userID(r), cancel); err != nil {
 			writeError(w, s.log, err)
 			return
 		}
 		h(w, r)
 	}
+}
+
+// charge takes one command from user's budget (the cancel reserve when
+// cancel), counting a refusal.
+func (s *Server) charge(user string, cancel bool) error {
+	if err := s.limits.take(user, cancel); err != nil {
+		s.metrics.RateLimited(takeKind(cancel))
+		return err
+	}
+	return nil
 }
 
 // ChargeCommand charges one command to the user's budget, the one every
@@ -242,13 +251,7 @@ func (s *Server) limited(cancel bool, h http.HandlerFunc) http.HandlerFunc {
 // charged through it, so that a browser's form posts do not add to what
 // one account may do. It returns nil, or rate_limited with
 // retry_after_seconds. Safe for concurrent use.
-func (s *Server) ChargeCommand(userID string) error {
-	if err := s.limits.take(userID, false); err != nil {
-		s.metrics.RateLimited(limitUserCommands)
-		return err
-	}
-	return nil
-}
+func (s *Server) ChargeCommand(userID string) error { return s.charge(userID, false) }
 
 // takeKind names the limit behind a refused take, for Metrics.RateLimited.
 func takeKind(cancel bool) string {

@@ -227,7 +227,7 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 
 // TestStreamsEndAtMaxConnAge: in header mode, where the server cannot ask
 // the proxy again, an event stream and a WebSocket connection end at
-// MaxConnAge even while busy; the stream's last line says why and its
+// MaxConnAge; the stream's last line says why and its
 // reconnect with Last-Event-ID resumes (the proxy authenticated it
 // afresh), and the connection closes 1000 with a reason.
 func TestStreamsEndAtMaxConnAge(t *testing.T) {

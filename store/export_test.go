@@ -112,6 +112,17 @@ func (s *Store) Crash() {
 	}
 }
 
+// StopFlusher stops the stream buffer's flusher without writing: what is
+// pending stays in memory only (for a crash test, before letting the
+// writer go).
+func (s *Store) StopFlusher() {
+	if s.buf != nil {
+		s.buf.closed.Store(true)
+		s.buf.stop()
+		<-s.buf.done
+	}
+}
+
 // PendingDeltas is how many deltas only memory holds.
 func (s *Store) PendingDeltas() int64 {
 	if s.buf == nil {

@@ -278,7 +278,12 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				t.reserve(c)
+				if c.row.LastSeq > c.origSeq {
+					// It streams on: keep seqs ahead. (A thread whose
+					// deltas a publish wrote meanwhile gave its
+					// reservation back, and keeps it given back.)
+					t.reserve(c)
+				}
 				done++
 			}
 			return nil
@@ -361,15 +366,10 @@ func (t *txn) holdStream(c *threadCursor) error {
 
 // reserve moves the thread's reservation ahead when few seqs are left.
 func (t *txn) reserve(c *threadCursor) {
-	if t.buf == nil {
-		return
-	}
-	ts := t.held[c.row.ThreadID]
-	if ts == nil {
-		return
-	}
-	if c.row.SeqReserved-c.row.LastSeq < reserveLow || ts.reserved-ts.next < reserveLow {
-		c.row.SeqReserved = max(c.row.LastSeq, ts.next) + reserveBlock
+	// While the transaction holds the thread, the database's row is at
+	// least as far as the sequencer: it alone decides.
+	if t.buf != nil && c.row.SeqReserved-c.row.LastSeq < reserveLow {
+		c.row.SeqReserved = c.row.LastSeq + reserveBlock
 		c.touched = true
 	}
 }

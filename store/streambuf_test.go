@@ -164,6 +164,7 @@ func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
 	}
 	seen := tap.deltas()
 	lastSeen := seen[len(seen)-1].Seq
+	st.StopFlusher() // else it may take the writer first and write them
 	release()
 	st.Crash()
 
