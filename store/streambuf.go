@@ -439,10 +439,28 @@ func (t *txn) confirmLive(lease chat.Lease, threadID, messageID string) {
 
 // runChanged notes that the transaction changes runID's status or lease:
 // at commit the buffer forgets it (see above).
+//
+// A run whose deltas may skip the database has its thread's sequencer
+// held from here to the end of the transaction (if the transaction does
+// not hold it already), so that no batch of it is fanned out between the
+// commit and the forgetting.
 func (t *txn) runChanged(runID string) {
-	if t.buf != nil {
-		t.changedRuns = append(t.changedRuns, runID)
+	if t.buf == nil {
+		return
 	}
+	t.changedRuns = append(t.changedRuns, runID)
+	lr, ts, ok := t.buf.live(runID)
+	if !ok {
+		return
+	}
+	if _, held := t.held[lr.threadID]; held {
+		return
+	}
+	ts.mu.Lock()
+	if t.held == nil {
+		t.held = map[string]*threadStream{}
+	}
+	t.held[lr.threadID] = ts
 }
 
 // endStreams ends the transaction's hold on its threads' sequencers, after
@@ -459,7 +477,7 @@ func (t *txn) endStreams(committed bool) {
 		for id, ts := range t.held {
 			c, ok := t.threads[id]
 			if !ok {
-				continue // loaded by a refused request only: nothing was written
+				continue // held for runChanged, or loaded by a refused request only: nothing was written
 			}
 			for _, pb := range ts.pending {
 				b.pending.Add(-int64(len(pb.texts)))
@@ -472,29 +490,12 @@ func (t *txn) endStreams(committed bool) {
 		for _, lr := range t.live {
 			b.runs[lr.lease.RunID] = lr
 		}
-		var others []liveRun // forgotten under a mutex this transaction does not hold
+		// Each was live when runChanged held its thread, which is still
+		// held; one confirmed since is of this transaction and goes too.
 		for _, runID := range t.changedRuns {
-			lr, ok := b.runs[runID]
-			if !ok {
-				continue
-			}
-			if _, held := t.held[lr.threadID]; held {
-				delete(b.runs, runID)
-			} else {
-				others = append(others, lr)
-			}
+			delete(b.runs, runID)
 		}
 		b.mu.Unlock()
-		for _, lr := range others {
-			ts := b.thread(lr.threadID)
-			ts.mu.Lock()
-			b.mu.Lock()
-			if cur, ok := b.runs[lr.lease.RunID]; ok && cur == lr {
-				delete(b.runs, lr.lease.RunID)
-			}
-			b.mu.Unlock()
-			ts.mu.Unlock()
-		}
 	}
 	for _, ts := range t.held {
 		ts.mu.Unlock()
