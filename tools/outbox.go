@@ -14,7 +14,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
-	_ "github.com/mattn/go-sqlite3" // the "sqlite3" driver
+	"github.com/mattn/go-sqlite3" // also the "sqlite3" driver
 
 	"github.com/honestcancel/gateway/store"
 )
@@ -196,11 +196,29 @@ func OpenOutbox(dsn string, cfg OutboxConfig) (*Outbox, error) {
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
-	if _, err := db.Exec(outboxSchema); err != nil {
+	if err := createOutboxTables(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("outbox: create tables in %s: %w", path, err)
 	}
 	return &Outbox{db: db, cfg: cfg}, nil
+}
+
+// createOutboxTables runs the schema, again a few times (bounded, 5 ms
+// more each time) while another connection creates it at once: a CREATE
+// … IF NOT EXISTS reads the schema before it writes, and SQLite answers a
+// read lock that would wait to become a write lock with SQLITE_BUSY at
+// once rather than invoke the busy timeout (it could deadlock).
+func createOutboxTables(db *sqlx.DB) error {
+	var err error
+	for attempt := 1; attempt <= 10; attempt++ {
+		_, err = db.Exec(outboxSchema)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy {
+			return err
+		}
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+	}
+	return err
 }
 
 // openOutboxPostgres opens the provider's tables in PostgreSQL. Several
@@ -384,9 +402,14 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email, recordIn tim
 		return Sent{}, fmt.Errorf("outbox: read back %s: %w", key, err)
 	}
 	result := AttemptAccepted // taken now (and under FaultRecordLate recorded later)
+	// Pending is judged by the clock after the INSERT: a caller that read
+	// now, then waited for the row another caller was taking, would see
+	// that caller's accepted_at (its own now) a millisecond ahead and take
+	// a key recorded at once for one recorded later.
+	pending := row.AcceptedAt > time.Now().UnixMilli()
 	switch {
 	case n == 1:
-	case row.AcceptedAt > now:
+	case pending:
 		result = AttemptPending
 	default:
 		result = AttemptDuplicate
@@ -398,7 +421,7 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email, recordIn tim
 	if err := tx.Commit(); err != nil {
 		return Sent{}, fmt.Errorf("outbox: commit %s: %w", key, err)
 	}
-	return Sent{ProviderID: row.ID, Duplicate: result == AttemptDuplicate, pending: row.AcceptedAt > now}, nil
+	return Sent{ProviderID: row.ID, Duplicate: result == AttemptDuplicate, pending: pending}, nil
 }
 
 func (o *Outbox) recordAttempt(ctx context.Context, key, result string) error {
