@@ -153,6 +153,9 @@ func newHealthy(t *testing.T) *healthy {
 
 func (h *healthy) deltaSeqs(t *testing.T, runID string) []int64 {
 	t.Helper()
+	if err := h.st.FlushStream(ctx); err != nil {
+		t.Fatal(err)
+	}
 	rows, err := h.db.Query(`SELECT first_seq, last_seq FROM stream_batches WHERE run_id = ? ORDER BY first_seq`, runID)
 	if err != nil {
 		t.Fatal(err)

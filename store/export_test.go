@@ -130,3 +130,12 @@ func (s *Store) PendingDeltas() int64 {
 	}
 	return s.buf.pending.Load()
 }
+
+// FlushStream writes every delta only memory holds now, as the flusher
+// would (for a test that reads the database right after streaming).
+func (s *Store) FlushStream(ctx context.Context) error {
+	if s.buf == nil {
+		return nil
+	}
+	return s.buf.flush(ctx)
+}

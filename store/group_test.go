@@ -28,7 +28,8 @@ func (l *commitLog) add(evs []*chat.Event) {
 func openLogged(t *testing.T) (*store.Store, *commitLog) {
 	t.Helper()
 	log := &commitLog{}
-	st, _ := openStoreWith(t, true, store.Options{OnCommit: log.add})
+	// Write-through: AppendDeltas is the grouped write these tests queue.
+	st, _ := openStoreAs(t, true, store.Options{OnCommit: log.add})
 	return st, log
 }
 

@@ -452,7 +452,19 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 			if err != nil {
 				return fmt.Errorf("claim run: %w", err)
 			}
-			out = append(out, &chat.Claim{Run: row.run(), Lease: chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}})
+			lease := chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}
+			if t.buf != nil {
+				// The claim is the run's confirmation under its new lease:
+				// with seqs reserved here, its first delta waits for no
+				// write (an older lease's entry is replaced).
+				c, err := t.engineThread(row.ThreadID)
+				if err != nil {
+					return err
+				}
+				t.reserve(c)
+				t.confirmLive(lease, row.ThreadID, "")
+			}
+			out = append(out, &chat.Claim{Run: row.run(), Lease: lease})
 		}
 		return nil
 	})

@@ -35,10 +35,18 @@ func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
 // openStoreWith is openStore with options (e.g. an OnCommit sink).
 func openStoreWith(t *testing.T, checkAtEnd bool, opts store.Options) (*store.Store, string) {
 	t.Helper()
-	path := testDSN(t)
 	// As the server opens it: deltas are fanned out before they are
 	// written (on SQLite).
 	opts.Exclusive = true
+	return openStoreAs(t, checkAtEnd, opts)
+}
+
+// openStoreAs opens a test store with opts as they are: without
+// Exclusive, every delta is written before it is fanned out (a grouped
+// write, as on PostgreSQL).
+func openStoreAs(t *testing.T, checkAtEnd bool, opts store.Options) (*store.Store, string) {
+	t.Helper()
+	path := testDSN(t)
 	st, err := store.Open(ctx, path, opts)
 	if err != nil {
 		t.Fatal(err)

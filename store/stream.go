@@ -30,6 +30,21 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		}
 		err = t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
 		if errors.Is(err, sql.ErrNoRows) {
+			// A message a crash lost whole (streambuf.go): the tab saw seqs
+			// that were recorded lost.
+			var lost struct {
+				First int64 `db:"first_seq"`
+				Last  int64 `db:"last_seq"`
+			}
+			err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ? LIMIT 1`,
+				p.ThreadID, p.LastSeq, p.LastSeq)
+			switch {
+			case err == nil:
+				return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the server stopped before any of it was written (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
+					p.MessageID, lost.First, lost.Last)
+			case !errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("look for lost stream seqs: %w", err)
+			}
 			return chat.NotFound("streamed message", p.MessageID)
 		}
 		if err != nil {

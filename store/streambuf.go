@@ -39,8 +39,10 @@ import (
 //     error saying what is still known. A clean Close writes everything and
 //     gives the unused reservation back.
 //   - A delta is taken without the database only for a run this process
-//     confirmed running under the very lease (and message) in a write
-//     transaction (the slow path, which also writes its batch at once). Any
+//     confirmed running under the very lease in a write transaction: the
+//     claim that gave it the lease (which also reserves its thread's
+//     seqs, so the first delta of a run waits for nothing), or the slow
+//     path, which writes its batch at once and confirms that message. Any
 //     transaction that changes a run's status or lease forgets it at
 //     commit, under the run's thread mutex, so the next batch of a
 //     cancelled, requeued or fenced execution goes to the database and is
@@ -106,11 +108,20 @@ type pendingBatch struct {
 	events           []*chat.Event
 }
 
-// liveRun is a run confirmed running under lease, streaming messageID.
+// liveRun is a run confirmed running under lease, streaming messageID
+// ("" when confirmed by its claim: whichever message it streams first).
 type liveRun struct {
 	lease     chat.Lease
 	threadID  string
 	messageID string
+}
+
+// stagedLive is a confirmation a transaction makes, effective at commit
+// unless the transaction changes the run after it: after counts the
+// transaction's run changes made before the confirmation.
+type stagedLive struct {
+	liveRun
+	after int
 }
 
 func newStreamBuffer(s *Store) *streamBuffer {
@@ -175,7 +186,7 @@ func (b *streamBuffer) markDirty(ids []string) {
 // thread has seqs reserved. handled false: take the slow path.
 func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, messageID string, texts []string) (handled bool, err error) {
 	lr, ts, ok := b.live(lease.RunID)
-	if !ok || lr.lease != lease || lr.messageID != messageID || b.pending.Load() >= maxPendingDeltas {
+	if !ok || lr.lease != lease || (lr.messageID != "" && lr.messageID != messageID) || b.pending.Load() >= maxPendingDeltas {
 		return false, nil
 	}
 	ts.mu.Lock()
@@ -430,10 +441,11 @@ func (t *txn) writeBatch(c *threadCursor, runID, messageID string, texts []strin
 }
 
 // confirmLive stages runID as confirmed running under lease on
-// messageID, effective when the transaction commits.
+// messageID ("" any), effective when the transaction commits unless the
+// transaction changes the run again after it (runChanged).
 func (t *txn) confirmLive(lease chat.Lease, threadID, messageID string) {
 	if t.buf != nil {
-		t.live = append(t.live, liveRun{lease: lease, threadID: threadID, messageID: messageID})
+		t.live = append(t.live, stagedLive{liveRun{lease: lease, threadID: threadID, messageID: messageID}, len(t.changedRuns)})
 	}
 }
 
@@ -487,13 +499,19 @@ func (t *txn) endStreams(committed bool) {
 			ts.reserved = max(c.row.SeqReserved, c.row.LastSeq)
 		}
 		b.mu.Lock()
-		for _, lr := range t.live {
-			b.runs[lr.lease.RunID] = lr
-		}
-		// Each was live when runChanged held its thread, which is still
-		// held; one confirmed since is of this transaction and goes too.
-		for _, runID := range t.changedRuns {
+		// Each changed run was live when runChanged held its thread,
+		// which is still held. The transaction's last word on a run wins:
+		// a confirmation made after its last change (a claim) stands, one
+		// made before it goes.
+		lastChange := make(map[string]int, len(t.changedRuns))
+		for i, runID := range t.changedRuns {
 			delete(b.runs, runID)
+			lastChange[runID] = i + 1
+		}
+		for _, sl := range t.live {
+			if sl.after >= lastChange[sl.lease.RunID] {
+				b.runs[sl.lease.RunID] = sl.liveRun
+			}
 		}
 		b.mu.Unlock()
 	}

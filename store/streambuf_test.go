@@ -52,6 +52,18 @@ func openExclusive(t *testing.T, path string, tap *feedTap) *store.Store {
 // run and the message.
 func startStreaming(t *testing.T, st *store.Store) (chat.Snapshot, string, string) {
 	t.Helper()
+	th, runID := startClaimed(t, st)
+	msgID := chat.NewID(chat.PrefixMessage)
+	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"first "}); err != nil {
+		t.Fatal(err)
+	}
+	return th, runID, msgID
+}
+
+// startClaimed starts a run on a new thread and claims it (which confirms
+// it live); it returns the thread and the run.
+func startClaimed(t *testing.T, st *store.Store) (chat.Snapshot, string) {
+	t.Helper()
 	th := newThread(t, st)
 	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("hi")})
 	if err != nil {
@@ -60,16 +72,13 @@ func startStreaming(t *testing.T, st *store.Store) (chat.Snapshot, string, strin
 	if _, err := st.Claim(ctx, "w", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	msgID := chat.NewID(chat.PrefixMessage)
-	if err := st.AppendDeltas(ctx, leaseW(ack.RunID), msgID, []string{"first "}); err != nil {
-		t.Fatal(err)
-	}
-	return th, ack.RunID, msgID
+	return th, ack.RunID
 }
 
-// With the writer held by a long transaction, a streaming run's deltas
-// still reach the feed at once, in seq order; replay and the snapshot see
-// them; they are written when the writer frees, and Close writes the rest.
+// With the writer held by a long transaction, a claimed run's deltas —
+// its first one too: the claim confirmed it — still reach the feed at
+// once, in seq order; replay and the snapshot see them; they are written
+// when the writer frees, and Close writes the rest.
 func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
 	if pgtest.OnPostgres() {
 		t.Skip("on PostgreSQL deltas are written before they are fanned out")
@@ -77,16 +86,18 @@ func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.db")
 	tap := &feedTap{}
 	st := openExclusive(t, path, tap)
-	th, runID, msgID := startStreaming(t, st)
+	th, runID := startClaimed(t, st)
+	msgID := chat.NewID(chat.PrefixMessage)
 
 	release := st.HoldWriter()
 	done := make(chan error, 1)
 	go func() {
-		var err error
+		err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"first "})
 		for i := range 50 {
-			if err = st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"w", string(rune('a' + i%26))}); err != nil {
+			if err != nil {
 				break
 			}
+			err = st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"w", string(rune('a' + i%26))})
 		}
 		done <- err
 	}()
@@ -108,8 +119,8 @@ func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
 			t.Fatalf("fanned out seq %d after %d", ds[i].Seq, ds[i-1].Seq)
 		}
 	}
-	if n := st.PendingDeltas(); n != 100 {
-		t.Errorf("%d deltas held in memory, want 100", n)
+	if n := st.PendingDeltas(); n != 101 {
+		t.Errorf("%d deltas held in memory, want 101", n)
 	}
 	replay, err := st.Events(ctx, user, th.ThreadID, ds[0].Seq)
 	if err != nil || !replay.Complete || len(replay.Events) != 100 || replay.LastSeq != ds[100].Seq {
@@ -155,14 +166,28 @@ func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.db")
 	tap := &feedTap{}
 	st := openExclusive(t, path, tap)
+	whole, wholeRun := startClaimed(t, st) // its message is lost whole
 	th, runID, msgID := startStreaming(t, st)
+	if err := st.FlushStream(ctx); err != nil { // th's first delta is written
+		t.Fatal(err)
+	}
 	release := st.HoldWriter() // nothing more is written before the crash
+	wholeMsg := chat.NewID(chat.PrefixMessage)
+	if err := st.AppendDeltas(ctx, leaseW(wholeRun), wholeMsg, []string{"never ", "written"}); err != nil {
+		t.Fatal(err)
+	}
+	wholeSeen := tap.deltas()[len(tap.deltas())-1].Seq
 	for range 5 {
 		if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"lost "}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	seen := tap.deltas()
+	var seen []*chat.Event
+	for _, d := range tap.deltas() {
+		if d.ThreadID == th.ThreadID {
+			seen = append(seen, d)
+		}
+	}
 	lastSeen := seen[len(seen)-1].Seq
 	st.StopFlusher() // else it may take the writer first and write them
 	release()
@@ -186,6 +211,14 @@ func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
 	_, err = st2.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: lastSeen, ExpectedStateVersion: snap.StateVersion})
 	if chat.ErrorCode(err) != chat.CodeFragmentUnavailable || !strings.Contains(err.Error(), "lost when the server stopped") || !strings.Contains(err.Error(), "seq "+strconv.FormatInt(seen[0].Seq, 10)) {
 		t.Errorf("a fragment naming lost deltas: %v, want fragment_unavailable saying what is still known (up to seq %d)", err, seen[0].Seq)
+	}
+	wholeSnap, err := st2.Snapshot(ctx, user, whole.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st2.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: whole.ThreadID, MessageID: wholeMsg, LastSeq: wholeSeen, ExpectedStateVersion: wholeSnap.StateVersion})
+	if chat.ErrorCode(err) != chat.CodeFragmentUnavailable || !strings.Contains(err.Error(), "before any of it was written") {
+		t.Errorf("a fragment of a message lost whole: %v, want fragment_unavailable saying nothing of it is known", err)
 	}
 	if saved, err := st2.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: seen[0].Seq, ExpectedStateVersion: snap.StateVersion}); err != nil {
 		t.Errorf("a fragment of what was written before the crash: %v", err)

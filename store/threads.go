@@ -246,17 +246,28 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 	snap.LastSeq = pending[len(pending)-1].last
 	if a := snap.ActiveRun; a != nil {
 		a.LastSeq = snap.LastSeq
-		if a.MessageID != nil {
+		// Nothing pending is published (a publish writes its thread's
+		// pending deltas first): the run's latest pending message is the
+		// one in flight, written in part (the database's) or not at all.
+		inFlight := ""
+		for _, pb := range pending {
+			if pb.runID == a.RunID {
+				inFlight = pb.messageID
+			}
+		}
+		if inFlight != "" {
 			var text strings.Builder
-			text.WriteString(a.PartialText)
+			if a.MessageID != nil && *a.MessageID == inFlight {
+				text.WriteString(a.PartialText)
+			}
 			for _, pb := range pending {
-				if pb.messageID == *a.MessageID {
+				if pb.messageID == inFlight {
 					for _, t := range pb.texts {
 						text.WriteString(t)
 					}
 				}
 			}
-			a.PartialText = text.String()
+			a.MessageID, a.PartialText = &inFlight, text.String()
 		}
 	}
 	return snap, nil

@@ -41,7 +41,7 @@ type txn struct {
 	// transaction holds of it and does to it (see streambuf.go).
 	buf         *streamBuffer
 	held        map[string]*threadStream
-	live        []liveRun
+	live        []stagedLive
 	changedRuns []string
 }
 

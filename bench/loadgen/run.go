@@ -25,7 +25,7 @@ import (
 // command fills every field from its flags.
 type Config struct {
 	Repo      string   // module root: where `go build` runs
-	Scenarios []string // idle, fanout, cancel, storage, cluster
+	Scenarios []string // idle, fanout, cancel, storage, scale, cluster
 	Auth      string   // header: a user per thread; none: one user for all
 
 	Pace   time.Duration // demo model: time per word (idle, fanout, cancel)
@@ -43,6 +43,14 @@ type Config struct {
 	StorageRuns   int
 	StoragePace   time.Duration
 	StorageWindow time.Duration
+
+	// scale: ScaleRuns threads with ScaleTabs tabs each, one run streaming
+	// per thread at ScalePace; every ScaleCancelEvery-th thread cancels
+	// its runs at random moments instead of letting them finish.
+	ScaleRuns, ScaleTabs int
+	ScalePace            time.Duration
+	ScaleWindow          time.Duration
+	ScaleCancelEvery     int
 
 	// cluster: two gateway processes on one PostgreSQL schema and NATS.
 	// Postgres is the base URL (a schema is created in it per run and
@@ -66,7 +74,7 @@ type Config struct {
 // Scenario names, in the order they run. cluster runs only when both
 // Postgres and NATS are set (it is skipped with a line saying so
 // otherwise).
-var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "cluster"}
+var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "scale", "cluster"}
 
 func (c Config) summary() map[string]any {
 	return map[string]any{
@@ -75,6 +83,7 @@ func (c Config) summary() map[string]any {
 		"fanout_threads": c.FanoutThreads, "fanout_tabs_per_thread": c.FanoutTabs, "reconnect_fraction": c.ReconnectFraction,
 		"cancel_runs": c.CancelRuns, "cancel_tabs_per_run": c.CancelTabs, "cancel_window": c.CancelWindow.String(), "cancel_max_delay": c.cancelMaxDelay().String(),
 		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
+		"scale_runs": c.ScaleRuns, "scale_tabs_per_run": c.ScaleTabs, "scale_pace": c.ScalePace.String(), "scale_window": c.ScaleWindow.String(), "scale_cancel_every": c.ScaleCancelEvery,
 		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
 		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
 		"sqlite_synchronous": c.Synchronous, "seed": c.Seed, "perf": c.PerfDir != "",
@@ -110,6 +119,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cancel needs runs, tabs and a window")
 	case c.StorageRuns <= 0:
 		return fmt.Errorf("storage needs runs")
+	case slices.Contains(c.Scenarios, "scale") && (c.ScaleRuns <= 0 || c.ScaleTabs <= 0 || c.ScalePace <= 0 || c.ScaleWindow <= 0 || c.ScaleCancelEvery <= 0):
+		return fmt.Errorf("scale needs runs, tabs, a pace, a window and -scale-cancel-every ≥ 1")
 	case c.ReconnectFraction < 0 || c.ReconnectFraction > 1:
 		return fmt.Errorf("-reconnect-fraction is between 0 and 1")
 	case c.Synchronous != "" && c.Synchronous != "normal" && c.Synchronous != "full":
@@ -252,6 +263,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			s = r.cancel(ctx)
 		case "storage":
 			s = r.storage(ctx)
+		case "scale":
+			s = r.scale(ctx)
 		case "cluster":
 			s = r.cluster(ctx)
 		}

@@ -637,3 +637,102 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
 	return s
 }
+
+// scale: the many-streams shape of issue 18. ScaleRuns threads with
+// ScaleTabs tabs each keep one run streaming at ScalePace; every
+// ScaleCancelEvery-th thread cancels its runs at random moments from a
+// random tab (as cancel does), the others let them finish and start the
+// next (as storage does). It measures how much of the offered delivery
+// rate arrives, at what CPU, and what the cancels and first deltas cost
+// under that load.
+func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
+	c := r.cfg
+	maxDelay := 60 * c.ScalePace
+	cancellers := (c.ScaleRuns + c.ScaleCancelEvery - 1) / c.ScaleCancelEvery
+	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered); %d of the threads cancel each run at a random moment (0–%s after its first delta) from a random tab, the others stream back to back; %s measured after %s warm-up",
+		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), cancellers, maxDelay, c.ScaleWindow, c.Warmup)
+	p, err := r.startGateway("scale", c.ScalePace, c.ScaleRuns+16)
+	if err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	defer p.finish(ctx, &s)
+	if err := p.setup(ctx, c.ScaleRuns, c.ScaleTabs, true); err != nil {
+		s.Failure = err.Error()
+		return s
+	}
+	f := fanFigures{offered: float64(c.ScaleRuns*c.ScaleTabs) / c.ScalePace.Seconds()}
+	stats := make([]cancelStats, len(p.threads))
+	stopAt := time.Now().Add(c.Warmup + c.ScaleWindow)
+	var drivers sync.WaitGroup
+	for i, th := range p.threads {
+		if i%c.ScaleCancelEvery != 0 {
+			drivers.Go(func() { th.driveContinuous(ctx, stopAt, c.ScalePace) })
+			continue
+		}
+		rng := rand.New(rand.NewPCG(c.Seed, uint64(5000+i)))
+		drivers.Go(func() { th.driveCancels(ctx, stopAt, maxDelay, c.ScalePace, rng, anyTab(th, rng), &stats[i]) })
+	}
+	r.logf("scale: warming up %s", c.Warmup)
+	sleep(ctx, c.Warmup)
+	r.logf("scale: measuring %s", c.ScaleWindow)
+	w0, w1 := r.measureGateway(ctx, p, "scale-gateway", c.ScaleWindow, &f, nil)
+	pw := f.prom
+	drivers.Wait()
+	p.env.verifyEnd(ctx, p.threads, 10*time.Second)
+	p.closeTabs()
+
+	var ack, done, lat []*samples
+	sent := 0
+	for i := range stats {
+		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
+		sent += stats[i].sent
+	}
+	for _, t := range p.tabsOf() {
+		lat = append(lat, &t.lat)
+	}
+	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
+	p.finish(ctx, &s)
+	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	f.store, f.storeErr = &st, err
+	gaps, err := cancelGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
+	}
+	g := summarize(gaps)
+	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
+	}
+	fd := summarize(firsts)
+	delivered := nan
+	if f.offered > 0 {
+		delivered = 100 * f.deltas / f.offered
+	}
+	s.Notes = append(s.Notes, "delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, so the offer is slightly more than the shape can ask for")
+	s.Metrics = []Metric{
+		metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
+		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
+		metric("delivered of the offer", "%", delivered, "≥ 95 %"),
+		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, "≤ 20 µs"),
+		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
+		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)),
+		metric("cancel ack p50", "ms", a.P50, ""),
+		metric("cancel ack p99", "ms", a.P99, "≤ 5 ms"),
+		metric("cancel → run.cancelled p50", "ms", d.P50, ""),
+		metric("cancel → run.cancelled p99", "ms", d.P99, "≤ 15 ms"),
+		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
+		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+		metric("cancels measured", "count", float64(a.N), ""),
+		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
+		metric("delta delivery latency p50", "ms", l.P50, ""),
+		metric("delta delivery latency p99", "ms", l.P99, ""),
+		metric("server CPU", "cores", f.serverCores, ""),
+		metric("generator CPU", "cores", f.genCores, ""),
+		metric("machine busy", "%", 100*f.machineBusy, ""),
+		metric("CPU of other processes", "cores", f.otherCores, ""),
+	}
+	s.Metrics = append(s.Metrics, storeMetrics(&f, &s)...)
+	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+	return s
+}
