@@ -44,6 +44,9 @@ type Store interface {
 	RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error
 	MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error
 	Complete(ctx context.Context, lease chat.Lease) error
+	// CompleteWith is PublishStep of a run's last step (no tool call) and
+	// Complete in one transaction.
+	CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
 	Fail(ctx context.Context, lease chat.Lease, message string) error
 	Release(ctx context.Context, lease chat.Lease) error
 	Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error)

@@ -214,6 +214,17 @@ func (s *ilStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.St
 	return err
 }
 
+// CompleteWith is split into PublishStep and Complete here, each with its
+// hook points, so the interleavings include a cancel or a crash between
+// the two: a superset of the engine's one transaction (a database an
+// earlier version wrote may hold a run published and not completed).
+func (s *ilStore) CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	if err := s.PublishStep(ctx, lease, out); err != nil {
+		return err
+	}
+	return s.Complete(ctx, lease)
+}
+
 func (s *ilStore) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
 	runID := lease.RunID
 	s.enter()

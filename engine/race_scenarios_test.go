@@ -54,6 +54,17 @@ func (s *raceStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.
 	return err
 }
 
+// CompleteWith is split into PublishStep and Complete here, hooks in
+// between, so that a crash can land between the two: the engine writes
+// them in one transaction, but a database an earlier version wrote may
+// hold a run published and not completed, which recovery must finish.
+func (s *raceStore) CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	if err := s.PublishStep(ctx, lease, out); err != nil {
+		return err
+	}
+	return s.Complete(ctx, lease)
+}
+
 func (s *raceStore) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
 	if err := s.dead(); err != nil {
 		return nil, err

@@ -212,13 +212,14 @@ func (e *Engine) work(ctx context.Context, lease chat.Lease, first *firstToken) 
 			return unbuffered, err
 		}
 		out.Step = *in.Pending
+		if out.Call == nil {
+			// The last step: published and completed in one commit.
+			return 0, e.store.CompleteWith(write, lease, out)
+		}
 		if err := e.store.PublishStep(write, lease, out); err != nil {
 			return 0, err
 		}
-		switch {
-		case out.Call == nil:
-			return 0, e.store.Complete(write, lease)
-		case out.Call.Contract == tools.Consequential:
+		if out.Call.Contract == tools.Consequential {
 			return 0, nil // waits for the user's decision; no worker holds it
 		}
 	}

@@ -19,85 +19,108 @@ import (
 // waits for confirmation (no lease); a runner call is recorded running.
 func (s *Store) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
 	return s.write(ctx, func(t *txn) error {
-		row, err := t.ownRunning(lease)
-		if err != nil {
-			return err
-		}
-		runID := row.RunID
-		if out.Content == "" && out.Call == nil {
-			return errors.New("a step with neither a message nor a tool call")
-		}
-		c, err := t.engineThread(row.ThreadID)
-		if err != nil {
-			return err
-		}
-		t.release(c)
-		head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
-		if err != nil {
-			return err
-		}
-		if err := waitsOn(head, out.Step); err != nil {
-			return err
-		}
-		cpID := chat.NewID(chat.PrefixCheckpoint)
-		ids := append([]string{}, head.MessageIDs...)
-		if out.Content != "" {
-			kind := out.Kind
-			if kind == "" {
-				kind = chat.KindText
-			}
-			if _, err := t.publishMessage(c, chat.Message{MessageID: out.MessageID, Role: chat.RoleAssistant, Kind: kind, Content: out.Content}, cpID, runID); err != nil {
-				return err
-			}
-			ids = append(ids, out.MessageID)
-		}
-		var pending *chat.Pending
-		if call := out.Call; call != nil {
-			phase := chat.PhaseRunning
-			if call.Contract == "consequential" {
-				phase = chat.PhasePrepared
-			}
-			op := chat.Operation{
-				OperationID: call.OperationID, RunID: runID, ThreadID: row.ThreadID, Tool: call.Tool, Contract: call.Contract,
-				Phase: phase, Args: call.Args, Preview: call.Preview, CreatedAt: t.now.UTC(), UpdatedAt: t.now.UTC(),
-			}
-			if call.IdempotencyKey != "" {
-				op.IdempotencyKey = &call.IdempotencyKey
-			}
-			if err := t.insertOperation(op); err != nil {
-				return err
-			}
-			typ := chat.EventToolUpdated
-			if phase == chat.PhasePrepared {
-				typ = chat.EventToolPrepared
-			}
-			if err := t.operationEvent(c, typ, op.OperationID); err != nil {
-				return err
-			}
-			pending = &chat.Pending{Step: chat.StepTool, InputHash: call.OperationID}
-		}
-		if _, err := t.addCheckpoint(c, chat.Checkpoint{
-			CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID, MessageIDs: ids,
-			CompletedSteps: append(append([]string{}, head.CompletedSteps...), chat.StepGenerate),
-			ToolResults:    head.ToolResults, Pending: pending,
-		}, runID); err != nil {
-			return err
-		}
-		if out.Call != nil && out.Call.Contract == "consequential" {
-			if err := transition(row, chat.RunWaitingConfirmation); err != nil {
-				return err
-			}
-			t.runChanged(runID)
-			if _, err := t.exec(`UPDATE runs SET status = 'waiting_confirmation', lease_owner = NULL, lease_expires_at = NULL,
-				updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
-				return fmt.Errorf("wait for confirmation: %w", err)
-			}
-			ev := t.event(c, chat.EventRunWaitingConfirmation, runID)
-			ev.Body = chat.RunWaitingConfirmationBody{OperationID: out.Call.OperationID}
-			return t.append(ev)
-		}
-		return nil
+		_, err := t.publishStep(lease, out)
+		return err
 	})
+}
+
+// CompleteWith publishes a run's last step (out, which has no tool call)
+// and completes the run, in one transaction: PublishStep and Complete in
+// one commit, so a run's end costs the writer one transaction, not two.
+func (s *Store) CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	if out.Call != nil {
+		return errors.New("a step with a tool call does not end its run")
+	}
+	return s.write(ctx, func(t *txn) error {
+		row, err := t.publishStep(lease, out)
+		if err != nil {
+			return err
+		}
+		return t.finish(row, chat.RunCompleted, "")
+	})
+}
+
+// publishStep is PublishStep inside t; it returns the run as it was loaded
+// (running, under lease).
+func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error) {
+	row, err := t.ownRunning(lease)
+	if err != nil {
+		return row, err
+	}
+	runID := row.RunID
+	if out.Content == "" && out.Call == nil {
+		return row, errors.New("a step with neither a message nor a tool call")
+	}
+	c, err := t.engineThread(row.ThreadID)
+	if err != nil {
+		return row, err
+	}
+	t.release(c)
+	head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
+	if err != nil {
+		return row, err
+	}
+	if err := waitsOn(head, out.Step); err != nil {
+		return row, err
+	}
+	cpID := chat.NewID(chat.PrefixCheckpoint)
+	ids := append([]string{}, head.MessageIDs...)
+	if out.Content != "" {
+		kind := out.Kind
+		if kind == "" {
+			kind = chat.KindText
+		}
+		if _, err := t.publishMessage(c, chat.Message{MessageID: out.MessageID, Role: chat.RoleAssistant, Kind: kind, Content: out.Content}, cpID, runID); err != nil {
+			return row, err
+		}
+		ids = append(ids, out.MessageID)
+	}
+	var pending *chat.Pending
+	if call := out.Call; call != nil {
+		phase := chat.PhaseRunning
+		if call.Contract == "consequential" {
+			phase = chat.PhasePrepared
+		}
+		op := chat.Operation{
+			OperationID: call.OperationID, RunID: runID, ThreadID: row.ThreadID, Tool: call.Tool, Contract: call.Contract,
+			Phase: phase, Args: call.Args, Preview: call.Preview, CreatedAt: t.now.UTC(), UpdatedAt: t.now.UTC(),
+		}
+		if call.IdempotencyKey != "" {
+			op.IdempotencyKey = &call.IdempotencyKey
+		}
+		if err := t.insertOperation(op); err != nil {
+			return row, err
+		}
+		typ := chat.EventToolUpdated
+		if phase == chat.PhasePrepared {
+			typ = chat.EventToolPrepared
+		}
+		if err := t.operationEvent(c, typ, op.OperationID); err != nil {
+			return row, err
+		}
+		pending = &chat.Pending{Step: chat.StepTool, InputHash: call.OperationID}
+	}
+	if _, err := t.addCheckpoint(c, chat.Checkpoint{
+		CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID, MessageIDs: ids,
+		CompletedSteps: append(append([]string{}, head.CompletedSteps...), chat.StepGenerate),
+		ToolResults:    head.ToolResults, Pending: pending,
+	}, runID); err != nil {
+		return row, err
+	}
+	if out.Call != nil && out.Call.Contract == "consequential" {
+		if err := transition(row, chat.RunWaitingConfirmation); err != nil {
+			return row, err
+		}
+		t.runChanged(runID)
+		if _, err := t.exec(`UPDATE runs SET status = 'waiting_confirmation', lease_owner = NULL, lease_expires_at = NULL,
+			updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
+			return row, fmt.Errorf("wait for confirmation: %w", err)
+		}
+		ev := t.event(c, chat.EventRunWaitingConfirmation, runID)
+		ev.Body = chat.RunWaitingConfirmationBody{OperationID: out.Call.OperationID}
+		return row, t.append(ev)
+	}
+	return row, nil
 }
 
 // waitsOn refuses a step the head checkpoint is not waiting on: a step

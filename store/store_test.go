@@ -527,3 +527,71 @@ func TestBackupIsAConsistentCopy(t *testing.T) {
 		t.Fatalf("backup snapshot = %+v, %v; original %+v", got, err, orig)
 	}
 }
+
+// CompleteWith publishes a run's last step and completes the run in one
+// commit; a run whose cancel was accepted first gets nothing published,
+// and a step with a tool call is refused.
+func TestCompleteWithPublishesAndCompletesInOneCommit(t *testing.T) {
+	log := &commitLog{}
+	st, _ := openStoreWith(t, true, store.Options{OnCommit: log.add})
+	th := newThread(t, st)
+	runID := startAndClaim(t, st, th.ThreadID, "hi")
+	msgID := chat.NewID(chat.PrefixMessage)
+	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"Hel", "lo"}); err != nil {
+		t.Fatal(err)
+	}
+	out := chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: msgID, Kind: chat.KindText, Content: "Hello"}
+	if err := st.CompleteWith(ctx, leaseW(runID), chat.StepOutput{Step: out.Step, MessageID: msgID, Content: "x",
+		Call: &chat.ToolCall{OperationID: "op_x", Tool: "t", Contract: "idempotent"}}); err == nil {
+		t.Fatal("CompleteWith of a step with a tool call was accepted")
+	}
+	log.mu.Lock()
+	before := len(log.commits)
+	log.mu.Unlock()
+	if err := st.CompleteWith(ctx, leaseW(runID), out); err != nil {
+		t.Fatal(err)
+	}
+	log.mu.Lock()
+	commits := log.commits[before:]
+	log.mu.Unlock()
+	var types []string
+	for _, c := range commits {
+		for _, ev := range c {
+			if ev.Type != chat.EventMessageDelta {
+				types = append(types, ev.Type)
+			}
+		}
+	}
+	if len(commits) != 1 || strings.Join(types, " ") != "message.published checkpoint.created run.completed" {
+		t.Fatalf("%d commits with %v, want one: message.published checkpoint.created run.completed", len(commits), types)
+	}
+	snap, err := st.Snapshot(ctx, user, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.ActiveRun != nil || len(snap.Messages) != 2 || snap.Messages[1].Content != "Hello" || snap.LastRun == nil || snap.LastRun.Status != chat.RunCompleted {
+		t.Fatalf("after CompleteWith: active %+v, %d messages, last run %+v", snap.ActiveRun, len(snap.Messages), snap.LastRun)
+	}
+
+	// A cancel accepted first: nothing is published.
+	run2 := startAndClaim(t, st, th.ThreadID, "more")
+	step2 := pendingStep(t, st, run2)
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: run2, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+		t.Fatal(err)
+	}
+	err = st.CompleteWith(ctx, leaseW(run2), chat.StepOutput{Step: step2, MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText, Content: "late"})
+	var nr *chat.ErrNotRunning
+	if !errors.As(err, &nr) || nr.Status != chat.RunCancelRequested {
+		t.Fatalf("CompleteWith after a cancel: %v, want ErrNotRunning (cancel_requested)", err)
+	}
+	if _, err := st.FinishCancel(ctx, run2, ptr(leaseW(run2)), 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = st.Snapshot(ctx, user, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Messages) != 3 || snap.Messages[2].Content != "more" {
+		t.Fatalf("after a refused CompleteWith the history is %+v, want the question only", snap.Messages)
+	}
+}
