@@ -340,8 +340,15 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 	infra0 := commCPU("postgres", "nats-server")
 	m.start(p.pids()...)
 	w0 := time.Now()
+	var profiles []*pprofFetch
+	for i, proc := range p.procs {
+		profiles = append(profiles, r.startPprof(proc, fmt.Sprintf("cluster-instance%d", i+1), c.ClusterWindow))
+	}
 	sleep(ctx, c.ClusterWindow)
 	m.finish()
+	for _, f := range profiles {
+		f.wait(r)
+	}
 	infra1 := commCPU("postgres", "nats-server")
 	w1 := time.Now()
 	d1, x1 := p.counts()

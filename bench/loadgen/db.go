@@ -3,8 +3,10 @@ package loadgen
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -71,12 +73,13 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 		q   string
 		dst []any
 	}{
-		{`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COUNT(DISTINCT ts), COUNT(*) FROM stream_batches WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis, &st.RunBatches}},
+		{`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COUNT(DISTINCT ts), COUNT(*) FROM {stream} AS b WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis, &st.RunBatches}},
 		{`SELECT COUNT(*) FROM events WHERE ts >= ? AND ts < ?`, []any{&st.Durable}},
 		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts) AS t`, []any{&st.DurableTx}},
 	}
+	stream := streamTable(ctx, conn)
 	for _, q := range queries {
-		if err := conn.QueryRowContext(ctx, rebind(db, q.q), from, to).Scan(q.dst...); err != nil {
+		if err := conn.QueryRowContext(ctx, rebind(db, strings.ReplaceAll(q.q, "{stream}", stream)), from, to).Scan(q.dst...); err != nil {
 			return st, fmt.Errorf("read %s: %w", redactDB(db), err)
 		}
 	}
@@ -89,9 +92,9 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 // step from the end of the stream to publish + checkpoint, including the
 // wait for the writer.
 func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts + COALESCE(CAST(json_extract(NULLIF(d.ts_offsets, ''), '$[#-1]') AS INTEGER), 0)) FROM stream_batches d WHERE d.message_id = e.message_id)
+	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts + COALESCE(CAST(json_extract(NULLIF(d.ts_offsets, ''), '$[#-1]') AS INTEGER), 0)) FROM {stream} d WHERE d.message_id = e.message_id)
 		FROM events e WHERE e.type = 'message.published' AND e.run_id IS NOT NULL AND e.ts >= ? AND e.ts < ?
-		AND EXISTS (SELECT 1 FROM stream_batches d WHERE d.message_id = e.message_id)`, from, to)
+		AND EXISTS (SELECT 1 FROM {stream} d WHERE d.message_id = e.message_id)`, from, to)
 }
 
 // cancelGaps reads, for runs whose cancel was recorded in [from, to), the
@@ -111,18 +114,33 @@ func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error)
 // between, each waiting for the writer.
 func firstDeltaGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
 	return gaps(ctx, db, `SELECT f.first_ts - e.ts FROM events e
-		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM stream_batches GROUP BY run_id) f ON f.run_id = e.run_id
+		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM {stream} AS b GROUP BY run_id) f ON f.run_id = e.run_id
 		WHERE e.type = 'run.started' AND e.ts >= ? AND e.ts < ?`, from, to)
 }
 
+// streamTable is what the queries here read as {stream}: the gateway's
+// stream buffer, one row per batch of deltas (stream_batches), or, in a
+// database of a gateway from before batches, its one row per delta
+// (stream_deltas) in the same shape, so the generator can measure older
+// code side by side.
+func streamTable(ctx context.Context, conn *sql.DB) string {
+	var one int
+	err := conn.QueryRowContext(ctx, `SELECT 1 FROM stream_batches LIMIT 1`).Scan(&one)
+	if err == nil || errors.Is(err, sql.ErrNoRows) {
+		return "stream_batches"
+	}
+	return `(SELECT seq AS first_seq, seq AS last_seq, run_id, message_id, ts, '' AS ts_offsets FROM stream_deltas)`
+}
+
 // gaps runs a query of millisecond differences over [from, to) and returns
-// them in microseconds.
+// them in microseconds; {stream} in it is the stream buffer (streamTable).
 func gaps(ctx context.Context, db, query string, from, to int64) ([]int32, error) {
 	conn, err := openRead(db)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
+	query = strings.ReplaceAll(query, "{stream}", streamTable(ctx, conn))
 	rows, err := conn.QueryContext(ctx, rebind(db, query), from, to)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", redactDB(db), err)

@@ -430,14 +430,20 @@ type pprofFetch struct {
 // startPprof takes a CPU profile of d from the gateway into the perf
 // folder, when both exist.
 func (p *gwPhase) startPprof(name string, d time.Duration) *pprofFetch {
-	admin := p.proc.adminURL()
-	if p.r.cfg.PerfDir == "" || admin == "" {
+	return p.r.startPprof(p.proc, name, d)
+}
+
+// startPprof takes a CPU profile of d from proc's admin listener into the
+// perf folder, when both exist.
+func (r *runner) startPprof(proc *process, name string, d time.Duration) *pprofFetch {
+	admin := proc.adminURL()
+	if r.cfg.PerfDir == "" || admin == "" {
 		return nil
 	}
-	f := &pprofFetch{file: filepath.Join(p.r.cfg.PerfDir, name+".pprof")}
+	f := &pprofFetch{file: filepath.Join(r.cfg.PerfDir, name+".pprof")}
 	secs := max(1, int(d.Seconds()))
 	f.done.Go(func() {
-		if err := os.MkdirAll(p.r.cfg.PerfDir, 0o755); err != nil {
+		if err := os.MkdirAll(r.cfg.PerfDir, 0o755); err != nil {
 			f.err = err
 			return
 		}

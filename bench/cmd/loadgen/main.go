@@ -70,7 +70,7 @@ func run() int {
 	fs.StringVar(&c.ClusterCancelTo, "cluster-cancel-to", "other", "cluster: send each cancel to the instance that does not hold the run's lease (other) or to the one that does (owner, for comparison)")
 	fs.StringVar(&c.Synchronous, "sqlite-synchronous", "", "start every gateway on SQLite with -sqlite-synchronous normal or full (not cluster); empty: the gateway's default")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of every random choice (cancel moments, tabs, reconnects)")
-	fs.StringVar(&c.PerfDir, "perf", "", "if set, record the servers with perf record -g during each measured window (fanout, cancel, storage) into this `folder`; adds overhead: profile in a separate run")
+	fs.StringVar(&c.PerfDir, "perf", "", "if set, record the servers with perf record -g and take Go CPU profiles during each measured window (fanout, cancel, storage, scale; cluster: Go profiles of both instances) into this `folder`; adds overhead: profile in a separate run")
 	timeout := fs.Duration("timeout", 10*time.Minute, "stop everything after this long (a safety net; the standard set takes about a minute)")
 	cpuProfile := fs.String("cpuprofile", "", "write the generator's own CPU profile to this `file`")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the binaries and databases")
