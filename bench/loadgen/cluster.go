@@ -401,6 +401,11 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		}
 	}
 	g := summarize(gaps)
+	firsts, err := firstDeltaGaps(ctx, dsn, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
+	}
+	fd := summarize(firsts)
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
 	dir := "cancels measured, run on %s, cancel sent to %s"
 	other := func(i int) int {
@@ -421,6 +426,8 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
 		metric("server: cancel_requested → cancelled max (store ts)", "ms", g.Max, ""),
 		metric("server: cancel_requested → cancelled over 500 ms (store ts)", "count", float64(slow), ""),
+		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
+		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
 		metric("PostgreSQL deadlocks detected (whole database, warm-up to end)", "count", deadlocks, ""),
 		metric("cancels measured", "count", float64(a.N), ""),
 		metric(fmt.Sprintf(dir, clusterIDs[0], clusterIDs[other(0)]), "count", float64(p.byOwner[0].Load()), ""),
