@@ -239,7 +239,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	eng := engine.New(engine.Config{
 		Store: st, Model: backend, Tools: registry, Log: log,
 		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups,
-		Workers: cfg.workers, StreamTTL: cfg.streamTTL,
+		Workers: cfg.workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,
 		Metrics: m,
 	})

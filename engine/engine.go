@@ -87,6 +87,14 @@ type Config struct {
 	// MaxBatch bounds the deltas written in one stream-buffer transaction
 	// (default 64).
 	MaxBatch int
+	// ClaimBatch bounds the runs one claim asks for (default 16). The
+	// store may give fewer per transaction (PostgreSQL: one, see
+	// store.ClaimBatch); set it to what the store gives, as dispatch asks
+	// again at once only when it got all it asked for.
+	ClaimBatch int
+	// ClaimPoll is how often dispatch looks for queued runs without a
+	// wake-up (default 1s): a wake-up lost or never sent is made up for.
+	ClaimPoll time.Duration
 	// Retention of the other artifact classes; 0 keeps them forever.
 	// EventTTL: durable events in the log (a thread keeps its last event
 	// and every event of a run not finished; older replays get a
@@ -163,6 +171,12 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
+	}
+	if cfg.ClaimBatch <= 0 {
+		cfg.ClaimBatch = defaultClaimBatch
+	}
+	if cfg.ClaimPoll <= 0 {
+		cfg.ClaimPoll = time.Second
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
@@ -346,21 +360,21 @@ func (e *Engine) poke() {
 }
 
 // dispatch claims queued runs while a worker slot is free.
-// claimBatch bounds the runs one claim transaction takes: a burst of runs
-// started at once is claimed in a few writes, not one each.
-const claimBatch = 16
+// defaultClaimBatch bounds the runs one claim transaction takes: a burst
+// of runs started at once is claimed in a few writes, not one each.
+const defaultClaimBatch = 16
 
 func (e *Engine) dispatch() {
 	// slots holds one token per execution running; only this goroutine
 	// adds them, so the free ones counted here stay free.
 	slots := make(chan struct{}, e.cfg.Workers)
-	poll := time.NewTicker(time.Second)
+	poll := time.NewTicker(e.cfg.ClaimPoll)
 	defer poll.Stop()
 	for {
 		if e.ctx.Err() != nil {
 			return
 		}
-		if free := min(cap(slots)-len(slots), claimBatch); free > 0 {
+		if free := min(cap(slots)-len(slots), e.cfg.ClaimBatch); free > 0 {
 			claims, err := e.store.ClaimBatch(e.ctx, e.cfg.InstanceID, e.cfg.LeaseTTL, free)
 			if err != nil && e.ctx.Err() == nil {
 				e.log.Error("claim run", "err", err)

@@ -602,3 +602,38 @@ func TestTokenUsageIsRecordedPerRun(t *testing.T) {
 		t.Fatalf("usage = %+v, want 11 prompt and 7 completion tokens", u)
 	}
 }
+
+// onePerClaim is a store that claims one run per ClaimBatch, as the
+// PostgreSQL store does.
+type onePerClaim struct{ engine.Store }
+
+func (s onePerClaim) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
+	return s.Store.ClaimBatch(ctx, owner, ttl, min(max, 1))
+}
+
+// With a store that claims one run per transaction, runs queued at once
+// are all claimed at once, one claim after the other, not one per wake-up
+// (the poll is an hour here, and nothing else wakes the dispatcher: the
+// runs were queued before the engine started and none ends).
+func TestDispatchClaimsABurstOnePerTransaction(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	const n = 6
+	for range n {
+		snap := h.thread()
+		h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	}
+	cfg := h.config()
+	cfg.Store, cfg.ClaimBatch, cfg.ClaimPoll = onePerClaim{h.st}, 1, time.Hour
+	h.eng = engine.New(cfg)
+	if err := h.eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d queued runs reached the model: the others wait for a wake-up", m.streams.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+	m.release(t, n*len(words))
+}

@@ -284,6 +284,9 @@ func TestClaimBatchTakesTheOldestOnce(t *testing.T) {
 	if pgtest.OnPostgres() {
 		per = 1
 	}
+	if got := st.ClaimsPerTransaction(); got < per || (pgtest.OnPostgres() && got != 1) {
+		t.Fatalf("ClaimsPerTransaction = %d: the engine would ask for more than a claim gives, and wait for a wake-up for the rest", got)
+	}
 	var claims []*chat.Claim
 	for len(claims) < 5 {
 		batch, err := st.ClaimBatch(ctx, "w", time.Hour, 3)

@@ -421,6 +421,15 @@ func (s *Store) Claim(ctx context.Context, owner string, ttl time.Duration) (*ch
 	return claims[0], err
 }
 
+// ClaimsPerTransaction is the most runs ClaimBatch claims at once: 16 on
+// SQLite, 1 on PostgreSQL (see ClaimBatch).
+func (s *Store) ClaimsPerTransaction() int {
+	if s.pg {
+		return 1
+	}
+	return 16
+}
+
 // ClaimBatch is Claim of up to max runs, oldest first, in one transaction:
 // a burst of runs started at once waits for one write instead of one
 // each. On PostgreSQL it claims one: a claim holds its runs' rows until it
@@ -428,9 +437,7 @@ func (s *Store) Claim(ctx context.Context, owner string, ttl time.Duration) (*ch
 // (the cluster benchmark's cross-instance cancel ack p99 went from 22 to
 // 26–30 ms with batches of 16).
 func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
-	if s.pg {
-		max = min(max, 1)
-	}
+	max = min(max, s.ClaimsPerTransaction())
 	var out []*chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
