@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/json"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -461,15 +462,9 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 			}
 			lease := chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}
 			if t.buf != nil {
-				// The claim is the run's confirmation under its new lease:
-				// with seqs reserved here, its first delta waits for no
-				// write (an older lease's entry is replaced).
-				c, err := t.engineThread(row.ThreadID)
-				if err != nil {
+				if err := t.claimStream(lease, row.ThreadID); err != nil {
 					return err
 				}
-				t.reserve(c)
-				t.confirmLive(lease, row.ThreadID, "")
 			}
 			out = append(out, &chat.Claim{Run: row.run(), Lease: lease})
 		}
@@ -479,6 +474,31 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 		return nil, err
 	}
 	return out, nil
+}
+
+// claimStream makes a claim the run's confirmation under its new lease
+// (an older lease's entry is replaced) and reserves its thread's seqs, so
+// that its first delta waits for no write — when the step it is claimed
+// for is a model step. A tool step streams nothing: a reservation would
+// only become a recorded gap at a crash, and send the thread's tabs a
+// snapshot for nothing. (A crash between a model step's claim and its
+// first delta does that: the price of the first delta not waiting.)
+func (t *txn) claimStream(lease chat.Lease, threadID string) error {
+	c, err := t.engineThread(threadID)
+	if err != nil {
+		return err
+	}
+	var pending sql.NullString
+	if err := t.get(&pending, `SELECT pending FROM checkpoints WHERE checkpoint_id = ?`, c.row.HeadCheckpointID); err != nil {
+		return fmt.Errorf("load the claimed step: %w", err)
+	}
+	var step chat.Pending
+	if !pending.Valid || json.Unmarshal([]byte(pending.String), &step) != nil || step.Step != chat.StepGenerate {
+		return nil // nothing to stream (or a step this cannot read: the slow path decides)
+	}
+	t.reserve(c)
+	t.confirmLive(lease, threadID, "")
+	return nil
 }
 
 // RenewLeases extends, by ttl from the lease clock, each of the given
