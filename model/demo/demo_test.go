@@ -672,3 +672,22 @@ func TestNoCallAfterToolResult(t *testing.T) {
 		}
 	}
 }
+
+// A request for Markdown gets a reply in Markdown, streamed so that the
+// chunks joined are the text exactly (newlines kept); "repeat after me:"
+// streams the rest of the message verbatim.
+func TestMarkdownAndVerbatimReplies(t *testing.T) {
+	got := strings.Join(collect(t, user("Show me markdown about goroutines")), "")
+	for _, want := range []string{"## Goroutines, in short\n", "| Step | What | Time |\n|:-----|:----:|-----:|", "```go\npackage main", "- [x] Read the question", "https://go.dev/doc/"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("markdown reply lacks %q:\n%s", want, got)
+		}
+	}
+	hostile := "<script>alert(1)</script>\n\n[x](javascript:alert(1))  \n  ```\nunclosed"
+	if got := strings.Join(collect(t, user("Repeat after me:\n"+hostile)), ""); got != hostile {
+		t.Errorf("repeat after me gave %q, want %q", got, hostile)
+	}
+	if got := strings.Join(collect(t, user("please repeat after me")), ""); strings.Contains(got, "please repeat") {
+		t.Errorf("a message not starting with the phrase was repeated: %q", got)
+	}
+}

@@ -35,6 +35,11 @@ const DefaultRecipient = "customer@example.com"
 //     or to search/find/look something up, when the matching tool is
 //     offered: a short text, then one final chunk with the call;
 //   - a user message asking for an order: a card (one JSON document);
+//   - a user message starting "repeat after me:": the rest of it, verbatim
+//     (to show how the page renders any text a model may produce);
+//   - a user message with the word "markdown" or "code": a reply formatted
+//     in Markdown (headings, emphasis, lists, a task list, a table, a code
+//     block, a quote, links), as real models answer;
 //   - anything else: the text reply of compose.
 func reply(req model.Request) []model.Chunk {
 	if n := len(req.Messages); n > 0 {
@@ -42,12 +47,107 @@ func reply(req model.Request) []model.Chunk {
 		case last.Role == model.RoleTool:
 			return textChunks(resumed(req, afterTool(last)))
 		case last.Role == model.RoleUser && !last.Fragment:
+			if rest, ok := repeatAfterMe(last.Content); ok {
+				return verbatimChunks(rest)
+			}
 			if c := toolTurn(req, last.Content); c != nil {
 				return c
+			}
+			if wantsMarkdown(last.Content) {
+				return verbatimChunks(markdownReply(last.Content))
 			}
 		}
 	}
 	return textChunks(compose(req))
+}
+
+// repeatAfterMe returns what follows "repeat after me:" at the start of
+// text (any letter case, leading spaces and one newline after the colon
+// skipped).
+func repeatAfterMe(text string) (string, bool) {
+	const prefix = "repeat after me:"
+	t := strings.TrimLeft(text, " \t\r\n")
+	if len(t) < len(prefix) || !strings.EqualFold(t[:len(prefix)], prefix) {
+		return "", false
+	}
+	rest := strings.TrimLeft(t[len(prefix):], " \t")
+	rest = strings.TrimPrefix(strings.TrimPrefix(rest, "\r"), "\n")
+	return rest, rest != ""
+}
+
+var markdownWord = regexp.MustCompile(`(?i)\b(markdown|code)\b`)
+
+func wantsMarkdown(text string) bool { return markdownWord.MatchString(text) }
+
+// markdownReply is the Markdown answer to text: the same shape every
+// time, about text's first content words.
+func markdownReply(text string) string {
+	words, _ := topics(markdownWord.ReplaceAllString(text, ""))
+	topic := "your question"
+	if len(words) > 0 {
+		topic = list(words)
+	}
+	first := "it"
+	if len(words) > 0 {
+		first = words[0]
+	}
+	return fmt.Sprintf(`## %[1]s, in short
+
+Here is a **structured** answer about *%[1]s*, formatted the way a real model would format it.
+
+1. Define what %[2]s means for you.
+2. Try the smallest version that works.
+3. Review the result and adjust.
+
+What is done so far:
+
+- [x] Read the question
+- [ ] Try it yourself
+
+| Step | What | Time |
+|:-----|:----:|-----:|
+| 1 | Define %[2]s | 5 min |
+| 2 | Build the smallest version | 15 min |
+| 3 | Review | 10 min |
+
+`+"```go"+`
+package main
+
+import "fmt"
+
+func main() {
+	fmt.Println("hello, %[2]s")
+}
+`+"```"+`
+
+> Keep it ~~complicated~~ simple: one step at a time.
+
+More in [the Go tour](https://go.dev/tour/) or at https://go.dev/doc/ — and `+"`go doc fmt`"+` on the command line.`, capitalize(topic), first)
+}
+
+func capitalize(s string) string {
+	r, n := utf8.DecodeRuneInString(s)
+	return string(unicode.ToUpper(r)) + s[n:]
+}
+
+// verbatimChunks streams text as chunks of one word each with the white
+// space before it (newlines included), so joined they are text exactly.
+func verbatimChunks(text string) []model.Chunk {
+	var out []model.Chunk
+	for len(text) > 0 {
+		i := strings.IndexFunc(text, func(r rune) bool { return !unicode.IsSpace(r) })
+		if i < 0 {
+			out = append(out, model.Chunk{Text: text})
+			break
+		}
+		j := strings.IndexFunc(text[i:], unicode.IsSpace)
+		if j < 0 {
+			j = len(text) - i
+		}
+		out = append(out, model.Chunk{Text: text[:i+j]})
+		text = text[i+j:]
+	}
+	return out
 }
 
 // textChunks streams text one word per chunk, each word but the first with

@@ -5,6 +5,7 @@
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { receiptLine, stepLine, type Line, type OpNow } from "./outcome";
+import { LiveMarkdown, copyButton, renderMarkdown } from "./markdown";
 import {
   CommandError,
   type Checkpoint,
@@ -75,6 +76,7 @@ export class ThreadView {
   private messages: Message[] = [];
   private run: Run | null = null;
   private streamed: Streamed | null = null;
+  private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
   private receipt: Receipt | null = null;
   private failure: string | null = null;
   private pendingStep = false;
@@ -675,13 +677,25 @@ export class ThreadView {
         li.dataset.operationId = operationID;
         li.append(el("p", { class: "tool-status", "data-testid": "tool-status", "data-operation-id": operationID, role: "status", hidden: "" }));
       }
+    } else if (m.kind === "card") {
+      li.append(el("pre", { class: "body card", "data-testid": "message-body" }, m.content));
+    } else if (m.role === "assistant") {
+      // Replies and fragments are Markdown; the user's own text is shown
+      // as typed.
+      const body = el("div", { class: "body md", "data-testid": "message-body" });
+      body.append(renderMarkdown(m.content));
+      li.append(body);
     } else {
-      li.append(el(m.kind === "card" ? "pre" : "div", { class: m.kind === "card" ? "body card" : "body", "data-testid": "message-body" }, m.content));
+      li.append(el("div", { class: "body", "data-testid": "message-body" }, m.content));
     }
-    if (m.kind === "fragment") {
-      const del = button("Delete draft", "delete-draft", "delete-draft", "btn ghost small");
-      del.dataset.messageId = m.message_id;
-      li.append(el("div", { class: "msg-actions" }, del));
+    if (m.role === "assistant" && m.kind !== "card") {
+      const actions = el("div", { class: "msg-actions" }, copyButton("Copy", () => m.content));
+      if (m.kind === "fragment") {
+        const del = button("Delete draft", "delete-draft", "delete-draft", "btn ghost small");
+        del.dataset.messageId = m.message_id;
+        actions.append(del);
+      }
+      li.append(actions);
     }
     return li;
   }
@@ -720,7 +734,7 @@ export class ThreadView {
           "div",
           { class: `msg role-assistant provisional${streaming ? "" : " discarded"}`, "data-testid": "streaming", "aria-busy": String(streaming) },
           chip,
-          el("div", { class: "body", "data-testid": "streaming-text" }, s.text),
+          this.liveMarkdown(s, streaming),
         ),
       );
     } else if (this.run) {
@@ -761,6 +775,19 @@ export class ThreadView {
       parts.push(el("div", { class: "card-box", "data-testid": "editing" }, "Editing your last request: sending it starts a new branch from before it. ", button("Stop editing", "stop-edit", "action-stop-edit", "btn ghost small")));
     }
     this.live.replaceChildren(...parts);
+  }
+
+  // liveMarkdown is the streamed message's body, kept across renders (it
+  // renders at most once per frame while streaming; at once when the
+  // stream has stopped, so a save takes what is on screen).
+  private liveMarkdown(s: Streamed, streaming: boolean): HTMLElement {
+    if (!this.liveBody || this.liveBody.messageID !== s.messageID) {
+      this.liveBody = { messageID: s.messageID, view: new LiveMarkdown({ class: "body md", "data-testid": "streaming-text" }) };
+    }
+    const v = this.liveBody.view;
+    v.set(s.text);
+    if (!streaming) v.flush();
+    return v.el;
   }
 
   private confirmCard(op: Operation): HTMLElement {
