@@ -288,3 +288,16 @@ func (p *Pages) fail(w http.ResponseWriter, err error) {
 	p.log.Error("page", "err", err)
 	http.Error(w, "Something went wrong on the server. Reload the page; if it persists, check the server log.", http.StatusInternalServerError)
 }
+
+// speaker names who a message is from, for screen readers (the page
+// script says the same: static/src/thread.ts).
+func speaker(role string) string {
+	switch role {
+	case chat.RoleUser:
+		return "You said:"
+	case chat.RoleTool:
+		return "Tool result:"
+	default:
+		return "Assistant said:"
+	}
+}

@@ -77,6 +77,7 @@ export class ThreadView {
   private run: Run | null = null;
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
+  private noticeBusy = false; // the notice explains why Enter did not send
   private receipt: Receipt | null = null;
   private failure: string | null = null;
   private pendingStep = false;
@@ -102,6 +103,8 @@ export class ThreadView {
   private readonly cancelPending: HTMLElement;
   private readonly tree: HTMLElement;
   private readonly opsPanel: HTMLElement;
+  private readonly jump: HTMLButtonElement;
+  private readonly heading: HTMLElement;
 
   constructor(private readonly root: HTMLElement) {
     const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
@@ -120,6 +123,8 @@ export class ThreadView {
     this.cancelPending = $(root, "[data-testid=cancel-pending]");
     this.tree = $(root, "[data-testid=tree]");
     this.opsPanel = $(root, "[data-testid=operations]");
+    this.jump = $(root, "[data-testid=jump-latest]");
+    this.heading = $(root, "[data-testid=thread-heading]");
     this.socket = new Socket({
       // A cancel the user pressed while offline goes first, before this tab
       // follows the thread again (the run may be streaming once more).
@@ -142,6 +147,25 @@ export class ThreadView {
     this.composer.addEventListener("submit", (e) => {
       e.preventDefault();
       void this.submit();
+    });
+    // What is typed is kept with the conversation (this browser), so a
+    // reload, a sign-out elsewhere or a fork does not lose it.
+    if (!this.input.value) this.input.value = loadDraft(this.threadID);
+    // (Not while editing a request: restored later, it would be sent as a
+    // new message, not as the edit.)
+    this.input.addEventListener("input", () => {
+      if (!this.editing) saveDraft(this.threadID, this.input.value);
+    });
+    // The conversation opens where it is: at its latest message.
+    scrollToLatest();
+    if (this.messages.length === 0) this.input.focus();
+    let frame = 0;
+    window.addEventListener("scroll", () => {
+      if (!frame) frame = window.requestAnimationFrame(() => ((frame = 0), this.renderJump()));
+    });
+    this.jump.addEventListener("click", () => {
+      scrollToLatest();
+      this.renderJump();
     });
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
@@ -442,6 +466,7 @@ export class ThreadView {
       const { title } = (await r.json()) as { title: string };
       if (!title || title === input.value) return;
       input.value = title;
+      this.heading.textContent = title;
       document.title = `${title} · gateway`;
       const link = document.querySelector<HTMLAnchorElement>(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`);
       if (link) link.textContent = title;
@@ -469,7 +494,12 @@ export class ThreadView {
 
   private async submit(): Promise<void> {
     const text = this.input.value.trim();
-    if (!text || this.run || !this.subscribed) return;
+    if (text && this.run) {
+      this.show("Wait for the reply to finish, or press Esc to cancel it: your text stays here.", { tone: "info" });
+      this.noticeBusy = true;
+      return;
+    }
+    if (!text || !this.subscribed) return;
     const cmd: Record<string, unknown> = {
       type: "run.start",
       thread_id: this.threadID,
@@ -479,7 +509,9 @@ export class ThreadView {
     if (this.editing) cmd.resume_from_checkpoint_id = this.editing.resumeFrom;
     if (await this.command(cmd)) {
       this.input.value = "";
+      saveDraft(this.threadID, "");
       this.editing = null;
+      scrollToLatest(); // to the request just sent, and the reply under it
     }
   }
 
@@ -571,6 +603,8 @@ export class ThreadView {
   private async fork(from: string): Promise<void> {
     try {
       const ack = await this.socket.send({ type: "thread.fork", thread_id: this.threadID, from_checkpoint_id: from });
+      // What was typed here goes along to the fork.
+      if (this.input.value.trim()) saveDraft(String(ack.new_thread_id), this.input.value);
       location.assign(`/t/${encodeURIComponent(String(ack.new_thread_id))}`);
     } catch (err) {
       this.show(`Could not fork: ${(err as Error).message}`, { offline: !(err instanceof CommandError) });
@@ -615,7 +649,12 @@ export class ThreadView {
     this.renderToolSteps();
     this.renderLive();
     this.renderOperations();
-    if (atBottom) window.scrollTo({ top: document.documentElement.scrollHeight });
+    if (atBottom) scrollToLatest();
+    if (this.noticeBusy && !this.run) {
+      this.noticeBusy = false;
+      if (this.notice.dataset.tone === "info") this.show("");
+    }
+    this.renderJump();
     this.renderCancelPending();
     const busy = this.run !== null;
     const mine = this.run ? this.cancels.state(this.run.id) : null;
@@ -654,6 +693,13 @@ export class ThreadView {
     this.cancelPending.replaceChildren(el("strong", {}, text), " ", el("span", { class: "hint" }, hint));
   }
 
+  // renderJump shows "Jump to latest" while the latest message is out of
+  // view below.
+  private renderJump(): void {
+    const below = document.documentElement.scrollHeight - (window.innerHeight + window.scrollY);
+    this.jump.hidden = below < 160;
+  }
+
   private renderMessages(): void {
     const want = this.messages.map((m) => m.message_id).join(",");
     if (this.list.dataset.ids === want) return;
@@ -669,6 +715,7 @@ export class ThreadView {
       "data-role": m.role,
       "data-kind": m.kind,
     });
+    li.append(el("span", { class: "visually-hidden", "data-testid": "speaker" }, speaker(m.role)));
     if (m.kind === "fragment") li.append(el("div", { class: "label", "data-testid": "fragment-label" }, "Saved fragment"));
     if (m.role === "tool") {
       const { node, operationID } = toolResult(m.content);
@@ -970,4 +1017,34 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     el("pre", { class: "body card", "data-testid": "message-body" }, pretty),
   );
   return { node, operationID };
+}
+
+// speaker names who a message is from, for screen readers.
+export function speaker(role: string): string {
+  return role === "user" ? "You said:" : role === "tool" ? "Tool result:" : "Assistant said:";
+}
+
+function scrollToLatest(): void {
+  window.scrollTo({ top: document.documentElement.scrollHeight });
+}
+
+// The composer's text of each conversation, in this browser's
+// localStorage (it may be unavailable: then nothing is kept).
+const draftKey = (threadID: string) => `gateway.draft.${threadID}`;
+
+function loadDraft(threadID: string): string {
+  try {
+    return localStorage.getItem(draftKey(threadID)) ?? "";
+  } catch {
+    return "";
+  }
+}
+
+function saveDraft(threadID: string, text: string): void {
+  try {
+    if (text.trim()) localStorage.setItem(draftKey(threadID), text);
+    else localStorage.removeItem(draftKey(threadID));
+  } catch {
+    // Storage full or refused: the text stays in the box, not kept beyond it.
+  }
 }

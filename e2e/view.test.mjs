@@ -1,0 +1,125 @@
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, launch, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
+
+// Where the user looks, what the user typed, and who said what.
+let server, browser;
+before(async () => {
+  server = await startServer({ pace: "3ms" });
+  browser = await launch();
+});
+after(async () => {
+  await browser?.close();
+  assert.match(server.check(), /^ok/);
+  await server?.close();
+});
+
+const atBottom = (page) => page.evaluate(() => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40);
+const assistants = (page) => page.locator("[data-testid=messages] > [data-testid=message][data-role=assistant]");
+
+async function exchange(page, text) {
+  const n = await assistants(page).count();
+  await send(page, text);
+  await eventually(async () => assert.equal(await assistants(page).count(), n + 1), { timeout: 20000 });
+  await runStatus(page, "idle", 20000);
+}
+
+test("a long conversation opens at its latest message; scrolled up, Jump to latest brings it back", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  for (let i = 0; i < 12; i++) await exchange(page, `Question ${i} about gardening and soil`);
+  await page.goto(url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.ok(await page.evaluate(() => document.documentElement.scrollHeight > 3 * window.innerHeight), "long enough to need scrolling");
+  await eventually(async () => assert.ok(await atBottom(page), "opens at the latest message"));
+  assert.ok(await page.getByTestId("jump-latest").isHidden());
+  await page.evaluate(() => window.scrollTo({ top: 0 }));
+  await page.getByTestId("jump-latest").waitFor();
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      await page.evaluate(() => window.scrollTo({ top: 0 }));
+      await page.getByTestId("jump-latest").waitFor();
+      await shot(page, `view-jump-latest-${w}-${scheme}`, { fullPage: false });
+    }
+  }
+  await page.getByTestId("jump-latest").click();
+  await eventually(async () => assert.ok(await atBottom(page)));
+  await eventually(async () => assert.ok(await page.getByTestId("jump-latest").isHidden()));
+
+  // Sending from higher up brings the view to the request and its reply.
+  await page.evaluate(() => window.scrollTo({ top: 0 }));
+  await exchange(page, "One more question about compost");
+  assert.ok(await atBottom(page), "the reply is in view");
+  assert.deepEqual(errors, []);
+});
+
+test("typed text survives a reload, goes along to a fork, and is gone once sent", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  await exchange(page, "Short question about tomatoes");
+  await page.getByTestId("composer-input").fill("a thought I have not sent yet");
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "a thought I have not sent yet");
+
+  // Fork (from the checkpoints panel): the text is in the fork's composer.
+  await page.getByTestId("tree-toggle").click();
+  await page.locator("[data-testid=tree-list] [data-action=fork-at]").last().click();
+  await page.waitForURL((u) => u.href !== url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "a thought I have not sent yet");
+
+  await page.goto(url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await exchange(page, (await page.getByTestId("composer-input").inputValue()) || "sent");
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "");
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "", "a sent text is not restored");
+  assert.deepEqual(errors, []);
+});
+
+test("Enter while a reply streams says what to do and keeps the text; the note goes when the reply ends", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Tell me about winter gardens " + "and more ".repeat(5));
+  await runStatus(page, "running");
+  await page.getByTestId("composer-input").fill("my next question");
+  await page.getByTestId("composer-input").press("Enter");
+  const notice = page.getByTestId("notice");
+  await notice.filter({ hasText: "Wait for the reply to finish, or press Esc to cancel it" }).waitFor();
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
+  await shot(page, "view-enter-while-streaming", { fullPage: false });
+  await runStatus(page, "idle", 20000);
+  await eventually(async () => assert.ok(await notice.isHidden(), "the note clears itself"));
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
+  assert.deepEqual(errors, []);
+});
+
+test("who said what: a speaker on every message, an h1, a status without decoration, focus on the composer of a new conversation", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await page.goto(server.url + "/");
+  await page.getByTestId("new-thread").click();
+  await page.waitForURL(/\/t\/thr_/);
+  await eventually(async () => assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "composer-input"));
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await exchange(page, "Short question about roses");
+  const speakers = async () => page.locator("[data-testid=messages] > [data-testid=message] > [data-testid=speaker]").allTextContents();
+  assert.deepEqual(await speakers(), ["You said:", "Assistant said:"]);
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.deepEqual(await speakers(), ["You said:", "Assistant said:"], "the first paint names them too");
+  assert.equal(await page.locator("h1").count(), 1);
+  assert.equal(await page.locator("h1").textContent(), await page.getByTestId("title-input").inputValue());
+  const dot = await page.getByTestId("conn-status").evaluate((e) => getComputedStyle(e, "::before").content);
+  assert.ok(dot === '""' || dot === "none", `the status dot is drawn, not text: ${dot}`);
+  assert.equal(await page.getByRole("status").filter({ hasText: "Live" }).textContent(), "Live");
+  assert.notEqual(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "composer-input", "a conversation with messages does not steal focus");
+  assert.deepEqual(errors, []);
+});
