@@ -81,6 +81,10 @@ test("two tabs: live sync, then a stale tab is told and Reload brings it up to d
   await eventually(async () => assert.deepEqual(await messageTexts(a), await messageTexts(b)));
 
   const { mine } = await makeStale(tabs, 1);
+  // The banner is where the user's text is (in the composer), in view.
+  const box = await b.getByTestId("conflict-banner").boundingBox();
+  const view = b.viewportSize();
+  assert.ok(box && box.y >= 0 && box.y + box.height <= view.height, `the banner is in view: ${JSON.stringify(box)} in ${JSON.stringify(view)}`);
   assert.ok(await b.getByTestId("conflict-reload").isVisible());
   assert.ok(await b.getByTestId("conflict-fork").isVisible());
   await shot(b, "tabs-conflict");
@@ -109,12 +113,13 @@ test("two tabs: a stale tab forks from what it saw into a new conversation", asy
   await eventually(async () => assert.deepEqual(await messageTexts(b), await messageTexts(a)));
   await runStatus(b, "idle");
 
-  const { seen } = await makeStale(tabs, 2);
+  const { seen, mine } = await makeStale(tabs, 2);
   socketB.mode = "pass";
   await b.getByTestId("conflict-fork").click();
   await b.waitForURL((u) => /^\/t\/thr_/.test(u.pathname) && u.href !== url);
   await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
   assert.deepEqual(await messageTexts(b), seen, "the fork holds exactly what B saw");
+  assert.equal(await b.getByTestId("composer-input").inputValue(), mine, "what B typed went along to the fork");
   assert.ok(await b.getByTestId("conflict-banner").isHidden());
   await shot(b, "tabs-forked");
 
