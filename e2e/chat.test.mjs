@@ -190,11 +190,14 @@ test("edit the request after a cancel: the edited request replaces the old one o
   assert.match(history[1].text, /Porto/);
   assert.ok(!history.some((m) => m.text === LONG), "the old request is not in the new branch");
 
-  // The tree shows the branch: the empty start has two children, the old
-  // request and the edited one.
+  // The timeline shows both branches: the points of the old request are
+  // on another branch, the edited request and its reply on this one.
   await page.getByTestId("tree-toggle").click();
-  const root = page.locator("[data-testid=tree-list] > [data-testid=tree-node]");
-  await eventually(async () => assert.equal(await root.locator(":scope > ol > [data-testid=tree-node]").count(), 2));
+  const nodes = page.locator("[data-testid=tree-list] > [data-testid=tree-node]");
+  await eventually(async () => assert.ok((await nodes.locator(":scope[data-branch=other]").count()) >= 1));
+  assert.equal(await nodes.locator(":scope[data-branch=other] [data-testid=tree-tags]").first().textContent(), "another branch");
+  assert.equal(await nodes.locator(":scope[data-branch=this] [data-testid=tree-what]", { hasText: `You: ${edited}` }).count(), 1);
+  assert.match(await nodes.locator(":scope[data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
   await shot(page, "edited-branch");
   await done(page, errors);
 });
@@ -217,12 +220,18 @@ test("checkpoint tree: show the nodes and fork from one into a new conversation"
   assert.equal(await toggle.getAttribute("aria-expanded"), "true");
   await page.getByTestId("tree").waitFor();
   const nodes = page.getByTestId("tree-node");
-  // Empty start, request accepted, reply published.
+  // Empty start, request accepted, reply published: a flat timeline, in
+  // view, the focus on its heading.
   await eventually(async () => assert.equal(await nodes.count(), 3));
-  await page.locator("[data-testid=tree-node] .node.head").filter({ hasText: "2 messages · current" }).waitFor();
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Checkpoints");
+  const what = await nodes.locator("[data-testid=tree-what]").allTextContents();
+  assert.deepEqual(what.slice(0, 2), ["The start: no messages yet", `You: ${question}`]);
+  assert.match(what[2], /^Reply: /);
+  assert.equal(await nodes.nth(2).getAttribute("data-branch"), "current");
+  assert.equal(await nodes.nth(2).getByTestId("tree-tags").textContent(), "current");
   await shot(page, "tree");
 
-  const afterRequest = nodes.filter({ has: page.locator(":scope > .node", { hasText: /· 1 message\b/ }) });
+  const afterRequest = nodes.filter({ has: page.locator("[data-testid=tree-what]", { hasText: `You: ${question}` }) });
   assert.equal(await afterRequest.count(), 1);
   await afterRequest.locator(":scope > [data-testid=tree-fork]").click();
   await page.waitForURL((u) => /\/t\/thr_/.test(u.pathname) && u.href !== url);

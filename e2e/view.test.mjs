@@ -53,6 +53,25 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
   await page.evaluate(() => window.scrollTo({ top: 0 }));
   await exchange(page, "One more question about compost");
   assert.ok(await atBottom(page), "the reply is in view");
+
+  // The checkpoints of a long conversation: a flat timeline, opened in
+  // view with the focus in it, never wider than the window.
+  await page.evaluate(() => window.scrollTo({ top: 0 }));
+  await page.getByTestId("tree-toggle").click();
+  await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 1 + 13 * 2));
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Checkpoints");
+  const top = await page.getByTestId("tree").evaluate((e) => e.getBoundingClientRect().top);
+  assert.ok(top >= 0 && top < (await page.evaluate(() => window.innerHeight)), `the panel opens in view (top ${top})`);
+  assert.match(await page.locator("[data-testid=tree-node][data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth), `the timeline fits ${w} px`);
+      await page.getByTestId("tree").scrollIntoViewIfNeeded();
+      await shot(page, `view-timeline-${w}-${scheme}`, { fullPage: false });
+    }
+  }
   assert.deepEqual(errors, []);
 });
 

@@ -594,7 +594,12 @@ export class ThreadView {
       case "toggle-tree": {
         this.tree.hidden = !this.tree.hidden;
         target.setAttribute("aria-expanded", String(!this.tree.hidden));
-        if (!this.tree.hidden) await this.loadCheckpoints();
+        if (!this.tree.hidden) {
+          // Opened in view, with the focus in it.
+          this.tree.scrollIntoView({ block: "start" });
+          $(this.tree, "h2").focus();
+          await this.loadCheckpoints();
+        }
         return;
       }
     }
@@ -929,37 +934,54 @@ export class ThreadView {
     );
   }
 
+  // renderTree shows the checkpoints as a flat timeline, oldest first: when
+  // each point was saved, the message it ends with, and whether it is the
+  // current point, on the current branch or on another one. (Nesting by
+  // parent made a long conversation a staircase wider than the page.)
   private renderTree(): void {
     const list = $(this.tree, "[data-testid=tree-list]");
-    const children = new Map<string, Checkpoint[]>();
-    const roots: Checkpoint[] = [];
-    const ids = new Set(this.checkpoints.map((c) => c.checkpoint_id));
-    for (const c of this.checkpoints) {
-      if (c.parent_checkpoint_id && ids.has(c.parent_checkpoint_id)) {
-        const arr = children.get(c.parent_checkpoint_id) ?? [];
-        arr.push(c);
-        children.set(c.parent_checkpoint_id, arr);
-      } else roots.push(c);
+    const byID = new Map(this.checkpoints.map((c) => [c.checkpoint_id, c]));
+    const onBranch = new Set<string>();
+    for (let c = byID.get(this.head); c; c = c.parent_checkpoint_id ? byID.get(c.parent_checkpoint_id) : undefined) {
+      onBranch.add(c.checkpoint_id);
     }
-    const item = (c: Checkpoint): HTMLLIElement => {
-      const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
-      fork.dataset.checkpointId = c.checkpoint_id;
-      const li = el(
-        "li",
-        { "data-testid": "tree-node", "data-checkpoint-id": c.checkpoint_id },
-        el(
-          "span",
-          { class: c.checkpoint_id === this.head ? "node head" : "node" },
-          `v${c.state_version} · ${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}${c.pending ? " · unfinished reply" : ""}${c.checkpoint_id === this.head ? " · current" : ""}`,
-        ),
-        fork,
-      );
-      const kids = children.get(c.checkpoint_id);
-      if (kids) li.append(el("ol", {}, ...kids.map(item)));
-      return li;
-    };
-    list.replaceChildren(...roots.map(item));
+    const known = new Map(this.messages.map((m) => [m.message_id, m]));
+    const ordered = [...this.checkpoints].sort((a, b) => a.state_version - b.state_version);
+    list.replaceChildren(
+      ...ordered.map((c) => {
+        const head = c.checkpoint_id === this.head;
+        const last = c.message_ids.length ? known.get(c.message_ids[c.message_ids.length - 1]) : undefined;
+        const what =
+          c.message_ids.length === 0
+            ? "The start: no messages yet"
+            : last
+              ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(last.content)}`
+              : `${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}`;
+        const tags = [head ? "current" : onBranch.has(c.checkpoint_id) ? "" : "another branch", head && c.pending && c.pending.step === "generate" && c.message_ids.length ? "reply not finished" : ""].filter(Boolean);
+        const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
+        fork.dataset.checkpointId = c.checkpoint_id;
+        return el(
+          "li",
+          {
+            "data-testid": "tree-node",
+            "data-checkpoint-id": c.checkpoint_id,
+            "data-branch": head ? "current" : onBranch.has(c.checkpoint_id) ? "this" : "other",
+            class: head ? "head" : onBranch.has(c.checkpoint_id) ? "" : "other",
+          },
+          el("time", { datetime: c.created_at, class: "when" }, new Date(c.created_at).toLocaleString([], { dateStyle: "short", timeStyle: "short" })),
+          el("span", { class: "node", "data-testid": "tree-what" }, what),
+          ...(tags.length ? [el("span", { class: "tags", "data-testid": "tree-tags" }, tags.join(" · "))] : []),
+          fork,
+        );
+      }),
+    );
   }
+}
+
+// snippet is the start of text on one line, for lists.
+function snippet(text: string, n = 90): string {
+  const one = text.replace(/\s+/g, " ").trim();
+  return one.length > n ? one.slice(0, n - 1) + "…" : one;
 }
 
 // lineParts is a Line as the page shows it: "<status>. <rest>", the status
