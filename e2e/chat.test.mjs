@@ -126,7 +126,7 @@ test("Esc cancels a streaming reply", async () => {
   await done(page, errors);
 });
 
-test("save the visible fragment exactly as shown, then delete the draft for good", async () => {
+test("save the visible fragment exactly as shown, the receipt says so, then delete it for good after a confirmation", async () => {
   const errors = [];
   const page = await newPage(browser, errors);
   const url = await newThread(page, server.url);
@@ -141,18 +141,30 @@ test("save the visible fragment exactly as shown, then delete the draft for good
   await fragment.waitFor();
   assert.equal(await fragment.getByTestId("fragment-label").textContent(), "Saved fragment");
   assert.equal(await fragment.getByTestId("message-body").textContent(), shown, "the fragment is exactly the displayed text");
-  // The saved text is now history; the provisional copy and the offer go.
+  // The saved text is now history; the provisional copy and the offer go,
+  // and the receipt says where the text went.
   assert.equal(await page.getByTestId("streaming").count(), 0);
   assert.equal(await page.getByTestId("action-save-fragment").count(), 0);
+  const savedNote = /; the part you saw is kept in the conversation as a saved fragment$/;
+  assert.match(await page.getByTestId("receipt-discarded").textContent(), savedNote);
+  assert.equal(await page.getByTestId("receipt-heading").textContent(), "Cancelled");
   await shot(page, "fragment-saved");
 
-  // It survives a reload: it is part of the conversation now.
+  // It survives a reload: it is part of the conversation now, and the
+  // receipt stays (saving moved the head, nothing else did).
   await page.reload();
   await fragment.waitFor();
   assert.equal(await fragment.getByTestId("message-body").textContent(), shown);
   await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
+  assert.match(await page.getByTestId("receipt-discarded").textContent(), savedNote);
 
+  // Deleting asks first; Keep it keeps it.
   await fragment.getByTestId("delete-draft").click();
+  await fragment.getByTestId("delete-draft-keep").click();
+  await fragment.getByTestId("delete-draft").waitFor();
+  await fragment.getByTestId("delete-draft").click();
+  await shot(page, "fragment-delete-confirm", { fullPage: false });
+  await fragment.getByTestId("delete-draft-confirm").click();
   await fragment.waitFor({ state: "detached" });
   assert.deepEqual(await messageTexts(page), [{ role: "user", kind: "text", text: LONG }]);
   await page.goto(url);

@@ -130,3 +130,18 @@ test("two tabs: a stale tab forks from what it saw into a new conversation", asy
   assert.deepEqual(errors, [], "no console errors");
   await context.close();
 });
+
+test("two tabs: the tab that did not cancel says the cancel came from another tab", async () => {
+  const tabs = await twoTabs();
+  const { context, errors, a, b } = tabs;
+  await send(a, "How do I keep basil alive through the winter indoors?");
+  await b.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor({ timeout: 15000 });
+  await b.getByTestId("cancel").click();
+  await a.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await b.getByTestId("receipt").waitFor({ timeout: 15000 });
+  assert.equal(await a.getByTestId("receipt-heading").textContent(), "Cancelled from another tab");
+  assert.equal(await b.getByTestId("receipt-heading").textContent(), "Cancelled");
+  await shot(a, "tabs-cancelled-elsewhere", { fullPage: false });
+  assert.deepEqual(errors, [], "no console errors");
+  await context.close();
+});

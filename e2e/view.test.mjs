@@ -61,7 +61,8 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
   await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 1 + 13 * 2));
   assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Checkpoints");
   const top = await page.getByTestId("tree").evaluate((e) => e.getBoundingClientRect().top);
-  assert.ok(top >= 0 && top < (await page.evaluate(() => window.innerHeight)), `the panel opens in view (top ${top})`);
+  const headBottom = await page.locator(".thread-head").evaluate((e) => e.getBoundingClientRect().bottom);
+  assert.ok(top >= headBottom - 1 && top < (await page.evaluate(() => window.innerHeight)), `the panel opens in view, below the header (top ${top}, header ends at ${headBottom})`);
   assert.match(await page.locator("[data-testid=tree-node][data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
   for (const [w, h] of [[1280, 820], [390, 844]]) {
     for (const scheme of ["light", "dark"]) {
@@ -140,5 +141,40 @@ test("who said what: a speaker on every message, an h1, a status without decorat
   assert.ok(dot === '""' || dot === "none", `the status dot is drawn, not text: ${dot}`);
   assert.equal(await page.getByRole("status").filter({ hasText: "Live" }).textContent(), "Live");
   assert.notEqual(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "composer-input", "a conversation with messages does not steal focus");
+  assert.deepEqual(errors, []);
+});
+
+test("phone: the conversation list is a drawer; the conversation starts at the top of the screen", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors, { viewport: { width: 390, height: 844 } });
+  const url = await newThread(page, server.url); // from the home page, where the list is the page
+  await exchange(page, "Short question about ferns");
+  const sidebar = page.getByTestId("sidebar");
+  assert.ok(!(await sidebar.isVisible()), "no list above the conversation");
+  const head = await page.locator(".thread-head").boundingBox();
+  assert.ok(head && head.y < 20, `the conversation starts at the top (${head?.y})`);
+  await page.getByTestId("drawer-toggle").click();
+  await sidebar.waitFor({ state: "visible" });
+  assert.equal(await page.getByTestId("drawer-toggle").getAttribute("aria-expanded"), "true");
+  await eventually(async () => assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("aria-current")), "page", "the focus is on the current conversation in the list"));
+  for (const scheme of ["light", "dark"]) {
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.waitForTimeout(250); // the drawer slides in over 180 ms: let the screenshot see it open
+    await shot(page, `view-drawer-390-${scheme}`, { fullPage: false });
+  }
+  await page.keyboard.press("Escape");
+  await sidebar.waitFor({ state: "hidden" });
+  assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "drawer-toggle");
+  await page.getByTestId("drawer-toggle").click();
+  await sidebar.waitFor({ state: "visible" });
+  await page.getByTestId("drawer-close").click();
+  await sidebar.waitFor({ state: "hidden" });
+  await page.getByTestId("drawer-toggle").click();
+  await page.getByTestId("new-thread").click();
+  await page.waitForURL((u) => u.href !== url && /\/t\/thr_/.test(u.pathname));
+  // At 1280 px the list is beside the conversation, no drawer.
+  await page.setViewportSize({ width: 1280, height: 820 });
+  assert.ok(await sidebar.isVisible());
+  assert.ok(!(await page.getByTestId("drawer-toggle").isVisible()));
   assert.deepEqual(errors, []);
 });

@@ -177,7 +177,7 @@ func TestThreadPageRendersSnapshot(t *testing.T) {
 		t.Errorf("fragment label = %q, want %q", got, "Saved fragment")
 	}
 	del := frag.Find(byTestID("delete-draft"))
-	if got := strings.TrimSpace(del.Text()); got != "Delete draft" {
+	if got := strings.TrimSpace(del.Text()); got != "Delete fragment" {
 		t.Errorf("delete button text = %q", got)
 	}
 	if got := attr(t, del, "data-message-id"); got != "msg_4" {

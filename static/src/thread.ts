@@ -42,6 +42,7 @@ interface Receipt {
   // The run's operations as the cancel reported them; each is shown as it
   // is now (opNow), so a later tool.updated changes the receipt.
   operations: OperationOutcome[];
+  by?: string; // requested_by of the cancel, when this tab saw it recorded
 }
 
 const $ = <T extends HTMLElement>(root: ParentNode, sel: string): T => {
@@ -78,6 +79,8 @@ export class ThreadView {
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
   private noticeBusy = false; // the notice explains why Enter did not send
+  private cancelledBy = new Map<string, string>(); // run → requested_by of its cancel
+  private deleting: string | null = null; // the fragment whose deletion waits for "Delete for good"
   private receipt: Receipt | null = null;
   private failure: string | null = null;
   private pendingStep = false;
@@ -202,7 +205,11 @@ export class ThreadView {
     // same receipt or failure as the tab that watched it happen.
     const last = s.last_run;
     if (last) this.noteOutcomes(last.operations);
-    if (last && last.resume_checkpoint_id === s.head_checkpoint_id) {
+    // A fragment of the cancelled reply saved since moved the head on by
+    // itself: the receipt still stands (and says the fragment was kept).
+    const tail = this.messages[this.messages.length - 1];
+    const savedSince = !!last && tail?.kind === "fragment" && tail.fragment_of?.run_id === last.run_id;
+    if (last && (last.resume_checkpoint_id === s.head_checkpoint_id || savedSince)) {
       if (last.status === "cancelled") {
         const kept = last.published_message_id ? this.messages.find((m) => m.message_id === last.published_message_id) : undefined;
         this.receipt = { runID: last.run_id, kept: kept ?? null, discarded: last.discarded_stream_chars, operations: last.operations };
@@ -277,6 +284,8 @@ export class ThreadView {
         this.messages = this.messages.filter((m) => m.message_id !== ev.message_id);
         break;
       case "run.cancel_requested":
+        if (ev.run_id && ev.requested_by) this.cancelledBy.set(ev.run_id, ev.requested_by);
+      // falls through
       case "run.cancelling":
         if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
         break;
@@ -288,6 +297,7 @@ export class ThreadView {
           kept: kept ?? null,
           discarded: ev.discarded_stream_chars ?? 0,
           operations: ev.operations ?? [],
+          by: this.cancelledBy.get(ev.run_id ?? ""),
         };
         this.run = null;
         this.pendingStep = true;
@@ -579,12 +589,27 @@ export class ThreadView {
         });
         return;
       case "delete-draft":
+        // Asks first: a deleted fragment is gone for good.
+        this.deleting = target.dataset.messageId ?? null;
+        this.list.dataset.ids = ""; // the message's buttons change
+        this.render();
+        this.list.querySelector<HTMLElement>("[data-testid=delete-draft-confirm]")?.focus();
+        return;
+      case "delete-draft-keep":
+        this.deleting = null;
+        this.list.dataset.ids = "";
+        this.render();
+        return;
+      case "delete-draft-confirm":
+        this.deleting = null;
+        this.list.dataset.ids = "";
         await this.command({
           type: "draft.delete",
           thread_id: this.threadID,
           message_id: target.dataset.messageId,
           expected_state_version: this.stateVersion,
         });
+        this.render();
         return;
       case "reload":
         this.conflictFrom = null;
@@ -742,8 +767,12 @@ export class ThreadView {
     }
     if (m.role === "assistant" && m.kind !== "card") {
       const actions = el("div", { class: "msg-actions" }, copyButton("Copy", () => m.content));
-      if (m.kind === "fragment") {
-        const del = button("Delete draft", "delete-draft", "delete-draft", "btn ghost small");
+      if (m.kind === "fragment" && this.deleting === m.message_id) {
+        const yes = button("Delete for good", "delete-draft-confirm", "delete-draft-confirm", "btn danger small");
+        yes.dataset.messageId = m.message_id;
+        actions.append(el("span", { class: "hint", role: "status" }, "Delete this saved fragment? It cannot be undone."), yes, button("Keep it", "delete-draft-keep", "delete-draft-keep", "btn ghost small"));
+      } else if (m.kind === "fragment") {
+        const del = button("Delete fragment", "delete-draft", "delete-draft", "btn ghost small");
         del.dataset.messageId = m.message_id;
         actions.append(del);
       }
@@ -916,20 +945,22 @@ export class ThreadView {
     if (this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved) {
       actions.append(button("Save visible fragment", "save-fragment", "action-save-fragment"));
     }
+    // Who cancelled, when this tab saw the cancel recorded (a reload does
+    // not know, and then says nothing about it).
+    const mine = r.by === `tab:${this.socket.tabID}` || r.by === `api:${this.socket.tabID}`;
+    const heading = !r.by || mine ? "Cancelled" : r.by.startsWith("tab:") ? "Cancelled from another tab" : "Cancelled elsewhere (another tab or client)";
+    const saved = this.messages.some((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
+    const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, kept)];
+    if (r.discarded > 0 || saved) {
+      const what = r.discarded > 0 ? `${r.discarded} characters of unpublished text` : "the unpublished text";
+      rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, saved ? `${what}; the part you saw is kept in the conversation as a saved fragment` : what));
+    }
+    rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))));
     return el(
       "div",
       { class: "card-box receipt", "data-testid": "receipt", role: "status" },
-      el("h3", {}, "Cancelled"),
-      el(
-        "dl",
-        {},
-        el("dt", {}, "Kept"),
-        el("dd", { "data-testid": "receipt-kept" }, kept),
-        el("dt", {}, "Discarded"),
-        el("dd", { "data-testid": "receipt-discarded" }, `${r.discarded} characters of unpublished text`),
-        el("dt", {}, "Side effects"),
-        el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))),
-      ),
+      el("h3", { "data-testid": "receipt-heading" }, heading),
+      el("dl", {}, ...rows),
       actions,
     );
   }
