@@ -44,6 +44,9 @@ test("a Markdown reply renders as Markdown: headings, emphasis, lists, task list
   assert.equal(await body.locator("th.align-right").textContent(), "Time");
   assert.equal(await body.locator(".code-block .code-lang").textContent(), "go");
   assert.match(await body.locator(".code-block pre code").textContent(), /^package main\n\nimport "fmt"/);
+  // Highlighted (go is one of the bounded set): keywords and strings marked.
+  assert.deepEqual((await body.locator(".code-block code .hljs-keyword").allTextContents()).slice(0, 3), ["package", "import", "func"]);
+  assert.match(await body.locator(".code-block code .hljs-string").first().textContent(), /^"fmt"$/);
   assert.equal(await body.locator("del, s").textContent(), "complicated");
   const links = body.locator("a[href]");
   assert.deepEqual(await links.evaluateAll((as) => as.map((a) => [a.getAttribute("href"), a.rel, a.target])), [
@@ -119,6 +122,7 @@ test("hostile model output renders inert: no script, no handler, no foreign link
   assert.match(facts.text, /Image: tracker/);
   assert.equal(await body.locator("a.md-image").count(), 2, "images are links, never fetched");
   assert.equal(await body.locator(".code-block").count(), 3, "fences, nested and unclosed ones included, are code blocks");
+  assert.match(await body.locator(".code-block code.hljs").first().textContent(), /<script>window.__pwned = 'fence'<\/script>/, "highlighted HTML is text");
   await body.locator("td b").first().hover().catch(() => {});
   await page.mouse.wheel(0, 400);
   assert.equal(await page.evaluate(() => window.__pwned ?? null), null);

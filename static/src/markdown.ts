@@ -11,6 +11,24 @@
 // a class survives only if it is one we render.
 import MarkdownIt from "markdown-it";
 import DOMPurify from "dompurify";
+import hljs from "highlight.js/lib/core";
+import bash from "highlight.js/lib/languages/bash";
+import css from "highlight.js/lib/languages/css";
+import go from "highlight.js/lib/languages/go";
+import javascript from "highlight.js/lib/languages/javascript";
+import json from "highlight.js/lib/languages/json";
+import python from "highlight.js/lib/languages/python";
+import sql from "highlight.js/lib/languages/sql";
+import typescript from "highlight.js/lib/languages/typescript";
+import xml from "highlight.js/lib/languages/xml";
+import yaml from "highlight.js/lib/languages/yaml";
+
+// Highlighting for a bounded set of languages (each costs bundle size); a
+// fence naming another one, or none, stays plain. Aliases are highlight.js's
+// own (js, ts, sh, html, yml …).
+for (const [name, lang] of Object.entries({ bash, css, go, javascript, json, python, sql, typescript, xml, yaml })) {
+  hljs.registerLanguage(name, lang);
+}
 
 const md = new MarkdownIt({ html: false, linkify: true, typographer: false });
 
@@ -118,6 +136,15 @@ function codeBlock(pre: HTMLPreElement): void {
   label.className = "code-lang";
   label.textContent = lang || "text";
   head.append(label, copyButton("Copy code", () => code?.textContent ?? ""));
+  if (code && lang && hljs.getLanguage(lang)) {
+    // highlight.js escapes the code and adds spans; only those spans pass.
+    const html = hljs.highlight(code.textContent ?? "", { language: lang, ignoreIllegals: true }).value;
+    code.replaceChildren(DOMPurify.sanitize(html, { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], RETURN_DOM_FRAGMENT: true }));
+    for (const span of code.querySelectorAll("span[class]")) {
+      if (!/^(hljs-[\w-]+\s*)+$/.test(span.className)) span.removeAttribute("class");
+    }
+    code.classList.add("hljs");
+  }
   const box = document.createElement("div");
   box.className = "code-block";
   pre.replaceWith(box);
