@@ -233,11 +233,12 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("tools: %w", err)
 	}
 	var backend model.Backend = demo.New(cfg.demoPace)
+	modelName := "demo"
 	if cfg.openai != nil {
-		backend = cfg.openai
+		backend, modelName = cfg.openai, cfg.openai.ModelName()
 	}
 	eng := engine.New(engine.Config{
-		Store: st, Model: backend, Tools: registry, Log: log,
+		Store: st, Model: backend, ModelName: modelName, Tools: registry, Log: log,
 		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups,
 		Workers: cfg.workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,

@@ -155,6 +155,10 @@ type Message struct {
 	RunID        *string     `json:"run_id"`
 	FragmentOf   *FragmentOf `json:"fragment_of"`
 	CreatedAt    time.Time   `json:"created_at"`
+	// Model is the model a reply was asked of ("demo", or the model name
+	// sent to an OpenAI-compatible server: what the server routed it to is
+	// not known); absent on every other message.
+	Model string `json:"model,omitempty"`
 }
 
 // Run is one execution attempt on a thread.

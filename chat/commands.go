@@ -158,6 +158,7 @@ type StepOutput struct {
 	Kind      string // KindText or KindCard
 	Content   string
 	Call      *ToolCall
+	Model     string // the model the step was asked of (chat.Message.Model)
 }
 
 // ToolCall is a tool call the engine has validated and is about to record

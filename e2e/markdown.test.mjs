@@ -33,6 +33,10 @@ test("a Markdown reply renders as Markdown: headings, emphasis, lists, task list
   await newThread(page, server.url);
   const msg = await reply(page, "Show me markdown about goroutines");
   const body = msg.getByTestId("message-body");
+  // Each message says when; a reply also which model it was asked of.
+  assert.match(await msg.getByTestId("message-meta").textContent(), /^\d{1,2}:\d{2}.* · demo$/);
+  const request = page.locator("[data-testid=messages] > [data-testid=message][data-role=user]").first();
+  assert.match(await request.getByTestId("message-meta").textContent(), /^\d{1,2}:\d{2}[^·]*$/);
   assert.equal(await body.locator("h2").textContent(), "Goroutines, in short");
   assert.equal(await body.locator("strong").first().textContent(), "structured");
   assert.equal(await body.locator("ol > li").count(), 3);

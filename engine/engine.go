@@ -71,6 +71,9 @@ type Store interface {
 type Config struct {
 	Store Store
 	Model model.Backend
+	// ModelName is what a published reply says it was asked of
+	// (chat.Message.Model): "demo", or the OpenAI model name.
+	ModelName string
 	// Tools the model may call (nil: none).
 	Tools *tools.Registry
 	Log   *slog.Logger

@@ -316,7 +316,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 		return received.Load() - buffered
 	}
 
-	out := chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText}
+	out := chat.StepOutput{MessageID: chat.NewID(chat.PrefixMessage), Kind: chat.KindText, Model: e.cfg.ModelName}
 	var full strings.Builder
 	var call *model.ToolCall
 	batch := make([]string, 0, e.cfg.MaxBatch)

@@ -540,7 +540,7 @@ func TestCompleteWithPublishesAndCompletesInOneCommit(t *testing.T) {
 	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"Hel", "lo"}); err != nil {
 		t.Fatal(err)
 	}
-	out := chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: msgID, Kind: chat.KindText, Content: "Hello"}
+	out := chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: msgID, Kind: chat.KindText, Content: "Hello", Model: "demo-test"}
 	if err := st.CompleteWith(ctx, leaseW(runID), chat.StepOutput{Step: out.Step, MessageID: msgID, Content: "x",
 		Call: &chat.ToolCall{OperationID: "op_x", Tool: "t", Contract: "idempotent"}}); err == nil {
 		t.Fatal("CompleteWith of a step with a tool call was accepted")
@@ -571,6 +571,9 @@ func TestCompleteWithPublishesAndCompletesInOneCommit(t *testing.T) {
 	}
 	if snap.ActiveRun != nil || len(snap.Messages) != 2 || snap.Messages[1].Content != "Hello" || snap.LastRun == nil || snap.LastRun.Status != chat.RunCompleted {
 		t.Fatalf("after CompleteWith: active %+v, %d messages, last run %+v", snap.ActiveRun, len(snap.Messages), snap.LastRun)
+	}
+	if snap.Messages[1].Model != "demo-test" || snap.Messages[0].Model != "" {
+		t.Fatalf("models: the reply %q (want demo-test), the request %q (want none)", snap.Messages[1].Model, snap.Messages[0].Model)
 	}
 
 	// A cancel accepted first: nothing is published.

@@ -107,9 +107,9 @@ func (t *txn) publishMessage(c *threadCursor, m chat.Message, checkpointID, runI
 		fragmentOf = mustJSON(m.FragmentOf)
 	}
 	if _, err := t.exec(`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version,
-		checkpoint_id, run_id, fragment_of, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		checkpoint_id, run_id, fragment_of, created_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		m.MessageID, m.ThreadID, m.Role, m.Kind, m.Content, m.StateVersion, checkpointID, nullStr(runID),
-		fragmentOf, ms(t.now)); err != nil {
+		fragmentOf, ms(t.now), m.Model); err != nil {
 		return m, fmt.Errorf("insert message: %w", err)
 	}
 	ev.Body = chat.MessagePublishedBody{Message: m, CheckpointID: checkpointID}

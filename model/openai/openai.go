@@ -114,6 +114,9 @@ type Backend struct {
 
 var _ model.Backend = (*Backend)(nil)
 
+// ModelName is the model name every request asks for.
+func (b *Backend) ModelName() string { return b.model }
+
 // New checks cfg and returns a backend. It makes no request.
 func New(cfg Config) (*Backend, error) {
 	if strings.TrimSpace(cfg.BaseURL) == "" {

@@ -20,6 +20,8 @@ export interface Message {
   checkpoint_id: string;
   run_id: string | null;
   fragment_of: { run_id: string; message_id: string; last_seq: number } | null;
+  created_at: string;
+  model?: string; // the model a reply was asked of
 }
 
 export interface ActiveRun {

@@ -765,8 +765,16 @@ export class ThreadView {
     } else {
       li.append(el("div", { class: "body", "data-testid": "message-body" }, m.content));
     }
+    const when = new Date(m.created_at);
+    const meta = el(
+      "span",
+      { class: "meta", "data-testid": "message-meta" },
+      el("time", { datetime: m.created_at, title: when.toLocaleString() }, when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
+      ...(m.model ? [` · ${m.model}`] : []),
+    );
+    if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, meta));
     if (m.role === "assistant" && m.kind !== "card") {
-      const actions = el("div", { class: "msg-actions" }, copyButton("Copy", () => m.content));
+      const actions = el("div", { class: "msg-actions" }, meta, copyButton("Copy", () => m.content));
       if (m.kind === "fragment" && this.deleting === m.message_id) {
         const yes = button("Delete for good", "delete-draft-confirm", "delete-draft-confirm", "btn danger small");
         yes.dataset.messageId = m.message_id;
