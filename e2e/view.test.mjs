@@ -178,3 +178,32 @@ test("phone: the conversation list is a drawer; the conversation starts at the t
   assert.ok(!(await page.getByTestId("drawer-toggle").isVisible()));
   assert.deepEqual(errors, []);
 });
+
+test("the conversation list: no entry for a conversation never written to, grouped by day, forks marked", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  await exchange(page, "Short question about tulips");
+  await page.goto(server.url + "/");
+  const links = page.getByTestId("thread-link");
+  const listed = await links.count();
+  await page.getByTestId("new-thread").click();
+  await page.waitForURL(/\/t\/thr_/);
+  const empty = page.url();
+  assert.equal(await links.count(), listed + 1, "the open one is listed");
+  assert.equal(await page.locator("[data-testid=thread-link][aria-current=page]").count(), 1);
+  await page.goto(server.url + "/");
+  assert.equal(await links.count(), listed, "left as it was, it is not listed");
+  assert.ok(!(await links.evaluateAll((as) => as.map((a) => a.getAttribute("href")))).includes(new URL(empty).pathname));
+  assert.equal(await page.getByTestId("thread-group").first().textContent(), "Today");
+
+  await page.goto(url);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await page.getByTestId("tree-toggle").click();
+  await page.locator("[data-testid=tree-list] [data-action=fork-at]").last().click();
+  await page.waitForURL((u) => u.href !== url);
+  const current = page.locator("[data-testid=thread-link][aria-current=page]");
+  assert.equal(await current.getByTestId("fork-badge").textContent(), "fork");
+  await shot(page, "view-sidebar-fork", { fullPage: false });
+  assert.deepEqual(errors, []);
+});

@@ -677,7 +677,21 @@ func checkPageHeaders(t *testing.T, w *httptest.ResponseRecorder) {
 
 func TestHTTP(t *testing.T) {
 	snapA := sampleSnapshot()
-	snapB := chat.Snapshot{ThreadID: "thr_two", Title: "Second <thread>", StateVersion: 1, LastSeq: 2, Messages: []chat.Message{}}
+	snapB := chat.Snapshot{ThreadID: "thr_two", Title: "Second <thread>", StateVersion: 3, LastSeq: 4, Messages: []chat.Message{}}
+	// A "New conversation" nothing was sent in: not listed, but for on its own page.
+	unused := chat.Snapshot{ThreadID: "thr_unused", Title: chat.DefaultTitle, StateVersion: 1, LastSeq: 1, Messages: []chat.Message{}}
+
+	t.Run("a conversation never written to is listed only on its own page", func(t *testing.T) {
+		st := newFakeStore(snapA, unused)
+		home := parse(t, do(t, newServer(t, st), req{method: "GET", path: "/"}).Body.String())
+		if n := home.Find(byTestID("thread-link") + `[href="/t/thr_unused"]`).Length(); n != 0 {
+			t.Errorf("the unused conversation is listed on the home page (%d links)", n)
+		}
+		own := parse(t, do(t, newServer(t, st), req{method: "GET", path: "/t/thr_unused"}).Body.String())
+		if n := own.Find(byTestID("thread-link") + `[href="/t/thr_unused"][aria-current="page"]`).Length(); n != 1 {
+			t.Errorf("on its own page the unused conversation has %d current links, want 1", n)
+		}
+	})
 
 	t.Run("home lists threads", func(t *testing.T) {
 		st := newFakeStore(snapA, snapB)

@@ -198,34 +198,45 @@ func (localAuth) SignOut(http.ResponseWriter, *http.Request) error { return nil 
 // sidebarSize is how many conversations the sidebar lists.
 const sidebarSize = 100
 
-func (p *Pages) links(r *http.Request) []ThreadLink {
+// links is the sidebar: the user's conversations, newest first, but for
+// those nothing was ever sent in (a "New conversation" left as it was),
+// unless it is the one open (current).
+func (p *Pages) links(r *http.Request, current string) []ThreadLink {
 	threads, _, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, "")
 	if err != nil {
 		p.log.Error("list threads", "err", err)
 		return nil
 	}
-	out := make([]ThreadLink, len(threads))
-	for i, t := range threads {
-		out[i] = ThreadLink{ID: t.ThreadID, Title: t.Title}
+	out := make([]ThreadLink, 0, len(threads))
+	for _, t := range threads {
+		if neverUsed(t) && t.ThreadID != current {
+			continue
+		}
+		out = append(out, ThreadLink{ID: t.ThreadID, Title: t.Title, Fork: t.ForkedFrom != nil, UpdatedAt: t.UpdatedAt})
 	}
 	return out
 }
 
+// neverUsed reports a conversation created and never written to: every
+// durable change (a run, a fork's history) moves its state_version past
+// the first; a rename does not (titles are labels).
+func neverUsed(t chat.Thread) bool { return t.ForkedFrom == nil && t.StateVersion <= 1 }
+
 func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
-	p.render(w, r, http.StatusOK, Home(p.links(r)))
+	p.render(w, r, http.StatusOK, Home(p.links(r, "")))
 }
 
 func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
 	snap, err := p.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
 	if chat.ErrorCode(err) == chat.CodeNotFound {
-		p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
+		p.render(w, r, http.StatusNotFound, NotFound(p.links(r, "")))
 		return
 	}
 	if err != nil {
 		p.fail(w, err)
 		return
 	}
-	p.render(w, r, http.StatusOK, ThreadPage(snap, p.links(r)))
+	p.render(w, r, http.StatusOK, ThreadPage(snap, p.links(r, snap.ThreadID)))
 }
 
 func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
@@ -250,7 +261,7 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := p.store.RenameThread(r.Context(), userID(r), id, title); err != nil {
 		if chat.ErrorCode(err) == chat.CodeNotFound {
-			p.render(w, r, http.StatusNotFound, NotFound(p.links(r)))
+			p.render(w, r, http.StatusNotFound, NotFound(p.links(r, "")))
 			return
 		}
 		p.fail(w, err)
