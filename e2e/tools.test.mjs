@@ -26,6 +26,10 @@ test("an email is sent only after Confirm, once, and the log says so", async () 
   assert.equal(await card.getByTestId("preview-to").textContent(), "anna@example.com");
   await shot(page, "tools-confirm-card");
   await card.getByTestId("confirm-op").click();
+  // Confirmed, the run works on: the chip no longer waits for the user.
+  await page.locator("[data-testid=operation][data-phase=committing]").waitFor({ timeout: 10000 });
+  assert.equal(await page.getByTestId("run-chip").textContent(), "Working…");
+  assert.equal(await page.locator("#thread").getAttribute("data-run-status"), "running");
   await page.locator("[data-testid=operation][data-phase=committed]").waitFor({ timeout: 20000 });
   await runStatus(page, "idle", 20000);
   const history = await messageTexts(page);

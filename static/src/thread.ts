@@ -316,6 +316,11 @@ export class ThreadView {
       case "tool.prepared":
       case "tool.updated":
         if (ev.operation) this.operations.set(ev.operation.operation_id, ev.operation);
+        // A decision on the call the run waited for resumes the run (the
+        // server's status is running from that commit on).
+        if (ev.operation && ev.operation.phase !== "prepared" && this.run && this.run.id === ev.operation.run_id && this.run.status === "waiting_confirmation") {
+          this.run.status = "running";
+        }
         break;
       case "run.waiting_confirmation":
         if (this.run && this.run.id === ev.run_id) this.run.status = "waiting_confirmation";
