@@ -288,6 +288,12 @@ test("phone width: the cancelled state fits without horizontal scrolling", async
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor();
   await runStatus(page, "cancelled");
+  // The receipt is brought into view above the composer, not under it.
+  await eventually(async () => {
+    const receipt = await page.getByTestId("receipt").boundingBox();
+    const composer = await page.getByTestId("composer").boundingBox();
+    assert.ok(receipt.y + receipt.height <= composer.y + 24 && receipt.y + receipt.height > 0, `receipt ends at ${receipt.y + receipt.height}, the composer starts at ${composer.y}`);
+  });
   await shot(page, "phone-cancelled");
   await shot(page, "phone-cancelled-viewport", { fullPage: false });
   const widths = await page.evaluate(() => ({ doc: document.documentElement.scrollWidth, body: document.body.scrollWidth }));

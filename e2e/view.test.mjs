@@ -54,16 +54,33 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
   await exchange(page, "One more question about compost");
   assert.ok(await atBottom(page), "the reply is in view");
 
+  // Scrolled up while a reply streams, Cancel's receipt is brought into
+  // view above the composer (on a phone, where it used to land under it).
+  await page.setViewportSize({ width: 390, height: 844 });
+  await send(page, "Repeat after me: " + "a reply long enough to cancel ".repeat(60));
+  await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();
+  await page.evaluate(() => window.scrollTo({ top: 0 }));
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await eventually(async () => {
+    const receipt = await page.getByTestId("receipt").boundingBox();
+    const composer = await page.getByTestId("composer").boundingBox();
+    assert.ok(receipt.y >= 0 && receipt.y + receipt.height <= composer.y + 24, `receipt at ${receipt.y}–${receipt.y + receipt.height}, the composer starts at ${composer.y}`);
+  });
+  await shot(page, "view-receipt-in-view-390", { fullPage: false });
+  await page.setViewportSize({ width: 1280, height: 820 });
+
   // The checkpoints of a long conversation: a flat timeline, opened in
   // view with the focus in it, never wider than the window.
   await page.evaluate(() => window.scrollTo({ top: 0 }));
   await page.getByTestId("tree-toggle").click();
-  await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 1 + 13 * 2));
+  await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 1 + 13 * 2 + 1)); // and the cancelled request
   assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Checkpoints");
   const top = await page.getByTestId("tree").evaluate((e) => e.getBoundingClientRect().top);
   const headBottom = await page.locator(".thread-head").evaluate((e) => e.getBoundingClientRect().bottom);
   assert.ok(top >= headBottom - 1 && top < (await page.evaluate(() => window.innerHeight)), `the panel opens in view, below the header (top ${top}, header ends at ${headBottom})`);
-  assert.match(await page.locator("[data-testid=tree-node][data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
+  assert.match(await page.locator("[data-testid=tree-node][data-branch=current] [data-testid=tree-what]").textContent(), /^You: Repeat after me/);
+  assert.equal(await page.locator("[data-testid=tree-node][data-branch=current] [data-testid=tree-tags]").textContent(), "current · reply not finished");
   for (const [w, h] of [[1280, 820], [390, 844]]) {
     for (const scheme of ["light", "dark"]) {
       await page.setViewportSize({ width: w, height: h });

@@ -81,6 +81,7 @@ export class ThreadView {
   private noticeBusy = false; // the notice explains why Enter did not send
   private cancelledBy = new Map<string, string>(); // run → requested_by of its cancel
   private deleting: string | null = null; // the fragment whose deletion waits for "Delete for good"
+  private shownAsk = ""; // the receipt or confirmation card last brought into view
   private receipt: Receipt | null = null;
   private failure: string | null = null;
   private pendingStep = false;
@@ -869,6 +870,13 @@ export class ThreadView {
       parts.push(el("div", { class: "card-box", "data-testid": "editing" }, "Editing your last request: sending it starts a new branch from before it. ", button("Stop editing", "stop-edit", "action-stop-edit", "btn ghost small")));
     }
     this.live.replaceChildren(...parts);
+    // A receipt or a card that asks for a decision is brought into view
+    // once, above the composer (app.css: scroll-margin-bottom), however far
+    // up the reader was: it is what the user has to read or answer now.
+    const ask = this.live.querySelector<HTMLElement>("[data-testid=receipt], [data-testid=confirm-card]");
+    const key = ask ? `${ask.dataset.testid}:${this.receipt?.runID ?? ask.dataset.operationId ?? ""}` : "";
+    if (ask && key !== this.shownAsk) ask.scrollIntoView({ block: "end" });
+    this.shownAsk = key;
   }
 
   // liveMarkdown is the streamed message's body, kept across renders (it
