@@ -139,3 +139,18 @@ func (s *Store) FlushStream(ctx context.Context) error {
 	}
 	return s.buf.flush(ctx)
 }
+
+// ChangeRunThenLoadThread runs, in one write transaction, what a
+// transaction that changes a run before it loads the run's thread does:
+// runChanged, then the thread (touched, so it is written back).
+func (s *Store) ChangeRunThenLoadThread(ctx context.Context, runID, threadID string) error {
+	return s.write(ctx, func(t *txn) error {
+		t.runChanged(runID)
+		c, err := t.engineThread(threadID)
+		if err != nil {
+			return err
+		}
+		c.touched = true
+		return nil
+	})
+}

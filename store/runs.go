@@ -462,6 +462,9 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 			}
 			lease := chat.Lease{RunID: row.RunID, Owner: owner, Epoch: row.LeaseEpoch}
 			if t.buf != nil {
+				// (A claimed run has no lease: whatever took its last one —
+				// a release, a hand-over, recovery — made the buffer forget
+				// it, see runChanged.)
 				if err := t.claimStream(lease, row.ThreadID); err != nil {
 					return err
 				}

@@ -335,15 +335,21 @@ func (t *txn) holdStream(c *threadCursor) error {
 		return nil
 	}
 	id := c.row.ThreadID
-	if _, ok := t.held[id]; ok {
-		return nil
+	ts, held := t.held[id]
+	if held && !t.heldOnly[id] {
+		return nil // taken along by this transaction already
 	}
-	if t.held == nil {
-		t.held = map[string]*threadStream{}
+	if !held {
+		if t.held == nil {
+			t.held = map[string]*threadStream{}
+		}
+		ts = t.buf.thread(id)
+		ts.mu.Lock()
+		t.held[id] = ts
 	}
-	ts := t.buf.thread(id)
-	ts.mu.Lock()
-	t.held[id] = ts
+	// Held by runChanged until now, or just taken: its pending deltas
+	// come along either way.
+	delete(t.heldOnly, id)
 	if !ts.known {
 		ts.known, ts.written, ts.next, ts.reserved = true, c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
 	}
@@ -473,6 +479,10 @@ func (t *txn) runChanged(runID string) {
 		t.held = map[string]*threadStream{}
 	}
 	t.held[lr.threadID] = ts
+	if t.heldOnly == nil {
+		t.heldOnly = map[string]bool{}
+	}
+	t.heldOnly[lr.threadID] = true
 }
 
 // endStreams ends the transaction's hold on its threads' sequencers, after
@@ -519,6 +529,7 @@ func (t *txn) endStreams(committed bool) {
 		ts.mu.Unlock()
 	}
 	clear(t.held)
+	clear(t.heldOnly)
 	t.live, t.changedRuns = nil, nil
 }
 

@@ -226,3 +226,43 @@ func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
 		t.Errorf("saved fragment %+v", saved)
 	}
 }
+
+// A transaction that changes a live run (holding its thread's sequencer)
+// and then loads the thread takes the thread's pending deltas along, as
+// any transaction that loads a thread does: none is dropped.
+func TestRunChangedThenThreadLoadedKeepsPendingDeltas(t *testing.T) {
+	if pgtest.OnPostgres() {
+		t.Skip("on PostgreSQL deltas are written before they are fanned out")
+	}
+	path := filepath.Join(t.TempDir(), "gw.db")
+	tap := &feedTap{}
+	st := openExclusive(t, path, tap)
+	defer st.Close()
+	th, runID, msgID := startStreaming(t, st)
+	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"still ", "pending"}); err != nil {
+		t.Fatal(err)
+	}
+	st.StopFlusher() // they stay in memory until a transaction takes them
+	if n := st.PendingDeltas(); n == 0 {
+		t.Fatal("nothing pending: the test would show nothing")
+	}
+	if err := st.ChangeRunThenLoadThread(ctx, runID, th.ThreadID); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.PendingDeltas(); n != 0 {
+		t.Errorf("%d deltas still pending after a transaction loaded their thread", n)
+	}
+	mustCheck(t, st, "after the transaction")
+	raw, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	var written int64
+	if err := raw.QueryRow(`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM stream_batches WHERE thread_id = ?`, th.ThreadID).Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	if written != 3 {
+		t.Errorf("%d deltas written, want 3 (first, still, pending)", written)
+	}
+}

@@ -41,6 +41,7 @@ type txn struct {
 	// transaction holds of it and does to it (see streambuf.go).
 	buf         *streamBuffer
 	held        map[string]*threadStream
+	heldOnly    map[string]bool // held by runChanged, pending deltas not taken along yet
 	live        []stagedLive
 	changedRuns []string
 }
