@@ -36,6 +36,11 @@ test("an email is sent only after Confirm, once, and the log says so", async () 
   assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
   assert.match(history[3].text, /handed to the provider/);
   assert.equal(await page.getByTestId("confirm-card").count(), 0);
+  // The email stays readable in the conversation after the decision.
+  const step = page.getByTestId("tool-step");
+  assert.equal(await step.getByTestId("tool-arg-to").textContent(), "anna@example.com");
+  assert.ok((await step.getByTestId("tool-arg-subject").textContent()).length > 0);
+  assert.match(await step.getByTestId("tool-arg-body").textContent(), /spring order/);
   await shot(page, "tools-email-sent");
   assert.deepEqual(errors, []);
 });

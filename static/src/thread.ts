@@ -1072,23 +1072,42 @@ function reconcileNote(op: Operation): string {
 
 // toolResult shows a tool message: which tool answered, and its result
 // folded away (the raw JSON is there for whoever wants it).
+// toolResult is a tool step as the conversation shows it: what was asked
+// of the tool, in words (an email stays readable after any decision: to,
+// subject, body), and its raw result behind Details, for audit.
 function toolResult(content: string): { node: HTMLElement; operationID: string } {
   let tool = "tool";
   let pretty = content;
   let operationID = "";
+  let args: Record<string, unknown> = {};
   try {
-    const rec = JSON.parse(content) as { tool?: string; operation_id?: string; result?: unknown };
+    const rec = JSON.parse(content) as { tool?: string; operation_id?: string; arguments?: unknown; result?: unknown };
     tool = rec.tool ?? tool;
     operationID = typeof rec.operation_id === "string" ? rec.operation_id : "";
+    if (rec.arguments && typeof rec.arguments === "object" && !Array.isArray(rec.arguments)) args = rec.arguments as Record<string, unknown>;
     pretty = JSON.stringify(rec.result ?? rec, null, 2);
   } catch {
     // not JSON: show it as it is
   }
+  const text = (v: unknown) => (typeof v === "string" ? v : JSON.stringify(v));
+  const parts: Node[] = [];
+  if (tool === "send_email") {
+    parts.push(el("strong", { class: "tool-title" }, "Email"));
+    const rows: Node[] = [];
+    for (const k of ["to", "subject"]) if (k in args) rows.push(el("dt", {}, k === "to" ? "To" : "Subject"), el("dd", { "data-testid": `tool-arg-${k}` }, text(args[k])));
+    parts.push(el("dl", { class: "tool-args" }, ...rows));
+    if ("body" in args) parts.push(el("div", { class: "email-body", "data-testid": "tool-arg-body" }, text(args.body)));
+  } else {
+    parts.push(el("strong", { class: "tool-title" }, tool));
+    const rows: Node[] = [];
+    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
+    if (rows.length) parts.push(el("dl", { class: "tool-args" }, ...rows));
+  }
   const node = el(
-    "details",
-    { class: "tool-result" },
-    el("summary", {}, `Result of ${tool}`),
-    el("pre", { class: "body card", "data-testid": "message-body" }, pretty),
+    "div",
+    { class: "tool-step", "data-testid": "tool-step" },
+    ...parts,
+    el("details", { class: "tool-result" }, el("summary", {}, "Details"), el("pre", { class: "body card", "data-testid": "message-body" }, pretty)),
   );
   return { node, operationID };
 }
