@@ -28,7 +28,7 @@ test("an email is sent only after Confirm, once, and the log says so", async () 
   await card.getByTestId("confirm-op").click();
   // Confirmed, the run works on: the chip no longer waits for the user.
   await page.locator("[data-testid=operation][data-phase=committing]").waitFor({ timeout: 10000 });
-  assert.equal(await page.getByTestId("run-chip").textContent(), "Working…");
+  assert.equal(await page.getByTestId("run-chip").textContent(), "Handing the email to anna@example.com to the provider…");
   assert.equal(await page.locator("#thread").getAttribute("data-run-status"), "running");
   await page.locator("[data-testid=operation][data-phase=committed]").waitFor({ timeout: 20000 });
   await runStatus(page, "idle", 20000);
@@ -88,6 +88,8 @@ test("cancel during a search keeps its result, and continuing reuses it", async 
   await newThread(page, server.url);
   await send(page, "Search the catalog for a trekking backpack");
   await page.locator("[data-testid=operation][data-phase=running]").waitFor({ timeout: 10000 });
+  // The page says what the call is doing, not only "Working…".
+  assert.match(await page.getByTestId("run-chip").textContent(), /^Searching the catalog for “.*backpack.*”…$/);
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor({ timeout: 20000 });
   const line = page.getByTestId("receipt-operation");

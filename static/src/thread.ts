@@ -833,13 +833,17 @@ export class ThreadView {
         ),
       );
     } else if (this.run) {
+      const runID = this.run.id;
+      const calling = [...this.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
       const label = this.cancelAccepted()
         ? "Cancelling…"
         : this.run.status === "queued"
           ? "Waiting for a worker…"
           : this.run.status === "waiting_confirmation"
             ? "Waiting for your confirmation"
-            : "Working…";
+            : calling
+              ? callingLabel(calling)
+              : "Working…";
       parts.push(el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label)));
     }
     for (const op of this.operations.values()) {
@@ -1110,6 +1114,14 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     el("details", { class: "tool-result" }, el("summary", {}, "Details"), el("pre", { class: "body card", "data-testid": "message-body" }, pretty)),
   );
   return { node, operationID };
+}
+
+// callingLabel says what a tool call in progress is doing, in words.
+function callingLabel(op: Operation): string {
+  const args = (op.args && typeof op.args === "object" ? op.args : {}) as Record<string, unknown>;
+  if (op.tool === "catalog_search" && typeof args.query === "string") return `Searching the catalog for “${snippet(args.query, 60)}”…`;
+  if (op.tool === "send_email" && typeof args.to === "string") return `Handing the email to ${args.to} to the provider…`;
+  return `Running ${op.tool}…`;
 }
 
 // speaker names who a message is from, for screen readers.
