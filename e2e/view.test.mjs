@@ -57,7 +57,7 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
   // Scrolled up while a reply streams, Cancel's receipt is brought into
   // view above the composer (on a phone, where it used to land under it).
   await page.setViewportSize({ width: 390, height: 844 });
-  await send(page, "Repeat after me: " + "a reply long enough to cancel ".repeat(60));
+  await send(page, "Repeat after me: " + "a reply long enough to cancel ".repeat(300));
   await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();
   await page.evaluate(() => window.scrollTo({ top: 0 }));
   await page.getByTestId("cancel").click();
@@ -124,7 +124,8 @@ test("Enter while a reply streams says what to do and keeps the text; the note g
   const errors = [];
   const page = await newPage(browser, errors);
   await newThread(page, server.url);
-  await send(page, "Tell me about winter gardens " + "and more ".repeat(5));
+  // Long enough (about 1,500 words at 3 ms) to still be streaming when Enter is pressed.
+  await send(page, "Repeat after me: " + "winter gardens need care ".repeat(300));
   await runStatus(page, "running");
   await page.getByTestId("composer-input").fill("my next question");
   await page.getByTestId("composer-input").press("Enter");
@@ -189,6 +190,11 @@ test("phone: the conversation list is a drawer; the conversation starts at the t
   await page.getByTestId("drawer-toggle").click();
   await page.getByTestId("new-thread").click();
   await page.waitForURL((u) => u.href !== url && /\/t\/thr_/.test(u.pathname));
+  // The keyboard way: Ctrl+Shift+O, from the composer, opens another.
+  const before = page.url();
+  await page.getByTestId("composer-input").press("Control+Shift+O");
+  await page.waitForURL((u) => u.href !== before && /\/t\/thr_/.test(u.pathname));
+  await eventually(async () => assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "composer-input"));
   // At 1280 px the list is beside the conversation, no drawer.
   await page.setViewportSize({ width: 1280, height: 820 });
   assert.ok(await sidebar.isVisible());

@@ -5,6 +5,16 @@ import { groupByDay } from "./sidebar";
 
 const app = document.querySelector<HTMLElement>("[data-testid=app]");
 if (app) new Drawer(app).start();
+// Ctrl+Shift+O (⌘⇧O on a Mac) starts a new conversation, as in other chat
+// apps; the composer hint says so.
+document.addEventListener("keydown", (e) => {
+  if ((e.ctrlKey || e.metaKey) && e.shiftKey && !e.altKey && e.key.toLowerCase() === "o") {
+    const form = document.querySelector<HTMLFormElement>("form.new-thread");
+    if (!form) return;
+    e.preventDefault();
+    form.requestSubmit();
+  }
+});
 const list = document.querySelector<HTMLElement>("[data-testid=thread-list]");
 if (list) groupByDay(list);
 const root = document.getElementById("thread");
