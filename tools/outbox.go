@@ -383,10 +383,17 @@ func (o *Outbox) accept(ctx context.Context, key string, msg Email, recordIn tim
 		return Sent{}, fmt.Errorf("outbox: begin: %w", err)
 	}
 	defer tx.Rollback()
-	now := time.Now().UnixMilli()
+	clock := time.Now()
+	now := clock.UnixMilli()
+	at := now
+	if recordIn > 0 {
+		// Recorded no earlier than recordIn after now: rounded up to the
+		// millisecond, not down (rounded down, a key showed up to 1 ms early).
+		at = (clock.Add(recordIn).UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+	}
 	r, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO outbox (idempotency_key, recipient, subject, body, provider_id, accepted_at)
 		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING`),
-		key, msg.To, msg.Subject, msg.Body, newProviderID(), now+recordIn.Milliseconds())
+		key, msg.To, msg.Subject, msg.Body, newProviderID(), at)
 	if err != nil {
 		return Sent{}, fmt.Errorf("outbox: accept %s: %w", key, err)
 	}
