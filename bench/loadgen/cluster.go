@@ -390,10 +390,7 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 	if f.window > 0 {
 		streaming = float64(st.Deltas) / f.window * c.Pace.Seconds()
 	}
-	gaps, err := cancelGaps(ctx, dsn, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
-	}
+	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, dsn, w0, w1)
 	slow := 0
 	for _, g := range gaps {
 		if g > 500_000 {
@@ -401,10 +398,7 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		}
 	}
 	g := summarize(gaps)
-	firsts, err := firstDeltaGaps(ctx, dsn, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
-	}
+	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, dsn, w0, w1)
 	fd := summarize(firsts)
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
 	dir := "cancels measured, run on %s, cancel sent to %s"

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -130,6 +131,17 @@ func streamTable(ctx context.Context, conn *sql.DB) string {
 		return "stream_batches"
 	}
 	return `(SELECT seq AS first_seq, seq AS last_seq, run_id, message_id, ts, '' AS ts_offsets FROM stream_deltas)`
+}
+
+// storeGaps reads one of the figures above over the window [w0, w1); when
+// the database cannot answer it, notes says which figures are missing and
+// why, and the figures are empty (their summary NaN).
+func storeGaps(ctx context.Context, notes *[]string, what string, read func(context.Context, string, int64, int64) ([]int32, error), db string, w0, w1 time.Time) []int32 {
+	out, err := read(ctx, db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		*notes = append(*notes, "server-side "+what+" figures unavailable: "+err.Error())
+	}
+	return out
 }
 
 // gaps runs a query of millisecond differences over [from, to) and returns

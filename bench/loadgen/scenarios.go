@@ -254,10 +254,7 @@ func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigur
 	p.finish(ctx, s)
 	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
 	f.store, f.storeErr = &st, err
-	pg, err := publishGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side publish figures unavailable: "+err.Error())
-	}
+	pg := storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1)
 	f.serverPublish = summarize(pg)
 	return f
 }
@@ -513,15 +510,9 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	if f.window > 0 {
 		streaming = float64(st.Deltas) / f.window * c.Pace.Seconds()
 	}
-	gaps, err := cancelGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
-	}
+	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1)
 	g := summarize(gaps)
-	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
-	}
+	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
 	fd := summarize(firsts)
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
 	s.Metrics = []Metric{
@@ -603,15 +594,9 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	}
 	f.store = &st
 	f.storeErr = err
-	pg, err := publishGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side publish figures unavailable: "+err.Error())
-	}
+	pg := storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1)
 	sp := summarize(pg)
-	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
-	}
+	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
 	fd := summarize(firsts)
 	s.Metrics = []Metric{
 		metric("deltas buffered (committed)", "1/s", float64(st.Deltas)/f.window, "≥ 30,000"),
@@ -695,15 +680,9 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	p.finish(ctx, &s)
 	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
 	f.store, f.storeErr = &st, err
-	gaps, err := cancelGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side cancel figures unavailable: "+err.Error())
-	}
+	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1)
 	g := summarize(gaps)
-	firsts, err := firstDeltaGaps(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	if err != nil {
-		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
-	}
+	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
 	fd := summarize(firsts)
 	delivered := nan
 	if f.offered > 0 {

@@ -597,18 +597,15 @@ export class ThreadView {
       case "delete-draft":
         // Asks first: a deleted fragment is gone for good.
         this.deleting = target.dataset.messageId ?? null;
-        this.list.dataset.ids = ""; // the message's buttons change
         this.render();
         this.list.querySelector<HTMLElement>("[data-testid=delete-draft-confirm]")?.focus();
         return;
       case "delete-draft-keep":
         this.deleting = null;
-        this.list.dataset.ids = "";
         this.render();
         return;
       case "delete-draft-confirm":
         this.deleting = null;
-        this.list.dataset.ids = "";
         await this.command({
           type: "draft.delete",
           thread_id: this.threadID,
@@ -737,7 +734,9 @@ export class ThreadView {
   }
 
   private renderMessages(): void {
-    const want = this.messages.map((m) => m.message_id).join(",");
+    // The list is rebuilt when its messages change, or which fragment's
+    // deletion is being asked about (its buttons change).
+    const want = this.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}`;
     if (this.list.dataset.ids === want) return;
     this.list.dataset.ids = want;
     this.list.replaceChildren(...this.messages.map((m) => this.messageItem(m)));
