@@ -175,7 +175,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		m.Committed(events)
 		fd.Publish(events)
 	}
-	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true,
+	st, err := store.Open(ctx, cfg.db, store.Options{OnCommit: committed, Metrics: m, Exclusive: true, StreamBuffer: true,
 		ReconcileHorizon: cfg.reconcileHorizon, Synchronous: cfg.sqliteSync})
 	if err != nil {
 		if store.IsPostgres(cfg.db) {
@@ -188,10 +188,22 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	// The engine, once it exists, for the bus's cancel wake-ups.
 	var woken atomic.Pointer[engine.Engine]
 	var wakeups engine.CancelWakeups
+	var holders engine.CancelForwarder
 	switch {
 	case cfg.nats != "":
 		nb, err := bus.DialNATS(cfg.nats, bus.NATSConfig{
 			Log: st, Name: instanceID, Logger: log, Subject: cfg.natsSubject,
+			// Other instances ask this process for the threads it streams
+			// on, and this process asks them, before writing to one.
+			Holder: leaseOwner, OnYield: st.YieldStream,
+			// and hand cancels to the process executing the run.
+			OnCancelRun: func(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+				e := woken.Load()
+				if e == nil {
+					return chat.CancelAck{}, errors.New("this instance is still starting")
+				}
+				return e.CancelRunHere(ctx, p)
+			},
 			OnCancel: func(string) {
 				if e := woken.Load(); e != nil {
 					e.WakeCancels()
@@ -202,10 +214,12 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 			return fmt.Errorf("connect to NATS at %s: %w (is nats-server running? check -nats)", redactedURL(cfg.nats), err)
 		}
 		defer nb.Close()
-		fd, wakeups = nb, nb
+		st.SetStreamPeers(nb)
+		fd, wakeups, holders = nb, nb, nb
 		m.WatchBus(func() metrics.BusCounts {
-			s := nb.Stats()
-			return metrics.BusCounts{Recoveries: s.Recoveries, Recovered: s.Recovered, Skipped: s.Skipped, Unsent: s.Unsent}
+			s, ss := nb.Stats(), st.StreamStats()
+			return metrics.BusCounts{Recoveries: s.Recoveries, Recovered: s.Recovered, Skipped: s.Skipped, Unsent: s.Unsent,
+				Yields: ss.Yields, Unanswered: ss.Unanswered, WrittenPast: ss.WrittenPast, DeltasLost: ss.DeltasLost}
 		})
 	case st.Postgres():
 		log.Warn("-db is PostgreSQL but -nats is not set: run only this one instance, or give every instance -nats so tabs see the events other instances commit")
@@ -239,7 +253,7 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	eng := engine.New(engine.Config{
 		Store: st, Model: backend, ModelName: modelName, Tools: registry, Log: log,
-		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups,
+		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups, Holders: holders,
 		Workers: cfg.workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,
 		Metrics: m,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,19 @@ type NATSConfig struct {
 	Logger *slog.Logger
 	// Name identifies this instance to the NATS server.
 	Name string
+	// Holder is this process's run lease owner: the name other instances
+	// ask (YieldStream) for threads it streams on. With OnYield, the bus
+	// answers their requests. Empty: it answers none.
+	Holder string
+	// OnYield gives a thread this process streams on back to the asking
+	// instance (store.Store.YieldStream): it writes the pending deltas and
+	// the reservation goes. OnCancelRun accepts a cancel another instance
+	// forwards to the process executing the run (engine.CancelRunHere).
+	// Both are called from bus goroutines, several at once (at most
+	// maxHolderRequests), outside every bus lock, with a context that ends
+	// at Close or after holderAnswerTimeout. See holders.go.
+	OnYield     func(ctx context.Context, threadID string) error
+	OnCancelRun func(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error)
 }
 
 // NATS is the event bus for several gateway instances sharing one
@@ -83,6 +97,9 @@ type NATS struct {
 	cnCh    chan *nats.Msg
 	evPfx   string // "<prefix>.ev."
 	cancelS string // "<prefix>.cancel"
+	holderS string // "<prefix>.holder."
+	hSub    *nats.Subscription
+	hCh     chan *nats.Msg
 
 	ctx    context.Context // ends at Close: stops every goroutine and log read
 	stop   context.CancelFunc
@@ -164,6 +181,11 @@ type threadState struct {
 	dropped    bool // an event arrived during the baseline read and was not held
 	recovering bool // a recovery goroutine runs for this thread
 	again      bool // run the recovery once more when it ends
+	// recent are the last events delivered, consecutive seqs, oldest
+	// first, with when each was (unix ns): what a subscriber joining
+	// here may need that the log does not hold yet (Recent).
+	recent   []*chat.Event
+	recentAt []int64
 }
 
 // Defaults for NATSConfig.
@@ -211,7 +233,8 @@ func DialNATS(url string, cfg NATSConfig) (*NATS, error) {
 	b := &NATS{
 		cfg: cfg, log: lg.With("bus", "nats"),
 		evCh: make(chan *nats.Msg, receiveBuffer), cnCh: make(chan *nats.Msg, 256),
-		evPfx: cfg.Subject + ".ev.", cancelS: cfg.Subject + ".cancel",
+		evPfx: cfg.Subject + ".ev.", cancelS: cfg.Subject + ".cancel", holderS: cfg.Subject + ".holder.",
+		hCh: make(chan *nats.Msg, 256),
 		ctx: ctx, stop: stop,
 		resync: make(chan struct{}, 1), ncDone: make(chan struct{}),
 		threads: map[string]*threadState{}, reads: make(chan struct{}, maxRecoveryReads),
@@ -258,11 +281,17 @@ func DialNATS(url string, cfg NATSConfig) (*NATS, error) {
 	if b.cnSub, err = nc.ChanSubscribe(b.cancelS, b.cnCh); err != nil {
 		return fail(fmt.Errorf("bus: subscribe to cancels: %w", err))
 	}
+	if cfg.Holder != "" {
+		if b.hSub, err = nc.ChanSubscribe(b.holderSubject(cfg.Holder), b.hCh); err != nil {
+			return fail(fmt.Errorf("bus: subscribe to requests for this process: %w", err))
+		}
+	}
 	if err := nc.FlushTimeout(cfg.LogTimeout); err != nil {
 		return fail(fmt.Errorf("bus: register subscriptions: %w", err))
 	}
 	b.wg.Go(b.receiveEvents)
 	b.wg.Go(b.receiveCancels)
+	b.wg.Go(b.receiveHolderRequests)
 	b.wg.Go(b.publisher)
 	b.wg.Go(b.sweeper)
 	return b, nil
@@ -463,6 +492,12 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 // thread's state goes with its last sink.
 func (b *NATS) deliverLocked(threadID string, t *threadState, ev *chat.Event) {
 	t.last = ev.Seq
+	if n := len(t.recent); n >= 2*recentMax {
+		t.recent = append(t.recent[:0], t.recent[n-recentMax:]...)
+		t.recentAt = append(t.recentAt[:0], t.recentAt[n-recentMax:]...)
+	}
+	t.recent = append(t.recent, ev)
+	t.recentAt = append(t.recentAt, time.Now().UnixNano())
 	for s := range t.sinks {
 		if !s.Deliver(ev) {
 			delete(t.sinks, s)
@@ -508,6 +543,7 @@ func (b *NATS) recoverLocked(threadID string, t *threadState) {
 // log and delivers them with the held ones, in order; it reruns while new
 // gaps appeared during a read. On a read error it stops: the sweep retries.
 func (b *NATS) recover(threadID string, t *threadState) {
+	var idle time.Duration
 	for {
 		b.mu.Lock()
 		if b.threads[threadID] != t {
@@ -554,7 +590,24 @@ func (b *NATS) recover(threadID string, t *threadState) {
 			b.mu.Unlock()
 			return
 		}
+		progress := t.last > after
 		b.mu.Unlock()
+		if progress {
+			idle = 0
+			continue
+		}
+		// The log is behind what NATS brought (the instance streaming the
+		// thread writes its deltas after it fans them out, every few ms):
+		// read it again a little later, later each time.
+		idle = min(max(2*idle, time.Millisecond), 250*time.Millisecond)
+		select {
+		case <-time.After(idle):
+		case <-b.ctx.Done():
+			b.mu.Lock()
+			t.recovering = false
+			b.mu.Unlock()
+			return
+		}
 	}
 }
 
@@ -614,6 +667,7 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 func (b *NATS) skipLocked(threadID string, t *threadState, through int64) {
 	b.stats.Skipped += through - t.last
 	t.last = through
+	t.recent, t.recentAt = nil, nil // no longer consecutive up to last
 	for s := range t.sinks {
 		if la, ok := s.(LossAware); ok {
 			la.Lost(threadID)
@@ -666,8 +720,12 @@ func (b *NATS) sweep() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	old := time.Now().Add(-recentAge).UnixNano()
 	for _, id := range ids {
 		t := b.threads[id]
+		if t != nil {
+			t.pruneRecent(old)
+		}
 		last, ok := seqs[id]
 		if t == nil || t.baselining || !ok {
 			continue
@@ -682,6 +740,50 @@ func (b *NATS) sweep() {
 		if last > t.last || len(t.pending) > 0 {
 			b.recoverLocked(id, t)
 		}
+	}
+}
+
+// Recent returns the events this bus delivered for the thread after seq
+// after, and true, when it still holds every one of them in order (the
+// last recentMax, for up to about recentAge): what a subscriber joining
+// here missed that the event log may not hold yet, because the instance
+// that streams the thread writes its deltas after it fans them out. false
+// when it does not (the caller reads the log, or sends a snapshot).
+func (b *NATS) Recent(threadID string, after int64) ([]*chat.Event, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.threads[threadID]
+	if t == nil || !t.based || after > t.last {
+		return nil, false
+	}
+	if after == t.last {
+		return nil, true
+	}
+	if len(t.recent) == 0 || t.recent[0].Seq > after+1 {
+		return nil, false
+	}
+	i := int(after + 1 - t.recent[0].Seq)
+	return slices.Clone(t.recent[i:]), true
+}
+
+// How much of each thread Recent keeps.
+const (
+	recentMax = 512
+	recentAge = 10 * time.Second
+)
+
+// pruneRecent drops the recent events delivered before old (unix ns), so
+// a quiet thread holds none.
+func (t *threadState) pruneRecent(old int64) {
+	i := 0
+	for i < len(t.recentAt) && t.recentAt[i] < old {
+		i++
+	}
+	switch {
+	case i == len(t.recent):
+		t.recent, t.recentAt = nil, nil
+	case i > 0:
+		t.recent, t.recentAt = slices.Clone(t.recent[i:]), slices.Clone(t.recentAt[i:])
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -523,4 +524,85 @@ func TestNATSCloseStopsEveryGoroutine(t *testing.T) {
 	// Nothing reaches a sink after Close.
 	a.Publish(log.append(thread, 1))
 	waitExact(t, "a after close", sa, []int64{1, 2, 3, 4})
+}
+
+// A yield request reaches the holder it names, and only that one; its
+// answer (success or the holder's error) comes back to the asker. A holder
+// nobody answers for fails at once, not after the asker's bound.
+func TestNATSYieldStreamReachesTheHolder(t *testing.T) {
+	url := natsURL(t)
+	subj := testSubject()
+	log := newMemLog()
+	type asked struct{ holder, thread string }
+	got := make(chan asked, 4)
+	onYield := func(holder string) func(context.Context, string) error {
+		return func(_ context.Context, thread string) error {
+			got <- asked{holder, thread}
+			if thread == "thr_refused" {
+				return errors.New("write failed: try again")
+			}
+			return nil
+		}
+	}
+	// Lease owners name a process and need not be NATS tokens.
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gw A.p*1", OnYield: onYield("a")})
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwC.p3", OnYield: onYield("c")})
+	asker := dial(t, url, log, bus.NATSConfig{Subject: subj})
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := asker.bus.YieldStream(ctx, "gw A.p*1", "thr_1"); err != nil {
+		t.Fatalf("yield from a live holder: %v", err)
+	}
+	if a := <-got; a != (asked{"a", "thr_1"}) {
+		t.Fatalf("asked %+v, want holder a for thr_1", a)
+	}
+	err := asker.bus.YieldStream(ctx, "gw A.p*1", "thr_refused")
+	if err == nil || !strings.Contains(err.Error(), "write failed") {
+		t.Fatalf("yield the holder refused: %v, want its error", err)
+	}
+	<-got
+	start := time.Now()
+	err = asker.bus.YieldStream(ctx, "gwB.gone", "thr_1")
+	if err == nil {
+		t.Fatal("a holder nobody answers for yielded")
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Fatalf("a gone holder took %v to fail: %v", waited, err)
+	}
+	select {
+	case a := <-got:
+		t.Fatalf("another process answered for the gone holder: %+v", a)
+	default:
+	}
+}
+
+// A forwarded cancel reaches the process executing the run and comes back
+// with its ack, or with its refusal as the same *chat.Error.
+func TestNATSForwardCancelCarriesAckAndRefusal(t *testing.T) {
+	url := natsURL(t)
+	subj := testSubject()
+	log := newMemLog()
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1",
+		OnCancelRun: func(_ context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+			if p.RunID == "run_done" {
+				return chat.CancelAck{}, chat.Errorf(chat.CodeRunNotActive, "run %s already ended completed", p.RunID).With("status", "completed")
+			}
+			return chat.CancelAck{RunID: p.RunID, Status: chat.RunCancelRequested, AcceptedStateVersion: 7, ResumeCheckpointID: "cp_1"}, nil
+		}})
+	asker := dial(t, url, log, bus.NATSConfig{Subject: subj})
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	ack, err := asker.bus.ForwardCancel(ctx, "gwA.p1", chat.CancelRun{UserID: "usr_1", RunID: "run_1", RequestedBy: "tab:x"})
+	if err != nil || ack.RunID != "run_1" || ack.Status != chat.RunCancelRequested || ack.AcceptedStateVersion != 7 || ack.ResumeCheckpointID != "cp_1" {
+		t.Fatalf("forwarded cancel = %+v, %v", ack, err)
+	}
+	_, err = asker.bus.ForwardCancel(ctx, "gwA.p1", chat.CancelRun{UserID: "usr_1", RunID: "run_done"})
+	var ce *chat.Error
+	if !errors.As(err, &ce) || ce.Code != chat.CodeRunNotActive || ce.Fields["status"] != "completed" {
+		t.Fatalf("refused cancel = %v, want run_not_active with its fields", err)
+	}
+	if _, err := asker.bus.ForwardCancel(ctx, "gwB.gone", chat.CancelRun{RunID: "run_1"}); err == nil || errors.As(err, &ce) {
+		t.Fatalf("cancel for a gone holder = %v, want a failure that is not a refusal", err)
+	}
 }

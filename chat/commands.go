@@ -34,6 +34,11 @@ type CancelRun struct {
 	RunID       string
 	Reason      string
 	RequestedBy string
+	// Resent marks the same request sent again because the outcome of
+	// its first delivery is unknown (handed to another instance, which did
+	// not answer in time): a cancel already accepted for the same
+	// requester is then this request's, not an earlier one.
+	Resent bool
 }
 
 // CancelAck is run.cancel's answer.

@@ -65,6 +65,9 @@ type Store interface {
 	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 	AddUsage(ctx context.Context, runID string, u chat.Usage) error
+	// RunHolder is the lease owner of an active run ("" none), as last
+	// committed (it may change right after).
+	RunHolder(ctx context.Context, runID string) (string, error)
 }
 
 // Config configures an Engine. Zero values take the defaults.
@@ -116,6 +119,12 @@ type Config struct {
 	// for a run this engine does not execute (the bus; nil with one
 	// instance). The instance that executes it calls WakeCancels.
 	Wakeups CancelWakeups
+	// Holders hands a cancel of a run another process executes to that
+	// process (the bus; nil with one instance): it accepts the cancel in
+	// its own transaction, after the deltas it streamed and has not
+	// written yet, and stops its worker at once. When it does not answer
+	// within forwardTimeout the cancel is accepted here.
+	Holders CancelForwarder
 	// CancelPoll is how often an engine of several instances looks for
 	// cancels accepted elsewhere whose wake-up it never got (default 1s;
 	// unused with SingleInstance).
@@ -129,6 +138,17 @@ type Config struct {
 	// lease expires and recovery settles it.
 	SettleTimeout time.Duration
 }
+
+// CancelForwarder hands a cancel to the process holder that executes the
+// run. A *chat.Error is that process's refusal of the cancel; any other
+// error means it did not answer.
+type CancelForwarder interface {
+	ForwardCancel(ctx context.Context, holder string, p chat.CancelRun) (chat.CancelAck, error)
+}
+
+// forwardTimeout bounds the wait for the process executing a run to
+// accept its cancel.
+const forwardTimeout = 500 * time.Millisecond
 
 // CancelWakeups carries cancel wake-ups to other instances. PublishCancel
 // must not block; a lost wake-up costs at most Config.CancelPoll.
@@ -260,6 +280,30 @@ type liveRun struct {
 // context is cancelled), or, when no worker holds the run, the cancel is
 // finished here.
 func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+	if e.cfg.Holders != nil && !e.cfg.SingleInstance {
+		holder, err := e.store.RunHolder(ctx, p.RunID)
+		if err == nil && holder != "" && holder != e.cfg.InstanceID {
+			fwd, cancel := context.WithTimeout(ctx, forwardTimeout)
+			ack, err := e.cfg.Holders.ForwardCancel(fwd, holder, p)
+			cancel()
+			var ce *chat.Error
+			if err == nil || errors.As(err, &ce) {
+				return ack, err
+			}
+			if ctx.Err() != nil {
+				return chat.CancelAck{}, ctx.Err()
+			}
+			e.log.Warn("the instance executing the run did not take its cancel: accepting it here", "run_id", p.RunID, "holder", holder, "err", err)
+			p.Resent = true // it may have, and just not answered in time
+		}
+	}
+	return e.CancelRunHere(ctx, p)
+}
+
+// CancelRunHere is CancelRun without handing the cancel to another
+// process: what an instance does with a cancel another one forwards to it
+// (Config.Holders), and with any cancel when it runs alone.
+func (e *Engine) CancelRunHere(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
 	ack, prev, err := e.store.RequestCancel(ctx, p)
 	if err != nil || ack.AlreadyRequested {
 		return ack, err

@@ -79,3 +79,86 @@ func TestCancelAcceptedByAnotherInstance(t *testing.T) {
 		})
 	}
 }
+
+// holdersTo hands a forwarded cancel straight to another engine, as the
+// NATS bus does between instances; with lost set it lets the cancel be
+// accepted there and then answers as a holder that did not answer in
+// time would.
+type holdersTo struct {
+	target func() *engine.Engine
+	lost   bool
+	asked  *[]string
+}
+
+func (h holdersTo) ForwardCancel(ctx context.Context, holder string, p chat.CancelRun) (chat.CancelAck, error) {
+	*h.asked = append(*h.asked, holder)
+	ack, err := h.target().CancelRunHere(ctx, p)
+	if h.lost && err == nil {
+		return chat.CancelAck{}, context.DeadlineExceeded
+	}
+	return ack, err
+}
+
+// A cancel sent to b of a run a executes goes to a, which accepts it and
+// stops its worker at once (no wake-up, no poll: both are off here). When
+// a accepts it but its answer is lost, b accepts it again for the same
+// requester: the ack says it is this request's, not an earlier cancel's.
+func TestCancelForwardedToTheInstanceExecutingTheRun(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		name := "answered"
+		if lost {
+			name = "answer lost"
+		}
+		t.Run(name, func(t *testing.T) {
+			m := newScripted(words, true)
+			h := newHarness(t, m)
+			snap := h.thread()
+			sub := h.feed.Subscribe(snap.ThreadID, 1024)
+			defer sub.Close()
+
+			cfgA := h.config()
+			cfgA.SingleInstance, cfgA.InstanceID, cfgA.CancelPoll = false, "a", time.Hour
+			a := engine.New(cfgA)
+			if err := a.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			ack, err := a.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+				ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.release(t, 2)
+			waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
+
+			var asked []string
+			cfgB := h.config()
+			cfgB.SingleInstance, cfgB.InstanceID, cfgB.CancelPoll = false, "b", time.Hour
+			cfgB.Holders = holdersTo{target: func() *engine.Engine { return a }, lost: lost, asked: &asked}
+			b := engine.New(cfgB)
+			if err := b.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			cancel, err := b.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:b"})
+			if err != nil || cancel.Status != chat.RunCancelRequested || cancel.AlreadyRequested || cancel.AcceptedStateVersion == 0 {
+				t.Fatalf("cancel through b = %+v, %v", cancel, err)
+			}
+			if len(asked) != 1 || asked[0] != "a" {
+				t.Fatalf("b asked %v, want the run's lease holder a once", asked)
+			}
+			select {
+			case <-m.stopped:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a's model call was not cancelled within 10s: the forwarded cancel did not reach its worker")
+			}
+			waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+
+			// A second cancel of the same tab is a repeat, answered as one.
+			again, err := b.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:b"})
+			if err != nil || !again.AlreadyRequested {
+				t.Fatalf("second cancel = %+v, %v; want already_requested", again, err)
+			}
+		})
+	}
+}

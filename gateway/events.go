@@ -347,8 +347,30 @@ func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64
 		if err != nil {
 			return caughtUp{}, err
 		}
-		if replay.Complete {
-			return caughtUp{events: replay.Events, lastSeq: replay.LastSeq, stateVersion: replay.StateVersion, recovered: true}, nil
+		recent, _ := s.feed.(RecentFeed)
+		switch {
+		case replay.Complete:
+			got := caughtUp{events: replay.Events, lastSeq: replay.LastSeq, stateVersion: replay.StateVersion, recovered: true}
+			// What this instance delivered beyond the log's end (deltas
+			// another instance fanned out and has not written yet).
+			if recent != nil {
+				if more, ok := recent.Recent(threadID, replay.LastSeq); ok && len(more) > 0 {
+					got.events = append(got.events, more...)
+					got.lastSeq = more[len(more)-1].Seq
+					got.stateVersion = max(got.stateVersion, lastVersion(more))
+				}
+			}
+			return got, nil
+		case recent != nil && after > replay.LastSeq:
+			// A tab that saw such deltas on another instance: they are
+			// real if this instance delivered them too.
+			if more, ok := recent.Recent(threadID, after); ok {
+				last := after
+				if len(more) > 0 {
+					last = more[len(more)-1].Seq
+				}
+				return caughtUp{events: more, lastSeq: last, stateVersion: max(replay.StateVersion, lastVersion(more)), recovered: true}, nil
+			}
 		}
 	}
 	snap, err := s.store.Snapshot(ctx, user, threadID)
@@ -363,6 +385,17 @@ func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64
 		events:  []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}},
 		lastSeq: snap.LastSeq, stateVersion: snap.StateVersion,
 	}, nil
+}
+
+// lastVersion is the state_version of the last durable event among evs
+// (0 if none).
+func lastVersion(evs []*chat.Event) int64 {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Durable() {
+			return evs[i].StateVersion
+		}
+	}
+	return 0
 }
 
 // writeSSEError writes err as an `error` event whose data is the

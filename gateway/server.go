@@ -46,6 +46,18 @@ type Feed interface {
 	Remove(threadID string, sink chat.EventSink)
 }
 
+// RecentFeed is a Feed that also keeps the events it delivered lately
+// (bus.NATS): with several instances, the one streaming a thread writes
+// its deltas after it fans them out, so the event log of another instance
+// can end before what that instance's tabs were already given. A
+// subscriber joining there is caught up from both.
+type RecentFeed interface {
+	Feed
+	// Recent returns the delivered events after seq after, and whether it
+	// holds every one of them.
+	Recent(threadID string, after int64) ([]*chat.Event, bool)
+}
+
 // Authenticator tells who is calling (package auth).
 type Authenticator interface {
 	// Authenticate returns the caller, or an unauthorized, forbidden or

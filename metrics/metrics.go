@@ -403,6 +403,8 @@ func (m *Metrics) CancelSettled(d time.Duration) { m.cancelSettle.Observe(d.Seco
 // BusCounts are the NATS bus's counters since it connected (bus.NATSStats).
 type BusCounts struct {
 	Recoveries, Recovered, Skipped, Unsent int64
+	// The threads handed between instances (store.StreamStats).
+	Yields, Unanswered, WrittenPast, DeltasLost int64
 }
 
 // WatchBus exports the NATS bus's counters, read from counts at each
@@ -416,6 +418,10 @@ func (m *Metrics) WatchBus(counts func() BusCounts) {
 		{"gateway_bus_recovered_events_total", "Events the NATS bus took from the event log because NATS had not brought them.", func(b BusCounts) int64 { return b.Recovered }},
 		{"gateway_bus_skipped_events_total", "Events neither NATS nor the event log could give (purged): the tabs saw a gap and resynced. Should stay 0.", func(b BusCounts) int64 { return b.Skipped }},
 		{"gateway_bus_unsent_total", "Messages not handed to NATS (its queue was full or it refused them); other instances recover their events from the log.", func(b BusCounts) int64 { return b.Unsent }},
+		{"gateway_stream_yields_total", "Threads another instance streamed on that it handed over when this one had to write them (its pending deltas written first).", func(b BusCounts) int64 { return b.Yields }},
+		{"gateway_stream_yields_unanswered_total", "Requests to hand a thread over that the other instance did not answer in time (gone, stalled or cut off).", func(b BusCounts) int64 { return b.Unanswered }},
+		{"gateway_stream_written_past_total", "Another process's reserved seqs this instance recorded as lost and wrote past (after an unanswered request). Should stay 0 while every instance is healthy.", func(b BusCounts) int64 { return b.WrittenPast }},
+		{"gateway_stream_deltas_lost_total", "Deltas this instance fanned out and then dropped unwritten because another instance had written past them (tabs that saw them resync). Should stay 0 while every instance is healthy.", func(b BusCounts) int64 { return b.DeltasLost }},
 	} {
 		value := c.value
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},

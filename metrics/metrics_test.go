@@ -206,8 +206,11 @@ func TestWatchBusReadsAtScrape(t *testing.T) {
 	counts := BusCounts{Recoveries: 3, Recovered: 7}
 	m.WatchBus(func() BusCounts { return counts })
 	counts.Skipped, counts.Unsent = 1, 2 // changed after registration: read at the scrape
+	counts.Yields, counts.Unanswered, counts.WrittenPast, counts.DeltasLost = 4, 5, 6, 8
 	for name, want := range map[string]float64{"gateway_bus_recoveries_total": 3, "gateway_bus_recovered_events_total": 7,
-		"gateway_bus_skipped_events_total": 1, "gateway_bus_unsent_total": 2} {
+		"gateway_bus_skipped_events_total": 1, "gateway_bus_unsent_total": 2,
+		"gateway_stream_yields_total": 4, "gateway_stream_yields_unanswered_total": 5, "gateway_stream_written_past_total": 6,
+		"gateway_stream_deltas_lost_total": 8} {
 		if got := value(t, m, name); got != want {
 			t.Errorf("%s = %g, want %g", name, got, want)
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // SetPurgeLimits makes retention work in transactions of batch rows, at
@@ -137,7 +138,20 @@ func (s *Store) FlushStream(ctx context.Context) error {
 	if s.buf == nil {
 		return nil
 	}
-	return s.buf.flush(ctx)
+	// The flusher may have taken the dirty threads and not yet committed
+	// them: an empty write waits for its transaction.
+	for range 100 {
+		if err := s.buf.flush(ctx); err != nil {
+			return err
+		}
+		if err := s.write(ctx, func(*txn) error { return nil }); err != nil {
+			return err
+		}
+		if s.buf.pending.Load() == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("still %d deltas pending after 100 flushes", s.buf.pending.Load())
 }
 
 // ChangeRunThenLoadThread runs, in one write transaction, what a

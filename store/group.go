@@ -62,12 +62,12 @@ type writeQueue struct {
 // other grouped writes. fn must check before it writes (see above) and
 // touch only its own run's thread.
 func (s *Store) writeGrouped(ctx context.Context, fn func(t *txn) error) error {
-	return s.enqueue(ctx, fn, false)
+	return s.acrossHolders(ctx, func(ctx context.Context) error { return s.enqueue(ctx, fn, false) })
 }
 
 // writeUrgent is writeGrouped ahead of every queued request (cancels).
 func (s *Store) writeUrgent(ctx context.Context, fn func(t *txn) error) error {
-	return s.enqueue(ctx, fn, true)
+	return s.acrossHolders(ctx, func(ctx context.Context) error { return s.enqueue(ctx, fn, true) })
 }
 
 // enqueue queues one request and waits for its result. At most one caller
@@ -278,8 +278,10 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			continue
 		}
 		mark, buffered, cancels, live := len(t.events), t.buffered, len(t.cancelsAccepted), len(t.live)
+		yields, unyields := len(t.yield), len(t.unyield)
 		clear(t.undo)
 		t.wrote = false
+		t.pastOK = pastFrom(r.ctx)
 		err := r.fn(t)
 		if err == nil {
 			ran++
@@ -304,6 +306,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			return 1 + s.commitGroupLocked(rest), nil
 		}
 		t.events, t.buffered, t.cancelsAccepted, t.live = t.events[:mark], buffered, t.cancelsAccepted[:cancels], t.live[:live]
+		t.yield, t.unyield = t.yield[:yields], t.unyield[:unyields]
 		t.rollBackCursors()
 	}
 	if ran == 0 {

@@ -55,5 +55,6 @@ func backoff(ctx context.Context, attempt int) error {
 func refusal(err error) bool {
 	var ce *chat.Error
 	var nr *chat.ErrNotRunning
-	return errors.As(err, &ce) || errors.As(err, &nr)
+	var th *threadHeld
+	return errors.As(err, &ce) || errors.As(err, &nr) || errors.As(err, &th)
 }

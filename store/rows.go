@@ -13,7 +13,7 @@ import (
 
 const threadCols = `thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
 	forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at,
-	events_purged_through, events_purged_version, events_purged_ts, deltas_purged_through, seq_reserved`
+	events_purged_through, events_purged_version, events_purged_ts, deltas_purged_through, seq_reserved, seq_holder`
 
 type threadRow struct {
 	ThreadID               string         `db:"thread_id"`
@@ -36,6 +36,9 @@ type threadRow struct {
 	// Seqs up to it may be handed out to deltas before they are written
 	// (see streambuf.go); a crash loses at most those above last_seq.
 	SeqReserved int64 `db:"seq_reserved"`
+	// SeqHolder is the run lease owner (a process) that reserved them, ""
+	// when nothing is reserved.
+	SeqHolder string `db:"seq_holder"`
 }
 
 // threadColsT is threadCols of the table aliased t.
@@ -55,7 +58,7 @@ func threadColsOf(alias string) string {
 func (r *threadRow) scanTargets() []any {
 	return []any{&r.ThreadID, &r.UserID, &r.Title, &r.StateVersion, &r.LastSeq, &r.HeadCheckpointID,
 		&r.ForkedFromThreadID, &r.ForkedFromCheckpointID, &r.CreatedAt, &r.UpdatedAt,
-		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough, &r.SeqReserved}
+		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough, &r.SeqReserved, &r.SeqHolder}
 }
 
 func (r threadRow) thread() chat.Thread {

@@ -238,7 +238,7 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 		ack = chat.CancelAck{RunID: row.RunID}
 		if st.CancelAccepted() {
 			ack.Status = st
-			ack.AlreadyRequested = true
+			ack.AlreadyRequested = !(p.Resent && row.RequestedBy.String == p.RequestedBy)
 			ack.AcceptedStateVersion = row.CancelStateVersion.Int64
 			ack.PublishedMessageID = fromNullString(row.CancelPublishedMessageID)
 			ack.ResumeCheckpointID = row.ResumeCheckpointID.String
@@ -499,7 +499,7 @@ func (t *txn) claimStream(lease chat.Lease, threadID string) error {
 	if !pending.Valid || json.Unmarshal([]byte(pending.String), &step) != nil || step.Step != chat.StepGenerate {
 		return nil // nothing to stream (or a step this cannot read: the slow path decides)
 	}
-	t.reserve(c)
+	t.reserve(c, lease.Owner, true)
 	t.confirmLive(lease, threadID, "")
 	return nil
 }
@@ -608,7 +608,7 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 		}
 		// From now on this run's batches of this message may skip the
 		// database (SQLite), within the seqs reserved here.
-		t.reserve(c)
+		t.reserve(c, lease.Owner, false)
 		t.confirmLive(lease, th.ThreadID, messageID)
 		return nil
 	})

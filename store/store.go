@@ -85,6 +85,14 @@ type Options struct {
 	// a crash of the process (normal). SQLite only: on PostgreSQL
 	// durability is the server's synchronous_commit, and this is ignored.
 	Synchronous string
+	// StreamBuffer fans deltas out on PostgreSQL before they are written,
+	// as on SQLite with Exclusive (streambuf.go). Instances sharing the
+	// database must then be able to ask each other for a thread: give each
+	// store the others' StreamPeers (SetStreamPeers) before it serves. A
+	// store without peers writes past another process's reservation at
+	// once, recording it as lost. Ignored on SQLite, where Exclusive
+	// decides.
+	StreamBuffer bool
 }
 
 // SQLite synchronous settings (Options.Synchronous).
@@ -130,9 +138,10 @@ type Store struct {
 	onCommit func([]*chat.Event)
 	metrics  Metrics
 	lock     *os.File
-	pg       bool          // PostgreSQL, not SQLite
-	buf      *streamBuffer // deltas fanned out before written (SQLite, Exclusive); nil otherwise
-	retries  atomic.Int64  // transactions run again (retry.go)
+	pg       bool                     // PostgreSQL, not SQLite
+	buf      *streamBuffer            // deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
+	peers    atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
+	retries  atomic.Int64             // transactions run again (retry.go)
 	clock    func() time.Time
 	horizon  time.Duration // Options.ReconcileHorizon
 }
@@ -330,7 +339,14 @@ func openPostgres(ctx context.Context, dsn string, opts Options) (*Store, error)
 		writer.Close()
 		return nil, fmt.Errorf("open PostgreSQL for reading: %w", err)
 	}
-	return newStore(ctx, writer, reader, opts, true)
+	st, err := newStore(ctx, writer, reader, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StreamBuffer {
+		st.buf = newStreamBuffer(st)
+	}
+	return st, nil
 }
 
 // migratePostgres runs the PostgreSQL migrations on a connection pool of
@@ -404,6 +420,10 @@ func (s *Store) Close() error {
 // fn included, a few times: fn must keep its results in variables it sets
 // afresh on every call, and do nothing outside the transaction.
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) error {
+	return s.acrossHolders(ctx, func(ctx context.Context) error { return s.writeRetrying(ctx, fn) })
+}
+
+func (s *Store) writeRetrying(ctx context.Context, fn func(t *txn) error) error {
 	for attempt := 1; ; attempt++ {
 		err := s.writeOnce(ctx, fn)
 		if attempt >= txAttempts || !retryable(err) {
@@ -425,6 +445,7 @@ func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
 		return fmt.Errorf("begin: %w", err)
 	}
 	t := s.newTxn(ctx, tx)
+	t.pastOK = pastFrom(ctx)
 	if err := fn(t); err != nil {
 		_ = tx.Rollback()
 		t.endStreams(false)

@@ -36,8 +36,8 @@ func openStore(t *testing.T, checkAtEnd bool) (*store.Store, string) {
 func openStoreWith(t *testing.T, checkAtEnd bool, opts store.Options) (*store.Store, string) {
 	t.Helper()
 	// As the server opens it: deltas are fanned out before they are
-	// written (on SQLite).
-	opts.Exclusive = true
+	// written.
+	opts.Exclusive, opts.StreamBuffer = true, true
 	return openStoreAs(t, checkAtEnd, opts)
 }
 

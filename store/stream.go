@@ -226,10 +226,15 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 			return err
 		}
 		last := row.LastSeq
-		if n := len(pending); n > 0 {
-			if pending[0].Seq != row.LastSeq+1 {
+		if n := len(pending); n > 0 && pending[0].Seq != row.LastSeq+1 {
+			if !s.pg {
 				return fmt.Errorf("thread %s: the deltas in memory start at seq %d, the database ends at %d", threadID, pending[0].Seq, row.LastSeq)
 			}
+			// Another instance wrote past this process's reservation
+			// (streambuf.go): what memory holds is lost.
+			pending = nil
+		}
+		if n := len(pending); n > 0 {
 			last = pending[n-1].Seq
 		}
 		out.LastSeq, out.StateVersion = last, row.StateVersion

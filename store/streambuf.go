@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,8 +53,24 @@ import (
 // several). Nothing waits for the gate while holding a thread mutex, so
 // fan-out and readers that hold one never wait for the writer.
 //
-// On PostgreSQL (several instances may write one thread) there is no
-// buffer: deltas are written before they are fanned out, as before.
+// On PostgreSQL (Options.StreamBuffer) several instances write one
+// thread, so a reservation names its holder (seq_holder: the run lease
+// owner, one process) and only the holder hands its seqs out. Another
+// instance that must write the thread (a cancel, a fragment, a claim)
+// finds the reservation when it loads the thread row and does not take a
+// seq: it rolls back, asks the holder over StreamPeers to write its
+// pending deltas and give the reservation back (YieldStream), and runs
+// again. The holder's thread then streams through the slow path until its
+// next claim, so the asker is not overtaken by a new reservation. A holder
+// that does not answer within yieldTimeout (dead, stalled, cut off) is
+// written past: the whole reservation is recorded in stream_gaps, as after
+// a crash, and last_seq moves beyond it. The holder finds out at its next
+// transaction on the thread (the row no longer names it) and drops what
+// it held: those deltas were fanned out and are now a recorded gap, so a
+// tab that saw them gets a snapshot and a fragment naming them a clear
+// error. Deltas the holder still hands out from the lost reservation until
+// then carry seqs below the other instance's events: receivers drop them
+// as already delivered, or see the recorded gap.
 
 const (
 	// reserveBlock seqs are reserved at once; a transaction that writes a
@@ -63,12 +80,22 @@ const (
 	// flushDelay gathers deltas into one transaction: the flusher writes
 	// what is pending this long after the first delta it was woken for.
 	flushDelay = 10 * time.Millisecond
+	// pgFlushDelay is flushDelay on PostgreSQL, where every statement is
+	// a round trip: longer, so each thread's statements are paid for more
+	// deltas at once.
+	pgFlushDelay = 50 * time.Millisecond
 	// maxPendingDeltas bounds the deltas held in memory for all threads;
 	// beyond it a batch takes the slow path (written before it is fanned
 	// out), which slows the streams to the writer's pace.
 	maxPendingDeltas = 1 << 16
 	// flushThreads bounds the threads one flush transaction writes.
 	flushThreads = 16
+	// yieldTimeout bounds the wait for another instance to give a
+	// thread's reservation back (PostgreSQL) before it is written past.
+	yieldTimeout = time.Second
+	// maxHeldRounds bounds how often one write asks holders before it
+	// gives up with an error.
+	maxHeldRounds = 6
 )
 
 // streamBuffer is the store's in-memory stream path (nil on PostgreSQL).
@@ -82,7 +109,8 @@ type streamBuffer struct {
 	runs    map[string]liveRun  // runs whose deltas may skip the database
 	dirty   map[string]struct{} // threads that may hold pending deltas: what the flusher visits
 
-	pending atomic.Int64  // deltas held in memory, all threads
+	pending atomic.Int64 // deltas held in memory, all threads
+	stats   streamCounters
 	closed  atomic.Bool   // close began: every batch takes the slow path
 	wake    chan struct{} // cap 1: there is something to write
 	stop    context.CancelFunc
@@ -97,6 +125,12 @@ type threadStream struct {
 	next     int64 // the last seq handed out (≥ written)
 	reserved int64 // seqs up to it may be handed out without a write
 	pending  []*pendingBatch
+	// holder is the lease owner the reservation was taken under (""
+	// none); yielded is set when another instance asked for the thread
+	// (PostgreSQL) and keeps the slow path from reserving again until the
+	// next claim.
+	holder  string
+	yielded bool
 }
 
 // pendingBatch is a run's batch of deltas fanned out and not yet written.
@@ -227,7 +261,11 @@ func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, message
 // stopped.
 func (b *streamBuffer) flusher(ctx context.Context) {
 	defer close(b.done)
-	timer := time.NewTimer(flushDelay)
+	delay := flushDelay
+	if b.s.pg {
+		delay = pgFlushDelay
+	}
+	timer := time.NewTimer(delay)
 	timer.Stop()
 	for {
 		select {
@@ -235,7 +273,7 @@ func (b *streamBuffer) flusher(ctx context.Context) {
 			return
 		case <-b.wake:
 		}
-		timer.Reset(flushDelay)
+		timer.Reset(delay)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -280,24 +318,23 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 		chunk := ids[:min(len(ids), flushThreads)]
 		done := 0
 		err := b.s.write(ctx, func(t *txn) error {
-			done = 0
-			for _, id := range chunk {
-				if done > 0 && b.s.queue.waiting.Load() > 0 {
-					return nil // a cancel waits: commit these first
-				}
-				c, err := t.engineThread(id)
-				if err != nil {
-					return err
-				}
-				if c.row.LastSeq > c.origSeq {
-					// It streams on: keep seqs ahead. (A thread whose
-					// deltas a publish wrote meanwhile gave its
-					// reservation back, and keeps it given back.)
-					t.reserve(c)
-				}
-				done++
+			var extended bool
+			var err error
+			done, extended, err = b.flushChunk(t, chunk)
+			if err == nil && t.pg && !extended && done > 0 {
+				// On PostgreSQL the flush does not wait for its commit to
+				// reach the disk (measured: cancels waited behind flushes
+				// holding the writer and their threads' rows through an
+				// fsync each, BENCHMARKS.md). A crash of PostgreSQL can
+				// lose it whole: its deltas then lie in this process's
+				// reservation, which is recorded lost at its next write
+				// (see the package doc), as after a crash of this process.
+				// Any durable commit after it makes it durable too (one
+				// WAL, written in order). A flush that moved a reservation
+				// ahead waits: seqs handed out are never handed out again.
+				_, err = t.exec(`SET LOCAL synchronous_commit TO OFF`)
 			}
-			return nil
+			return err
 		})
 		if err != nil {
 			b.markDirty(ids)
@@ -308,6 +345,37 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 	return nil
 }
 
+// flushChunk writes the pending deltas of the threads named, in t, until a
+// cancel waits; it reports how many it went through and whether it moved
+// a reservation ahead.
+func (b *streamBuffer) flushChunk(t *txn, ids []string) (done int, extended bool, err error) {
+	for _, id := range ids {
+		if done > 0 && b.s.queue.waiting.Load() > 0 {
+			return done, extended, nil // a cancel waits: commit these first
+		}
+		t.skipHeld = true
+		c, err := t.engineThread(id)
+		t.skipHeld = false
+		if errors.Is(err, errHeldElsewhere) {
+			done++ // another instance's now: its deltas here were dropped
+			continue
+		}
+		if err != nil {
+			return done, extended, err
+		}
+		if c.row.LastSeq > c.origSeq {
+			// It streams on: keep seqs ahead. (A thread whose deltas a
+			// publish wrote meanwhile gave its reservation back, and
+			// keeps it given back.)
+			before := c.row.SeqReserved
+			t.reserve(c, c.row.SeqHolder, false)
+			extended = extended || c.row.SeqReserved != before
+		}
+		done++
+	}
+	return done, extended, nil
+}
+
 // close stops the flusher, writes what is pending and gives every unused
 // reservation back. Called by Store.Close once nothing streams any more.
 func (b *streamBuffer) close(ctx context.Context) error {
@@ -316,6 +384,35 @@ func (b *streamBuffer) close(ctx context.Context) error {
 	<-b.done
 	if err := b.flush(ctx); err != nil {
 		return fmt.Errorf("write the stream buffer: %w", err)
+	}
+	if b.s.pg {
+		// Only this process's own reservations: each is given back if
+		// the row is still as this process left it.
+		type given struct {
+			threadID, holder string
+			written          int64
+		}
+		b.mu.Lock()
+		threads := make(map[string]*threadStream, len(b.threads))
+		maps.Copy(threads, b.threads)
+		b.mu.Unlock()
+		var mine []given
+		for id, ts := range threads { // (b.mu is never held around a thread mutex)
+			ts.mu.Lock()
+			if ts.holder != "" && ts.reserved > ts.written {
+				mine = append(mine, given{id, ts.holder, ts.written})
+			}
+			ts.mu.Unlock()
+		}
+		return b.s.write(ctx, func(t *txn) error {
+			for _, g := range mine {
+				if _, err := t.exec(`UPDATE threads SET seq_reserved = 0, seq_holder = '' WHERE thread_id = ? AND seq_holder = ? AND last_seq = ?`,
+					g.threadID, g.holder, g.written); err != nil {
+					return fmt.Errorf("give back reserved seqs: %w", err)
+				}
+			}
+			return nil
+		})
 	}
 	return b.s.write(ctx, func(t *txn) error {
 		if _, err := t.exec(`UPDATE threads SET seq_reserved = last_seq WHERE seq_reserved > last_seq`); err != nil {
@@ -350,6 +447,12 @@ func (t *txn) holdStream(c *threadCursor) error {
 	// Held by runChanged until now, or just taken: its pending deltas
 	// come along either way.
 	delete(t.heldOnly, id)
+	if t.pg {
+		if err := t.adoptShared(c, ts); err != nil {
+			return err
+		}
+		return t.writePending(c, ts)
+	}
 	if !ts.known {
 		ts.known, ts.written, ts.next, ts.reserved = true, c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
 	}
@@ -360,6 +463,11 @@ func (t *txn) holdStream(c *threadCursor) error {
 		// Nothing in memory: the database is the truth.
 		ts.written, ts.next, ts.reserved = c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
 	}
+	return t.writePending(c, ts)
+}
+
+// writePending writes the thread's pending deltas at c's next seqs.
+func (t *txn) writePending(c *threadCursor, ts *threadStream) error {
 	// Consecutive batches of one message become one row (each delta
 	// keeps the time it was fanned out with).
 	for i := 0; i < len(ts.pending); {
@@ -381,12 +489,100 @@ func (t *txn) holdStream(c *threadCursor) error {
 	return nil
 }
 
-// reserve moves the thread's reservation ahead when few seqs are left.
-func (t *txn) reserve(c *threadCursor) {
+// adoptShared is holdStream's check on PostgreSQL, where other instances
+// write the thread too: the sequencer in memory counts only while the row
+// still names this process's reservation exactly as the sequencer left
+// it. Otherwise another instance wrote past it (recording it as a gap):
+// the deltas held for it are dropped, lost, and the row is the truth.
+// A live reservation of another process is not this transaction's to use:
+// it is written past if the caller was allowed to (the holder did not
+// answer, see Store.acrossHolders), skipped when the transaction only
+// visits the thread (flush, yield), and refused with *threadHeld
+// otherwise.
+func (t *txn) adoptShared(c *threadCursor, ts *threadStream) error {
+	row := &c.row
+	reserved := row.SeqReserved > row.LastSeq
+	mine := ts.known && ts.holder != "" && reserved && row.SeqHolder == ts.holder && row.LastSeq == ts.written
+	if mine {
+		return nil
+	}
+	if len(ts.pending) > 0 {
+		var n int64
+		for _, pb := range ts.pending {
+			n += int64(len(pb.texts))
+		}
+		ts.pending = nil
+		t.buf.pending.Add(-n)
+		t.buf.stats.deltasLost.Add(n)
+	}
+	own := ts.holder != "" && row.SeqHolder == ts.holder
+	ts.known, ts.written, ts.next, ts.reserved, ts.holder = true, row.LastSeq, row.LastSeq, row.LastSeq, ""
+	if !reserved {
+		return nil
+	}
+	switch {
+	case own || t.pastOK[row.ThreadID] == row.SeqReserved:
+		// This process's own reservation that no longer matches, or one
+		// whose holder did not answer: record it lost and go past it.
+		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at) VALUES (?, ?, ?, ?)`,
+			row.ThreadID, row.LastSeq+1, row.SeqReserved, ms(t.now)); err != nil {
+			return fmt.Errorf("record the seqs reserved by %s as lost: %w", row.SeqHolder, err)
+		}
+		t.buf.stats.writtenPast.Add(1)
+		row.LastSeq, row.SeqReserved, row.SeqHolder = row.SeqReserved, 0, ""
+		c.touched = true
+		return nil
+	case t.skipHeld:
+		delete(t.threads, row.ThreadID) // nothing of it may change here
+		return errHeldElsewhere
+	default:
+		return &threadHeld{threadID: row.ThreadID, holder: row.SeqHolder, reserved: row.SeqReserved}
+	}
+}
+
+// threadHeld refuses a write to a thread whose seqs another process
+// reserved (PostgreSQL): Store.acrossHolders asks the holder to yield and
+// runs the write again.
+type threadHeld struct {
+	threadID, holder string
+	reserved         int64
+}
+
+func (e *threadHeld) Error() string {
+	return fmt.Sprintf("thread %s is streaming on %s (seqs reserved up to %d)", e.threadID, e.holder, e.reserved)
+}
+
+// errHeldElsewhere is adoptShared's answer to a transaction that only
+// visits threads (t.skipHeld): this one is another process's now.
+var errHeldElsewhere = errors.New("thread held by another process")
+
+// reserve moves the thread's reservation ahead, under holder (a run lease
+// owner), when few seqs are left. fresh is a claim's reservation: on
+// PostgreSQL only a claim reserves for a thread another instance asked
+// for (see yielded).
+func (t *txn) reserve(c *threadCursor, holder string, fresh bool) {
+	if t.buf == nil || holder == "" {
+		return
+	}
+	if t.pg {
+		ts := t.held[c.row.ThreadID]
+		if ts == nil {
+			return
+		}
+		if fresh {
+			t.unyield = append(t.unyield, c.row.ThreadID)
+		} else if ts.yielded && !slices.Contains(t.unyield, c.row.ThreadID) {
+			return
+		}
+		if c.row.SeqReserved > c.row.LastSeq && c.row.SeqHolder != holder {
+			return // another run's execution holds it (adoptShared let it be)
+		}
+	}
 	// While the transaction holds the thread, the database's row is at
 	// least as far as the sequencer: it alone decides.
-	if t.buf != nil && c.row.SeqReserved-c.row.LastSeq < reserveLow {
+	if c.row.SeqReserved-c.row.LastSeq < reserveLow {
 		c.row.SeqReserved = c.row.LastSeq + reserveBlock
+		c.row.SeqHolder = holder
 		c.touched = true
 	}
 }
@@ -396,10 +592,10 @@ func (t *txn) reserve(c *threadCursor) {
 // from here on nothing of it is lost and no seq is recorded lost. A run
 // streaming again reserves anew (its first batch takes the slow path).
 func (t *txn) release(c *threadCursor) {
-	if t.buf == nil || c.row.SeqReserved == 0 {
+	if t.buf == nil || (c.row.SeqReserved == 0 && c.row.SeqHolder == "") {
 		return
 	}
-	c.row.SeqReserved = 0
+	c.row.SeqReserved, c.row.SeqHolder = 0, ""
 	c.touched = true
 }
 
@@ -507,6 +703,20 @@ func (t *txn) endStreams(committed bool) {
 			ts.pending = nil
 			ts.written, ts.next = c.row.LastSeq, c.row.LastSeq
 			ts.reserved = max(c.row.SeqReserved, c.row.LastSeq)
+			ts.holder = ""
+			if ts.reserved > ts.written {
+				ts.holder = c.row.SeqHolder
+			}
+		}
+		for _, id := range t.unyield {
+			if ts := t.held[id]; ts != nil {
+				ts.yielded = false
+			}
+		}
+		for _, id := range t.yield {
+			if ts := t.held[id]; ts != nil {
+				ts.yielded = true
+			}
 		}
 		b.mu.Lock()
 		// Each changed run was live when runChanged held its thread,
@@ -530,7 +740,7 @@ func (t *txn) endStreams(committed bool) {
 	}
 	clear(t.held)
 	clear(t.heldOnly)
-	t.live, t.changedRuns = nil, nil
+	t.live, t.changedRuns, t.yield, t.unyield = nil, nil, nil, nil
 }
 
 // recoverStream records, at start, the seqs a previous process handed out

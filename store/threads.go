@@ -243,6 +243,11 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 	if err != nil || len(pending) == 0 {
 		return snap, err
 	}
+	if pending[0].first != snap.LastSeq+1 {
+		// PostgreSQL: another instance wrote past this process's
+		// reservation (streambuf.go); what memory holds is lost.
+		return snap, nil
+	}
 	snap.LastSeq = pending[len(pending)-1].last
 	if a := snap.ActiveRun; a != nil {
 		a.LastSeq = snap.LastSeq

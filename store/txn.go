@@ -44,6 +44,14 @@ type txn struct {
 	heldOnly    map[string]bool // held by runChanged, pending deltas not taken along yet
 	live        []stagedLive
 	changedRuns []string
+	// On PostgreSQL: the threads whose reservation this transaction gave
+	// back to another instance (yield) or took by a claim (unyield); the
+	// other processes' reservations it may write past (thread → the
+	// reservation's seq_reserved, see Store.acrossHolders); and skipHeld,
+	// set while it only visits a thread that may be another's.
+	yield, unyield []string
+	pastOK         map[string]int64
+	skipHeld       bool
 }
 
 // keep records, for undo, the cursor of threadID as it is before the
@@ -273,9 +281,9 @@ func (t *txn) flushThreads() error {
 		if !c.touched {
 			continue
 		}
-		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?, seq_reserved = ?
+		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?, seq_reserved = ?, seq_holder = ?
 			WHERE thread_id = ? AND last_seq = ?`,
-			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.SeqReserved, c.row.ThreadID, c.origSeq)
+			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.SeqReserved, c.row.SeqHolder, c.row.ThreadID, c.origSeq)
 		if err != nil {
 			return fmt.Errorf("update thread: %w", err)
 		}

@@ -1,0 +1,309 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/store"
+)
+
+// Two instances on one PostgreSQL database, both fanning deltas out before
+// they write them (Options.StreamBuffer): a write one of them makes on a
+// thread the other streams on. The instances reach each other through
+// peers that call the other store's YieldStream directly (in production
+// the NATS bus carries the request; bus/nats_test.go tests that part).
+
+// peerNet routes YieldStream requests to the store holding each lease
+// owner's reservations; a holder it does not know, or one marked mute,
+// does not answer.
+type peerNet struct {
+	mu     sync.Mutex
+	stores map[string]*store.Store
+	mute   map[string]bool
+	asked  []string
+}
+
+func (n *peerNet) YieldStream(ctx context.Context, holder, threadID string) error {
+	n.mu.Lock()
+	st, mute := n.stores[holder], n.mute[holder]
+	n.asked = append(n.asked, holder)
+	n.mu.Unlock()
+	if st == nil || mute {
+		<-ctx.Done() // a stalled instance: the asker's bound decides
+		return ctx.Err()
+	}
+	return st.YieldStream(ctx, threadID)
+}
+
+// fanout keeps what a store fanned out, per thread.
+type fanout struct {
+	mu     sync.Mutex
+	events []*chat.Event
+}
+
+func (r *fanout) onCommit(evs []*chat.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, evs...)
+}
+
+func (r *fanout) deltaSeqs(threadID string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int64
+	for _, ev := range r.events {
+		if ev.ThreadID == threadID && ev.Type == chat.EventMessageDelta {
+			out = append(out, ev.Seq)
+		}
+	}
+	return out
+}
+
+type sharedPair struct {
+	a, b     *store.Store
+	recA     *fanout
+	net      *peerNet
+	dsn      string
+	holderA  string
+	threadID string
+	runID    string
+	lease    chat.Lease
+	message  string
+}
+
+// streamingOnA opens instances A and B, starts a run on a thread through
+// B, lets A claim it (as holder "gwA.p1") and stream three deltas, which
+// A fans out before it writes them.
+func streamingOnA(t *testing.T) *sharedPair {
+	t.Helper()
+	dsn := postgresDSN(t)
+	p := &sharedPair{recA: &fanout{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
+	var err error
+	if p.a, err = store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: p.recA.onCommit}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.a.Close() })
+	if p.b, err = store.Open(ctx, dsn, store.Options{StreamBuffer: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.b.Close() })
+	p.a.SetStreamPeers(p.net)
+	p.b.SetStreamPeers(p.net)
+	p.net.stores[p.holderA] = p.a
+
+	snap := newThread(t, p.b)
+	p.threadID = snap.ThreadID
+	ack, err := p.b.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: p.threadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.runID = ack.RunID
+	claim, err := p.a.Claim(ctx, p.holderA, time.Hour)
+	if err != nil || claim == nil || claim.Run.RunID != p.runID {
+		t.Fatalf("claim on A = %+v, %v", claim, err)
+	}
+	p.lease = claim.Lease
+	p.message = chat.NewID(chat.PrefixMessage)
+	for _, w := range []string{"Hel", "lo ", "there"} {
+		if err := p.a.AppendDeltas(ctx, p.lease, p.message, []string{w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := p.recA.deltaSeqs(p.threadID); len(got) != 3 {
+		t.Fatalf("A fanned out deltas %v, want 3", got)
+	}
+	return p
+}
+
+func (p *sharedPair) lastDelta(t *testing.T) int64 {
+	t.Helper()
+	seqs := p.recA.deltaSeqs(p.threadID)
+	return seqs[len(seqs)-1]
+}
+
+// writtenDeltas is how many of the run's deltas the database holds.
+func writtenDeltas(t *testing.T, dsn, runID string) int64 {
+	t.Helper()
+	var n int64
+	if err := rawDB(t, dsn).QueryRow(`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM stream_batches WHERE run_id = ?`, runID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A tab on B saves the fragment it saw, which A had fanned out and maybe
+// not written yet: B asks A to yield the thread, A writes its deltas
+// first, and the fragment holds all of them. B's event follows A's last
+// delta: no seq is skipped, none is recorded lost.
+func TestSharedWriteWaitsForTheHoldersDeltas(t *testing.T) {
+	p := streamingOnA(t)
+	last := p.lastDelta(t)
+	saved, err := p.b.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: p.threadID, MessageID: p.message, LastSeq: last, ExpectedStateVersion: version(t, p.b, p.threadID)})
+	if err != nil {
+		t.Fatalf("save the fragment seen up to seq %d through B: %v", last, err)
+	}
+	snap, err := p.b.Snapshot(ctx, user, p.threadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fragment string
+	for _, m := range snap.Messages {
+		if m.MessageID == saved.MessageID {
+			fragment = m.Content
+		}
+	}
+	if fragment != "Hello there" {
+		t.Fatalf("saved fragment %q, want the three deltas A fanned out", fragment)
+	}
+	rep, err := p.b.ThreadEvents(ctx, p.threadID, 0)
+	if err != nil || !rep.Complete {
+		t.Fatalf("replay: %+v, %v", rep, err)
+	}
+	for i, ev := range rep.Events {
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d: the log skips seqs (%v)", i, ev.Seq, rep.Events)
+		}
+	}
+	if a, b := p.a.StreamStats(), p.b.StreamStats(); b.Yields != 1 || b.Unanswered != 0 || b.WrittenPast != 0 || a.DeltasLost != 0 {
+		t.Fatalf("A %+v, B %+v: want one yield asked by B, nothing written past or lost", a, b)
+	}
+
+	// A yielded: its next deltas are written before they are fanned out
+	// (the slow path), without a new reservation B would have to ask for.
+	if err := p.a.AppendDeltas(ctx, p.lease, p.message, []string{"!"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := writtenDeltas(t, p.dsn, p.runID); n != 4 {
+		t.Fatalf("%d deltas written after the yield, want 4 (the slow path writes before it returns)", n)
+	}
+	var reserved int64
+	var holder string
+	if err := rawDB(t, p.dsn).QueryRow(`SELECT seq_reserved, seq_holder FROM threads WHERE thread_id = ?`, p.threadID).Scan(&reserved, &holder); err != nil {
+		t.Fatal(err)
+	}
+	if reserved != 0 || holder != "" {
+		t.Fatalf("after the yield the thread is reserved up to %d by %q, want nothing reserved", reserved, holder)
+	}
+	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.b.StreamStats().Yields; got != 1 {
+		t.Fatalf("B asked %d times, want still 1: nothing was reserved any more", got)
+	}
+	mustCheck(t, p.b, "after the cancel")
+}
+
+// A cancel through B of a run streaming on A: the cancel's event comes
+// right after A's last delta, and A's later batches are refused.
+func TestSharedCancelOfAnotherInstancesRun(t *testing.T) {
+	p := streamingOnA(t)
+	last := p.lastDelta(t)
+	ack, status, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"})
+	if err != nil || ack.Status != chat.RunCancelRequested || status != chat.RunRunning {
+		t.Fatalf("cancel through B: %+v %s %v", ack, status, err)
+	}
+	if n := writtenDeltas(t, p.dsn, p.runID); n != 3 {
+		t.Fatalf("%d deltas written when B's cancel committed, want the 3 A fanned out", n)
+	}
+	rep, err := p.b.ThreadEvents(ctx, p.threadID, last)
+	if err != nil || len(rep.Events) == 0 || rep.Events[0].Seq != last+1 || rep.Events[0].Type != chat.EventRunCancelRequested {
+		t.Fatalf("events after A's last delta %d: %+v, %v; want run.cancel_requested at %d", last, rep.Events, err, last+1)
+	}
+	var nr *chat.ErrNotRunning
+	if err := p.a.AppendDeltas(ctx, p.lease, p.message, []string{"late"}); !errors.As(err, &nr) {
+		t.Fatalf("A's batch after the cancel: %v, want ErrNotRunning", err)
+	}
+	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, p.a, "after the cancel")
+}
+
+// A holder that does not answer (stalled, cut off) is written past: its
+// whole reservation is recorded lost, B's write goes after it, and A, at
+// its next write of the thread, drops the deltas it held — they were
+// fanned out and are now a recorded gap. A fragment naming them is
+// refused with what is known; the log stays honest (check).
+func TestSharedWritePastAHolderThatDoesNotAnswer(t *testing.T) {
+	p := streamingOnA(t)
+	p.net.mu.Lock()
+	p.net.mute[p.holderA] = true
+	p.net.mu.Unlock()
+	seqs := p.recA.deltaSeqs(p.threadID)
+	last := seqs[len(seqs)-1]
+	start := time.Now()
+	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("the cancel waited %v for a mute holder", waited)
+	}
+	b := p.b.StreamStats()
+	if b.Unanswered != 1 || b.WrittenPast != 1 {
+		t.Fatalf("B %+v: want one unanswered request and one reservation written past", b)
+	}
+	var gapFirst, gapLast int64
+	if err := rawDB(t, p.dsn).QueryRow(`SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ?`, p.threadID).Scan(&gapFirst, &gapLast); err != nil {
+		t.Fatalf("no gap recorded: %v", err)
+	}
+	// A's flusher may have written some before B wrote past (it runs
+	// whether A answers or not); none after.
+	written := writtenDeltas(t, p.dsn, p.runID)
+	if gapFirst != seqs[0]+written || gapLast < last {
+		t.Fatalf("gap %d–%d; want it from the first unwritten delta %d past A's last %d", gapFirst, gapLast, seqs[0]+written, last)
+	}
+
+	// A finds out at its next write of the thread.
+	if err := p.a.FlushStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := p.a.StreamStats(); a.DeltasLost != 3-written || a.Buffered != 0 {
+		t.Fatalf("A %+v: want %d deltas dropped as lost (3 fanned out, %d written before B wrote past)", a, 3-written, written)
+	}
+	if written < 3 {
+		_, err := p.b.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: p.threadID, MessageID: p.message, LastSeq: last, ExpectedStateVersion: version(t, p.b, p.threadID)})
+		var ce *chat.Error
+		if !errors.As(err, &ce) || ce.Code != chat.CodeFragmentUnavailable {
+			t.Fatalf("fragment naming lost seq %d: %v, want fragment_unavailable", last, err)
+		}
+	}
+	// A's replay and snapshot no longer offer what it held.
+	rep, err := p.a.ThreadEvents(ctx, p.threadID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range rep.Events {
+		if ev.Type == chat.EventMessageDelta && ev.Seq > gapFirst-1 && ev.Seq <= gapLast {
+			t.Fatalf("A replays delta %d inside the recorded gap", ev.Seq)
+		}
+	}
+	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, p.a, "after writing past")
+}
+
+// A holder that is gone (no peers at all: one instance without NATS, or
+// the process that reserved died) is written past at once.
+func TestSharedWritePastWithoutPeers(t *testing.T) {
+	p := streamingOnA(t)
+	p.b.SetStreamPeers(nil)
+	start := time.Now()
+	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > time.Second/2 {
+		t.Fatalf("the cancel waited %v with nobody to ask", waited)
+	}
+	if b := p.b.StreamStats(); b.WrittenPast != 1 || b.Yields != 0 {
+		t.Fatalf("B %+v: want the reservation written past without asking", b)
+	}
+	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, p.b, "after writing past")
+}
