@@ -307,3 +307,57 @@ func TestSharedWritePastWithoutPeers(t *testing.T) {
 	}
 	mustCheck(t, p.b, "after writing past")
 }
+
+// An execution that stalls past its lease (SIGSTOP, a long pause) and
+// wakes up after another instance took the run over fans out nothing of
+// it: past the part of its lease the fast path trusts, a batch asks the
+// database, which refuses it.
+func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
+	dsn := postgresDSN(t)
+	rec := &fanout{}
+	a, err := store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: rec.onCommit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := store.Open(ctx, dsn, store.Options{StreamBuffer: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	snap := newThread(t, b)
+	ack, err := b.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A lease of 1 ms: expired (by the database's clock) by the time
+	// anything reads it, and past what the fast path trusts at once.
+	claim, err := a.Claim(ctx, "gwA.p1", time.Millisecond)
+	if err != nil || claim == nil || claim.Run.RunID != ack.RunID {
+		t.Fatalf("claim on A = %+v, %v", claim, err)
+	}
+	for i := 0; ; i++ {
+		rec, err := b.Recover(ctx, "gwB.p1", true, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec) > 0 {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("B did not recover the run with an expired lease")
+		}
+		time.Sleep(time.Millisecond) // the database's clock has not passed the 1 ms lease yet
+	}
+	taken, err := b.Claim(ctx, "gwB.p1", time.Hour)
+	if err != nil || taken == nil || taken.Run.RunID != ack.RunID {
+		t.Fatalf("takeover claim on B = %+v, %v", taken, err)
+	}
+	var nr *chat.ErrNotRunning
+	if err := a.AppendDeltas(ctx, claim.Lease, chat.NewID(chat.PrefixMessage), []string{"stale"}); !errors.As(err, &nr) || !nr.Fenced {
+		t.Fatalf("the stalled execution's batch: %v, want refused as fenced", err)
+	}
+	if got := rec.deltaSeqs(snap.ThreadID); len(got) != 0 {
+		t.Fatalf("A fanned out deltas %v of a run B had taken over", got)
+	}
+}

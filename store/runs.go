@@ -442,6 +442,7 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 	var out []*chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
+		start := time.Now()
 		now, err := t.leaseClock()
 		if err != nil {
 			return err
@@ -468,6 +469,7 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 				if err := t.claimStream(lease, row.ThreadID); err != nil {
 					return err
 				}
+				t.leaseHolds(lease, start, ttl)
 			}
 			out = append(out, &chat.Claim{Run: row.run(), Lease: lease})
 		}
@@ -513,14 +515,19 @@ func (s *Store) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.D
 		return nil
 	}
 	return s.write(ctx, func(t *txn) error {
+		start := time.Now()
 		now, err := t.leaseClock()
 		if err != nil {
 			return err
 		}
 		for _, l := range leases {
-			if _, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?
-				AND status IN `+activeStatuses, now+ttl.Milliseconds(), l.RunID, l.Owner, l.Epoch); err != nil {
+			res, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?
+				AND status IN `+activeStatuses, now+ttl.Milliseconds(), l.RunID, l.Owner, l.Epoch)
+			if err != nil {
 				return fmt.Errorf("renew lease of %s: %w", l.RunID, err)
+			}
+			if n, _ := res.RowsAffected(); n == 1 {
+				t.leaseHolds(l, start, ttl)
 			}
 		}
 		return nil

@@ -106,8 +106,15 @@ type streamBuffer struct {
 
 	mu      sync.Mutex
 	threads map[string]*threadStream
-	runs    map[string]liveRun  // runs whose deltas may skip the database
-	dirty   map[string]struct{} // threads that may hold pending deltas: what the flusher visits
+	runs    map[string]liveRun // runs whose deltas may skip the database
+	// until is, on PostgreSQL, how long each live run's lease surely
+	// holds (by this process's monotonic clock): past it a batch takes the
+	// slow path, which asks the database. Another instance takes a run
+	// over only once its lease expired, so an execution that stalled
+	// (SIGSTOP, a long pause) and wakes up never fans out a delta of a run
+	// that is no longer its own.
+	until map[string]leaseUntil
+	dirty map[string]struct{} // threads that may hold pending deltas: what the flusher visits
 
 	pending atomic.Int64 // deltas held in memory, all threads
 	stats   streamCounters
@@ -150,6 +157,16 @@ type liveRun struct {
 	messageID string
 }
 
+// leaseUntil: lease holds at least until at.
+type leaseUntil struct {
+	lease chat.Lease
+	at    time.Time
+}
+
+// leaseSafe is the share of a lease's TTL the fast path trusts from the
+// moment before the write that granted or renewed it.
+const leaseSafe = 3.0 / 4
+
 // stagedLive is a confirmation a transaction makes, effective at commit
 // unless the transaction changes the run after it: after counts the
 // transaction's run changes made before the confirmation.
@@ -160,7 +177,7 @@ type stagedLive struct {
 
 func newStreamBuffer(s *Store) *streamBuffer {
 	ctx, stop := context.WithCancel(context.Background())
-	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{}, dirty: map[string]struct{}{},
+	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{}, until: map[string]leaseUntil{}, dirty: map[string]struct{}{},
 		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
 	go b.flusher(ctx)
 	return b
@@ -190,6 +207,11 @@ func (b *streamBuffer) live(runID string) (liveRun, *threadStream, bool) {
 	lr, ok := b.runs[runID]
 	if !ok {
 		return lr, nil, false
+	}
+	if b.s.pg {
+		if u := b.until[runID]; u.lease != lr.lease || !time.Now().Before(u.at) {
+			return lr, nil, false
+		}
 	}
 	return lr, b.threadLocked(lr.threadID), true
 }
@@ -651,6 +673,15 @@ func (t *txn) confirmLive(lease chat.Lease, threadID, messageID string) {
 	}
 }
 
+// leaseHolds stages, for commit, that lease holds for ttl from start (a
+// moment before the write that grants or renews it) — of which the fast
+// path trusts leaseSafe (PostgreSQL; see streamBuffer.until).
+func (t *txn) leaseHolds(lease chat.Lease, start time.Time, ttl time.Duration) {
+	if t.buf != nil && t.pg {
+		t.leases = append(t.leases, leaseUntil{lease: lease, at: start.Add(time.Duration(float64(ttl) * leaseSafe))})
+	}
+}
+
 // runChanged notes that the transaction changes runID's status or lease:
 // at commit the buffer forgets it (see above).
 //
@@ -726,7 +757,13 @@ func (t *txn) endStreams(committed bool) {
 		lastChange := make(map[string]int, len(t.changedRuns))
 		for i, runID := range t.changedRuns {
 			delete(b.runs, runID)
+			delete(b.until, runID)
 			lastChange[runID] = i + 1
+		}
+		for _, u := range t.leases {
+			if cur, ok := b.until[u.lease.RunID]; !ok || cur.lease != u.lease || u.at.After(cur.at) {
+				b.until[u.lease.RunID] = u
+			}
 		}
 		for _, sl := range t.live {
 			if sl.after >= lastChange[sl.lease.RunID] {
@@ -740,7 +777,7 @@ func (t *txn) endStreams(committed bool) {
 	}
 	clear(t.held)
 	clear(t.heldOnly)
-	t.live, t.changedRuns, t.yield, t.unyield = nil, nil, nil, nil
+	t.live, t.changedRuns, t.yield, t.unyield, t.leases = nil, nil, nil, nil, nil
 }
 
 // recoverStream records, at start, the seqs a previous process handed out

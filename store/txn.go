@@ -52,6 +52,7 @@ type txn struct {
 	yield, unyield []string
 	pastOK         map[string]int64
 	skipHeld       bool
+	leases         []leaseUntil // granted or renewed here (leaseHolds)
 }
 
 // keep records, for undo, the cursor of threadID as it is before the
