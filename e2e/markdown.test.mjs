@@ -138,7 +138,9 @@ test("hostile model output renders inert: no script, no handler, no foreign link
   await send(page, "Repeat after me:\n" + hostile + "\n\n" + "and more words ".repeat(400));
   await page.getByTestId("streaming-text").locator(".code-block").first().waitFor({ timeout: 20000 });
   assert.equal(await page.getByTestId("streaming-text").locator("script, img, iframe, svg").count(), 0);
-  await page.getByTestId("cancel").click();
+  // The reply keeps growing and the page keeps following it, so the button
+  // is never "stable" for Playwright's click: press it where it is.
+  await page.getByTestId("cancel").dispatchEvent("click");
   await page.getByTestId("receipt").waitFor({ timeout: 20000 });
   const shown = await page.getByTestId("streaming-text").innerHTML();
   await page.getByTestId("action-save-fragment").click();

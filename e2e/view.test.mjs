@@ -60,7 +60,9 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
   await send(page, "Repeat after me: " + "a reply long enough to cancel ".repeat(300));
   await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();
   await page.evaluate(() => window.scrollTo({ top: 0 }));
-  await page.getByTestId("cancel").click();
+  // Pressed where it is: the growing reply moves it between Playwright's
+  // checks and its click, which then lands elsewhere.
+  await page.getByTestId("cancel").dispatchEvent("click");
   await page.getByTestId("receipt").waitFor({ timeout: 15000 });
   await eventually(async () => {
     const receipt = await page.getByTestId("receipt").boundingBox();
@@ -124,8 +126,9 @@ test("Enter while a reply streams says what to do and keeps the text; the note g
   const errors = [];
   const page = await newPage(browser, errors);
   await newThread(page, server.url);
-  // Long enough (about 1,500 words at 3 ms) to still be streaming when Enter is pressed.
-  await send(page, "Repeat after me: " + "winter gardens need care ".repeat(300));
+  // Long enough (about 4,800 words at 3 ms, some 15 s) to still be
+  // streaming when Enter is pressed on a busy machine.
+  await send(page, "Repeat after me: " + "winter gardens need care ".repeat(1200));
   await runStatus(page, "running");
   await page.getByTestId("composer-input").fill("my next question");
   await page.getByTestId("composer-input").press("Enter");
@@ -133,7 +136,7 @@ test("Enter while a reply streams says what to do and keeps the text; the note g
   await notice.filter({ hasText: "Wait for the reply to finish, or press Esc to cancel it" }).waitFor();
   assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
   await shot(page, "view-enter-while-streaming", { fullPage: false });
-  await runStatus(page, "idle", 20000);
+  await runStatus(page, "idle", 60000);
   await eventually(async () => assert.ok(await notice.isHidden(), "the note clears itself"));
   assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
   assert.deepEqual(errors, []);
