@@ -39,33 +39,18 @@ func (n *peerNet) YieldStream(ctx context.Context, holder, threadID string) erro
 	return st.YieldStream(ctx, threadID)
 }
 
-// fanout keeps what a store fanned out, per thread.
-type fanout struct {
-	mu     sync.Mutex
-	events []*chat.Event
-}
-
-func (r *fanout) onCommit(evs []*chat.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, evs...)
-}
-
-func (r *fanout) deltaSeqs(threadID string) []int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// deltaSeqs are the seqs of the deltas tap saw (one thread per test).
+func deltaSeqs(tap *feedTap) []int64 {
 	var out []int64
-	for _, ev := range r.events {
-		if ev.ThreadID == threadID && ev.Type == chat.EventMessageDelta {
-			out = append(out, ev.Seq)
-		}
+	for _, ev := range tap.deltas() {
+		out = append(out, ev.Seq)
 	}
 	return out
 }
 
 type sharedPair struct {
 	a, b     *store.Store
-	recA     *fanout
+	recA     *feedTap
 	net      *peerNet
 	dsn      string
 	holderA  string
@@ -81,9 +66,9 @@ type sharedPair struct {
 func streamingOnA(t *testing.T) *sharedPair {
 	t.Helper()
 	dsn := postgresDSN(t)
-	p := &sharedPair{recA: &fanout{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
+	p := &sharedPair{recA: &feedTap{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
 	var err error
-	if p.a, err = store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: p.recA.onCommit}); err != nil {
+	if p.a, err = store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: p.recA.publish}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.a.Close() })
@@ -113,7 +98,7 @@ func streamingOnA(t *testing.T) *sharedPair {
 			t.Fatal(err)
 		}
 	}
-	if got := p.recA.deltaSeqs(p.threadID); len(got) != 3 {
+	if got := deltaSeqs(p.recA); len(got) != 3 {
 		t.Fatalf("A fanned out deltas %v, want 3", got)
 	}
 	return p
@@ -121,7 +106,7 @@ func streamingOnA(t *testing.T) *sharedPair {
 
 func (p *sharedPair) lastDelta(t *testing.T) int64 {
 	t.Helper()
-	seqs := p.recA.deltaSeqs(p.threadID)
+	seqs := deltaSeqs(p.recA)
 	return seqs[len(seqs)-1]
 }
 
@@ -233,7 +218,7 @@ func TestSharedWritePastAHolderThatDoesNotAnswer(t *testing.T) {
 	p.net.mu.Lock()
 	p.net.mute[p.holderA] = true
 	p.net.mu.Unlock()
-	seqs := p.recA.deltaSeqs(p.threadID)
+	seqs := deltaSeqs(p.recA)
 	last := seqs[len(seqs)-1]
 	start := time.Now()
 	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
@@ -314,8 +299,8 @@ func TestSharedWritePastWithoutPeers(t *testing.T) {
 // database, which refuses it.
 func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 	dsn := postgresDSN(t)
-	rec := &fanout{}
-	a, err := store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: rec.onCommit})
+	rec := &feedTap{}
+	a, err := store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: rec.publish})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,11 +322,11 @@ func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 		t.Fatalf("claim on A = %+v, %v", claim, err)
 	}
 	for i := 0; ; i++ {
-		rec, err := b.Recover(ctx, "gwB.p1", true, 10)
+		recovered, err := b.Recover(ctx, "gwB.p1", true, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rec) > 0 {
+		if len(recovered) > 0 {
 			break
 		}
 		if i == 1000 {
@@ -357,7 +342,7 @@ func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 	if err := a.AppendDeltas(ctx, claim.Lease, chat.NewID(chat.PrefixMessage), []string{"stale"}); !errors.As(err, &nr) || !nr.Fenced {
 		t.Fatalf("the stalled execution's batch: %v, want refused as fenced", err)
 	}
-	if got := rec.deltaSeqs(snap.ThreadID); len(got) != 0 {
+	if got := deltaSeqs(rec); len(got) != 0 {
 		t.Fatalf("A fanned out deltas %v of a run B had taken over", got)
 	}
 }
