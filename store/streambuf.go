@@ -70,7 +70,12 @@ import (
 // tab that saw them gets a snapshot and a fragment naming them a clear
 // error. Deltas the holder still hands out from the lost reservation until
 // then carry seqs below the other instance's events: receivers drop them
-// as already delivered, or see the recorded gap.
+// as already delivered, or see the recorded gap. (A holder that stalled
+// past its lease hands out none: the fast path trusts a lease only for a
+// share of its TTL, see streamBuffer.until.) Cancels do not come this way:
+// the engine hands a cancel to the process executing the run
+// (engine.CancelForwarder), whose own transaction writes its pending
+// deltas first.
 
 const (
 	// reserveBlock seqs are reserved at once; a transaction that writes a
@@ -98,7 +103,8 @@ const (
 	maxHeldRounds = 6
 )
 
-// streamBuffer is the store's in-memory stream path (nil on PostgreSQL).
+// streamBuffer is the store's in-memory stream path (nil unless Exclusive on
+// SQLite or StreamBuffer on PostgreSQL).
 // Safe for concurrent use; its flusher goroutine is owned by the Store
 // (started by Open, stopped and waited for by Close).
 type streamBuffer struct {
