@@ -87,7 +87,7 @@ func (s *Store) acrossHolders(ctx context.Context, try func(ctx context.Context)
 	if s.buf == nil || !s.pg {
 		return try(ctx)
 	}
-	var past map[string]int64
+	var past, asked map[string]int64
 	for round := 1; ; round++ {
 		run := ctx
 		if past != nil {
@@ -106,7 +106,10 @@ func (s *Store) acrossHolders(ctx context.Context, try func(ctx context.Context)
 			// writes past what it is allowed to); do not spin on it.
 			return err
 		}
-		if s.askYield(ctx, h) != nil {
+		if asked[h.threadID] == h.reserved || s.askYield(ctx, h) != nil {
+			// (Asked already, answered, and the same reservation is still
+			// there: the holder does not know it as its own any more, so
+			// it is written past like one whose holder does not answer.)
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -114,7 +117,12 @@ func (s *Store) acrossHolders(ctx context.Context, try func(ctx context.Context)
 				past = map[string]int64{}
 			}
 			past[h.threadID] = h.reserved
+			continue
 		}
+		if asked == nil {
+			asked = map[string]int64{}
+		}
+		asked[h.threadID] = h.reserved
 	}
 }
 

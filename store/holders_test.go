@@ -24,14 +24,20 @@ type peerNet struct {
 	mu     sync.Mutex
 	stores map[string]*store.Store
 	mute   map[string]bool
-	asked  []string
+	// confused holders answer yes and give nothing back (a process that
+	// no longer knows the reservation as its own).
+	confused map[string]bool
+	asked    []string
 }
 
 func (n *peerNet) YieldStream(ctx context.Context, holder, threadID string) error {
 	n.mu.Lock()
-	st, mute := n.stores[holder], n.mute[holder]
+	st, mute, confused := n.stores[holder], n.mute[holder], n.confused[holder]
 	n.asked = append(n.asked, holder)
 	n.mu.Unlock()
+	if confused {
+		return nil
+	}
 	if st == nil || mute {
 		<-ctx.Done() // a stalled instance: the asker's bound decides
 		return ctx.Err()
@@ -66,7 +72,7 @@ type sharedPair struct {
 func streamingOnA(t *testing.T) *sharedPair {
 	t.Helper()
 	dsn := postgresDSN(t)
-	p := &sharedPair{recA: &feedTap{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
+	p := &sharedPair{recA: &feedTap{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}, confused: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
 	var err error
 	if p.a, err = store.Open(ctx, dsn, store.Options{StreamBuffer: true, OnCommit: p.recA.publish}); err != nil {
 		t.Fatal(err)
@@ -345,4 +351,24 @@ func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 	if got := deltaSeqs(rec); len(got) != 0 {
 		t.Fatalf("A fanned out deltas %v of a run B had taken over", got)
 	}
+}
+
+// A holder that answers but gives nothing back (it no longer knows the
+// reservation as its own) is asked once: the same reservation found again
+// is written past, not asked about until the write gives up.
+func TestSharedWritePastAHolderThatAnswersButKeeps(t *testing.T) {
+	p := streamingOnA(t)
+	p.net.mu.Lock()
+	p.net.confused[p.holderA] = true
+	p.net.mu.Unlock()
+	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
+		t.Fatalf("cancel through B: %v", err)
+	}
+	if b := p.b.StreamStats(); b.Yields != 1 || b.WrittenPast != 1 {
+		t.Fatalf("B %+v: want one answered request, then the reservation written past", b)
+	}
+	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, p.b, "after writing past")
 }
