@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/engine"
 )
@@ -29,26 +30,7 @@ func TestCancelAcceptedByAnotherInstance(t *testing.T) {
 		{"wake-up lost, found by polling", false, 50 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newScripted(words, true)
-			h := newHarness(t, m)
-			snap := h.thread()
-			sub := h.feed.Subscribe(snap.ThreadID, 1024)
-			defer sub.Close()
-
-			cfgA := h.config()
-			cfgA.SingleInstance, cfgA.InstanceID, cfgA.CancelPoll = false, "a", tc.pollEvery
-			a := engine.New(cfgA)
-			if err := a.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			ack, err := a.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
-				ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.release(t, 2)
-			waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
+			h, m, sub, a, ack := streamingOnA(t, tc.pollEvery)
 
 			cfgB := h.config()
 			cfgB.SingleInstance, cfgB.InstanceID, cfgB.CancelPoll = false, "b", time.Hour
@@ -110,26 +92,7 @@ func TestCancelForwardedToTheInstanceExecutingTheRun(t *testing.T) {
 			name = "answer lost"
 		}
 		t.Run(name, func(t *testing.T) {
-			m := newScripted(words, true)
-			h := newHarness(t, m)
-			snap := h.thread()
-			sub := h.feed.Subscribe(snap.ThreadID, 1024)
-			defer sub.Close()
-
-			cfgA := h.config()
-			cfgA.SingleInstance, cfgA.InstanceID, cfgA.CancelPoll = false, "a", time.Hour
-			a := engine.New(cfgA)
-			if err := a.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			ack, err := a.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
-				ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.release(t, 2)
-			waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
+			h, m, sub, a, ack := streamingOnA(t, time.Hour)
 
 			var asked []string
 			cfgB := h.config()
@@ -164,4 +127,32 @@ func TestCancelForwardedToTheInstanceExecutingTheRun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// streamingOnA starts engine "a" of two instances (looking for cancels
+// accepted elsewhere every pollEvery) on a run whose model is stuck after
+// its first two chunks, and waits for a's first delta. The engine and the
+// subscription are closed when the test ends.
+func streamingOnA(t *testing.T, pollEvery time.Duration) (*harness, *scripted, *bus.Subscription, *engine.Engine, chat.RunStartAck) {
+	t.Helper()
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 1024)
+	t.Cleanup(sub.Close)
+	cfgA := h.config()
+	cfgA.SingleInstance, cfgA.InstanceID, cfgA.CancelPoll = false, "a", pollEvery
+	a := engine.New(cfgA)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	ack, err := a.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+		ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.release(t, 2)
+	waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
+	return h, m, sub, a, ack
 }

@@ -158,8 +158,7 @@ func (s *Store) YieldStream(ctx context.Context, threadID string) error {
 		t.skipHeld = true
 		c, err := t.engineThread(threadID)
 		t.skipHeld = false
-		var ce *chat.Error
-		if errors.Is(err, errHeldElsewhere) || (errors.As(err, &ce) && ce.Code == chat.CodeNotFound) {
+		if errors.Is(err, errHeldElsewhere) || chat.ErrorCode(err) == chat.CodeNotFound {
 			return nil
 		}
 		if err != nil {

@@ -243,9 +243,10 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 	if err != nil || len(pending) == 0 {
 		return snap, err
 	}
-	if pending[0].first != snap.LastSeq+1 {
-		// PostgreSQL: another instance wrote past this process's
-		// reservation (streambuf.go); what memory holds is lost.
+	if s.pg && pending[0].first != snap.LastSeq+1 {
+		// Another instance wrote past this process's reservation
+		// (streambuf.go): what memory holds is lost. (On SQLite this
+		// process is the only writer: they always join.)
 		return snap, nil
 	}
 	snap.LastSeq = pending[len(pending)-1].last
