@@ -214,10 +214,8 @@ func (b *streamBuffer) live(runID string) (liveRun, *threadStream, bool) {
 	if !ok {
 		return lr, nil, false
 	}
-	if b.s.pg {
-		if u := b.until[runID]; u.lease != lr.lease || !time.Now().Before(u.at) {
-			return lr, nil, false
-		}
+	if b.s.pg && !b.leaseTrusted(lr) {
+		return lr, nil, false
 	}
 	return lr, b.threadLocked(lr.threadID), true
 }
@@ -230,8 +228,21 @@ func (b *streamBuffer) stillLive(lr liveRun) bool {
 	if cur, ok := b.runs[lr.lease.RunID]; !ok || cur != lr {
 		return false
 	}
+	// Checked again here, under the thread's mutex and right before the
+	// fan-out: waiting for that mutex (a flush holds it) is where an
+	// execution that stalls would otherwise outlive its lease unseen.
+	if b.s.pg && !b.leaseTrusted(lr) {
+		return false
+	}
 	b.dirty[lr.threadID] = struct{}{}
 	return true
+}
+
+// leaseTrusted reports whether lr's lease surely still holds (see until).
+// Called with b.mu held.
+func (b *streamBuffer) leaseTrusted(lr liveRun) bool {
+	u := b.until[lr.lease.RunID]
+	return u.lease == lr.lease && time.Now().Before(u.at)
 }
 
 // markDirty gives threads back to the flusher's next pass.
