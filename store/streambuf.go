@@ -71,7 +71,8 @@ import (
 // error. Deltas the holder still hands out from the lost reservation until
 // then carry seqs below the other instance's events: receivers drop them
 // as already delivered, or see the recorded gap. (A holder that stalled
-// past its lease hands out none: the fast path trusts a lease only for a
+// past its lease hands out none, but for a stop in the instructions
+// between the last check and the fan-out: the fast path trusts a lease only for a
 // share of its TTL, see streamBuffer.until.) Cancels do not come this way:
 // the engine hands a cancel to the process executing the run
 // (engine.CancelForwarder), whose own transaction writes its pending
@@ -117,8 +118,9 @@ type streamBuffer struct {
 	// holds (by this process's monotonic clock): past it a batch takes the
 	// slow path, which asks the database. Another instance takes a run
 	// over only once its lease expired, so an execution that stalled
-	// (SIGSTOP, a long pause) and wakes up never fans out a delta of a run
-	// that is no longer its own.
+	// (SIGSTOP, a long pause) and wakes up fans out no delta of a run that is
+	// no longer its own (checked again right before each fan-out; a stop
+	// within those last instructions is not covered).
 	until map[string]leaseUntil
 	dirty map[string]struct{} // threads that may hold pending deltas: what the flusher visits
 
