@@ -78,6 +78,8 @@ export class ThreadView {
   private run: Run | null = null;
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
+  // frame is the animation frame renderSoon asked for (0: none pending).
+  private frame = 0;
   private noticeBusy = false; // the notice explains why Enter did not send
   private cancelledBy = new Map<string, string>(); // run → requested_by of its cancel
   private deleting: string | null = null; // the fragment whose deletion waits for "Delete for good"
@@ -328,9 +330,19 @@ export class ThreadView {
         this.streamed = null;
         break;
     }
-    this.render();
+    this.renderSoon();
     if (branched) this.resync();
     else if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
+  }
+
+  // renderSoon renders once in the next animation frame, however many
+  // events arrive before it. Events change the state at once; the page is
+  // drawn from it at most once a frame, because a render measures the page
+  // (a layout) and a reply streamed at hundreds of deltas a second would
+  // otherwise keep the browser laying out the page for every one of them
+  // and fall seconds behind the stream.
+  private renderSoon(): void {
+    if (!this.frame) this.frame = window.requestAnimationFrame(() => this.render());
   }
 
   // resync asks for a fresh snapshot of the thread (a subscribe without
@@ -677,6 +689,8 @@ export class ThreadView {
   // ---- rendering ----
 
   private render(): void {
+    if (this.frame) window.cancelAnimationFrame(this.frame);
+    this.frame = 0;
     const atBottom = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
     this.renderMessages();
     this.renderToolSteps();
