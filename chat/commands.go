@@ -73,6 +73,12 @@ type DraftDeleted struct {
 	StateVersion int64  `json:"state_version"`
 }
 
+// CheckoutAck is thread.checkout's answer.
+type CheckoutAck struct {
+	HeadCheckpointID string `json:"head_checkpoint_id"`
+	StateVersion     int64  `json:"state_version"`
+}
+
 // ForkAck is thread.fork's answer.
 type ForkAck struct {
 	NewThreadID      string `json:"new_thread_id"`

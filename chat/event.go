@@ -22,6 +22,7 @@ const (
 	EventRunCompleted           = "run.completed"
 	EventRunFailed              = "run.failed"
 	EventMessageDeleted         = "message.deleted"
+	EventThreadHeadMoved        = "thread.head_moved"
 	EventThreadSnapshot         = "thread.snapshot"
 )
 
@@ -172,6 +173,13 @@ type RunFailedBody struct {
 type MessageDeletedBody struct {
 	MessageID    string `json:"message_id"`
 	CheckpointID string `json:"checkpoint_id"`
+}
+
+// ThreadHeadMovedBody says which checkpoint a thread.checkout made the
+// thread's head, and which it was before.
+type ThreadHeadMovedBody struct {
+	HeadCheckpointID         string `json:"head_checkpoint_id"`
+	PreviousHeadCheckpointID string `json:"previous_head_checkpoint_id"`
 }
 
 // SnapshotEvent encodes a thread.snapshot event: the snapshot's fields at the

@@ -93,6 +93,11 @@ func (f *fuzzFake) SaveFragment(_ context.Context, p chat.SaveFragment) (chat.Fr
 	return chat.FragmentSaved{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) Checkout(_ context.Context, userID, threadID, checkpointID string, expected int64) (chat.CheckoutAck, error) {
+	f.record("Checkout", userID, threadID, checkpointID, expected)
+	return chat.CheckoutAck{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) DeleteDraft(_ context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
 	f.record("DeleteDraft", userID, threadID, messageID, expected)
 	return chat.DraftDeleted{}, errFuzzNotFound
@@ -184,6 +189,12 @@ func checkReached(t *testing.T, c fuzzCall) {
 	case "Fork":
 		nonEmpty(1, "thread_id")
 		nonEmpty(2, "from_checkpoint_id")
+	case "Checkout":
+		nonEmpty(1, "thread_id")
+		nonEmpty(2, "checkpoint_id")
+		if c.args[3].(int64) < 0 {
+			bad("a negative expected_state_version")
+		}
 	case "CreateThread":
 		if title := c.args[1].(string); !textOK(title, MaxTitleBytes) || strings.IndexFunc(title, chat.IsControl) >= 0 {
 			bad("a bad title")
@@ -241,16 +252,17 @@ func roundTrip(t *testing.T, data []byte, dst any) bool {
 // wsCommandTypes are the command structs of the WebSocket protocol, by type.
 func wsCommandTypes() map[string]func() any {
 	return map[string]func() any{
-		"hello":         func() any { return new(wsHello) },
-		"subscribe":     func() any { return new(wsSubscribe) },
-		"unsubscribe":   func() any { return new(wsUnsubscribe) },
-		"run.start":     func() any { return new(wsRunStart) },
-		"run.cancel":    func() any { return new(wsRunCancel) },
-		"fragment.save": func() any { return new(wsFragmentSave) },
-		"draft.delete":  func() any { return new(wsDraftDelete) },
-		"thread.fork":   func() any { return new(wsFork) },
-		"tool.confirm":  func() any { return new(wsDecide) },
-		"tool.reject":   func() any { return new(wsDecide) },
+		"hello":           func() any { return new(wsHello) },
+		"subscribe":       func() any { return new(wsSubscribe) },
+		"unsubscribe":     func() any { return new(wsUnsubscribe) },
+		"run.start":       func() any { return new(wsRunStart) },
+		"run.cancel":      func() any { return new(wsRunCancel) },
+		"fragment.save":   func() any { return new(wsFragmentSave) },
+		"draft.delete":    func() any { return new(wsDraftDelete) },
+		"thread.fork":     func() any { return new(wsFork) },
+		"thread.checkout": func() any { return new(wsCheckout) },
+		"tool.confirm":    func() any { return new(wsDecide) },
+		"tool.reject":     func() any { return new(wsDecide) },
 	}
 }
 
@@ -270,6 +282,7 @@ var wsSeeds = []string{
 	`{"type":"fragment.save","id":"6","thread_id":"thr_1","message_id":"msg_1","last_seq":4,"expected_state_version":2}`,
 	`{"type":"draft.delete","id":"7","thread_id":"thr_1","message_id":"msg_1","expected_state_version":2}`,
 	`{"type":"thread.fork","id":"8","thread_id":"thr_1","from_checkpoint_id":"chk_1"}`,
+	`{"type":"thread.checkout","id":"8","thread_id":"thr_1","checkpoint_id":"chk_1","expected_state_version":3}`,
 	`{"type":"tool.confirm","id":"9","operation_id":"op_1","expected_state_version":5}`,
 	`{"type":"tool.reject","id":"9","operation_id":"op_1","expected_state_version":5}`,
 	`{"type":"nope","id":"10"}`,

@@ -598,6 +598,8 @@ func TestFieldLimits(t *testing.T) {
 		{"draft.delete message_id", map[string]any{"type": "draft.delete", "thread_id": th, "message_id": "msg_" + x(61), "expected_state_version": v}, []string{"message_id", "64"}},
 		{"thread.fork thread_id", map[string]any{"type": "thread.fork", "thread_id": id65, "from_checkpoint_id": cur.HeadCheckpointID}, []string{"thread_id", "64"}},
 		{"thread.fork from_checkpoint_id", map[string]any{"type": "thread.fork", "thread_id": th, "from_checkpoint_id": "cp_" + x(62)}, []string{"from_checkpoint_id", "64"}},
+		{"thread.checkout thread_id", map[string]any{"type": "thread.checkout", "thread_id": id65, "checkpoint_id": cur.HeadCheckpointID, "expected_state_version": v}, []string{"thread_id", "64"}},
+		{"thread.checkout checkpoint_id", map[string]any{"type": "thread.checkout", "thread_id": th, "checkpoint_id": "cp_" + x(62), "expected_state_version": v}, []string{"checkpoint_id", "64"}},
 		{"tool.confirm operation_id", map[string]any{"type": "tool.confirm", "operation_id": "op_" + x(62), "expected_state_version": v}, []string{"operation_id", "64"}},
 		{"tool.reject operation_id", map[string]any{"type": "tool.reject", "operation_id": "op_" + x(62), "expected_state_version": v}, []string{"operation_id", "64"}},
 		{"an unknown field with a huge name", map[string]any{"type": "hello", "tab_id": "t", huge: 1}, []string{"unknown field"}},

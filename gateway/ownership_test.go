@@ -74,6 +74,7 @@ var routeCoverage = map[string]string{
 	"POST /api/operations/{id}/confirm":                 routeIDs,
 	"POST /api/operations/{id}/reject":                  routeIDs,
 	"GET /api/threads/{id}/checkpoints":                 routeIDs,
+	"POST /api/threads/{id}/head":                       routeIDs,
 	"GET /api/threads/{id}/events":                      routeIDs,
 	"/api/":                                             routeIDs, // unknown endpoints: not_found, ids in the path or not
 }
@@ -81,16 +82,17 @@ var routeCoverage = map[string]string{
 // wsCoverage is every command the WebSocket dispatch understands. It must
 // equal registeredCommands; every command but hello needs probes.
 var wsCoverage = map[string]string{
-	"hello":         "names no id",
-	"subscribe":     "thread",
-	"unsubscribe":   "thread (acknowledged whatever the id: it only stops this connection's own feed)",
-	"run.start":     "thread, checkpoint",
-	"run.cancel":    "run",
-	"fragment.save": "thread, streamed message",
-	"draft.delete":  "thread, message",
-	"thread.fork":   "thread, checkpoint",
-	"tool.confirm":  "operation",
-	"tool.reject":   "operation",
+	"hello":           "names no id",
+	"subscribe":       "thread",
+	"unsubscribe":     "thread (acknowledged whatever the id: it only stops this connection's own feed)",
+	"run.start":       "thread, checkpoint",
+	"run.cancel":      "run",
+	"fragment.save":   "thread, streamed message",
+	"draft.delete":    "thread, message",
+	"thread.fork":     "thread, checkpoint",
+	"thread.checkout": "thread, checkpoint",
+	"tool.confirm":    "operation",
+	"tool.reject":     "operation",
 }
 
 // packageFiles parses the gateway package's non-test sources.
@@ -649,6 +651,12 @@ func reqFork(th, cp string) probeRequest {
 		body: f, ws: withFields(map[string]any{"type": "thread.fork", "thread_id": th}, f)}
 }
 
+func reqCheckout(th, cp string, version int64) probeRequest {
+	f := map[string]any{"checkpoint_id": cp, "expected_state_version": version}
+	return probeRequest{route: "POST /api/threads/{id}/head", method: http.MethodPost, path: "/api/threads/" + th + "/head",
+		body: f, ws: withFields(map[string]any{"type": "thread.checkout", "thread_id": th}, f)}
+}
+
 func reqDecide(op string, confirm bool, version int64) probeRequest {
 	verb, typ := "reject", "tool.reject"
 	if confirm {
@@ -707,6 +715,7 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 			return reqRunStart(id, map[string]any{"expected_state_version": v, "user_message": "short: branch", "resume_from_checkpoint_id": head})
 		})
 		add("fork", th, nf, true, func(id string) probeRequest { return reqFork(id, head) })
+		add("checkout", th, nf, true, func(id string) probeRequest { return reqCheckout(id, head, v) })
 		add("unknown endpoint under the thread", th, nf, false, func(id string) probeRequest {
 			return reqUnknownEndpoint(http.MethodGet, "/api/threads/"+id+"/messages")
 		})
@@ -750,6 +759,7 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 			return reqRunStart(own, map[string]any{"expected_state_version": ownVersion, "user_message": "short: steal", "resume_from_checkpoint_id": id})
 		})
 		add("fork own thread from alice's checkpoint", cp, cpnf, false, func(id string) probeRequest { return reqFork(own, id) })
+		add("checkout of alice's checkpoint on own thread", cp, cpnf, false, func(id string) probeRequest { return reqCheckout(own, id, ownVersion) })
 	}
 	add("fragment.save on own thread of alice's streamed message", w.streamed, nf, false, func(id string) probeRequest {
 		return reqFragment(own, id, w.deltaSeq, ownVersion)
@@ -792,6 +802,8 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqDraftDelete(w.t1, w.draft, w.version[w.t1]), true
 	case "POST /api/threads/{id}/fork":
 		return reqFork(w.t1, w.head[w.t1]), true
+	case "POST /api/threads/{id}/head":
+		return reqCheckout(w.t1, w.cpRoot, w.version[w.t1]), true
 	case "GET /api/threads/{id}/operations":
 		return reqOperations(w.t2), true
 	case "POST /api/operations/{id}/confirm":

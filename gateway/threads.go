@@ -136,6 +136,44 @@ func (req forkRequest) validate() error {
 	return checkID("from_checkpoint_id", *req.FromCheckpointID)
 }
 
+type checkoutRequest struct {
+	CheckpointID         *string `json:"checkpoint_id"`
+	ExpectedStateVersion *int64  `json:"expected_state_version"`
+}
+
+// checkout moves the thread's head to another of its checkpoints
+// (POST /api/threads/{id}/head).
+func (s *Server) checkout(w http.ResponseWriter, r *http.Request) {
+	var req checkoutRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	id, err := pathID(r, "id", "thread_id")
+	if err == nil {
+		err = req.validate()
+	}
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	ack, err := s.store.Checkout(r.Context(), userID(r), id, *req.CheckpointID, *req.ExpectedStateVersion)
+	s.reply(w, http.StatusOK, ack, err)
+}
+
+func (req checkoutRequest) validate() error {
+	if req.CheckpointID == nil || *req.CheckpointID == "" {
+		return chat.Invalid("checkpoint_id is required: name the checkpoint of this thread to switch to")
+	}
+	if err := checkID("checkpoint_id", *req.CheckpointID); err != nil {
+		return err
+	}
+	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
+		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	}
+	return nil
+}
+
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r, "id", "thread_id")
 	if err != nil {

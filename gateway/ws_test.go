@@ -1292,6 +1292,9 @@ func TestWSBadInput(t *testing.T) {
 		{"thread.fork without from_checkpoint_id", q(`{"type":"thread.fork","id":"b45","thread_id":%q}`, th), "b45", inv},
 		{"thread.fork from an unknown checkpoint", q(`{"type":"thread.fork","id":"b46","thread_id":%q,"from_checkpoint_id":"cp_00000000000000000000000000"}`, th), "b46", chat.CodeCheckpointNotFound},
 		{"thread.fork of an unknown thread", q(`{"type":"thread.fork","id":"b47","thread_id":"thr_00000000000000000000000000","from_checkpoint_id":%q}`, cur.HeadCheckpointID), "b47", nf},
+		{"thread.checkout without checkpoint_id", q(`{"type":"thread.checkout","id":"b48","thread_id":%q,"expected_state_version":%d}`, th, v), "b48", inv},
+		{"thread.checkout without expected_state_version", q(`{"type":"thread.checkout","id":"b49","thread_id":%q,"checkpoint_id":%q}`, th, cur.HeadCheckpointID), "b49", inv},
+		{"thread.checkout of an unknown checkpoint", q(`{"type":"thread.checkout","id":"b50","thread_id":%q,"checkpoint_id":"cp_00000000000000000000000000","expected_state_version":%d}`, th, v), "b50", chat.CodeCheckpointNotFound},
 	}
 	threads := func() int {
 		var p threadPage
@@ -1540,5 +1543,89 @@ func TestWSOrigin(t *testing.T) {
 		r := h.do(http.MethodGet, "/ws", nil, "Origin", origin, "Connection", "Upgrade", "Upgrade", "websocket",
 			"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
 		h.wantError(t, r, http.StatusForbidden, chat.CodeForbidden)
+	}
+}
+
+// TestWSCheckoutSwitchesBranch: after an edited request, thread.checkout
+// moves the head back to the original branch; every tab gets
+// thread.head_moved and a snapshot then shows that branch's messages; a
+// tab that has not applied the move is refused with the conflict and
+// changes nothing; the head itself is a no-op; a running run refuses it.
+func TestWSCheckoutSwitchesBranch(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, time.Millisecond)
+	snap := h.createThread("")
+	th, root := snap.ThreadID, snap.HeadCheckpointID
+	a, b := h.dial(t), h.dial(t)
+	a.subscribe(th, wsAfter(0))
+	b.subscribe(th, wsAfter(0))
+
+	first := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": snap.StateVersion, "user_message": "short original question"}), "run_id")
+	a.untilEvent(th, chat.EventRunCompleted, first)
+	original := h.snapshot(th)
+	edited := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": original.StateVersion,
+		"resume_from_checkpoint_id": root, "user_message": "short edited question"}), "run_id")
+	a.untilEvent(th, chat.EventRunCompleted, edited)
+	cur := h.snapshot(th)
+	if len(cur.Messages) != 2 || cur.Messages[0].Content != "short edited question" {
+		t.Fatalf("after the edit the head holds %+v", cur.Messages)
+	}
+	b.untilSeq(th, cur.LastSeq)
+
+	ack := b.ack(map[string]any{"type": "thread.checkout", "thread_id": th, "checkpoint_id": original.HeadCheckpointID, "expected_state_version": cur.StateVersion})
+	if ack["head_checkpoint_id"] != original.HeadCheckpointID || wsNum(ack, "state_version") != cur.StateVersion+1 {
+		t.Fatalf("checkout ack %v, want head %s at v%d", ack, original.HeadCheckpointID, cur.StateVersion+1)
+	}
+	for _, c := range []*wsClient{a, b} {
+		ev := c.untilEvent(th, chat.EventThreadHeadMoved, "")
+		if ev["head_checkpoint_id"] != original.HeadCheckpointID || ev["previous_head_checkpoint_id"] != cur.HeadCheckpointID ||
+			wsNum(ev, "seq") != cur.LastSeq+1 || wsNum(ev, "state_version") != cur.StateVersion+1 {
+			t.Errorf("%s got %v, want the move from %s to %s at seq %d, v%d", c.name, ev, cur.HeadCheckpointID, original.HeadCheckpointID, cur.LastSeq+1, cur.StateVersion+1)
+		}
+	}
+	moved := h.snapshot(th)
+	if moved.HeadCheckpointID != original.HeadCheckpointID || len(moved.Messages) != 2 || moved.Messages[0].Content != "short original question" ||
+		moved.Messages[1].MessageID != original.Messages[1].MessageID {
+		t.Fatalf("after checkout the snapshot is at %s with %+v, want the original branch", moved.HeadCheckpointID, moved.Messages)
+	}
+
+	// A tab that had not applied the move: conflict, nothing changes.
+	before := h.snapshotBytes(th)
+	e := a.cmd(map[string]any{"type": "thread.checkout", "thread_id": th, "checkpoint_id": cur.HeadCheckpointID, "expected_state_version": cur.StateVersion})
+	if e["type"] != "error" || e["error"] != chat.CodeStateVersionConflict || wsNum(e, "current_state_version") != moved.StateVersion {
+		t.Fatalf("stale checkout: %v", e)
+	}
+	// The head itself: acknowledged, no event, no new version.
+	same := a.ack(map[string]any{"type": "thread.checkout", "thread_id": th, "checkpoint_id": moved.HeadCheckpointID, "expected_state_version": moved.StateVersion})
+	if wsNum(same, "state_version") != moved.StateVersion {
+		t.Errorf("checkout of the head answered %v, want v%d unchanged", same, moved.StateVersion)
+	}
+	if got := h.snapshotBytes(th); got != before {
+		t.Errorf("a refused or empty checkout changed the thread:\n%s\n%s", before, got)
+	}
+
+	// While a run streams: run_already_active, nothing changes.
+	h.model.setPace(50 * time.Millisecond)
+	long := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": moved.StateVersion, "user_message": "What is a write ahead log?"}), "run_id")
+	a.untilDeltas(th, long, 1)
+	running := h.snapshot(th)
+	e = b.cmd(map[string]any{"type": "thread.checkout", "thread_id": th, "checkpoint_id": cur.HeadCheckpointID, "expected_state_version": running.StateVersion})
+	if e["type"] != "error" || e["error"] != chat.CodeRunAlreadyActive || e["run_id"] != long {
+		t.Fatalf("checkout while %s runs: %v", long, e)
+	}
+	h.model.setPace(time.Millisecond)
+	a.untilEvent(th, chat.EventRunCompleted, long)
+	after := h.snapshot(th)
+	if after.HeadCheckpointID == cur.HeadCheckpointID {
+		t.Error("the refused checkout moved the head")
+	}
+	// Over HTTP, back to the edited branch.
+	var back chat.CheckoutAck
+	h.call(http.MethodPost, "/api/threads/"+th+"/head", map[string]any{"checkpoint_id": cur.HeadCheckpointID, "expected_state_version": after.StateVersion}, http.StatusOK, &back)
+	if back.HeadCheckpointID != cur.HeadCheckpointID || back.StateVersion != after.StateVersion+1 {
+		t.Fatalf("POST /head answered %+v", back)
+	}
+	if got := h.snapshot(th); got.HeadCheckpointID != cur.HeadCheckpointID || got.Messages[0].Content != "short edited question" {
+		t.Fatalf("after POST /head the snapshot is at %s with %+v", got.HeadCheckpointID, got.Messages)
 	}
 }

@@ -65,6 +65,12 @@ type wsFork struct {
 	forkRequest
 }
 
+type wsCheckout struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	checkoutRequest
+}
+
 type wsDecide struct {
 	wsEnvelope
 	OperationID *string `json:"operation_id"`
@@ -320,6 +326,19 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		return chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID}, nil
+
+	case "thread.checkout":
+		var cmd wsCheckout
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
+		}
+		if err := cmd.validate(); err != nil {
+			return nil, err
+		}
+		return s.store.Checkout(ctx, c.user, *cmd.ThreadID, *cmd.CheckpointID, *cmd.ExpectedStateVersion)
 
 	case "tool.confirm", "tool.reject":
 		var cmd wsDecide

@@ -169,6 +169,8 @@ type eventBody struct {
 	RunID        string  `json:"run_id"`
 	CheckpointID string  `json:"checkpoint_id"`
 	ParentID     *string `json:"parent_checkpoint_id"`
+	HeadID       string  `json:"head_checkpoint_id"`
+	PreviousHead string  `json:"previous_head_checkpoint_id"`
 	MessageID    string  `json:"message_id"`
 	Message      *struct {
 		MessageID string `json:"message_id"`
@@ -838,6 +840,10 @@ func checkEventLog(a *auditor, th *auditThread) {
 	// event has its row.
 	published := map[string]int{}
 	created := map[string]int{}
+	// logHead is the head the log's events put the thread at: every
+	// checkpoint.created makes its checkpoint the head, a
+	// thread.head_moved its own ("": no such event held).
+	logHead := ""
 	for _, e := range th.events {
 		if e.bodyErr != nil {
 			a.add(8, "thread %s event seq %d has an unreadable payload: %v", t.ThreadID, e.Seq, e.bodyErr)
@@ -869,6 +875,15 @@ func checkEventLog(a *auditor, th *auditThread) {
 			case (cp.ParentCheckpointID == nil) != (b.ParentID == nil) || (b.ParentID != nil && *b.ParentID != *cp.ParentCheckpointID):
 				a.add(8, "checkpoint.created seq %d of thread %s names another parent than checkpoint %s has", e.Seq, t.ThreadID, cp.CheckpointID)
 			}
+			logHead = b.CheckpointID
+		case chat.EventThreadHeadMoved:
+			if _, ok := th.cpByID[b.HeadID]; !ok {
+				a.add(8, "thread.head_moved seq %d of thread %s moves the head to %q, which is not one of its checkpoints", e.Seq, t.ThreadID, b.HeadID)
+			}
+			if logHead != "" && b.PreviousHead != logHead {
+				a.add(8, "thread.head_moved seq %d of thread %s says the head was %q, but the log put it at %s", e.Seq, t.ThreadID, b.PreviousHead, logHead)
+			}
+			logHead = b.HeadID
 		case chat.EventMessageDeleted:
 			if _, ok := th.msgByID[b.MessageID]; !ok {
 				a.add(8, "message.deleted seq %d of thread %s names message %q, which is not the thread's", e.Seq, t.ThreadID, b.MessageID)
@@ -885,6 +900,9 @@ func checkEventLog(a *auditor, th *auditThread) {
 				a.add(8, "%s seq %d of thread %s names run %q, which is not one of the thread's", e.Type, e.Seq, t.ThreadID, e.RunID.String)
 			}
 		}
+	}
+	if logHead != "" && logHead != t.HeadCheckpointID {
+		a.add(8, "thread %s has head %s, but its last checkpoint.created or thread.head_moved put it at %s", t.ThreadID, t.HeadCheckpointID, logHead)
 	}
 	for _, m := range th.msgs {
 		if n := published[m.MessageID]; n != 1 && !(n == 0 && th.versionPurged(m.StateVersion)) {

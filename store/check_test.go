@@ -284,6 +284,16 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			h.exec(t, `UPDATE events SET payload = replace(payload, ?, 'cp_ghost') WHERE thread_id = ? AND type = 'checkpoint.created' AND payload LIKE ?`,
 				h.answer1CP, h.a, `%"checkpoint_id":"`+h.answer1CP+`"%`)
 		}, 8, `names checkpoint "cp_ghost", which does not exist`, nil},
+		{"a head moved without its event", func(t *testing.T, h *healthy) {
+			h.exec(t, `UPDATE threads SET head_checkpoint_id = ? WHERE thread_id = ?`, h.answer1CP, h.a)
+		}, 8, "but its last checkpoint.created or thread.head_moved put it at", nil},
+		{"a head_moved from a head the log never had", func(t *testing.T, h *healthy) {
+			var head string
+			if err := h.db.QueryRow(`SELECT head_checkpoint_id FROM threads WHERE thread_id = ?`, h.a).Scan(&head); err != nil {
+				t.Fatal(err)
+			}
+			h.appendEvent(t, h.a, chat.Event{Type: chat.EventThreadHeadMoved, Body: chat.ThreadHeadMovedBody{HeadCheckpointID: head, PreviousHeadCheckpointID: h.answer1CP}})
+		}, 8, "says the head was", nil},
 		{"a step published twice", func(t *testing.T, h *healthy) {
 			// What a stale execution of run1 did before fencing: a second
 			// answer on top of run1's, whose checkpoint had no step left.
@@ -306,6 +316,7 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 				VALUES (?, ?, ?, ?, ?, '["generate","generate"]', '[]', ?, ?)`, cp, h.a, h.answer1CP, v+2, strings.TrimSuffix(ids, "]")+`,"`+dup+`"]`, h.run1, now)
 			h.appendEvent(t, h.a, chat.Event{Type: chat.EventCheckpointCreated, RunID: h.run1,
 				Body: chat.CheckpointCreatedBody{CheckpointID: cp, ParentCheckpointID: &h.answer1CP}})
+			h.exec(t, `UPDATE threads SET head_checkpoint_id = ? WHERE thread_id = ?`, cp, h.a) // as every new checkpoint does
 		}, 9, "which had no step left to run", nil},
 		{"not_started for a key the provider accepted", func(t *testing.T, h *healthy) {
 			h.exec(t, `UPDATE operations SET phase = 'voided', outcome = 'not_started', commit_started_at = NULL WHERE operation_id = ?`, h.op)

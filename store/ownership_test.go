@@ -32,6 +32,9 @@ func TestWritesOfAnotherOrNoUserAreNotFound(t *testing.T) {
 		if _, err := st.Fork(ctx, who, snap.ThreadID, snap.HeadCheckpointID); code(err) != chat.CodeNotFound {
 			t.Errorf("%q fork: %v", who, err)
 		}
+		if _, err := st.Checkout(ctx, who, snap.ThreadID, snap.HeadCheckpointID, snap.StateVersion); code(err) != chat.CodeNotFound {
+			t.Errorf("%q checkout: %v", who, err)
+		}
 		if err := st.RenameThread(ctx, who, snap.ThreadID, "mine now"); code(err) != chat.CodeNotFound {
 			t.Errorf("%q rename: %v", who, err)
 		}

@@ -48,14 +48,8 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		if err := t.checkVersion(c, p.ExpectedStateVersion, p.ResumeFromCheckpointID); err != nil {
 			return err
 		}
-		var active string
-		err = t.get(&active, `SELECT run_id FROM runs WHERE thread_id = ? AND status IN `+activeStatuses, p.ThreadID)
-		if err == nil {
-			return chat.Errorf(chat.CodeRunAlreadyActive, "run %s is still active on this thread: wait for it or cancel it first", active).
-				With("run_id", active)
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("look up active run: %w", err)
+		if err := t.noActiveRun(p.ThreadID); err != nil {
+			return err
 		}
 		if p.ResumeFromCheckpointID == "" {
 			if from, err = t.checkpoint(p.ThreadID, c.row.HeadCheckpointID); err != nil {
@@ -131,6 +125,21 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 
 // retitle names an untitled thread after its first request. The title is a
 // label, not conversation state: no version bump, no event.
+// noActiveRun answers run_already_active while a run of the thread has not
+// ended.
+func (t *txn) noActiveRun(threadID string) error {
+	var active string
+	err := t.get(&active, `SELECT run_id FROM runs WHERE thread_id = ? AND status IN `+activeStatuses, threadID)
+	if err == nil {
+		return chat.Errorf(chat.CodeRunAlreadyActive, "run %s is still active on this thread: wait for it or cancel it first", active).
+			With("run_id", active)
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("look up active run: %w", err)
+	}
+	return nil
+}
+
 func (t *txn) retitle(c *threadCursor, title string) error {
 	if title == "" {
 		return nil

@@ -339,6 +339,20 @@ func TestDeleteDraft(t *testing.T) {
 	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, del.StateVersion); code(err) != chat.CodeNotFound {
 		t.Fatalf("second delete = %v", err)
 	}
+	// The point from before the deletion would bring the draft back: a
+	// checkout to it is refused, and one to the point before the save is
+	// not.
+	if _, err := st.Checkout(ctx, user, snap.ThreadID, saved.CheckpointID, del.StateVersion); code(err) != chat.CodeInvalidRequest {
+		t.Fatalf("checkout to the point holding the deleted draft = %v", err)
+	}
+	moved, err := st.Checkout(ctx, user, snap.ThreadID, cur.HeadCheckpointID, del.StateVersion)
+	if err != nil || moved.StateVersion != del.StateVersion+1 {
+		t.Fatalf("checkout to the point before the save = %+v, %v", moved, err)
+	}
+	if got, _ := st.Snapshot(ctx, user, snap.ThreadID); got.HeadCheckpointID != cur.HeadCheckpointID || len(got.Messages) != 1 {
+		t.Fatalf("after checkout: %+v", got)
+	}
+	mustCheck(t, st, "after a checkout")
 }
 
 func TestForkCopiesStateAndContinues(t *testing.T) {

@@ -448,6 +448,62 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 	return head, out, err
 }
 
+// Checkout makes checkpointID, any checkpoint of the thread, its head: the
+// branch a user switches to (an earlier request before it was edited, a
+// reply before it was regenerated). It is a durable event,
+// thread.head_moved, so every tab follows and a tab that saw an older
+// version gets the conflict; refused with run_already_active while a run
+// of the thread has not ended (its steps write to the head). Checking out
+// the head changes nothing and answers with the current version.
+func (s *Store) Checkout(ctx context.Context, userID, threadID, checkpointID string, expected int64) (chat.CheckoutAck, error) {
+	var out chat.CheckoutAck
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(userID, threadID)
+		if err != nil {
+			return err
+		}
+		cp, err := t.checkpoint(threadID, checkpointID)
+		if err != nil {
+			return err
+		}
+		if err := t.checkVersion(c, expected, ""); err != nil {
+			return err
+		}
+		if err := t.noActiveRun(threadID); err != nil {
+			return err
+		}
+		if checkpointID == c.row.HeadCheckpointID {
+			out = chat.CheckoutAck{HeadCheckpointID: checkpointID, StateVersion: c.row.StateVersion}
+			return nil
+		}
+		// A point from before a draft was deleted would bring the deleted
+		// text back into history (and retention may have emptied it).
+		if len(cp.MessageIDs) > 0 {
+			q, args, err := sqlx.In(`SELECT message_id FROM messages WHERE message_id IN (?) AND deleted_at IS NOT NULL LIMIT 1`, cp.MessageIDs)
+			if err != nil {
+				return err
+			}
+			var deleted string
+			err = t.get(&deleted, q, args...)
+			if err == nil {
+				return chat.Invalid("checkpoint %s holds the saved fragment %s, deleted since: switch to a later point of that branch", checkpointID, deleted)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("look for deleted drafts: %w", err)
+			}
+		}
+		ev := t.event(c, chat.EventThreadHeadMoved, "")
+		ev.Body = chat.ThreadHeadMovedBody{HeadCheckpointID: checkpointID, PreviousHeadCheckpointID: c.row.HeadCheckpointID}
+		if err := t.append(ev); err != nil {
+			return err
+		}
+		t.setHead(c, checkpointID)
+		out = chat.CheckoutAck{HeadCheckpointID: checkpointID, StateVersion: c.row.StateVersion}
+		return nil
+	})
+	return out, err
+}
+
 // Fork copies the state at fromCheckpointID into a new thread of the same
 // user; the original is untouched.
 func (s *Store) Fork(ctx context.Context, userID, threadID, fromCheckpointID string) (chat.Thread, error) {
