@@ -145,3 +145,71 @@ test("two tabs: the tab that did not cancel says the cancel came from another ta
   assert.deepEqual(errors, [], "no console errors");
   await context.close();
 });
+
+test("two tabs: a request edited after a cancel shows ‹ 2/2 ›; switching back moves both tabs, and waits while a reply streams", async () => {
+  const tabs = await twoTabs();
+  const { context, errors, a, b, socketB } = tabs;
+  const original = "How do I keep basil alive through the winter indoors?";
+  await send(a, original);
+  await a.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor({ timeout: 15000 });
+  await a.getByTestId("cancel").click();
+  await a.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await a.getByTestId("action-edit").click();
+  await a.getByTestId("editing").waitFor();
+  const edited = "Short: basil in winter?";
+  await a.getByTestId("composer-input").fill(edited);
+  await a.getByTestId("composer-input").press("Enter");
+  for (const page of [a, b]) {
+    await eventually(async () => assert.deepEqual((await messageTexts(page)).map((m) => m.text)[0], edited), { timeout: 15000 });
+  }
+  await runStatus(a, "idle");
+
+  // The edited request is version 2 of 2, on both tabs; only it has versions.
+  const firstUser = (page) => page.locator("[data-testid=messages] > [data-testid=message][data-role=user]").first();
+  for (const page of [a, b]) {
+    await eventually(async () => assert.equal(await firstUser(page).getByTestId("branch-pos").textContent(), "2/2"));
+    assert.equal(await page.getByTestId("branch-nav").count(), 1);
+    assert.equal(await firstUser(page).getByTestId("branch-nav").getAttribute("aria-label"), "Version 2 of 2");
+    assert.ok(await firstUser(page).getByTestId("branch-next").isDisabled(), "no version after the last");
+  }
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await a.setViewportSize({ width: w, height: h });
+      await a.emulateMedia({ colorScheme: scheme });
+      // On a phone the list slides away as a drawer (0.18 s) once narrow.
+      if (w < 720) await eventually(async () => assert.ok(await a.getByTestId("sidebar").isHidden()));
+      await shot(a, `branch-nav-${w}-${scheme}`, { fullPage: false });
+    }
+  }
+  await a.setViewportSize({ width: 1100, height: 800 });
+
+  // Back to the original request: both tabs show it, as version 1 of 2,
+  // with what the cancel left of it (the request, no reply).
+  await firstUser(a).getByTestId("branch-prev").click();
+  for (const page of [a, b]) {
+    await eventually(async () => assert.equal((await messageTexts(page))[0]?.text, original), { timeout: 10000 });
+    await eventually(async () => assert.equal(await firstUser(page).getByTestId("branch-pos").textContent(), "1/2"));
+    assert.ok(!(await messageTexts(page)).some((m) => m.text === edited), "the edited branch is not shown");
+  }
+  assert.ok(!socketB.frames.some((f) => f.from === "server" && f.obj.type === "error"), "tab B got no error");
+  await shot(b, "branch-switched-other-tab", { fullPage: false });
+
+  // A reply streaming: the versions cannot be switched, and the page says why.
+  await send(a, "How do I keep rosemary alive through the winter indoors?");
+  await runStatus(a, "running");
+  const prevOrNext = firstUser(a).getByTestId("branch-next");
+  await eventually(async () => assert.ok(await prevOrNext.isDisabled(), "switching waits for the reply"));
+  assert.match(await prevOrNext.getAttribute("title"), /Wait for the reply to finish/);
+  await a.getByTestId("cancel").click();
+  await a.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await eventually(async () => assert.ok(await firstUser(a).getByTestId("branch-next").isEnabled(), "enabled again once the run ended"));
+
+  // And forward again, to the edited branch with its reply.
+  await firstUser(a).getByTestId("branch-next").click();
+  for (const page of [a, b]) {
+    await eventually(async () => assert.equal((await messageTexts(page))[0]?.text, edited), { timeout: 10000 });
+    await eventually(async () => assert.equal((await messageTexts(page)).length, 2));
+  }
+  assert.deepEqual(errors, [], "no console errors");
+  await context.close();
+});

@@ -103,6 +103,8 @@ export interface ServerEvent {
   message?: Message;
   checkpoint_id?: string;
   parent_checkpoint_id?: string | null;
+  head_checkpoint_id?: string;
+  previous_head_checkpoint_id?: string;
   base_checkpoint_id?: string;
   status?: RunStatus;
   reason?: string;

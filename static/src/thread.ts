@@ -45,6 +45,15 @@ interface Receipt {
   by?: string; // requested_by of the cancel, when this tab saw it recorded
 }
 
+// Branch is where a message stands among its versions (ThreadView.branches):
+// index of count, and the checkpoints the previous and next ones move to.
+interface Branch {
+  index: number;
+  count: number;
+  prev?: string;
+  next?: string;
+}
+
 const $ = <T extends HTMLElement>(root: ParentNode, sel: string): T => {
   const el = root.querySelector<T>(sel);
   if (!el) throw new Error(`page is missing ${sel}`);
@@ -285,6 +294,12 @@ export class ThreadView {
         break;
       case "message.deleted":
         this.messages = this.messages.filter((m) => m.message_id !== ev.message_id);
+        break;
+      case "thread.head_moved":
+        // Another branch is shown now (this tab's switch or another's):
+        // its messages come with a fresh snapshot.
+        this.head = ev.head_checkpoint_id ?? this.head;
+        branched = true;
         break;
       case "run.cancel_requested":
         if (ev.run_id && ev.requested_by) this.cancelledBy.set(ev.run_id, ev.requested_by);
@@ -582,6 +597,10 @@ export class ThreadView {
         return this.fork(this.head);
       case "fork-at":
         return this.fork(target.dataset.checkpointId ?? "");
+      case "checkout":
+        if (!target.dataset.checkpointId) return;
+        await this.command({ type: "thread.checkout", thread_id: this.threadID, checkpoint_id: target.dataset.checkpointId, expected_state_version: this.stateVersion });
+        return;
       case "fork-seen":
         return this.fork(this.conflictFrom ?? this.head);
       case "save-fragment": {
@@ -748,15 +767,79 @@ export class ThreadView {
   }
 
   private renderMessages(): void {
-    // The list is rebuilt when its messages change, or which fragment's
-    // deletion is being asked about (its buttons change).
-    const want = this.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}`;
+    // The list is rebuilt when its messages change, which fragment's
+    // deletion is being asked about (its buttons change), or the versions
+    // a message can be switched to.
+    const branches = this.branches();
+    const nav = [...branches].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",");
+    const want = this.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.run ? "busy" : ""}`;
     if (this.list.dataset.ids === want) return;
     this.list.dataset.ids = want;
-    this.list.replaceChildren(...this.messages.map((m) => this.messageItem(m)));
+    this.list.replaceChildren(...this.messages.map((m) => this.messageItem(m, branches.get(m.message_id))));
   }
 
-  private messageItem(m: Message): HTMLLIElement {
+  // branches finds, for each message of the history shown, the other
+  // versions of it: a request before or after it was edited, a reply
+  // before or after it was regenerated. A checkpoint that agrees with the
+  // history up to position p and holds another message at p is a version
+  // of the message at p, unless it is an ancestor of the head (a point
+  // before a fragment was deleted differs from the history the same way).
+  // Versions are numbered in the order they were first written; switching
+  // to one moves the head to the newest checkpoint holding it there (the
+  // latest state of that branch).
+  private branches(): Map<string, Branch> {
+    const out = new Map<string, Branch>();
+    const hist = this.messages.map((m) => m.message_id);
+    if (hist.length === 0 || this.checkpoints.length === 0) return out;
+    const byID = new Map(this.checkpoints.map((c) => [c.checkpoint_id, c]));
+    const ancestors = new Set<string>();
+    let at = byID.get(this.head) ?? byID.get(this.messages[this.messages.length - 1].checkpoint_id);
+    while (at && !ancestors.has(at.checkpoint_id)) {
+      ancestors.add(at.checkpoint_id);
+      at = at.parent_checkpoint_id ? byID.get(at.parent_checkpoint_id) : undefined;
+    }
+    // versions[p]: message id → the newest checkpoint holding it at p ("" for
+    // the one shown), in the order the ids first appeared.
+    const versions = hist.map(() => new Map<string, string>());
+    for (const c of this.checkpoints) {
+      const ids = c.message_ids;
+      let same = 0;
+      while (same < ids.length && same < hist.length && ids[same] === hist[same]) {
+        if (!versions[same].has(hist[same])) versions[same].set(hist[same], "");
+        same++;
+      }
+      if (same < ids.length && same < hist.length && !ancestors.has(c.checkpoint_id)) versions[same].set(ids[same], c.checkpoint_id);
+    }
+    versions.forEach((v, p) => {
+      if (v.size < 2) return;
+      const order = [...v.keys()];
+      const i = order.indexOf(hist[p]);
+      out.set(hist[p], { index: i + 1, count: order.length, prev: i > 0 ? v.get(order[i - 1]) : undefined, next: i + 1 < order.length ? v.get(order[i + 1]) : undefined });
+    });
+    return out;
+  }
+
+  // branchNav is "‹ 2/3 ›" on a message that has other versions.
+  private branchNav(b: Branch): HTMLElement {
+    const prev = button("‹", "checkout", "branch-prev", "btn ghost small");
+    const next = button("›", "checkout", "branch-next", "btn ghost small");
+    prev.setAttribute("aria-label", "Previous version");
+    next.setAttribute("aria-label", "Next version");
+    for (const [btn, target] of [[prev, b.prev], [next, b.next]] as const) {
+      if (target) btn.dataset.checkpointId = target;
+      btn.disabled = !target || this.run !== null;
+      if (target && this.run !== null) btn.title = "Wait for the reply to finish, or cancel it, to switch versions";
+    }
+    return el(
+      "span",
+      { class: "branch-nav", "data-testid": "branch-nav", role: "group", "aria-label": `Version ${b.index} of ${b.count}` },
+      prev,
+      el("span", { class: "branch-pos", "data-testid": "branch-pos", "aria-hidden": "true" }, `${b.index}/${b.count}`),
+      next,
+    );
+  }
+
+  private messageItem(m: Message, branch?: Branch): HTMLLIElement {
     const li = el("li", {
       class: `msg role-${m.role} kind-${m.kind}`,
       "data-testid": "message",
@@ -791,9 +874,10 @@ export class ThreadView {
       el("time", { datetime: m.created_at, title: when.toLocaleString() }, when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
       ...(m.model ? [` · ${m.model}`] : []),
     );
-    if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, meta));
+    const nav = branch ? [this.branchNav(branch)] : [];
+    if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, ...nav, meta));
     if (m.role === "assistant" && m.kind !== "card") {
-      const actions = el("div", { class: "msg-actions" }, meta, copyButton("Copy", () => m.content));
+      const actions = el("div", { class: "msg-actions" }, ...nav, meta, copyButton("Copy", () => m.content));
       if (m.kind === "fragment" && this.deleting === m.message_id) {
         const yes = button("Delete for good", "delete-draft-confirm", "delete-draft-confirm", "btn danger small");
         yes.dataset.messageId = m.message_id;
