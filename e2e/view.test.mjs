@@ -233,3 +233,71 @@ test("the conversation list: no entry for a conversation never written to, group
   await shot(page, "view-sidebar-fork", { fullPage: false });
   assert.deepEqual(errors, []);
 });
+
+test("search: as you type the list shows the conversations with every word, in a title or a message; Esc and Ctrl+K; without the script a form", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const url = await newThread(page, server.url);
+  await exchange(page, "Short question about pumpkins and frost");
+  await newThread(page, server.url);
+  await exchange(page, "Short question about pumpkin soup");
+  const links = page.getByTestId("thread-link");
+  const all = await links.count();
+  assert.ok(all >= 2);
+  const box = page.getByTestId("thread-search-input");
+  const status = page.getByTestId("thread-search-status");
+
+  // Ctrl+K goes to the box from the composer.
+  await page.getByTestId("composer-input").focus();
+  await page.keyboard.press("Control+k");
+  await eventually(async () => assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("data-testid")), "thread-search-input"));
+  await page.keyboard.type("PUMPKIN frost");
+  await status.filter({ hasText: "1 conversation found." }).waitFor();
+  assert.equal(await links.count(), 1);
+  assert.equal(await links.first().getAttribute("href"), new URL(url).pathname, "the one with both words (one of them only in its message)");
+  await shot(page, "view-search-one", { fullPage: false });
+
+  await box.fill("pumpkin");
+  await status.filter({ hasText: "2 conversations found." }).waitFor();
+  await box.fill("pumpkin cucumber");
+  await status.filter({ hasText: "No conversation has all of these words." }).waitFor();
+  assert.equal(await links.count(), 0);
+  await shot(page, "view-search-none", { fullPage: false });
+
+  // Esc empties the box and brings the whole list back (and cancels nothing).
+  await box.press("Escape");
+  await eventually(async () => assert.equal(await links.count(), all));
+  assert.ok(await status.isHidden());
+  assert.equal(await box.inputValue(), "");
+
+  // Without the script: the box is a form, the home page lists the results.
+  const plain = await browser.newContext({ javaScriptEnabled: false });
+  const noJS = await plain.newPage();
+  await noJS.goto(server.url + "/?q=" + encodeURIComponent("pumpkin frost"));
+  assert.equal(await noJS.getByTestId("thread-link").count(), 1);
+  assert.equal(await noJS.getByTestId("thread-search-input").inputValue(), "pumpkin frost");
+  await noJS.goto(server.url + "/?q=cucumber");
+  assert.equal(await noJS.getByTestId("thread-link").count(), 0);
+  assert.match(await noJS.getByTestId("thread-search-status").textContent(), /No conversation has all of these words/);
+  await plain.close();
+
+  // On a phone, Ctrl+K opens the drawer at the box.
+  for (const scheme of ["light", "dark"]) {
+    const phone = await newPage(browser, errors, { viewport: { width: 390, height: 844 } });
+    await phone.emulateMedia({ colorScheme: scheme });
+    await phone.goto(url);
+    await phone.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+    await phone.keyboard.press("Control+k");
+    await phone.getByTestId("sidebar").waitFor({ state: "visible" });
+    await eventually(async () => assert.equal(await phone.evaluate(() => document.activeElement?.getAttribute("data-testid")), "thread-search-input"));
+    await phone.keyboard.type("soup");
+    await phone.getByTestId("thread-search-status").filter({ hasText: "1 conversation found." }).waitFor();
+    await shot(phone, `view-search-phone-${scheme}`, { fullPage: false });
+    await phone.close();
+  }
+  await page.emulateMedia({ colorScheme: "dark" });
+  await box.fill("pumpkin");
+  await status.filter({ hasText: "2 conversations found." }).waitFor();
+  await shot(page, "view-search-dark", { fullPage: false });
+  assert.deepEqual(errors, []);
+});

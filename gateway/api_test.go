@@ -539,7 +539,7 @@ func TestThreadsCreateListGet(t *testing.T) {
 		t.Errorf("listed %v, created %v", want, ids)
 	}
 
-	for _, q := range []string{"limit=0", "limit=201", "limit=-1", "limit=abc", "limit=1.5", "cursor=not-a-cursor", "cursor=" + first.ThreadID} {
+	for _, q := range []string{"limit=0", "limit=201", "limit=-1", "limit=abc", "limit=1.5", "cursor=not-a-cursor", "cursor=" + first.ThreadID, "q=two%0Alines", "q=%FF"} {
 		h.wantError(t, h.do(http.MethodGet, "/api/threads?"+q, nil), http.StatusBadRequest, chat.CodeInvalidRequest)
 	}
 	var p threadPage

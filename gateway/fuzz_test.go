@@ -58,8 +58,8 @@ func (f *fuzzFake) CreateThread(_ context.Context, userID, title string) (chat.S
 	return chat.Snapshot{}, errFuzzNotFound
 }
 
-func (f *fuzzFake) ListThreads(_ context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error) {
-	f.record("ListThreads", userID, limit, cursor)
+func (f *fuzzFake) ListThreads(_ context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
+	f.record("ListThreads", userID, limit, cursor, search)
 	return nil, "", errFuzzNotFound
 }
 

@@ -665,6 +665,7 @@ func TestFieldLimits(t *testing.T) {
 		{"operation id of confirm", "POST", "/api/operations/op_" + x(62) + "/confirm", fmt.Sprintf(`{"expected_state_version":%d}`, v), []string{"operation_id", "64"}},
 		{"operation id of reject", "POST", "/api/operations/op_" + x(62) + "/reject", fmt.Sprintf(`{"expected_state_version":%d}`, v), []string{"operation_id", "64"}},
 		{"cursor", "GET", "/api/threads?cursor=" + x(129), "", []string{"cursor", "128"}},
+		{"q", "GET", "/api/threads?q=" + x(201), "", []string{"q", "200"}},
 		{"body over 1 MiB", "POST", p + "/runs", fmt.Sprintf(`{"expected_state_version":%d,"user_message":%q}`, v, x(1<<20)), []string{"request body", "1048576"}},
 		{"an unknown field with a huge name", "POST", "/api/threads", fmt.Sprintf(`{%q:1}`, huge), []string{"unknown field"}},
 	}

@@ -869,7 +869,7 @@ func stateOf(t *testing.T, h *authHarness, alice *toolHarness, w *aliceWorld, ow
 	}
 	m["accounts"] = string(jsonOf(t, users))
 	for _, user := range []string{chat.LocalUserID, ""} {
-		ths, _, err := h.st.ListThreads(ctx, user, 200, "")
+		ths, _, err := h.st.ListThreads(ctx, user, 200, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -976,7 +976,7 @@ func attack(t *testing.T, h *authHarness, who apiCaller, createOwnThread string,
 // included: every thread listed is one of own, none is Alice's.
 func wantOnlyOwnThreads(t *testing.T, who apiCaller, own []string, w *aliceWorld, aliceCursor string) {
 	t.Helper()
-	for _, q := range []string{"", "?limit=200", "?limit=1", "?cursor=" + aliceCursor, "?limit=1&cursor=" + aliceCursor} {
+	for _, q := range []string{"", "?limit=200", "?limit=1", "?cursor=" + aliceCursor, "?limit=1&cursor=" + aliceCursor, "?q=short", "?q=alice", "?q=a"} {
 		r := who.send(t, http.MethodGet, "/api/threads"+q, nil)
 		if strings.Contains(q, "cursor") && r.status == http.StatusBadRequest {
 			continue // a cursor it cannot use is refused: fine, it shows nothing

@@ -20,7 +20,7 @@ import (
 // worker. Every method checks ownership: another user's id is not_found.
 type Store interface {
 	CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error)
-	ListThreads(ctx context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error)
+	ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error)
 	Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error)
 	Run(ctx context.Context, userID, runID string) (chat.Run, error)
 	Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/honestcancel/gateway/chat"
@@ -26,6 +27,7 @@ import (
 //	                            from_checkpoint_id, operation_id, in a
 //	                            body, a command or a path segment
 //	cursor (GET /api/threads)   at most 128 bytes
+//	q (GET /api/threads)        at most 200 bytes, no control characters
 //	a request body              at most 1 MiB (maxBody)
 //	a WebSocket frame           at most WSConfig.ReadLimit (1 MiB; over it
 //	                            the connection closes with 1009)
@@ -40,6 +42,7 @@ const (
 	MaxTabIDBytes       = 64
 	MaxIDBytes          = 64
 	MaxCursorBytes      = 128
+	MaxSearchBytes      = 200
 	DefaultThreadPage   = 50
 	MaxThreadPage       = 200
 )
@@ -81,7 +84,12 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, chat.Invalid("cursor is %d bytes; the maximum is %d: pass back the next_cursor this server gave out", len(cursor), MaxCursorBytes))
 		return
 	}
-	threads, next, err := s.store.ListThreads(r.Context(), userID(r), limit, cursor)
+	search := r.URL.Query().Get("q")
+	if err := checkSearch(search); err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	threads, next, err := s.store.ListThreads(r.Context(), userID(r), limit, cursor, search)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -91,6 +99,18 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 		nextCursor = &next
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"threads": threads, "next_cursor": nextCursor})
+}
+
+// checkSearch is the limit on q (GET /api/threads): one line of at most
+// MaxSearchBytes; its words past store.MaxSearchWords are ignored.
+func checkSearch(q string) error {
+	if len(q) > MaxSearchBytes {
+		return chat.Invalid("q is %d bytes; the maximum is %d: search for fewer or shorter words", len(q), MaxSearchBytes)
+	}
+	if !utf8.ValidString(q) || strings.IndexFunc(q, chat.IsControl) >= 0 {
+		return chat.Invalid("q must be one line of text: no control characters")
+	}
+	return nil
 }
 
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request) {

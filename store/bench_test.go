@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,6 +94,51 @@ func BenchmarkSynchronous(b *testing.B) {
 		})
 		b.Run("sync="+setting+"/deltas-200-runs-per-call=8", func(b *testing.B) {
 			benchAppendWith(b, 8, store.Options{OnCommit: func([]*chat.Event) {}, Synchronous: setting})
+		})
+	}
+}
+
+// BenchmarkSearchThreads: one user's 1,000 threads of 20 messages of
+// 1,000 bytes each (20 MB of text), searched for a word no message holds
+// (every message is read: the worst case) and for one in every title (the
+// title settles it: no message is read). The search is a scan, not an
+// index (store.ListThreads); this says what it costs. The messages are
+// written straight into the table: the benchmark measures the read.
+func BenchmarkSearchThreads(b *testing.B) {
+	dsn := testDSN(b)
+	st, err := store.Open(ctx, dsn, store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	const threads, perThread = 1000, 20
+	var ids []string
+	for i := range threads {
+		snap, err := st.CreateThread(ctx, user, fmt.Sprintf("thread %d about gardens", i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, snap.ThreadID)
+	}
+	db := rawDB(b, dsn).db
+	tx := db.MustBegin()
+	text := strings.Repeat("soil water light compost mulch ", 34)[:1000]
+	for _, id := range ids {
+		for j := range perThread {
+			tx.MustExec(tx.Rebind(`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version, checkpoint_id, created_at)
+				VALUES (?, ?, 'user', 'text', ?, 1, 'cp_bench', ?)`), chat.NewID(chat.PrefixMessage), id, text, int64(j))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ name, q string }{{"no-match", "zucchini"}, {"every-title", "gardens"}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, _, err := st.ListThreads(ctx, user, 50, "", c.q); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }

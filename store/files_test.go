@@ -45,7 +45,7 @@ func TestNewDatabaseFilesArePrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A second connection's read makes SQLite open the -shm too.
-	if _, _, err := st.ListThreads(ctx, chat.LocalUserID, 10, ""); err != nil {
+	if _, _, err := st.ListThreads(ctx, chat.LocalUserID, 10, "", ""); err != nil {
 		t.Fatal(err)
 	}
 	backup := filepath.Join(t.TempDir(), "backups", "copy.db")
@@ -71,7 +71,7 @@ func TestNewDatabaseFilesArePrivate(t *testing.T) {
 		t.Fatalf("open the backup: %v", err)
 	}
 	defer b.Close()
-	if threads, _, err := b.ListThreads(ctx, chat.LocalUserID, 10, ""); err != nil || len(threads) != 1 {
+	if threads, _, err := b.ListThreads(ctx, chat.LocalUserID, 10, "", ""); err != nil || len(threads) != 1 {
 		t.Errorf("backup holds %d threads (%v), want 1", len(threads), err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -439,7 +440,7 @@ func TestListThreadsPages(t *testing.T) {
 	var got []string
 	cursor := ""
 	for page := 0; page < 10; page++ {
-		threads, next, err := st.ListThreads(ctx, user, 2, cursor)
+		threads, next, err := st.ListThreads(ctx, user, 2, cursor, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -454,7 +455,7 @@ func TestListThreadsPages(t *testing.T) {
 	if len(got) != 5 || got[0] != ids[4] || got[4] != ids[0] {
 		t.Fatalf("pages = %v, created %v", got, ids)
 	}
-	if _, _, err := st.ListThreads(ctx, user, 2, "garbage"); code(err) != chat.CodeInvalidRequest {
+	if _, _, err := st.ListThreads(ctx, user, 2, "garbage", ""); code(err) != chat.CodeInvalidRequest {
 		t.Fatalf("bad cursor = %v", err)
 	}
 }
@@ -611,4 +612,111 @@ func TestCompleteWithPublishesAndCompletesInOneCommit(t *testing.T) {
 	if len(snap.Messages) != 3 || snap.Messages[2].Content != "more" {
 		t.Fatalf("after a refused CompleteWith the history is %+v, want the question only", snap.Messages)
 	}
+}
+
+// A search keeps the threads where every word appears in the title or in
+// a message (not a deleted draft), as a literal substring, whatever the
+// case of ASCII letters; it pages like the plain list and never shows
+// another user's threads.
+func TestListThreadsSearch(t *testing.T) {
+	st, _ := open(t)
+	// A deleted draft is not searched (first: the runs started below stay
+	// queued, and streamAndCancel claims the oldest).
+	snap := newThread(t, st)
+	draft := snap.ThreadID
+	_, msgID, lastDelta := streamAndCancel(t, st, snap.ThreadID, 1, "zucchini ", "notes")
+	cur, _ := st.Snapshot(ctx, user, snap.ThreadID)
+	saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(t, st, "zucchini"); !slices.Equal(got, []string{snap.ThreadID}) {
+		t.Fatalf("the saved fragment is not found: %v", got)
+	}
+	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(t, st, "zucchini"); got != nil {
+		t.Errorf("a deleted draft is still found: %v", got)
+	}
+	start := func(title, message string) string {
+		snap := newThread(t, st)
+		if err := st.RenameThread(ctx, user, snap.ThreadID, title); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text(message)}); err != nil {
+			t.Fatal(err)
+		}
+		return snap.ThreadID
+	}
+	tomatoes := start("Garden plans", "When do I plant Tomatoes in 100% clay?")
+	roses := start("Roses", "How do I prune roses_in_winter?")
+	both := start("Tomatoes and roses", "Which soil?")
+	bob, err := st.CreateUser(ctx, "bob", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobs, err := st.CreateThread(ctx, bob.UserID, "tomatoes of bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func(q string) []string { t.Helper(); return ids(t, st, q) }
+	sorted := func(ids ...string) []string { slices.Sort(ids); return ids }
+	for _, c := range []struct {
+		q    string
+		want []string
+	}{
+		{"tomato", sorted(tomatoes, both)},    // a message, a title; any case
+		{"TOMATO clay", sorted(tomatoes)},     // both words, in one thread
+		{"garden tomatoes", sorted(tomatoes)}, // one in the title, one in a message
+		{"roses winter", sorted(roses)},
+		{"100%", sorted(tomatoes)}, // % is a literal
+		{"0%", sorted(tomatoes)},
+		{"s_i", sorted(roses)}, // _ is a literal
+		{"%", sorted(tomatoes)},
+		{"_", sorted(roses)},
+		{"bob", nil}, // another user's thread is never found
+		{"cucumber", nil},
+		{"", sorted(draft, tomatoes, roses, both)},
+	} {
+		if got := find(c.q); !slices.Equal(got, c.want) {
+			t.Errorf("search %q found %v, want %v", c.q, got, c.want)
+		}
+	}
+	_ = bobs
+	// Pages of one result each, with the cursor, hold every result once.
+	first, next, err := st.ListThreads(ctx, user, 1, "", "o")
+	if err != nil || len(first) != 1 || next == "" {
+		t.Fatalf("first page: %v %q %v", first, next, err)
+	}
+	seen := []string{first[0].ThreadID}
+	for next != "" {
+		var page []chat.Thread
+		page, next, err = st.ListThreads(ctx, user, 1, next, "o")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, th := range page {
+			seen = append(seen, th.ThreadID)
+		}
+	}
+	if slices.Sort(seen); !slices.Equal(seen, sorted(tomatoes, roses, both)) {
+		t.Errorf("paged search found %v", seen)
+	}
+
+}
+
+// ids is what a search of the user's threads finds, sorted.
+func ids(t *testing.T, st *store.Store, q string) []string {
+	t.Helper()
+	threads, _, err := st.ListThreads(ctx, user, 50, "", q)
+	if err != nil {
+		t.Fatalf("search %q: %v", q, err)
+	}
+	var out []string
+	for _, th := range threads {
+		out = append(out, th.ThreadID)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -163,10 +163,27 @@ func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) erro
 }
 
 // ListThreads returns the user's threads, most recently updated first, and a
-// cursor for the next page ("" when there is none).
-func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error) {
+// cursor for the next page ("" when there is none). A non-empty search
+// keeps the threads in which every one of its words (up to
+// MaxSearchWords) appears, each in the title or in a message of the
+// thread that is not a deleted draft: a substring match, case-insensitive
+// (on SQLite for ASCII letters only). It reads every message of the
+// user's threads that the title did not settle — a scan, not an index
+// (README, "Search", says why and what it costs).
+func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
 	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ?`
 	args := []any{userID}
+	like := "LIKE"
+	if s.pg {
+		like = "ILIKE"
+	}
+	words := strings.Fields(search)
+	for _, w := range words[:min(len(words), MaxSearchWords)] {
+		pat := "%" + likeEscaper.Replace(w) + "%"
+		q += ` AND (title ` + like + ` ? ESCAPE '\' OR EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.thread_id
+			AND m.deleted_at IS NULL AND m.content ` + like + ` ? ESCAPE '\'))`
+		args = append(args, pat, pat)
+	}
 	if cursor != "" {
 		updated, id, err := decodeCursor(cursor)
 		if err != nil {
@@ -193,6 +210,13 @@ func (s *Store) ListThreads(ctx context.Context, userID string, limit int, curso
 	}
 	return out, next, nil
 }
+
+// MaxSearchWords bounds the words of a thread search that count; the rest
+// are ignored.
+const MaxSearchWords = 8
+
+// likeEscaper makes a word a literal inside a LIKE pattern (ESCAPE '\').
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 
 func encodeCursor(updated int64, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(updated, 10) + ":" + id))

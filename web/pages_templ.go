@@ -16,7 +16,7 @@ import (
 )
 
 // Home is the page without a conversation open.
-func Home(threads []ThreadLink) templ.Component {
+func Home(threads []ThreadLink, search string) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {
@@ -51,7 +51,7 @@ func Home(threads []ThreadLink) templ.Component {
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = Layout("Conversations", threads, "").Render(templ.WithChildren(ctx, templ_7745c5c3_Var2), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = Layout("Conversations", threads, "", search).Render(templ.WithChildren(ctx, templ_7745c5c3_Var2), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -178,7 +178,7 @@ func ThreadPage(snap chat.Snapshot, threads []ThreadLink) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</ol><section class=\"live\" data-testid=\"live\" aria-live=\"polite\"></section><aside class=\"tree\" id=\"tree\" data-testid=\"tree\" hidden><h2 tabindex=\"-1\">Checkpoints</h2><p class=\"hint\">Every point the conversation was saved at, oldest first. Fork any of them into a new conversation.</p><ol class=\"tree-list\" data-testid=\"tree-list\"></ol></aside><section class=\"ops\" data-testid=\"operations\" hidden><h2>Tool operations</h2><ol class=\"ops-list\"></ol></section><form class=\"composer\" data-testid=\"composer\" autocomplete=\"off\"><button type=\"button\" class=\"btn jump\" data-testid=\"jump-latest\" hidden>Jump to latest</button><div class=\"banner\" data-testid=\"conflict-banner\" role=\"alert\" hidden><p>This conversation changed in another tab, so your last action was not applied.</p><div class=\"actions\"><button type=\"button\" class=\"btn\" data-action=\"reload\" data-testid=\"conflict-reload\">Reload</button> <button type=\"button\" class=\"btn\" data-action=\"fork-seen\" data-testid=\"conflict-fork\">Fork from what I saw</button></div></div><div class=\"notice\" data-testid=\"notice\" role=\"status\" hidden></div><div class=\"cancel-pending\" data-testid=\"cancel-pending\" role=\"status\" hidden></div><label class=\"visually-hidden\" for=\"composer-input\">Message</label> <textarea id=\"composer-input\" name=\"message\" rows=\"2\" maxlength=\"32768\" placeholder=\"Ask something…\" data-testid=\"composer-input\"></textarea><div class=\"composer-actions\"><span class=\"hint\" data-testid=\"composer-hint\">Enter to send · Shift+Enter for a new line · Esc cancels a reply · Ctrl+Shift+O new conversation</span> <button type=\"submit\" class=\"btn primary\" data-testid=\"send\">Send</button> <button type=\"button\" class=\"btn danger\" data-action=\"cancel\" data-testid=\"cancel\" hidden>Cancel</button></div></form>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</ol><section class=\"live\" data-testid=\"live\" aria-live=\"polite\"></section><aside class=\"tree\" id=\"tree\" data-testid=\"tree\" hidden><h2 tabindex=\"-1\">Checkpoints</h2><p class=\"hint\">Every point the conversation was saved at, oldest first. Fork any of them into a new conversation.</p><ol class=\"tree-list\" data-testid=\"tree-list\"></ol></aside><section class=\"ops\" data-testid=\"operations\" hidden><h2>Tool operations</h2><ol class=\"ops-list\"></ol></section><form class=\"composer\" data-testid=\"composer\" autocomplete=\"off\"><button type=\"button\" class=\"btn jump\" data-testid=\"jump-latest\" hidden>Jump to latest</button><div class=\"banner\" data-testid=\"conflict-banner\" role=\"alert\" hidden><p>This conversation changed in another tab, so your last action was not applied.</p><div class=\"actions\"><button type=\"button\" class=\"btn\" data-action=\"reload\" data-testid=\"conflict-reload\">Reload</button> <button type=\"button\" class=\"btn\" data-action=\"fork-seen\" data-testid=\"conflict-fork\">Fork from what I saw</button></div></div><div class=\"notice\" data-testid=\"notice\" role=\"status\" hidden></div><div class=\"cancel-pending\" data-testid=\"cancel-pending\" role=\"status\" hidden></div><label class=\"visually-hidden\" for=\"composer-input\">Message</label> <textarea id=\"composer-input\" name=\"message\" rows=\"2\" maxlength=\"32768\" placeholder=\"Ask something…\" data-testid=\"composer-input\"></textarea><div class=\"composer-actions\"><span class=\"hint\" data-testid=\"composer-hint\">Enter to send · Shift+Enter for a new line · Esc cancels a reply · Ctrl+Shift+O new conversation · Ctrl+K search</span> <button type=\"submit\" class=\"btn primary\" data-testid=\"send\">Send</button> <button type=\"button\" class=\"btn danger\" data-action=\"cancel\" data-testid=\"cancel\" hidden>Cancel</button></div></form>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -192,7 +192,7 @@ func ThreadPage(snap chat.Snapshot, threads []ThreadLink) templ.Component {
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = Layout(snap.Title, threads, snap.ThreadID).Render(templ.WithChildren(ctx, templ_7745c5c3_Var4), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = Layout(snap.Title, threads, snap.ThreadID, "").Render(templ.WithChildren(ctx, templ_7745c5c3_Var4), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -456,7 +456,7 @@ func NotFound(threads []ThreadLink) templ.Component {
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = Layout("Not found", threads, "").Render(templ.WithChildren(ctx, templ_7745c5c3_Var24), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = Layout("Not found", threads, "", "").Render(templ.WithChildren(ctx, templ_7745c5c3_Var24), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

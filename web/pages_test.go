@@ -449,7 +449,7 @@ func TestLayoutSidebar(t *testing.T) {
 		check(t, doc, "thr_b")
 	})
 	t.Run("home", func(t *testing.T) {
-		doc, _ := render(t, Home(links))
+		doc, _ := render(t, Home(links, ""))
 		check(t, doc, "")
 	})
 	t.Run("not found", func(t *testing.T) {
@@ -457,14 +457,14 @@ func TestLayoutSidebar(t *testing.T) {
 		check(t, doc, "")
 	})
 	t.Run("layout", func(t *testing.T) {
-		doc, _ := render(t, Layout("T", links, "thr_c"))
+		doc, _ := render(t, Layout("T", links, "thr_c", ""))
 		check(t, doc, "thr_c")
 	})
 }
 
 func TestHomeAndNotFound(t *testing.T) {
 	t.Run("home", func(t *testing.T) {
-		doc, _ := render(t, Home(nil))
+		doc, _ := render(t, Home(nil, ""))
 		home := one(t, doc, "main "+byTestID("home"))
 		if home.Find(`form[action="/threads"] button[type="submit"]`).Length() != 1 {
 			t.Error("home has no New conversation form")
@@ -524,7 +524,7 @@ func newFakeStore(snaps ...chat.Snapshot) *fakeStore {
 	return f
 }
 
-func (f *fakeStore) ListThreads(_ context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error) {
+func (f *fakeStore) ListThreads(_ context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.users[userID] = true

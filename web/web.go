@@ -23,7 +23,7 @@ import (
 
 // Store is what the pages read and the forms change.
 type Store interface {
-	ListThreads(ctx context.Context, userID string, limit int, cursor string) ([]chat.Thread, string, error)
+	ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error)
 	Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error)
 	CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error)
 	RenameThread(ctx context.Context, userID, threadID, title string) error
@@ -202,7 +202,13 @@ const sidebarSize = 100
 // those nothing was ever sent in (a "New conversation" left as it was),
 // unless it is the one open (current).
 func (p *Pages) links(r *http.Request, current string) []ThreadLink {
-	threads, _, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, "")
+	return p.search(r, current, "")
+}
+
+// search is links limited to the conversations a search finds (the
+// sidebar's search box without the page script: GET /?q=).
+func (p *Pages) search(r *http.Request, current, q string) []ThreadLink {
+	threads, _, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, "", q)
 	if err != nil {
 		p.log.Error("list threads", "err", err)
 		return nil
@@ -223,7 +229,11 @@ func (p *Pages) links(r *http.Request, current string) []ThreadLink {
 func neverUsed(t chat.Thread) bool { return t.ForkedFrom == nil && t.StateVersion <= 1 }
 
 func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
-	p.render(w, r, http.StatusOK, Home(p.links(r, "")))
+	q := r.URL.Query().Get("q")
+	if len(q) > 200 || strings.IndexFunc(q, chat.IsControl) >= 0 {
+		q = "" // what the box cannot send; the API says why (GET /api/threads)
+	}
+	p.render(w, r, http.StatusOK, Home(p.search(r, "", q), q))
 }
 
 func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {

@@ -1,7 +1,7 @@
 // Entry point of the page script.
 import { ThreadView } from "./thread";
 import { Drawer } from "./drawer";
-import { groupByDay } from "./sidebar";
+import { ThreadSearch, groupByDay } from "./sidebar";
 
 const app = document.querySelector<HTMLElement>("[data-testid=app]");
 if (app) new Drawer(app).start();
@@ -17,5 +17,9 @@ document.addEventListener("keydown", (e) => {
 });
 const list = document.querySelector<HTMLElement>("[data-testid=thread-list]");
 if (list) groupByDay(list);
+const searchForm = document.querySelector<HTMLFormElement>("[data-testid=thread-search]");
+const searchInput = document.querySelector<HTMLInputElement>("[data-testid=thread-search-input]");
+const searchStatus = document.querySelector<HTMLElement>("[data-testid=thread-search-status]");
+if (list && searchForm && searchInput && searchStatus) new ThreadSearch(searchForm, searchInput, list, searchStatus).start();
 const root = document.getElementById("thread");
 if (root) new ThreadView(root).start();
