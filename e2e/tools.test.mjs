@@ -88,10 +88,18 @@ test("cancel during a search keeps its result, and continuing reuses it", async 
   await newThread(page, server.url);
   await send(page, "Search the catalog for a trekking backpack");
   await page.locator("[data-testid=operation][data-phase=running]").waitFor({ timeout: 10000 });
-  // The page says what the call is doing, not only "Working…".
+  // The page says what the call is doing, not only "Working…", and that
+  // it is still going: an indeterminate bar and the time so far.
   assert.match(await page.getByTestId("run-chip").textContent(), /^Searching the catalog for “.*backpack.*”…$/);
+  const progress = page.getByTestId("tool-progress");
+  await progress.waitFor();
+  assert.equal(await progress.locator("progress").getAttribute("value"), null, "indeterminate: the tool reports no fraction");
+  assert.match(await progress.locator("progress").getAttribute("aria-label"), /^Searching the catalog for/);
+  assert.match(await page.getByTestId("tool-elapsed").textContent(), /^(just started|\d+ s so far)$/);
+  await shot(page, "tool-progress", { fullPage: false });
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor({ timeout: 20000 });
+  assert.equal(await progress.count(), 0, "no progress once the run ended");
   const line = page.getByTestId("receipt-operation");
   assert.equal(await line.getAttribute("data-outcome"), "completed");
   await page.getByTestId("action-continue").click();

@@ -269,6 +269,16 @@ test("search: as you type the list shows the conversations with every word, in a
   await eventually(async () => assert.equal(await links.count(), all));
   assert.ok(await status.isHidden());
   assert.equal(await box.inputValue(), "");
+  // Titles that share their first words still differ on screen: a title
+  // of up to two lines is shown whole (and in full on hover).
+  const cut = await page.getByTestId("thread-title").evaluateAll((ts) =>
+    ts.filter((t) => t.textContent.length <= 40 && (t.scrollHeight > t.clientHeight + 1 || t.scrollWidth > t.clientWidth + 1)).map((t) => t.textContent),
+  );
+  assert.deepEqual(cut, [], "short titles are not cut");
+  assert.deepEqual(
+    (await links.evaluateAll((as) => as.map((a) => a.title))).filter((t) => t.startsWith("Short question about pumpkin")).sort(),
+    ["Short question about pumpkin soup", "Short question about pumpkins and frost"],
+  );
 
   // Without the script: the box is a form, the home page lists the results.
   const plain = await browser.newContext({ javaScriptEnabled: false });

@@ -34,8 +34,8 @@ interface ListedThread {
 
 // ThreadSearch is the sidebar's search box: as you type (150 ms after the
 // last key) the list shows the conversations that have every word, in the
-// title or a message (GET /api/threads?q=); empty, the list is what the
-// page came with. Ctrl+K (⌘K) goes to the box (opening the drawer on a
+// title or a message (GET /api/threads?q=); emptied, the whole list as it
+// is now (or, when the server cannot be asked, as the page came with it). Ctrl+K (⌘K) goes to the box (opening the drawer on a
 // phone); Esc empties it. Without the script the box is a form: GET /?q=.
 // An answer that comes after a newer question is dropped.
 export class ThreadSearch {
@@ -85,24 +85,25 @@ export class ThreadSearch {
   private async run(): Promise<void> {
     const q = this.input.value.trim();
     const n = ++this.asked;
-    if (q === "") {
-      this.list.replaceChildren(...this.original);
-      this.say("");
-      return;
-    }
-    this.say("Searching…");
+    if (q === "") this.say("");
+    else this.say("Searching…");
     let threads: ListedThread[];
     try {
-      const r = await fetch(`/api/threads?limit=50&q=${encodeURIComponent(q)}`, { credentials: "same-origin" });
+      // Empty: the whole list again, as it is now (titles given since the
+      // page loaded included), 100 like the page's own.
+      const r = await fetch(q === "" ? "/api/threads?limit=100" : `/api/threads?limit=50&q=${encodeURIComponent(q)}`, { credentials: "same-origin" });
       const body = (await r.json()) as { threads?: ListedThread[]; message?: string };
       if (n !== this.asked) return;
       if (!r.ok) {
-        this.say(`Could not search: ${body.message ?? r.statusText}`);
+        if (q === "") this.list.replaceChildren(...this.original);
+        else this.say(`Could not search: ${body.message ?? r.statusText}`);
         return;
       }
       threads = body.threads ?? [];
     } catch {
-      if (n === this.asked) this.say("Could not search: the server is not reachable. Try again in a moment.");
+      if (n !== this.asked) return;
+      if (q === "") this.list.replaceChildren(...this.original);
+      else this.say("Could not search: the server is not reachable. Try again in a moment.");
       return;
     }
     const current = location.pathname.startsWith("/t/") ? location.pathname.slice(3) : "";
@@ -110,6 +111,7 @@ export class ThreadSearch {
     const shown = threads.filter((t) => t.forked_from || t.state_version > 1 || t.thread_id === current);
     this.list.replaceChildren(...shown.map((t) => item(t, t.thread_id === current)));
     groupByDay(this.list);
+    if (q === "") return;
     this.say(shown.length === 0 ? "No conversation has all of these words." : `${shown.length === 1 ? "1 conversation" : `${shown.length} conversations`} found${shown.length === 50 ? " (the 50 latest)" : ""}.`);
   }
 
@@ -125,7 +127,11 @@ function item(t: ListedThread, current: boolean): HTMLLIElement {
   const a = document.createElement("a");
   a.href = "/t/" + encodeURIComponent(t.thread_id);
   a.dataset.testid = "thread-link";
+  a.title = t.title;
   if (current) a.setAttribute("aria-current", "page");
+  const title = document.createElement("span");
+  title.className = "title";
+  title.dataset.testid = "thread-title";
   if (t.forked_from) {
     const badge = document.createElement("span");
     badge.className = "badge";
@@ -134,9 +140,10 @@ function item(t: ListedThread, current: boolean): HTMLLIElement {
     const sep = document.createElement("span");
     sep.className = "visually-hidden";
     sep.textContent = ": ";
-    a.append(badge, sep);
+    title.append(badge, sep);
   }
-  a.append(t.title);
+  title.append(t.title);
+  a.append(title);
   li.append(a);
   return li;
 }

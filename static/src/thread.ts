@@ -87,8 +87,10 @@ export class ThreadView {
   private run: Run | null = null;
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
-  // frame is the animation frame renderSoon asked for (0: none pending).
+  // frame is the animation frame renderSoon asked for (0: none pending);
+  // ticker the interval that renders a running tool call's time (tick).
   private frame = 0;
+  private ticker = 0;
   private noticeBusy = false; // the notice explains why Enter did not send
   private cancelledBy = new Map<string, string>(); // run → requested_by of its cancel
   private deleting: string | null = null; // the fragment whose deletion waits for "Delete for good"
@@ -348,6 +350,16 @@ export class ThreadView {
     this.renderSoon();
     if (branched) this.resync();
     else if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
+  }
+
+  // tick keeps a render every second while a tool call runs (its elapsed
+  // time), and stops it when none does.
+  private tick(on: boolean): void {
+    if (on && !this.ticker) this.ticker = window.setInterval(() => this.renderSoon(), 1000);
+    if (!on && this.ticker) {
+      window.clearInterval(this.ticker);
+      this.ticker = 0;
+    }
   }
 
   // renderSoon renders once in the next animation frame, however many
@@ -932,6 +944,7 @@ export class ThreadView {
     } else if (this.run) {
       const runID = this.run.id;
       const calling = [...this.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
+      const showCall = calling && !this.cancelAccepted() && this.run.status === "running";
       const label = this.cancelAccepted()
         ? "Cancelling…"
         : this.run.status === "queued"
@@ -941,7 +954,23 @@ export class ThreadView {
             : calling
               ? callingLabel(calling)
               : "Working…";
-      parts.push(el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label)));
+      const box = el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label));
+      if (showCall && calling) {
+        // A call's progress: how long it has run (the tool says nothing
+        // more; the bar is indeterminate). From the server's time of the
+        // phase change, so a reload keeps counting.
+        const secs = Math.max(0, Math.floor((Date.now() - Date.parse(calling.updated_at)) / 1000));
+        box.append(
+          el("div", { class: "tool-progress", "data-testid": "tool-progress" },
+            el("progress", { "aria-label": label }),
+            el("span", { class: "hint", "data-testid": "tool-elapsed" }, secs < 1 ? "just started" : `${secs} s so far`),
+          ),
+        );
+      }
+      this.tick(showCall === true);
+      parts.push(box);
+    } else {
+      this.tick(false);
     }
     for (const op of this.operations.values()) {
       if (op.phase === "prepared" && this.run && this.run.id === op.run_id) parts.push(this.confirmCard(op));
