@@ -41,8 +41,8 @@ func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragme
 		return chat.SaveFragment{}, checkID("message_id", *req.MessageID)
 	case req.LastSeq == nil || *req.LastSeq < 1:
 		return chat.SaveFragment{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
-	case req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0:
-		return chat.SaveFragment{}, chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	case requiredVersion(req.ExpectedStateVersion) != nil:
+		return chat.SaveFragment{}, requiredVersion(req.ExpectedStateVersion)
 	}
 	return chat.SaveFragment{
 		UserID: userID, ThreadID: threadID, MessageID: *req.MessageID,
@@ -77,10 +77,7 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 }
 
 func (req deleteDraftRequest) validate() error {
-	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
-		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
-	}
-	return nil
+	return requiredVersion(req.ExpectedStateVersion)
 }
 
 type decideRequest struct {
@@ -88,10 +85,7 @@ type decideRequest struct {
 }
 
 func (req decideRequest) validate() error {
-	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
-		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
-	}
-	return nil
+	return requiredVersion(req.ExpectedStateVersion)
 }
 
 // decide serves POST /api/operations/{id}/confirm and /reject.
@@ -113,4 +107,13 @@ func (s *Server) decide(confirm bool) http.HandlerFunc {
 		ack, err := s.runs.DecideOperation(r.Context(), userID(r), id, *req.ExpectedStateVersion, confirm)
 		s.reply(w, http.StatusOK, ack, err)
 	}
+}
+
+// requiredVersion is the rule for a command's expected_state_version: given,
+// and not negative.
+func requiredVersion(v *int64) error {
+	if v == nil || *v < 0 {
+		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
+	}
+	return nil
 }

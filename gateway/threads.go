@@ -188,10 +188,7 @@ func (req checkoutRequest) validate() error {
 	if err := checkID("checkpoint_id", *req.CheckpointID); err != nil {
 		return err
 	}
-	if req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
-		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
-	}
-	return nil
+	return requiredVersion(req.ExpectedStateVersion)
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
