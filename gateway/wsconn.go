@@ -35,10 +35,14 @@ type wsConn struct {
 
 	ctx    context.Context // the connection's lifetime; ends when it closes
 	cancel context.CancelFunc
-	wake   chan struct{} // cap 1: the queue has frames, or closeCode is set
+	// wake (cap 1) is the writer's only wake-up: the queue has frames,
+	// closeCode is set, ctx ended, or a timed flag (pingDue, agedOut) is set.
+	wake chan struct{}
 
 	writeStarted atomic.Int64 // unix nanos of the write in progress, 0 when idle
 	swept        atomic.Bool  // the sweeper closed it for a stuck write (counted once)
+	pingDue      atomic.Bool  // the ping interval passed (set by a timer, taken by the writer)
+	agedOut      atomic.Bool  // MaxConnAge passed (set by a timer, taken by the writer)
 
 	mu          sync.Mutex
 	tab         string
@@ -112,25 +116,32 @@ func (c *wsConn) run() {
 // interval; a failed write or ping ends the connection, and so does a
 // credential that no longer holds (signed out, revoked, expired), checked
 // at the same interval, and reaching MaxConnAge.
+//
+// The writer sleeps on one channel, wake, for everything: queued frames,
+// a close, the end of the connection's context, the ping interval and the
+// age limit (the last three through callbacks that set a flag and wake it).
+// A select over a channel per cause cost the fan-out path a sixth of its CPU
+// (BENCHMARKS.md, "Fan-out, profiled").
 func (c *wsConn) write() {
 	defer c.cancel()
-	ping := time.NewTicker(c.hub.cfg.PingInterval)
+	stop := context.AfterFunc(c.ctx, c.nudge)
+	defer stop()
+	ping := time.AfterFunc(c.hub.cfg.PingInterval, func() { c.flag(&c.pingDue) })
 	defer ping.Stop()
-	var old <-chan time.Time // MaxConnAge passed
 	if age := c.hub.cfg.MaxConnAge; age > 0 {
-		t := time.NewTimer(age)
+		t := time.AfterFunc(age, func() { c.flag(&c.agedOut) })
 		defer t.Stop()
-		old = t.C
 	}
 	var buf bytes.Buffer
 	for {
-		select {
-		case <-c.ctx.Done():
+		<-c.wake
+		if c.ctx.Err() != nil {
 			return
-		case <-old:
+		}
+		if c.agedOut.CompareAndSwap(true, false) {
 			c.aged()
-			continue
-		case <-ping.C:
+		}
+		if c.pingDue.CompareAndSwap(true, false) {
 			c.recheck()
 			ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.StuckWrite)
 			err := c.ws.Ping(ctx)
@@ -138,8 +149,7 @@ func (c *wsConn) write() {
 			if err != nil {
 				return
 			}
-			continue
-		case <-c.wake:
+			ping.Reset(c.hub.cfg.PingInterval)
 		}
 		c.mu.Lock()
 		frames, code, reason := c.queue, c.closeCode, c.closeReason
@@ -173,6 +183,21 @@ func (c *wsConn) write() {
 			c.hub.s.metrics.FrameSent(buf.Len())
 		}
 	}
+}
+
+// nudge wakes the writer (never blocks; a wake-up already pending covers
+// this one too).
+func (c *wsConn) nudge() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flag sets one of the writer's timed flags and wakes it.
+func (c *wsConn) flag(f *atomic.Bool) {
+	f.Store(true)
+	c.nudge()
 }
 
 // recheck asks whether the connection's credential still holds; when it
@@ -286,10 +311,7 @@ func (c *wsConn) queueLocked(frame []byte) bool {
 		c.slowLocked(slowQueue, closeSlowReason)
 		return false
 	}
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.nudge()
 	return true
 }
 
@@ -315,10 +337,7 @@ func (c *wsConn) queueReplayLocked(frames [][]byte) {
 	}
 	c.queue = append(c.queue, frames...)
 	c.replayBytes += n
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.nudge()
 }
 
 // closeLocked asks the writer to close the connection with code; queued
@@ -329,10 +348,7 @@ func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
 	}
 	c.closeCode, c.closeReason = code, reason
 	c.queue, c.queuedBytes, c.replayBytes, c.held, c.heldBytes = nil, 0, 0, nil, 0
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.nudge()
 }
 
 // slowLocked closes the connection as a slow consumer (closeSlow with
