@@ -168,3 +168,6 @@ func (s *Store) ChangeRunThenLoadThread(ctx context.Context, runID, threadID str
 		return nil
 	})
 }
+
+// ClaimCandidate is the query by which a claim picks its run.
+const ClaimCandidate = `SELECT run_id FROM runs WHERE ` + claimable + ` ORDER BY updated_at, run_id LIMIT 1`

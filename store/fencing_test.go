@@ -268,6 +268,36 @@ func TestLeasesFollowTheDatabaseClock(t *testing.T) {
 
 // ClaimBatch takes up to max claimable runs, oldest first, each once, in
 // one transaction, each with its own new lease.
+// TestClaimReadsOnlyUnleasedRuns: the query by which a claim picks its run
+// walks runs_unleased (runs without a lease that are not over), not every
+// run of a status. Through runs_by_status it read every streaming run on
+// every claim, which cost the single writer half a millisecond a claim
+// with 500 runs streaming. (SQLite: PostgreSQL's planner decides by its
+// statistics.)
+func TestClaimReadsOnlyUnleasedRuns(t *testing.T) {
+	if onPostgres() {
+		t.Skip("SQLite's query plan; PostgreSQL chooses by its statistics")
+	}
+	_, dsn := open(t) // migrated
+	rows, err := rawDB(t, dsn).Query(`EXPLAIN QUERY PLAN ` + store.ClaimCandidate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if len(plan) == 0 || plan[0] != "SCAN runs USING INDEX runs_unleased" {
+		t.Fatalf("the claim's plan = %q, want it to start with a scan of runs_unleased", plan)
+	}
+}
+
 func TestClaimBatchTakesTheOldestOnce(t *testing.T) {
 	st, _ := open(t)
 	var runs []string

@@ -412,9 +412,17 @@ func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.Op
 // claimable runs wait for a worker: queued ones; running ones handed over
 // (a confirmed tool call to commit, a tool step to finish after a crash);
 // and cancelled ones whose commit must be reconciled before they end.
-const claimable = `lease_owner IS NULL AND (status = 'queued' OR status = 'running'
-	OR (status IN ('cancel_requested', 'cancelling') AND EXISTS (SELECT 1 FROM operations o
-		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)))`
+//
+// The first two terms are the partial index runs_unleased's condition,
+// word for word (SQLite uses a partial index only for a query that repeats
+// its terms), and the rest is a CASE rather than an OR of statuses, which
+// SQLite would answer through runs_by_status instead: reading every
+// running run, leased or not, on every claim (migration 00011).
+const claimable = `lease_owner IS NULL AND status NOT IN ('completed', 'failed', 'cancelled')
+	AND CASE WHEN status IN ('queued', 'running') THEN TRUE
+		WHEN status IN ('cancel_requested', 'cancelling') THEN EXISTS (SELECT 1 FROM operations o
+			WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)
+		ELSE FALSE END`
 
 // Claim hands the oldest claimable run to owner with a lease of ttl
 // (granted by the lease clock, see txn.leaseClock) and the run's next
