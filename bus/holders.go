@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -25,17 +26,34 @@ import (
 //     cancel written here would wait for you to yield the thread and then
 //     for a wake-up.
 //
-// A process that is gone answers at once (NATS reports nobody listens on
-// its subject), as does this bus while it is not connected: the caller
-// then does the work itself, on the database (store.Store writes past a
-// reservation nobody yields, the engine accepts the cancel here).
+// The holder confirms receipt of a request at once, on the request's reply
+// subject, and answers on it when the work is done. The asker takes over
+// (does the work itself, on the database: store.Store writes past a
+// reservation nobody yields, the engine accepts the cancel here) only from
+// a process that does not confirm receipt within ReceiptTimeout — gone
+// (NATS reports at once that nobody listens on its subject), stopped,
+// cut off — or does not answer within the asker's own bound; this bus
+// fails at once while it is not connected. A holder that is only slow
+// (its writer queue is long under load) is waited for: taking over from it
+// would do the same work twice, on both instances' saturated writers, and
+// make it slower still (seen in the cluster benchmark: cancels that
+// waited 500 ms for a busy holder were accepted again by the asker, which
+// then asked the same holder to yield, stalling both for seconds).
 
 const (
-	// maxHolderRequests bounds the requests answered at once.
+	// maxHolderRequests bounds the requests answered at once;
+	// maxHolderWaiting the requests received and not yet answered.
 	maxHolderRequests = 16
+	maxHolderWaiting  = 1024
 	// holderAnswerTimeout bounds the work behind one answer.
 	holderAnswerTimeout = 5 * time.Second
+	// ReceiptTimeout bounds the wait for a holder to confirm that it
+	// received a request.
+	ReceiptTimeout = 500 * time.Millisecond
 )
+
+// receipt is what a holder sends first on a request's reply subject.
+var receipt = []byte(`{"received":true}`)
 
 // holderRequest is a request's payload; holderAnswer its reply's.
 type holderRequest struct {
@@ -63,7 +81,9 @@ func (b *NATS) holderSubject(holder string) string {
 	return b.holderS + hex.EncodeToString(sum[:12])
 }
 
-// ask sends req to holder and waits for its answer until ctx ends.
+// ask sends req to holder and waits for its answer until ctx ends; it
+// fails sooner when nobody listens for holder, or when the holder does not
+// confirm receipt within ReceiptTimeout.
 func (b *NATS) ask(ctx context.Context, holder string, req holderRequest) (holderAnswer, error) {
 	var ans holderAnswer
 	if !b.nc.IsConnected() {
@@ -76,20 +96,44 @@ func (b *NATS) ask(ctx context.Context, holder string, req holderRequest) (holde
 	if err != nil {
 		return ans, err
 	}
-	m, err := b.nc.RequestWithContext(ctx, b.holderSubject(holder), data)
+	inbox := b.nc.NewRespInbox()
+	replies := make(chan *nats.Msg, 3) // a receipt, an answer, a status
+	sub, err := b.nc.ChanSubscribe(inbox, replies)
 	if err != nil {
 		return ans, err
 	}
-	if err := json.Unmarshal(m.Data, &ans); err != nil {
-		return ans, fmt.Errorf("unreadable answer: %w", err)
+	defer sub.Unsubscribe()
+	if err := b.nc.PublishRequest(b.holderSubject(holder), inbox, data); err != nil {
+		return ans, err
 	}
-	if e := ans.Error; e != nil {
-		if e.Code != "" {
-			return ans, &chat.Error{Code: e.Code, Message: e.Message, Fields: e.Fields}
+	noReceipt := time.NewTimer(ReceiptTimeout)
+	defer noReceipt.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ans, fmt.Errorf("no answer in time: %w", context.Cause(ctx))
+		case <-noReceipt.C:
+			return ans, fmt.Errorf("no receipt within %s: the process is stalled or cut off", ReceiptTimeout)
+		case m := <-replies:
+			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+				return ans, nats.ErrNoResponders
+			}
+			if bytes.Equal(m.Data, receipt) {
+				noReceipt.Stop()
+				continue
+			}
+			if err := json.Unmarshal(m.Data, &ans); err != nil {
+				return ans, fmt.Errorf("unreadable answer: %w", err)
+			}
+			if e := ans.Error; e != nil {
+				if e.Code != "" {
+					return ans, &chat.Error{Code: e.Code, Message: e.Message, Fields: e.Fields}
+				}
+				return ans, errors.New(e.Message)
+			}
+			return ans, nil
 		}
-		return ans, errors.New(e.Message)
 	}
-	return ans, nil
 }
 
 // YieldStream asks the process holder to yield the thread (its OnYield)
@@ -120,23 +164,35 @@ func (b *NATS) ForwardCancel(ctx context.Context, holder string, p chat.CancelRu
 	return *ans.Cancel, nil
 }
 
-// receiveHolderRequests answers the requests other instances send this
-// process, each in a goroutine of its own (at most maxHolderRequests at
-// once; the rest wait in the subscription's channel).
+// receiveHolderRequests confirms receipt of each request other instances
+// send this process at once, then answers it in a goroutine of its own (at
+// most maxHolderRequests at once; at most maxHolderWaiting received and not
+// yet answered: beyond it requests wait in the subscription's channel,
+// unconfirmed, and their askers take over).
 func (b *NATS) receiveHolderRequests() {
-	slots := make(chan struct{}, maxHolderRequests)
+	running := make(chan struct{}, maxHolderRequests)
+	waiting := make(chan struct{}, maxHolderWaiting)
 	for {
 		select {
 		case <-b.ctx.Done():
 			return
 		case m := <-b.hCh:
 			select {
-			case slots <- struct{}{}:
+			case waiting <- struct{}{}:
 			case <-b.ctx.Done():
 				return
 			}
+			if err := m.Respond(receipt); err != nil && b.ctx.Err() == nil {
+				b.log.Warn("confirm a request of another instance failed", "err", err)
+			}
 			b.wg.Go(func() {
-				defer func() { <-slots }()
+				defer func() { <-waiting }()
+				select {
+				case running <- struct{}{}:
+				case <-b.ctx.Done():
+					return
+				}
+				defer func() { <-running }()
 				b.answer(m)
 			})
 		}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/honestcancel/gateway/bus"
@@ -604,5 +605,76 @@ func TestNATSForwardCancelCarriesAckAndRefusal(t *testing.T) {
 	}
 	if _, err := asker.bus.ForwardCancel(ctx, "gwB.gone", chat.CancelRun{RunID: "run_1"}); err == nil || errors.As(err, &ce) {
 		t.Fatalf("cancel for a gone holder = %v, want a failure that is not a refusal", err)
+	}
+}
+
+// A holder that confirmed receipt is waited for past ReceiptTimeout, however
+// long its work takes (its writer queue under load): the asker taking over
+// then would do the same work twice. A process that listens on the
+// holder's subject but never confirms (stopped, wedged) fails the request
+// once ReceiptTimeout has passed, well before the asker's own bound.
+func TestNATSAskerWaitsForAHolderThatConfirmedReceipt(t *testing.T) {
+	url := natsURL(t)
+	subj := testSubject()
+	log := newMemLog()
+	started, release := make(chan struct{}), make(chan struct{})
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1",
+		OnCancelRun: func(_ context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+			close(started)
+			<-release
+			return chat.CancelAck{RunID: p.RunID, Status: chat.RunCancelRequested}, nil
+		}})
+	asker := dial(t, url, log, bus.NATSConfig{Subject: subj})
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+
+	type result struct {
+		ack chat.CancelAck
+		err error
+	}
+	done := make(chan result, 1)
+	begun := time.Now()
+	go func() {
+		ack, err := asker.bus.ForwardCancel(ctx, "gwA.p1", chat.CancelRun{RunID: "run_1"})
+		done <- result{ack, err}
+	}()
+	<-started
+	// The holder is busy with it; let the receipt bound pass twice over.
+	select {
+	case r := <-done:
+		t.Fatalf("the asker gave up on a holder at work: %+v after %v", r, time.Since(begun))
+	case <-time.After(time.Until(begun.Add(2 * bus.ReceiptTimeout))):
+	}
+	close(release)
+	if r := <-done; r.err != nil || r.ack.RunID != "run_1" {
+		t.Fatalf("forwarded cancel = %+v, %v; want the holder's ack", r.ack, r.err)
+	}
+
+	// A listener that never confirms: a raw connection on every holder
+	// subject of this test, for a holder no bus serves.
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	mute, err := nc.SubscribeSync(subj + ".holder.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	begun = time.Now()
+	err = asker.bus.YieldStream(ctx, "gwWedged.p9", "thr_1")
+	waited := time.Since(begun)
+	if err == nil || !strings.Contains(err.Error(), "no receipt") {
+		t.Fatalf("yield from a holder that never confirms = %v, want no receipt", err)
+	}
+	if waited < bus.ReceiptTimeout || waited > waitLimit/2 {
+		t.Fatalf("gave up after %v, want the receipt bound %v", waited, bus.ReceiptTimeout)
+	}
+	if _, err := mute.NextMsg(time.Second); err != nil {
+		t.Fatalf("the request did not reach the listener: %v", err)
 	}
 }

@@ -122,8 +122,9 @@ type Config struct {
 	// Holders hands a cancel of a run another process executes to that
 	// process (the bus; nil with one instance): it accepts the cancel in
 	// its own transaction, after the deltas it streamed and has not
-	// written yet, and stops its worker at once. When it does not answer
-	// within forwardTimeout the cancel is accepted here.
+	// written yet, and stops its worker at once. When it does not confirm
+	// receipt at once (the bus bounds that: gone, stopped, cut off) or
+	// does not answer within forwardTimeout, the cancel is accepted here.
 	Holders CancelForwarder
 	// CancelPoll is how often an engine of several instances looks for
 	// cancels accepted elsewhere whose wake-up it never got (default 1s;
@@ -147,8 +148,10 @@ type CancelForwarder interface {
 }
 
 // forwardTimeout bounds the wait for the process executing a run to
-// accept its cancel.
-const forwardTimeout = 500 * time.Millisecond
+// accept a cancel it confirmed it received. It is long enough for a busy
+// holder's writer queue: accepting the cancel here as well would add the
+// same work to both instances' writers (see bus/holders.go).
+const forwardTimeout = 2 * time.Second
 
 // CancelWakeups carries cancel wake-ups to other instances. PublishCancel
 // must not block; a lost wake-up costs at most Config.CancelPoll.

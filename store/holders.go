@@ -20,8 +20,10 @@ import (
 type StreamPeers interface {
 	// YieldStream asks the process holder (a run lease owner) to write its
 	// pending deltas of the thread and give the thread's reservation back
-	// (its Store.YieldStream), and waits for the answer until ctx ends.
-	// An error means it did not answer that it did.
+	// (its Store.YieldStream), and waits for the answer until ctx ends;
+	// it may fail sooner when the holder does not confirm it got the
+	// request (gone, stopped, cut off). An error means it did not answer
+	// that it did.
 	YieldStream(ctx context.Context, holder, threadID string) error
 }
 
@@ -81,8 +83,9 @@ func pastFrom(ctx context.Context) map[string]int64 {
 // acrossHolders runs one write (try, given the context to run it with)
 // and, each time it is refused because another process holds a thread's
 // seqs, asks that holder to yield and runs it again; a holder that does
-// not answer within yieldTimeout has its reservation written past by the
-// next run (recorded as lost). Without a stream buffer it is just try.
+// not confirm the request (StreamPeers bounds that) or does not answer
+// within yieldTimeout has its reservation written past by the next run
+// (recorded as lost). Without a stream buffer it is just try.
 func (s *Store) acrossHolders(ctx context.Context, try func(ctx context.Context) error) error {
 	if s.buf == nil || !s.pg {
 		return try(ctx)

@@ -62,8 +62,8 @@ import (
 // pending deltas and give the reservation back (YieldStream), and runs
 // again. The holder's thread then streams through the slow path until its
 // next claim, so the asker is not overtaken by a new reservation. A holder
-// that does not answer within yieldTimeout (dead, stalled, cut off) is
-// written past: the whole reservation is recorded in stream_gaps, as after
+// that does not confirm the request at once (dead, stopped, cut off: the
+// peers' own bound) or does not answer within yieldTimeout is written past: the whole reservation is recorded in stream_gaps, as after
 // a crash, and last_seq moves beyond it. The holder finds out at its next
 // transaction on the thread (the row no longer names it) and drops what
 // it held: those deltas were fanned out and are now a recorded gap, so a
@@ -97,8 +97,10 @@ const (
 	// flushThreads bounds the threads one flush transaction writes.
 	flushThreads = 16
 	// yieldTimeout bounds the wait for another instance to give a
-	// thread's reservation back (PostgreSQL) before it is written past.
-	yieldTimeout = time.Second
+	// thread's reservation back (PostgreSQL) before it is written past,
+	// once it confirmed that it got the request (a holder that does not
+	// confirm at once is written past sooner: see bus/holders.go).
+	yieldTimeout = 2 * time.Second
 	// maxHeldRounds bounds how often one write asks holders before it
 	// gives up with an error.
 	maxHeldRounds = 6
