@@ -106,7 +106,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.duration(&c.streamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
 	ef.duration(&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
 	ef.duration(&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")
-	ef.duration(&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long a deleted draft's text is kept (for audit) before it is erased; 0 keeps it forever")
+	ef.duration(&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long the text of a deleted draft or a deleted conversation is kept (for audit) before it is erased; 0 keeps it forever")
 	ef.int(&c.workers, "workers", "GATEWAY_WORKERS", 64, "runs executed at once")
 	ef.duration(&c.searchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
 	ef.duration(&c.outboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")

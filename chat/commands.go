@@ -79,6 +79,23 @@ type CheckoutAck struct {
 	StateVersion     int64  `json:"state_version"`
 }
 
+// DeleteThread are the fields of thread.delete.
+type DeleteThread struct {
+	UserID   string
+	ThreadID string
+	// ExpectedStateVersion, when set, is the version the deleting tab saw:
+	// a stale one is a state_version_conflict, as for any command.
+	ExpectedStateVersion *int64
+	// RequestedBy names who deletes it, as a cancel's requested_by: the
+	// run in flight, if any, is cancelled first in its name.
+	RequestedBy string
+}
+
+// ThreadDeletedAck is thread.delete's answer.
+type ThreadDeletedAck struct {
+	ThreadID string `json:"thread_id"`
+}
+
 // ForkAck is thread.fork's answer.
 type ForkAck struct {
 	NewThreadID      string `json:"new_thread_id"`

@@ -23,6 +23,7 @@ const (
 	EventRunFailed              = "run.failed"
 	EventMessageDeleted         = "message.deleted"
 	EventThreadHeadMoved        = "thread.head_moved"
+	EventThreadDeleted          = "thread.deleted"
 	EventThreadSnapshot         = "thread.snapshot"
 )
 

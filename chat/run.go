@@ -62,5 +62,8 @@ const ResumePolicyRegenerate = "regenerate_pending_step"
 // Cancel reasons and error texts the engine writes.
 const (
 	ReasonUserRequested = "user_requested"
+	// ReasonThreadDeleted: the run's conversation was deleted (thread.delete
+	// cancels a run in flight first).
+	ReasonThreadDeleted = "thread_deleted"
 	ErrorInterrupted    = "interrupted"
 )

@@ -63,6 +63,11 @@ type Store interface {
 	PurgeEvents(ctx context.Context, before time.Time) (int64, error)
 	PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error)
 	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
+	RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error)
+	// DeleteThread deletes a thread none of whose runs goes on
+	// (run_already_active otherwise); Run reads a run of the user.
+	DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error)
+	Run(ctx context.Context, userID, runID string) (chat.Run, error)
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
 	AddUsage(ctx context.Context, runID string, u chat.Usage) error
 	// RunHolder is the lease owner of an active run ("" none), as last
@@ -105,7 +110,7 @@ type Config struct {
 	// EventTTL: durable events in the log (a thread keeps its last event
 	// and every event of a run not finished; older replays get a
 	// snapshot). AuditTTL: cancel audit rows of finished runs. DraftTTL: the
-	// text of deleted drafts (the row stays, emptied).
+	// text of deleted drafts and deleted threads (the rows stay, emptied).
 	EventTTL time.Duration
 	AuditTTL time.Duration
 	DraftTTL time.Duration
@@ -343,6 +348,67 @@ func (e *Engine) CancelRunHere(ctx context.Context, p chat.CancelRun) (chat.Canc
 	return ack, nil
 }
 
+// deleteWait bounds how long thread.delete waits for the run it cancelled
+// to end before it answers run_already_active (a cancel waits for a call
+// already handed to an external system to be confirmed).
+const deleteWait = 10 * time.Second
+
+// DeleteThread performs thread.delete: a run of the thread that has not
+// ended is cancelled first, in the deleter's name (reason
+// chat.ReasonThreadDeleted, its receipt as usual: run.cancelled reaches
+// the tabs before thread.deleted), and once it ended the thread is deleted.
+// The expected version, when given, is checked before anything is done;
+// the cancel's own events then move the version on, so the deletion that
+// follows it does not check it again.
+func (e *Engine) DeleteThread(ctx context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error) {
+	expected := p.ExpectedStateVersion
+	deadline := time.Now().Add(deleteWait)
+	for {
+		ack, err := e.store.DeleteThread(ctx, p.UserID, p.ThreadID, expected)
+		var ce *chat.Error
+		if !errors.As(err, &ce) || ce.Code != chat.CodeRunAlreadyActive {
+			return ack, err
+		}
+		runID, _ := ce.Fields["run_id"].(string)
+		if runID == "" || time.Now().After(deadline) {
+			return ack, chat.Errorf(chat.CodeRunAlreadyActive,
+				"run %s was cancelled but has not stopped yet (a tool call it handed to an external system is still being confirmed): delete the conversation again in a moment", runID).
+				With("run_id", runID)
+		}
+		expected = nil
+		_, err = e.CancelRun(ctx, chat.CancelRun{UserID: p.UserID, RunID: runID, Reason: chat.ReasonThreadDeleted, RequestedBy: p.RequestedBy})
+		if err != nil && chat.ErrorCode(err) != chat.CodeRunNotActive {
+			return chat.ThreadDeletedAck{}, err
+		}
+		if err := e.waitEnded(ctx, p.UserID, runID, deadline); err != nil {
+			return chat.ThreadDeletedAck{}, err
+		}
+	}
+}
+
+// waitEnded waits, until deadline, for the run to reach a terminal status
+// (read from the store, which is the truth whichever instance ends it).
+func (e *Engine) waitEnded(ctx context.Context, userID, runID string, deadline time.Time) error {
+	pause := 10 * time.Millisecond
+	for {
+		r, err := e.store.Run(ctx, userID, runID)
+		if err != nil || r.Status.Terminal() || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(min(pause, time.Until(deadline)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-e.ctx.Done():
+			t.Stop()
+			return errShutdown
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
 // DecideOperation performs tool.confirm or tool.reject and wakes a worker
 // to commit the call (or to continue from the refusal).
 func (e *Engine) DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
@@ -491,6 +557,7 @@ func (e *Engine) purge(now time.Time) {
 		{e.cfg.EventTTL, e.store.PurgeEvents, "event log", "events"},
 		{e.cfg.AuditTTL, e.store.PurgeCancelAudit, "cancel audit", "rows"},
 		{e.cfg.DraftTTL, e.store.RedactDeletedDrafts, "deleted drafts", "redacted"},
+		{e.cfg.DraftTTL, e.store.RedactDeletedThreads, "deleted conversations", "redacted"},
 	}
 	for _, c := range classes {
 		if c.ttl <= 0 || e.ctx.Err() != nil {

@@ -156,3 +156,51 @@ func streamingOnA(t *testing.T, pollEvery time.Duration) (*harness, *scripted, *
 	waitFor(t, sub, "a streams", isType(chat.EventMessageDelta, ack.RunID))
 	return h, m, sub, a, ack
 }
+
+// thread.delete of a thread whose run streams: the run is cancelled first in
+// the deleter's name (reason thread_deleted), its run.cancelled reaches the
+// tabs before thread.deleted, and thread.deleted is the last event. A stale
+// version refuses the whole command before anything is cancelled.
+func TestDeleteThreadCancelsItsRunFirst(t *testing.T) {
+	h, m, sub, a, ack := streamingOnA(t, time.Hour)
+	snap := h.snapshot(h.run(ack.RunID).ThreadID)
+	stale := snap.StateVersion - 1
+	if _, err := a.DeleteThread(context.Background(), chat.DeleteThread{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+		ExpectedStateVersion: &stale, RequestedBy: "tab:d"}); chat.ErrorCode(err) != chat.CodeStateVersionConflict {
+		t.Fatalf("delete at a stale version = %v, want state_version_conflict", err)
+	}
+	if r := h.run(ack.RunID); r.Status != chat.RunRunning {
+		t.Fatalf("the refused delete touched the run: %+v", r)
+	}
+
+	current := snap.StateVersion
+	del, err := a.DeleteThread(context.Background(), chat.DeleteThread{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+		ExpectedStateVersion: &current, RequestedBy: "tab:d"})
+	if err != nil || del.ThreadID != snap.ThreadID {
+		t.Fatalf("delete = %+v, %v", del, err)
+	}
+	select {
+	case <-m.stopped:
+	default:
+		t.Fatal("the delete answered before the run's model call was cancelled")
+	}
+	r := h.run(ack.RunID)
+	if r.Status != chat.RunCancelled || r.CancelReason == nil || *r.CancelReason != chat.ReasonThreadDeleted || r.RequestedBy == nil || *r.RequestedBy != "tab:d" {
+		t.Fatalf("run after the delete = %+v", r)
+	}
+	cancelled := waitFor(t, sub, "run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+	deleted := waitFor(t, sub, "thread.deleted", isType(chat.EventThreadDeleted, ""))
+	if deleted.Seq <= cancelled.Seq {
+		t.Fatalf("thread.deleted (seq %d) before run.cancelled (seq %d)", deleted.Seq, cancelled.Seq)
+	}
+	if _, err := h.st.Snapshot(context.Background(), chat.LocalUserID, snap.ThreadID); chat.ErrorCode(err) != chat.CodeNotFound {
+		t.Fatalf("snapshot after the delete = %v, want not_found", err)
+	}
+	log, err := h.st.ThreadEvents(context.Background(), snap.ThreadID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := log.Events[len(log.Events)-1]; last.Seq != deleted.Seq {
+		t.Fatalf("the log's last event is seq %d (%s), want thread.deleted at %d", last.Seq, last.Type, deleted.Seq)
+	}
+}

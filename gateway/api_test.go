@@ -1314,7 +1314,7 @@ func TestBadInput(t *testing.T) {
 		// routing
 		{"unknown API path", "GET", "/api/nope", nil, nf, notFound},
 		{"unknown nested path", "POST", th + "/archive", `{}`, nf, notFound},
-		{"wrong method", "DELETE", th, nil, nf, notFound},
+		{"wrong method", "PUT", th, nil, nf, notFound},
 		{"list with bad limit", "GET", "/api/threads?limit=0", nil, bad, inv},
 	}
 

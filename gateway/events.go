@@ -150,6 +150,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 			if len(batch) > 0 {
 				err = out.events(batch)
+				if err == nil && batch[len(batch)-1].Type == chat.EventThreadDeleted {
+					return // the thread's last event: nothing follows it
+				}
 			}
 		}
 	}

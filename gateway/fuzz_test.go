@@ -123,6 +123,11 @@ func (f *fuzzFake) DecideOperation(_ context.Context, userID, opID string, expec
 	return chat.ConfirmAck{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) DeleteThread(_ context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error) {
+	f.record("DeleteThread", p)
+	return chat.ThreadDeletedAck{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) Add(threadID string, _ chat.EventSink)    { f.record("Feed.Add", threadID) }
 func (f *fuzzFake) Remove(threadID string, _ chat.EventSink) { f.record("Feed.Remove", threadID) }
 
@@ -195,6 +200,11 @@ func checkReached(t *testing.T, c fuzzCall) {
 		if c.args[3].(int64) < 0 {
 			bad("a negative expected_state_version")
 		}
+	case "DeleteThread":
+		p := c.args[0].(chat.DeleteThread)
+		if p.ThreadID == "" || p.RequestedBy == "" || (p.ExpectedStateVersion != nil && *p.ExpectedStateVersion < 0) {
+			bad("a bad thread_id, requested_by or expected_state_version")
+		}
 	case "CreateThread":
 		if title := c.args[1].(string); !textOK(title, MaxTitleBytes) || strings.IndexFunc(title, chat.IsControl) >= 0 {
 			bad("a bad title")
@@ -261,6 +271,7 @@ func wsCommandTypes() map[string]func() any {
 		"draft.delete":    func() any { return new(wsDraftDelete) },
 		"thread.fork":     func() any { return new(wsFork) },
 		"thread.checkout": func() any { return new(wsCheckout) },
+		"thread.delete":   func() any { return new(wsDeleteThread) },
 		"tool.confirm":    func() any { return new(wsDecide) },
 		"tool.reject":     func() any { return new(wsDecide) },
 	}
@@ -283,6 +294,8 @@ var wsSeeds = []string{
 	`{"type":"draft.delete","id":"7","thread_id":"thr_1","message_id":"msg_1","expected_state_version":2}`,
 	`{"type":"thread.fork","id":"8","thread_id":"thr_1","from_checkpoint_id":"chk_1"}`,
 	`{"type":"thread.checkout","id":"8","thread_id":"thr_1","checkpoint_id":"chk_1","expected_state_version":3}`,
+	`{"type":"thread.delete","id":"8","thread_id":"thr_1"}`,
+	`{"type":"thread.delete","id":"8","thread_id":"thr_1","expected_state_version":-2}`,
 	`{"type":"tool.confirm","id":"9","operation_id":"op_1","expected_state_version":5}`,
 	`{"type":"tool.reject","id":"9","operation_id":"op_1","expected_state_version":5}`,
 	`{"type":"nope","id":"10"}`,
@@ -401,6 +414,8 @@ var httpBodies = []struct {
 	{"POST", "/api/threads/thr_1/fragments", false, func() any { return new(saveFragmentRequest) }},
 	{"POST", "/api/threads/thr_1/drafts/msg_1/delete", false, func() any { return new(deleteDraftRequest) }},
 	{"POST", "/api/threads/thr_1/fork", false, func() any { return new(forkRequest) }},
+	{"POST", "/api/threads/thr_1/head", false, func() any { return new(checkoutRequest) }},
+	{"DELETE", "/api/threads/thr_1", true, func() any { return new(deleteThreadRequest) }},
 	{"POST", "/api/threads", true, func() any { return new(createThreadRequest) }},
 	{"POST", "/api/operations/op_1/confirm", false, func() any { return new(decideRequest) }},
 	{"POST", "/api/operations/op_1/reject", false, func() any { return new(decideRequest) }},
@@ -450,6 +465,16 @@ func validated(t *testing.T, v any) bool {
 		err = req.validate()
 		if err == nil && *req.FromCheckpointID == "" {
 			t.Fatal("fork accepted an empty from_checkpoint_id")
+		}
+	case *checkoutRequest:
+		err = req.validate()
+		if err == nil && (*req.CheckpointID == "" || *req.ExpectedStateVersion < 0) {
+			t.Fatalf("checkout accepted %+v", req)
+		}
+	case *deleteThreadRequest:
+		err = req.validate()
+		if err == nil && req.ExpectedStateVersion != nil && *req.ExpectedStateVersion < 0 {
+			t.Fatal("thread.delete accepted a negative expected_state_version")
 		}
 	case *createThreadRequest:
 		if req.Title != nil {

@@ -75,6 +75,7 @@ var routeCoverage = map[string]string{
 	"POST /api/operations/{id}/reject":                  routeIDs,
 	"GET /api/threads/{id}/checkpoints":                 routeIDs,
 	"POST /api/threads/{id}/head":                       routeIDs,
+	"DELETE /api/threads/{id}":                          routeIDs,
 	"GET /api/threads/{id}/events":                      routeIDs,
 	"/api/":                                             routeIDs, // unknown endpoints: not_found, ids in the path or not
 }
@@ -91,6 +92,7 @@ var wsCoverage = map[string]string{
 	"draft.delete":    "thread, message",
 	"thread.fork":     "thread, checkpoint",
 	"thread.checkout": "thread, checkpoint",
+	"thread.delete":   "thread",
 	"tool.confirm":    "operation",
 	"tool.reject":     "operation",
 }
@@ -657,6 +659,16 @@ func reqCheckout(th, cp string, version int64) probeRequest {
 		body: f, ws: withFields(map[string]any{"type": "thread.checkout", "thread_id": th}, f)}
 }
 
+// reqDeleteThread: f nil sends no body (allowed).
+func reqDeleteThread(th string, f map[string]any) probeRequest {
+	r := probeRequest{route: "DELETE /api/threads/{id}", method: http.MethodDelete, path: "/api/threads/" + th,
+		ws: withFields(map[string]any{"type": "thread.delete", "thread_id": th}, f)}
+	if f != nil {
+		r.body = f
+	}
+	return r
+}
+
 func reqDecide(op string, confirm bool, version int64) probeRequest {
 	verb, typ := "reject", "tool.reject"
 	if confirm {
@@ -720,7 +732,13 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 			return reqUnknownEndpoint(http.MethodGet, "/api/threads/"+id+"/messages")
 		})
 		add("unregistered method on the thread", th, nf, false, func(id string) probeRequest {
-			return reqUnknownEndpoint(http.MethodDelete, "/api/threads/"+id)
+			return reqUnknownEndpoint(http.MethodPut, "/api/threads/"+id)
+		})
+		// Not replayed as alice: it would delete her thread for the probes
+		// after it (TestWSThreadDelete shows that the owner can).
+		add("delete", th, nf, false, func(id string) probeRequest { return reqDeleteThread(id, nil) })
+		add("delete at a version", th, nf, false, func(id string) probeRequest {
+			return reqDeleteThread(id, map[string]any{"expected_state_version": v})
 		})
 	}
 	v1 := w.version[w.t1]
@@ -804,6 +822,8 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqFork(w.t1, w.head[w.t1]), true
 	case "POST /api/threads/{id}/head":
 		return reqCheckout(w.t1, w.cpRoot, w.version[w.t1]), true
+	case "DELETE /api/threads/{id}":
+		return reqDeleteThread(w.t1, nil), true
 	case "GET /api/threads/{id}/operations":
 		return reqOperations(w.t2), true
 	case "POST /api/operations/{id}/confirm":

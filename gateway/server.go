@@ -37,6 +37,9 @@ type Runs interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error)
 	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
+	// DeleteThread cancels the thread's run in flight, if any, then
+	// deletes the thread.
+	DeleteThread(ctx context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error)
 }
 
 // Feed delivers a thread's live events to sinks (WebSocket connections
@@ -143,20 +146,21 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	// State-changing requests: cross-site ones refused, then charged to
 	// the user's command budget (a cancel to its own reserve, see
 	// WSConfig.CancelRate) before anything of them is read.
-	post := func(h http.HandlerFunc) http.Handler { return s.authed(s.guard(s.limited(false, h))) }
-	mux.Handle("POST /api/threads", post(s.createThread))
+	changing := func(h http.HandlerFunc) http.Handler { return s.authed(s.guard(s.limited(false, h))) }
+	mux.Handle("POST /api/threads", changing(s.createThread))
 	mux.Handle("GET /api/threads", s.authed(s.listThreads))
 	mux.Handle("GET /api/threads/{id}", s.authed(s.getThread))
-	mux.Handle("POST /api/threads/{id}/runs", post(s.startRun))
+	mux.Handle("DELETE /api/threads/{id}", changing(s.deleteThread))
+	mux.Handle("POST /api/threads/{id}/runs", changing(s.startRun))
 	mux.Handle("GET /api/runs/{id}", s.authed(s.getRun))
 	mux.Handle("POST /api/runs/{id}/cancel", s.timedCancel(s.authed(s.guard(s.limited(true, s.cancelRun)))))
-	mux.Handle("POST /api/threads/{id}/fragments", post(s.saveFragment))
-	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", post(s.deleteDraft))
-	mux.Handle("POST /api/threads/{id}/fork", post(s.fork))
-	mux.Handle("POST /api/threads/{id}/head", post(s.checkout))
+	mux.Handle("POST /api/threads/{id}/fragments", changing(s.saveFragment))
+	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", changing(s.deleteDraft))
+	mux.Handle("POST /api/threads/{id}/fork", changing(s.fork))
+	mux.Handle("POST /api/threads/{id}/head", changing(s.checkout))
 	mux.Handle("GET /api/threads/{id}/operations", s.authed(s.listOperations))
-	mux.Handle("POST /api/operations/{id}/confirm", post(s.decide(true)))
-	mux.Handle("POST /api/operations/{id}/reject", post(s.decide(false)))
+	mux.Handle("POST /api/operations/{id}/confirm", changing(s.decide(true)))
+	mux.Handle("POST /api/operations/{id}/reject", changing(s.decide(false)))
 	mux.Handle("GET /api/threads/{id}/checkpoints", s.authed(s.listCheckpoints))
 	mux.Handle("GET /api/threads/{id}/events", s.authed(s.events))
 	mux.Handle("/api/", s.authed(func(w http.ResponseWriter, r *http.Request) {

@@ -267,3 +267,40 @@ func quoteShort(v string) string {
 	}
 	return strconv.Quote(v[:cut]) + fmt.Sprintf("… (%d bytes)", len(v))
 }
+
+type deleteThreadRequest struct {
+	ExpectedStateVersion *int64 `json:"expected_state_version"`
+}
+
+// deleteThread deletes a thread (DELETE /api/threads/{id}, an optional
+// body {expected_state_version}); a run in flight is cancelled first, in
+// the caller's name (api:<client>).
+func (s *Server) deleteThread(w http.ResponseWriter, r *http.Request) {
+	var req deleteThreadRequest
+	if err := decode(w, r, &req, true); err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	id, err := pathID(r, "id", "thread_id")
+	if err == nil {
+		err = req.validate()
+	}
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	ack, err := s.runs.DeleteThread(r.Context(), req.command(userID(r), id, "api:"+clientName(r)))
+	s.reply(w, http.StatusOK, ack, err)
+}
+
+// validate: expected_state_version is optional, and never negative.
+func (req deleteThreadRequest) validate() error {
+	if req.ExpectedStateVersion != nil && *req.ExpectedStateVersion < 0 {
+		return chat.Invalid("expected_state_version must not be negative: send the state_version of the last event you applied, or leave it out")
+	}
+	return nil
+}
+
+func (req deleteThreadRequest) command(userID, threadID, requestedBy string) chat.DeleteThread {
+	return chat.DeleteThread{UserID: userID, ThreadID: threadID, ExpectedStateVersion: req.ExpectedStateVersion, RequestedBy: requestedBy}
+}

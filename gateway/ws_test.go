@@ -1252,7 +1252,7 @@ func TestWSBadInput(t *testing.T) {
 		{"object id", `{"type":"hello","id":{"n":1},"tab_id":"x"}`, "", inv},
 		{"missing type", `{"id":"b6"}`, "b6", inv},
 		{"numeric type", `{"type":7,"id":"b7"}`, "b7", inv},
-		{"unknown type", q(`{"type":"thread.delete","id":"b8","thread_id":%q}`, th), "b8", inv},
+		{"unknown type", q(`{"type":"thread.archive","id":"b8","thread_id":%q}`, th), "b8", inv},
 		{"type in another case", q(`{"type":"Subscribe","id":"b9","thread_id":%q}`, th), "b9", inv},
 		{"unknown field", q(`{"type":"subscribe","id":"b10","thread_id":%q,"after":0}`, th), "b10", inv},
 		{"field name in another case", q(`{"type":"run.start","id":"b11","Thread_Id":%q,"expected_state_version":%d,"user_message":"hi"}`, th, v), "b11", inv},
@@ -1627,5 +1627,81 @@ func TestWSCheckoutSwitchesBranch(t *testing.T) {
 	}
 	if got := h.snapshot(th); got.HeadCheckpointID != cur.HeadCheckpointID || got.Messages[0].Content != "short edited question" {
 		t.Fatalf("after POST /head the snapshot is at %s with %+v", got.HeadCheckpointID, got.Messages)
+	}
+}
+
+// TestWSThreadDelete: a tab deletes a conversation whose reply streams;
+// every tab on it gets the run's run.cancelled, then thread.deleted, and
+// nothing after it; the thread is then not_found everywhere (snapshot,
+// subscribe, a second delete) and gone from the list. Over HTTP, DELETE
+// deletes another conversation and its event stream ends with
+// thread.deleted. A stale version is a conflict that deletes nothing.
+func TestWSThreadDelete(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 50*time.Millisecond)
+	snap := h.createThread("")
+	th := snap.ThreadID
+	a, b := h.dial(t), h.dial(t)
+	a.subscribe(th, wsAfter(0))
+	b.subscribe(th, wsAfter(0))
+	run := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": snap.StateVersion, "user_message": "What is a write ahead log?"}), "run_id")
+	a.untilDeltas(th, run, 1)
+	cur := h.snapshot(th)
+
+	e := b.cmd(map[string]any{"type": "thread.delete", "thread_id": th, "expected_state_version": cur.StateVersion - 1})
+	if e["type"] != "error" || e["error"] != chat.CodeStateVersionConflict {
+		t.Fatalf("delete at a stale version: %v", e)
+	}
+	ack := b.ack(map[string]any{"type": "thread.delete", "thread_id": th, "expected_state_version": cur.StateVersion})
+	if ack["thread_id"] != th {
+		t.Fatalf("delete ack %v", ack)
+	}
+	for _, c := range []*wsClient{a, b} {
+		cancelled := c.untilEvent(th, chat.EventRunCancelled, run)
+		deleted := c.untilEvent(th, chat.EventThreadDeleted, "")
+		if wsNum(deleted, "seq") <= wsNum(cancelled, "seq") || deleted["run_id"] != nil {
+			t.Errorf("%s: thread.deleted %v after run.cancelled %v", c.name, deleted, cancelled)
+		}
+	}
+	if r := h.run(run); r.Status != chat.RunCancelled || r.CancelReason == nil || *r.CancelReason != chat.ReasonThreadDeleted {
+		t.Fatalf("the run after the delete: %+v", r)
+	}
+	h.wantError(t, h.do(http.MethodGet, "/api/threads/"+th, nil), http.StatusNotFound, chat.CodeNotFound)
+	c := h.dial(t)
+	if e := c.cmd(map[string]any{"type": "subscribe", "thread_id": th, "after_seq": 0}); e["error"] != chat.CodeNotFound {
+		t.Fatalf("subscribe to the deleted thread: %v", e)
+	}
+	if e := a.cmd(map[string]any{"type": "thread.delete", "thread_id": th}); e["error"] != chat.CodeNotFound {
+		t.Fatalf("second delete: %v", e)
+	}
+	// Nothing reached the tabs after thread.deleted: a hello's ack is the
+	// next frame either reads.
+	for _, c := range []*wsClient{a, b} {
+		c.ack(map[string]any{"type": "hello", "tab_id": "after-the-delete"})
+	}
+
+	// Over HTTP, with an event stream open on it.
+	other := h.createThread("")
+	h.runToEnd(other.ThreadID, other.StateVersion, "short: hello")
+	stream := h.openSSE(other.ThreadID, "after_seq=0", "")
+	defer stream.close()
+	stream.catchUp(h.snapshot(other.ThreadID).LastSeq)
+	var del chat.ThreadDeletedAck
+	h.call(http.MethodDelete, "/api/threads/"+other.ThreadID, nil, http.StatusOK, &del)
+	if del.ThreadID != other.ThreadID {
+		t.Fatalf("DELETE answered %+v", del)
+	}
+	rest, err := stream.rest()
+	if len(rest) != 1 || rest[0].Type != chat.EventThreadDeleted {
+		t.Fatalf("after the DELETE the stream sent %v and ended with %v, want thread.deleted alone", rest, err)
+	}
+	var list struct {
+		Threads []chat.Thread `json:"threads"`
+	}
+	h.call(http.MethodGet, "/api/threads", nil, http.StatusOK, &list)
+	for _, got := range list.Threads {
+		if got.ThreadID == th || got.ThreadID == other.ThreadID {
+			t.Errorf("the list still holds deleted %s", got.ThreadID)
+		}
 	}
 }

@@ -71,6 +71,12 @@ type wsCheckout struct {
 	checkoutRequest
 }
 
+type wsDeleteThread struct {
+	wsEnvelope
+	ThreadID *string `json:"thread_id"`
+	deleteThreadRequest
+}
+
 type wsDecide struct {
 	wsEnvelope
 	OperationID *string `json:"operation_id"`
@@ -339,6 +345,19 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		return s.store.Checkout(ctx, c.user, *cmd.ThreadID, *cmd.CheckpointID, *cmd.ExpectedStateVersion)
+
+	case "thread.delete":
+		var cmd wsDeleteThread
+		if err := decodeJSON(data, &cmd); err != nil {
+			return nil, err
+		}
+		if err := required("thread_id", cmd.ThreadID); err != nil {
+			return nil, err
+		}
+		if err := cmd.validate(); err != nil {
+			return nil, err
+		}
+		return s.runs.DeleteThread(ctx, cmd.command(c.user, *cmd.ThreadID, c.requestedBy()))
 
 	case "tool.confirm", "tool.reject":
 		var cmd wsDecide

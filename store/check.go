@@ -62,6 +62,7 @@ type invariant struct {
 // consistency rules the others rely on (purge watermarks).
 var invariants = []invariant{
 	{0, "purge watermarks are possible", checkWatermarks, nil},
+	{0, "a deleted thread ended: thread.deleted is its last event, no run of it goes on", checkDeleted, nil},
 	{1, "no published message exists without a checkpoint that contains it", checkMessagesInCheckpoints, nil},
 	{2, "one idempotency key causes at most one external action", nil, checkOneActionPerKey},
 	{3, "every resume references an existing checkpoint of the same thread (or of its fork source)", checkResumeLineage, nil},
@@ -580,6 +581,50 @@ func checkNothingAfterCancelled(a *auditor, th *auditThread) {
 	}
 }
 
+// checkDeleted: a thread is deleted (deleted_at) exactly when its log holds
+// a thread.deleted, which is its last event (the event log's purge keeps a
+// thread's last event, so it is never purged); nothing follows it, no
+// delta either, and no run of the thread is still going on.
+func checkDeleted(a *auditor, th *auditThread) {
+	t := th.row
+	var at int64
+	for _, e := range th.events {
+		if e.Type == chat.EventThreadDeleted {
+			if at != 0 {
+				a.add(0, "thread %s has two thread.deleted events (seq %d and %d)", t.ThreadID, at, e.Seq)
+			}
+			at = e.Seq
+		}
+	}
+	switch {
+	case at == 0 && t.DeletedAt.Valid:
+		a.add(0, "thread %s is deleted but its log has no thread.deleted", t.ThreadID)
+	case at != 0 && !t.DeletedAt.Valid:
+		a.add(0, "thread %s has thread.deleted (seq %d) but is not deleted", t.ThreadID, at)
+	}
+	if at == 0 {
+		return
+	}
+	if t.LastSeq != at {
+		a.add(0, "thread %s was deleted at seq %d, but its last seq is %d", t.ThreadID, at, t.LastSeq)
+	}
+	for _, e := range th.events {
+		if e.Seq > at {
+			a.add(0, "thread %s emitted %s (seq %d) after thread.deleted (seq %d)", t.ThreadID, e.Type, e.Seq, at)
+		}
+	}
+	for _, d := range th.deltas {
+		if d.Seq > at {
+			a.add(0, "thread %s streamed a delta (seq %d) after thread.deleted (seq %d)", t.ThreadID, d.Seq, at)
+		}
+	}
+	for _, r := range th.runs {
+		if !r.status().Terminal() {
+			a.add(0, "thread %s was deleted with run %s still %s", t.ThreadID, r.RunID, r.Status)
+		}
+	}
+}
+
 // ---- 5: state_version moves by exactly one per durable event ----
 
 func checkStateVersion(a *auditor, th *auditThread) {
@@ -703,7 +748,7 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 			if b.String() != m.Content {
 				a.add(6, "saved fragment %s is not exactly the text of message %s up to seq %d", m.MessageID, of.MessageID, of.LastSeq)
 			}
-		case m.RunID.Valid && m.Kind != chat.KindFragment:
+		case m.RunID.Valid && m.Kind != chat.KindFragment && !m.RedactedAt.Valid:
 			s := byMsg[m.MessageID]
 			if !whole(s) {
 				continue
@@ -908,8 +953,8 @@ func checkEventLog(a *auditor, th *auditThread) {
 		if n := published[m.MessageID]; n != 1 && !(n == 0 && th.versionPurged(m.StateVersion)) {
 			a.add(8, "message %s has %d message.published events", m.MessageID, n)
 		}
-		if m.RedactedAt.Valid && (m.Content != "" || !m.DeletedAt.Valid || m.Kind != chat.KindFragment) {
-			a.add(0, "message %s is marked redacted but is not an emptied deleted draft", m.MessageID)
+		if m.RedactedAt.Valid && (m.Content != "" || (!t.DeletedAt.Valid && (!m.DeletedAt.Valid || m.Kind != chat.KindFragment))) {
+			a.add(0, "message %s is marked redacted but is not an emptied deleted draft or message of a deleted thread", m.MessageID)
 		}
 	}
 	for _, cp := range th.cps {

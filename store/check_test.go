@@ -294,6 +294,22 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			}
 			h.appendEvent(t, h.a, chat.Event{Type: chat.EventThreadHeadMoved, Body: chat.ThreadHeadMovedBody{HeadCheckpointID: head, PreviousHeadCheckpointID: h.answer1CP}})
 		}, 8, "says the head was", nil},
+		{"a thread deleted without its event", func(t *testing.T, h *healthy) {
+			h.exec(t, `UPDATE threads SET deleted_at = 1 WHERE thread_id = ?`, h.a)
+		}, 0, "is deleted but its log has no thread.deleted", nil},
+		{"an event after thread.deleted", func(t *testing.T, h *healthy) {
+			h.appendEvent(t, h.a, chat.Event{Type: chat.EventThreadDeleted})
+			h.exec(t, `UPDATE threads SET deleted_at = 1 WHERE thread_id = ?`, h.a)
+			h.appendEvent(t, h.a, chat.Event{Type: chat.EventThreadHeadMoved, Body: chat.ThreadHeadMovedBody{HeadCheckpointID: h.answer1CP, PreviousHeadCheckpointID: h.answer1CP}})
+		}, 0, "after thread.deleted", []int{8}},
+		{"a thread deleted while its run goes on", func(t *testing.T, h *healthy) {
+			h.appendEvent(t, h.a, chat.Event{Type: chat.EventThreadDeleted})
+			h.exec(t, `UPDATE threads SET deleted_at = 1 WHERE thread_id = ?`, h.a)
+			h.exec(t, `UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?`, h.run1)
+		}, 0, "was deleted with run", []int{7}},
+		{"a live thread's message emptied as if redacted", func(t *testing.T, h *healthy) {
+			h.exec(t, `UPDATE messages SET content = '', redacted_at = 1 WHERE message_id = ?`, h.answer1)
+		}, 0, "is marked redacted but is not an emptied deleted draft", []int{8}},
 		{"a step published twice", func(t *testing.T, h *healthy) {
 			// What a stale execution of run1 did before fencing: a second
 			// answer on top of run1's, whose checkpoint had no step left.

@@ -149,8 +149,13 @@ func (s *Store) SettleReconciliation(ctx context.Context, opID string, known boo
 			out = row.operation()
 			return err // nothing the user sees changed: no event
 		}
-		if err := t.operationEvent(c, chat.EventToolUpdated, opID); err != nil {
-			return err
+		// A deleted conversation has no tab to tell and takes no event
+		// after thread.deleted: the operation's row alone keeps what the
+		// provider said (for the audit).
+		if !c.row.DeletedAt.Valid {
+			if err := t.operationEvent(c, chat.EventToolUpdated, opID); err != nil {
+				return err
+			}
 		}
 		row, err := t.operation(opID)
 		out = row.operation()

@@ -24,6 +24,8 @@ import (
 //     watermark records what went (see below).
 //   - PurgeCancelAudit: cancel audit rows of finished runs.
 //   - RedactDeletedDrafts: the text of deleted drafts; the row stays.
+//   - RedactDeletedThreads: the text of deleted threads (their messages
+//     and title); the rows stay.
 //
 // None of them changes conversation state: no state_version bump, no event.
 // Each works in short write transactions of at most purgeBatch rows and
@@ -326,13 +328,16 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 			for _, d := range drafts {
 				afterAt, afterID = d.DeletedAt, d.MessageID
 				inHead, err := t.inSomeHead(d.ThreadID, d.MessageID)
+				if errors.Is(err, errLineageBusy) {
+					continue // the next pass
+				}
 				if err != nil {
 					return err
 				}
 				if inHead {
 					continue
 				}
-				if err := t.redactDraft(d.ThreadID, d.MessageID); err != nil {
+				if err := t.redactMessage(d.ThreadID, d.MessageID); err != nil {
 					return err
 				}
 				n++
@@ -351,11 +356,13 @@ func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int6
 }
 
 // inSomeHead reports whether a message of threadID is in the head
-// checkpoint of that thread or of a thread forked from it (at any depth):
-// only those copy its id. On PostgreSQL those threads stay locked until the
+// checkpoint of that thread or of a thread forked from it (at any depth),
+// leaving out deleted threads: only those copy its id, and a deleted
+// thread's history is nobody's any more. On PostgreSQL those threads stay locked until the
 // redaction commits, so no other instance moves a head back onto the draft
-// in between; a thread another transaction holds counts as holding the
-// draft (retention never waits for live work: the next pass redacts it).
+// in between; when another transaction holds one of those threads it
+// answers errLineageBusy (retention never waits for live work: the next
+// pass redacts it).
 func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 	lineage := `WITH RECURSIVE lineage (thread_id) AS (
 			SELECT thread_id FROM threads WHERE thread_id = ?
@@ -365,7 +372,7 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 	var heads []string
 	if !t.pg {
 		if err := t.sel(&heads, lineage+` SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
-			JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id`, threadID); err != nil {
+			JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id WHERE th.deleted_at IS NULL`, threadID); err != nil {
 			return false, fmt.Errorf("find heads holding a draft: %w", err)
 		}
 		return headsHold(heads, messageID)
@@ -389,7 +396,7 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 		}
 		if len(fresh) == 0 {
 			q, args, err := sqlx.In(`SELECT c.message_ids FROM threads th JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id
-				WHERE th.thread_id IN (?)`, ids)
+				WHERE th.thread_id IN (?) AND th.deleted_at IS NULL`, ids)
 			if err != nil {
 				return false, err
 			}
@@ -407,14 +414,19 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 			return false, fmt.Errorf("lock the draft's lineage: %w", err)
 		}
 		if len(got) < len(fresh) {
-			return true, nil // busy: leave the draft for the next pass
+			return false, errLineageBusy
 		}
 		for _, id := range got {
 			locked[id] = true
 		}
 	}
-	return true, nil // still growing: leave it for the next pass
+	return false, errLineageBusy // still growing
 }
+
+// errLineageBusy: inSomeHead could not tell now (PostgreSQL: a thread of
+// the lineage is locked by live work, or the lineage kept growing); the
+// message is left for the next pass.
+var errLineageBusy = errors.New("the lineage is busy: try at the next pass")
 
 // headsHold reports whether any head checkpoint's message_ids holds
 // messageID.
@@ -431,11 +443,76 @@ func headsHold(heads []string, messageID string) (bool, error) {
 	return false, nil
 }
 
-// redactDraft empties a draft's text in its row and in its message.published
-// event (when the event log still holds it).
-func (t *txn) redactDraft(threadID, messageID string) error {
+// RedactDeletedThreads empties the text of threads deleted before before:
+// every message of the thread that is not in the head of a live fork of it
+// (redactMessage: its content and its message.published event's content
+// become "", ids stay), and its title. The thread is then marked redacted
+// (redacted_at) and not visited again: a message a fork's head still held
+// keeps its text. Deltas go with the stream buffer's own TTL. It reports
+// how many threads were redacted.
+func (s *Store) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for range purgeMaxBatches {
+		var n int
+		err := s.write(ctx, func(t *txn) error {
+			n = 0
+			var threads []string
+			if err := t.sel(&threads, `SELECT thread_id FROM threads WHERE deleted_at IS NOT NULL AND redacted_at IS NULL
+				AND deleted_at < ? ORDER BY deleted_at, thread_id LIMIT ?`, ms(before), 16); err != nil {
+				return fmt.Errorf("find deleted threads: %w", err)
+			}
+			budget := purgeBatch
+		threads:
+			for _, id := range threads {
+				var msgs []string
+				if err := t.sel(&msgs, `SELECT message_id FROM messages WHERE thread_id = ? AND redacted_at IS NULL ORDER BY message_id`, id); err != nil {
+					return fmt.Errorf("find messages of deleted thread %s: %w", id, err)
+				}
+				if len(msgs) > budget && n > 0 {
+					break // the next transaction takes it whole
+				}
+				for _, m := range msgs {
+					held, err := t.inSomeHead(id, m)
+					if errors.Is(err, errLineageBusy) {
+						continue threads // the next pass, whole
+					}
+					if err != nil {
+						return err
+					}
+					if held {
+						continue
+					}
+					if err := t.redactMessage(id, m); err != nil {
+						return err
+					}
+				}
+				budget -= len(msgs)
+				if _, err := t.exec(`UPDATE threads SET title = ?, redacted_at = ? WHERE thread_id = ?`, deletedTitle, ms(t.now), id); err != nil {
+					return fmt.Errorf("redact deleted thread %s: %w", id, err)
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int64(n)
+		if n == 0 {
+			break
+		}
+	}
+	return total, nil
+}
+
+// deletedTitle replaces a deleted thread's title when its text is emptied.
+const deletedTitle = "Deleted conversation"
+
+// redactMessage empties a message's text in its row and in its
+// message.published event (when the event log still holds it).
+func (t *txn) redactMessage(threadID, messageID string) error {
 	if _, err := t.exec(`UPDATE messages SET content = '', redacted_at = ? WHERE message_id = ?`, ms(t.now), messageID); err != nil {
-		return fmt.Errorf("redact draft: %w", err)
+		return fmt.Errorf("redact message: %w", err)
 	}
 	var evs []struct {
 		Seq     int64  `db:"seq"`

@@ -13,7 +13,8 @@ import (
 
 const threadCols = `thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
 	forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at,
-	events_purged_through, events_purged_version, events_purged_ts, deltas_purged_through, seq_reserved, seq_holder`
+	events_purged_through, events_purged_version, events_purged_ts, deltas_purged_through, seq_reserved, seq_holder,
+	deleted_at`
 
 type threadRow struct {
 	ThreadID               string         `db:"thread_id"`
@@ -39,6 +40,10 @@ type threadRow struct {
 	// SeqHolder is the run lease owner (a process) that reserved them, ""
 	// when nothing is reserved.
 	SeqHolder string `db:"seq_holder"`
+	// DeletedAt is when thread.delete deleted it (not valid while it is
+	// not): from then on it is not_found to everyone, and its log ends with
+	// thread.deleted.
+	DeletedAt sql.NullInt64 `db:"deleted_at"`
 }
 
 // threadColsT is threadCols of the table aliased t.
@@ -58,7 +63,8 @@ func threadColsOf(alias string) string {
 func (r *threadRow) scanTargets() []any {
 	return []any{&r.ThreadID, &r.UserID, &r.Title, &r.StateVersion, &r.LastSeq, &r.HeadCheckpointID,
 		&r.ForkedFromThreadID, &r.ForkedFromCheckpointID, &r.CreatedAt, &r.UpdatedAt,
-		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough, &r.SeqReserved, &r.SeqHolder}
+		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough, &r.SeqReserved, &r.SeqHolder,
+		&r.DeletedAt}
 }
 
 func (r threadRow) thread() chat.Thread {

@@ -171,7 +171,7 @@ func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) erro
 // user's threads that the title did not settle — a scan, not an index
 // (README, "Search", says why and what it costs).
 func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
-	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ?`
+	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ? AND deleted_at IS NULL`
 	args := []any{userID}
 	like := "LIKE"
 	if s.pg {
@@ -367,17 +367,19 @@ type queryer interface {
 	Rebind(query string) string
 }
 
-// readThread loads a thread of the user; another user's answers not_found.
+// readThread loads a thread of the user; another user's, or a deleted one,
+// answers not_found.
 func readThread(ctx context.Context, q queryer, userID, threadID string) (threadRow, error) {
 	row, err := readAnyThread(ctx, q, threadID)
-	if err == nil && row.UserID != userID {
+	if err == nil && (row.UserID != userID || row.DeletedAt.Valid) {
 		return threadRow{}, chat.NotFound("thread", threadID)
 	}
 	return row, err
 }
 
-// readAnyThread loads a thread whoever owns it: for the store's own work
-// (the event bus's recovery), never on a user's behalf.
+// readAnyThread loads a thread whoever owns it, deleted or not: for the
+// store's own work (the event bus's recovery, which may have to deliver a
+// thread.deleted), never on a user's behalf.
 func readAnyThread(ctx context.Context, q queryer, threadID string) (threadRow, error) {
 	var row threadRow
 	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+threadCols+` FROM threads WHERE thread_id = ?`), threadID)
@@ -564,7 +566,8 @@ func forkTitle(title string) string {
 // renaming never makes another tab's next command stale.
 func (s *Store) RenameThread(ctx context.Context, userID, threadID, title string) error {
 	return s.write(ctx, func(t *txn) error {
-		res, err := t.exec(`UPDATE threads SET title = ?, updated_at = ? WHERE thread_id = ? AND user_id = ?`, title, ms(t.now), threadID, userID)
+		res, err := t.exec(`UPDATE threads SET title = ?, updated_at = ? WHERE thread_id = ? AND user_id = ? AND deleted_at IS NULL`,
+			title, ms(t.now), threadID, userID)
 		if err != nil {
 			return fmt.Errorf("rename thread: %w", err)
 		}
@@ -573,4 +576,43 @@ func (s *Store) RenameThread(ctx context.Context, userID, threadID, title string
 		}
 		return nil
 	})
+}
+
+// DeleteThread deletes a thread of the user in one durable event,
+// thread.deleted, its last: every tab on it is told, and from then on the
+// thread answers not_found to everyone (its owner too) and takes no
+// command; a fork of it keeps its history. Refused with run_already_active
+// while a run of the thread has not ended (the engine cancels it first,
+// see engine.DeleteThread); with expected set, a stale version is a
+// state_version_conflict. The text stays, for audit, until retention
+// empties it (RedactDeletedThreads).
+func (s *Store) DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error) {
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(userID, threadID)
+		if err != nil {
+			return err
+		}
+		if expected != nil {
+			if err := t.checkVersion(c, *expected, ""); err != nil {
+				return err
+			}
+		}
+		if err := t.noActiveRun(threadID); err != nil {
+			return err
+		}
+		if err := t.append(t.event(c, chat.EventThreadDeleted, "")); err != nil {
+			return err
+		}
+		t.release(c) // nothing streams on it again
+		now := ms(t.now)
+		if _, err := t.exec(`UPDATE threads SET deleted_at = ?, updated_at = ? WHERE thread_id = ?`, now, now, threadID); err != nil {
+			return fmt.Errorf("delete thread: %w", err)
+		}
+		c.row.DeletedAt = sql.NullInt64{Int64: now, Valid: true}
+		return nil
+	})
+	if err != nil {
+		return chat.ThreadDeletedAck{}, err
+	}
+	return chat.ThreadDeletedAck{ThreadID: threadID}, nil
 }

@@ -212,10 +212,12 @@ func (t *txn) adoptThread(row threadRow) (*threadCursor, error) {
 	return c, t.holdStream(c)
 }
 
-// loadThread checks ownership unless owner is "" (engine writes only).
+// loadThread checks ownership unless owner is "" (engine writes only); a
+// deleted thread is not_found to its owner too, and the engine's writes
+// may load it but append no event to it (see append).
 func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 	if c, ok := t.threads[threadID]; ok {
-		if owner != "" && c.row.UserID != owner {
+		if owner != "" && (c.row.UserID != owner || c.row.DeletedAt.Valid) {
 			return nil, chat.NotFound("thread", threadID)
 		}
 		t.keep(threadID, c)
@@ -223,7 +225,7 @@ func (t *txn) loadThread(owner, threadID string) (*threadCursor, error) {
 	}
 	var row threadRow
 	err := t.get(&row, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`+t.forUpdate(), threadID)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && owner != "" && row.UserID != owner) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && owner != "" && (row.UserID != owner || row.DeletedAt.Valid)) {
 		return nil, chat.NotFound("thread", threadID)
 	}
 	if err != nil {
@@ -251,6 +253,10 @@ func (t *txn) event(c *threadCursor, typ, runID string) *chat.Event {
 // append encodes ev and writes it to the event log (durable events; deltas
 // are written to the stream buffer by their caller).
 func (t *txn) append(ev *chat.Event) error {
+	if c := t.threads[ev.ThreadID]; c != nil && c.row.DeletedAt.Valid {
+		// thread.deleted is a thread's last event (PROTOCOL: nothing after it).
+		return fmt.Errorf("append %s to thread %s: it was deleted", ev.Type, ev.ThreadID)
+	}
 	if err := ev.Encode(); err != nil {
 		return err
 	}
