@@ -42,6 +42,7 @@ type config struct {
 	reconcileHorizon time.Duration
 	model            string
 	demoPace         time.Duration
+	noModelTitles    bool
 	streamTTL        time.Duration
 	// retention of the other artifact classes; 0 keeps forever
 	eventTTL, auditTTL, draftTTL time.Duration
@@ -103,6 +104,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.duration(&c.reconcileHorizon, "reconcile-horizon", "GATEWAY_RECONCILE_HORIZON", 24*time.Hour, "how long the outcome of a tool call nobody saw (a lost answer, a crash) is looked up by its key at the provider before the gateway stops asking and says so")
 	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
 	ef.duration(&c.demoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
+	fs.BoolVar(&c.noModelTitles, "no-model-titles", env("GATEWAY_NO_MODEL_TITLES", "") == "1", "name a new conversation after the start of its first request instead of asking the model for a title (with -model openai the title is one short extra request per new conversation) (GATEWAY_NO_MODEL_TITLES=1)")
 	ef.duration(&c.streamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
 	ef.duration(&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
 	ef.duration(&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")

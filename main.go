@@ -246,13 +246,18 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("tools: %w", err)
 	}
-	var backend model.Backend = demo.New(cfg.demoPace)
+	demoModel := demo.New(cfg.demoPace)
+	var backend model.Backend = demoModel
+	var titler engine.Titler = demoModel
 	modelName := "demo"
 	if cfg.openai != nil {
-		backend, modelName = cfg.openai, cfg.openai.ModelName()
+		backend, titler, modelName = cfg.openai, cfg.openai, cfg.openai.ModelName()
+	}
+	if cfg.noModelTitles {
+		titler = nil
 	}
 	eng := engine.New(engine.Config{
-		Store: st, Model: backend, ModelName: modelName, Tools: registry, Log: log,
+		Store: st, Model: backend, ModelName: modelName, Titler: titler, Tools: registry, Log: log,
 		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.leaseTTL, Wakeups: wakeups, Holders: holders,
 		Workers: cfg.workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.streamTTL,
 		EventTTL: cfg.eventTTL, AuditTTL: cfg.auditTTL, DraftTTL: cfg.draftTTL,

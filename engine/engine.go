@@ -64,6 +64,8 @@ type Store interface {
 	PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error)
 	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
 	RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error)
+	// Retitle gives the thread title to when its title is still from.
+	Retitle(ctx context.Context, threadID, from, to string) error
 	// DeleteThread deletes a thread none of whose runs goes on
 	// (run_already_active otherwise); Run reads a run of the user.
 	DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error)
@@ -82,6 +84,9 @@ type Config struct {
 	// ModelName is what a published reply says it was asked of
 	// (chat.Message.Model): "demo", or the OpenAI model name.
 	ModelName string
+	// Titler names a new conversation from its first request (nil: the
+	// title stays the start of that request).
+	Titler Titler
 	// Tools the model may call (nil: none).
 	Tools *tools.Registry
 	Log   *slog.Logger

@@ -207,6 +207,7 @@ func (e *Engine) work(ctx context.Context, lease chat.Lease, first *firstToken) 
 			}
 			continue
 		}
+		e.nameThread(in)
 		out, unbuffered, err := e.generate(ctx, in, lease, first)
 		if err != nil {
 			return unbuffered, err

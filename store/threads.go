@@ -616,3 +616,16 @@ func (s *Store) DeleteThread(ctx context.Context, userID, threadID string, expec
 	}
 	return chat.ThreadDeletedAck{ThreadID: threadID}, nil
 }
+
+// Retitle gives a thread title to, when its title is still from: the
+// engine's name for a conversation (engine.Titler), which never replaces
+// a title the user chose or changed. A title is a label: no event, no
+// version, and the thread keeps its place in the list.
+func (s *Store) Retitle(ctx context.Context, threadID, from, to string) error {
+	return s.write(ctx, func(t *txn) error {
+		if _, err := t.exec(`UPDATE threads SET title = ? WHERE thread_id = ? AND title = ? AND deleted_at IS NULL`, to, threadID, from); err != nil {
+			return fmt.Errorf("retitle thread: %w", err)
+		}
+		return nil
+	})
+}
