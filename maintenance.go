@@ -1,6 +1,8 @@
 package main
 
-// Offline maintenance commands: check and backup.
+// Maintenance commands, for a database a gateway may be serving at the same
+// time: check (audits the invariants) and backup (a consistent copy of a
+// SQLite database; VACUUM INTO reads one snapshot).
 
 import (
 	"context"

@@ -11,7 +11,8 @@ import (
 	"unicode/utf8"
 )
 
-// LocalUserID owns everything until accounts exist.
+// LocalUserID is the one user of auth mode none (a loopback-only server
+// without accounts): everything there is its.
 const LocalUserID = "usr_local"
 
 // DefaultTitle names a thread created without a title; its first user
