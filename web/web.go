@@ -200,18 +200,26 @@ const sidebarSize = 100
 
 // links is the sidebar: the user's conversations, newest first, but for
 // those nothing was ever sent in (a "New conversation" left as it was),
-// unless it is the one open (current).
-func (p *Pages) links(r *http.Request, current string) []ThreadLink {
-	return p.search(r, current, "")
+// unless it is the one open (current). It returns r with the cursor of
+// the next page for the layout's "Older conversations" (moreCursor).
+func (p *Pages) links(r *http.Request, current string) (*http.Request, []ThreadLink) {
+	return p.search(r, current, "", "")
 }
 
 // search is links limited to the conversations a search finds (the
-// sidebar's search box without the page script: GET /?q=).
-func (p *Pages) search(r *http.Request, current, q string) []ThreadLink {
-	threads, _, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, "", q)
+// sidebar's search box without the page script: GET /?q=), from cursor
+// (a page of older ones: GET /?cursor=).
+func (p *Pages) search(r *http.Request, current, q, cursor string) (*http.Request, []ThreadLink) {
+	threads, next, err := p.store.ListThreads(r.Context(), userID(r), sidebarSize, cursor, q)
 	if err != nil {
-		p.log.Error("list threads", "err", err)
-		return nil
+		if chat.ErrorCode(err) != chat.CodeInvalidRequest { // (a cursor not given out here: the first page)
+			p.log.Error("list threads", "err", err)
+			return r, nil
+		}
+		if threads, next, err = p.store.ListThreads(r.Context(), userID(r), sidebarSize, "", q); err != nil {
+			p.log.Error("list threads", "err", err)
+			return r, nil
+		}
 	}
 	out := make([]ThreadLink, 0, len(threads))
 	for _, t := range threads {
@@ -220,7 +228,28 @@ func (p *Pages) search(r *http.Request, current, q string) []ThreadLink {
 		}
 		out = append(out, ThreadLink{ID: t.ThreadID, Title: t.Title, Fork: t.ForkedFrom != nil, UpdatedAt: t.UpdatedAt})
 	}
-	return out
+	return r.WithContext(context.WithValue(r.Context(), moreKey{}, sidebarMore{cursor: next, search: q})), out
+}
+
+type moreKey struct{}
+
+// sidebarMore is where the sidebar's list goes on: the cursor of its next
+// page ("" when it is the last) and the search it lists.
+type sidebarMore struct{ cursor, search string }
+
+// moreLink is the address of the sidebar's next page and its cursor, read
+// by the layout ("/" and "" when there is none: the link is hidden until a
+// search's answer has more).
+func moreLink(ctx context.Context) (string, string) {
+	m, _ := ctx.Value(moreKey{}).(sidebarMore)
+	if m.cursor == "" {
+		return "/", ""
+	}
+	q := url.Values{"cursor": {m.cursor}}
+	if m.search != "" {
+		q.Set("q", m.search)
+	}
+	return "/?" + q.Encode(), m.cursor
 }
 
 // neverUsed reports a conversation created and never written to: every
@@ -233,20 +262,27 @@ func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
 	if len(q) > 200 || strings.IndexFunc(q, chat.IsControl) >= 0 {
 		q = "" // what the box cannot send; the API says why (GET /api/threads)
 	}
-	p.render(w, r, http.StatusOK, Home(p.search(r, "", q), q))
+	cursor := r.URL.Query().Get("cursor")
+	if len(cursor) > 128 {
+		cursor = ""
+	}
+	r, links := p.search(r, "", q, cursor)
+	p.render(w, r, http.StatusOK, Home(links, q))
 }
 
 func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
 	snap, err := p.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
 	if chat.ErrorCode(err) == chat.CodeNotFound {
-		p.render(w, r, http.StatusNotFound, NotFound(p.links(r, "")))
+		r, links := p.links(r, "")
+		p.render(w, r, http.StatusNotFound, NotFound(links))
 		return
 	}
 	if err != nil {
 		p.fail(w, err)
 		return
 	}
-	p.render(w, r, http.StatusOK, ThreadPage(snap, p.links(r, snap.ThreadID)))
+	r, links := p.links(r, snap.ThreadID)
+	p.render(w, r, http.StatusOK, ThreadPage(snap, links))
 }
 
 func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
@@ -271,7 +307,8 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := p.store.RenameThread(r.Context(), userID(r), id, title); err != nil {
 		if chat.ErrorCode(err) == chat.CodeNotFound {
-			p.render(w, r, http.StatusNotFound, NotFound(p.links(r, "")))
+			r, links := p.links(r, "")
+			p.render(w, r, http.StatusNotFound, NotFound(links))
 			return
 		}
 		p.fail(w, err)

@@ -12,7 +12,8 @@ import (
 
 // Title names a conversation from its first request, as a model asked for
 // a title would, deterministically: the last four content words of the
-// request (stop words, words of asking and "short" left out), the first
+// request (stop words, words of asking, "short" and single letters left
+// out; numbers kept: "part 2" is not "part 3"), the first
 // capitalised, so two requests that start alike ("Can you help me with …")
 // get titles that differ. A request with no content word has no title (error): the
 // conversation keeps the start of its request.
@@ -34,7 +35,8 @@ func (b *Backend) Title(ctx context.Context, request []model.Message) (string, e
 	for _, f := range strings.Fields(text) {
 		w := trimPunct(f)
 		lw := strings.ToLower(w)
-		if utf8.RuneCountInString(w) < 2 || stopwords[lw] || requestWords[lw] || lw == "short" || seen[lw] ||
+		number := w != "" && strings.IndexFunc(w, func(r rune) bool { return !unicode.IsDigit(r) }) < 0
+		if (utf8.RuneCountInString(w) < 2 && !number) || stopwords[lw] || requestWords[lw] || lw == "short" || seen[lw] ||
 			strings.IndexFunc(w, func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }) < 0 {
 			continue
 		}

@@ -33,6 +33,9 @@ func TestTitleTellsAlikeRequestsApart(t *testing.T) {
 	if again, _ := b.Title(context.Background(), []model.Message{{Role: model.RoleUser, Content: a}}); again != ta {
 		t.Fatalf("the same request titled %q then %q", ta, again)
 	}
+	if t1, _ := b.Title(context.Background(), []model.Message{{Role: model.RoleUser, Content: "short: orchard 1"}}); t1 != "Orchard 1" {
+		t.Fatalf("a number is part of the title: %q", t1)
+	}
 	if got, err := b.Title(context.Background(), []model.Message{{Role: model.RoleUser, Content: "hi, thanks!"}}); err == nil {
 		t.Fatalf("a request of stop words titled %q", got)
 	}

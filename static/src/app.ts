@@ -20,6 +20,7 @@ if (list) groupByDay(list);
 const searchForm = document.querySelector<HTMLFormElement>("[data-testid=thread-search]");
 const searchInput = document.querySelector<HTMLInputElement>("[data-testid=thread-search-input]");
 const searchStatus = document.querySelector<HTMLElement>("[data-testid=thread-search-status]");
-if (list && searchForm && searchInput && searchStatus) new ThreadSearch(searchForm, searchInput, list, searchStatus).start();
+const more = document.querySelector<HTMLAnchorElement>("[data-testid=thread-more]");
+if (list && searchForm && searchInput && searchStatus) new ThreadSearch(searchForm, searchInput, list, searchStatus, more).start();
 const root = document.getElementById("thread");
 if (root) new ThreadView(root).start();

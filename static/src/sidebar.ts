@@ -1,8 +1,9 @@
 // groupByDay puts headings into the conversation list (newest first, each
 // item's data-updated-at an RFC 3339 time): Today, Yesterday, Previous 7
 // days, Older — by this browser's clock and time zone, which the server
-// does not know.
+// does not know. Run again (more items, other items), it puts them anew.
 export function groupByDay(list: HTMLElement, now = new Date()): void {
+  for (const old of list.querySelectorAll(":scope > li.group-label")) old.remove();
   const startOf = (d: Date) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
   const today = startOf(now);
   const day = 24 * 60 * 60 * 1000;
@@ -32,27 +33,41 @@ interface ListedThread {
   forked_from?: unknown;
 }
 
-// ThreadSearch is the sidebar's search box: as you type (150 ms after the
-// last key) the list shows the conversations that have every word, in the
-// title or a message (GET /api/threads?q=); emptied, the whole list as it
-// is now (or, when the server cannot be asked, as the page came with it). Ctrl+K (⌘K) goes to the box (opening the drawer on a
-// phone); Esc empties it. Without the script the box is a form: GET /?q=.
-// An answer that comes after a newer question is dropped.
+// ThreadSearch is the sidebar's search box and its list: as you type (150
+// ms after the last key) the list shows the conversations that have every
+// word, in the title or a message (GET /api/threads?q=); emptied, the whole
+// list as it is now (or, when the server cannot be asked, as the page came
+// with it). Ctrl+K (⌘K) goes to the box (opening the drawer on a phone);
+// Esc empties it. "Older conversations" under the list adds the next page
+// of what it shows (the cursor of GET /api/threads). Without the script
+// the box is a form (GET /?q=) and "Older conversations" a link to the
+// next page (GET /?cursor=). An answer that comes after a newer question
+// is dropped.
 export class ThreadSearch {
   private readonly original: Node[];
+  private readonly originalCursor: string;
   private asked = 0;
   private timer = 0;
+  private query = "";
+  private cursor: string;
 
   constructor(
     private readonly form: HTMLFormElement,
     private readonly input: HTMLInputElement,
     private readonly list: HTMLElement,
     private readonly status: HTMLElement,
+    private readonly more: HTMLAnchorElement | null,
   ) {
     this.original = [...list.childNodes];
+    this.originalCursor = more?.dataset.cursor ?? "";
+    this.cursor = this.originalCursor;
   }
 
   start(): void {
+    this.more?.addEventListener("click", (e) => {
+      e.preventDefault();
+      void this.older();
+    });
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
       void this.run();
@@ -88,37 +103,87 @@ export class ThreadSearch {
     if (q === "") this.say("");
     else this.say("Searching…");
     let threads: ListedThread[];
+    let next = "";
     try {
       // Empty: the whole list again, as it is now (titles given since the
       // page loaded included), 100 like the page's own.
       const r = await fetch(q === "" ? "/api/threads?limit=100" : `/api/threads?limit=50&q=${encodeURIComponent(q)}`, { credentials: "same-origin" });
-      const body = (await r.json()) as { threads?: ListedThread[]; message?: string };
+      const body = (await r.json()) as { threads?: ListedThread[]; next_cursor?: string; message?: string };
       if (n !== this.asked) return;
       if (!r.ok) {
-        if (q === "") this.list.replaceChildren(...this.original);
+        if (q === "") this.restore();
         else this.say(`Could not search: ${body.message ?? r.statusText}`);
         return;
       }
       threads = body.threads ?? [];
+      next = body.next_cursor ?? "";
     } catch {
       if (n !== this.asked) return;
-      if (q === "") this.list.replaceChildren(...this.original);
+      if (q === "") this.restore();
       else this.say("Could not search: the server is not reachable. Try again in a moment.");
       return;
     }
-    const current = location.pathname.startsWith("/t/") ? location.pathname.slice(3) : "";
-    // As the page's own list: no conversation nothing was ever sent in.
-    const shown = threads.filter((t) => t.forked_from || t.state_version > 1 || t.thread_id === current);
-    this.list.replaceChildren(...shown.map((t) => item(t, t.thread_id === current)));
+    const shown = listed(threads);
+    this.list.replaceChildren(...shown);
     groupByDay(this.list);
+    this.query = q;
+    this.setMore(next);
     if (q === "") return;
-    this.say(shown.length === 0 ? "No conversation has all of these words." : `${shown.length === 1 ? "1 conversation" : `${shown.length} conversations`} found${shown.length === 50 ? " (the 50 latest)" : ""}.`);
+    this.say(shown.length === 0 ? "No conversation has all of these words." : `${shown.length === 1 ? "1 conversation" : `${shown.length} conversations`} found${next ? " (the latest: more below)" : ""}.`);
+  }
+
+  // older adds the next page of what the list shows.
+  private async older(): Promise<void> {
+    const more = this.more;
+    if (!more || !this.cursor) return;
+    const n = this.asked;
+    more.setAttribute("aria-disabled", "true");
+    more.textContent = "Loading older conversations…";
+    try {
+      const q = this.query ? `&q=${encodeURIComponent(this.query)}` : "";
+      const r = await fetch(`/api/threads?limit=100&cursor=${encodeURIComponent(this.cursor)}${q}`, { credentials: "same-origin" });
+      const body = (await r.json()) as { threads?: ListedThread[]; next_cursor?: string; message?: string };
+      if (n !== this.asked) return; // a search changed the list meanwhile
+      if (!r.ok) throw new Error(body.message ?? r.statusText);
+      this.list.append(...listed(body.threads ?? []));
+      groupByDay(this.list);
+      this.setMore(body.next_cursor ?? "");
+      more.textContent = "Older conversations";
+    } catch {
+      more.textContent = "Could not load older conversations: try again";
+    } finally {
+      more.removeAttribute("aria-disabled");
+    }
+  }
+
+  private setMore(cursor: string): void {
+    this.cursor = cursor;
+    if (!this.more) return;
+    this.more.hidden = cursor === "";
+    this.more.dataset.cursor = cursor;
+    this.more.href = "/?" + new URLSearchParams(this.query ? { cursor, q: this.query } : { cursor }).toString();
+  }
+
+  // restore shows the list as the page came with it.
+  private restore(): void {
+    this.list.replaceChildren(...this.original);
+    this.query = "";
+    this.setMore(this.originalCursor);
   }
 
   private say(text: string): void {
     this.status.textContent = text;
     this.status.hidden = text === "";
   }
+}
+
+// listed is the items of threads as the page lists them: without the
+// conversations nothing was ever sent in (but the open one).
+function listed(threads: ListedThread[]): HTMLLIElement[] {
+  const current = location.pathname.startsWith("/t/") ? location.pathname.slice(3) : "";
+  return threads
+    .filter((t) => t.forked_from || t.state_version > 1 || t.thread_id === current)
+    .map((t) => item(t, t.thread_id === current));
 }
 
 function item(t: ListedThread, current: boolean): HTMLLIElement {
