@@ -54,7 +54,7 @@ test-go:
 # sets it, and the scale-out tests of test-go read it and
 # GATEWAY_TEST_NATS_URL too).
 test-store-postgres:
-	GATEWAY_TEST_STORE=postgres $(GO) test -race -count=1 -timeout 20m ./store/ ./tools/
+	GATEWAY_TEST_STORE=postgres $(GO) test -race -count=1 -timeout 20m ./store/ ./tools/...
 
 # browser installs Debian's Chromium for the browser tests when it is missing
 # (never a downloaded browser build).

@@ -32,6 +32,7 @@ import (
 	"github.com/honestcancel/gateway/model/demo"
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/email"
 	"github.com/honestcancel/gateway/web"
 )
 
@@ -228,13 +229,13 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 		fd = bus.NewMemory()
 	}
 
-	outbox, err := tools.OpenOutbox(cfg.db, tools.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault,
+	outbox, err := email.OpenOutbox(cfg.db, email.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault,
 		RecordDelay: cfg.outboxRecordDelay, Synchronous: cfg.sqliteSync})
 	if err != nil {
 		return fmt.Errorf("open the embedded email provider: %w", err)
 	}
 	defer outbox.Close()
-	all := []tools.Tool{tools.NewCatalogSearch(cfg.searchLatency), tools.NewSendEmail(outbox)}
+	all := []tools.Tool{tools.NewCatalogSearch(cfg.searchLatency), email.NewSendEmail(outbox)}
 	if cfg.toolsConfig != "" {
 		hooks, err := tools.LoadWebhooks(cfg.toolsConfig, nil)
 		if err != nil {

@@ -38,7 +38,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/store"
-	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/email"
 )
 
 // ---- what the package registers ----
@@ -215,7 +215,7 @@ type authHarness struct {
 func newAuthHarness(t *testing.T, ws gateway.WSConfig) *authHarness {
 	t.Helper()
 	var a *auth.Authenticator
-	th := newToolHarness(t, time.Millisecond, tools.OutboxConfig{}, withWS(ws),
+	th := newToolHarness(t, time.Millisecond, email.OutboxConfig{}, withWS(ws),
 		withAuth(func(st *store.Store) gateway.Authenticator {
 			a = headerAuth(t, st)
 			return a

@@ -22,6 +22,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/email"
 )
 
 // toolLatency is the simulated latency of the search and of the email
@@ -36,18 +37,18 @@ const unknownOp = "op_00000000000000000000000000"
 // the harness's final check also audits its acceptances.
 type toolHarness struct {
 	*harness
-	outbox *tools.Outbox
+	outbox *email.Outbox
 }
 
 var emailKey = regexp.MustCompile(`^email:step-[0-9a-f]{24}:[0-9a-f]{16}:send$`)
 
-func newToolHarness(t *testing.T, pace time.Duration, cfg tools.OutboxConfig, opts ...option) *toolHarness {
+func newToolHarness(t *testing.T, pace time.Duration, cfg email.OutboxConfig, opts ...option) *toolHarness {
 	t.Helper()
 	db := filepath.Join(t.TempDir(), "gateway.db")
 	if cfg.Latency == 0 {
 		cfg.Latency = toolLatency
 	}
-	outbox, err := tools.OpenOutbox(db, cfg)
+	outbox, err := email.OpenOutbox(db, cfg)
 	if err != nil {
 		t.Fatalf("open outbox: %v", err)
 	}
@@ -57,7 +58,7 @@ func newToolHarness(t *testing.T, pace time.Duration, cfg tools.OutboxConfig, op
 			t.Errorf("close outbox: %v", err)
 		}
 	})
-	reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), tools.NewSendEmail(outbox))
+	reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), email.NewSendEmail(outbox))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,13 +276,13 @@ func (h *toolHarness) accepted() map[string]bool {
 }
 
 // attempts lists the provider's calls for key ("" = all).
-func (h *toolHarness) attempts(key string) []tools.Attempt {
+func (h *toolHarness) attempts(key string) []email.Attempt {
 	h.t.Helper()
 	all, err := h.outbox.Attempts(h.t.Context())
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	var out []tools.Attempt
+	var out []email.Attempt
 	for _, a := range all {
 		if key == "" || a.Key == key {
 			out = append(out, a)
@@ -296,7 +297,7 @@ func (h *toolHarness) wantSentOnce(t *testing.T, key string) {
 	if !h.accepted()[key] {
 		t.Errorf("key %s was not accepted, want it accepted once", key)
 	}
-	if as := h.attempts(key); len(as) != 1 || as[0].Result != tools.AttemptAccepted {
+	if as := h.attempts(key); len(as) != 1 || as[0].Result != email.AttemptAccepted {
 		t.Errorf("provider calls for %s: %+v, want one accepted", key, as)
 	}
 }
@@ -329,7 +330,7 @@ func wantEmailOp(t *testing.T, op chat.Operation, threadID, runID, to string) {
 	if !emailKey.MatchString(key) {
 		t.Errorf("idempotency_key %q, want email:step-<24 hex>:<16 hex>:send", key)
 	}
-	var preview, args tools.EmailDraft
+	var preview, args email.EmailDraft
 	if err := json.Unmarshal(op.Preview, &preview); err != nil || preview.To != to || preview.Subject == "" || preview.Body == "" {
 		t.Errorf("preview %s (%v), want to %s with a subject and a body", op.Preview, err, to)
 	}
@@ -391,7 +392,7 @@ func waitRunEnd(t *testing.T, s *sseStream, runID, want string) []*wireEvent {
 // the result is published as a tool message and the model answers it.
 func TestToolsEmailConfirm(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, time.Millisecond, tools.OutboxConfig{})
+	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
 	th := h.createThread("email").ThreadID
 	s := h.openSSE(th, "after_seq=0", "")
 	ack, op, evs := h.askEmail(s, th, "ann@example.com", "Please send an email to ann@example.com about the delivery schedule for next week")
@@ -438,7 +439,7 @@ func TestToolsEmailConfirm(t *testing.T) {
 		t.Errorf("committed operation %+v, want outcome committed and result_ref %s", committed, msgs[0].MessageID)
 	}
 	rec := decodeToolMessage(t, msgs[0])
-	var res tools.EmailResult
+	var res email.EmailResult
 	if err := json.Unmarshal(rec.Result, &res); err != nil || res.Status != "committed" || res.Key != key || !strings.HasPrefix(res.ProviderID, "prov_") {
 		t.Errorf("tool result %s (%v)", rec.Result, err)
 	}
@@ -480,7 +481,7 @@ func TestToolsEmailConfirm(t *testing.T) {
 // while waiting voids the intent.
 func TestToolsDecisionErrors(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, time.Millisecond, tools.OutboxConfig{})
+	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
 	a := h.createThread("a").ThreadID
 	sA := h.openSSE(a, "after_seq=0", "")
 	ackA, opA, _ := h.askEmail(sA, a, "ann@example.com", "Send an email to ann@example.com about the invoice")
@@ -697,7 +698,7 @@ func wsPhases(t *testing.T, c *wsClient, threadID, opID string) []string {
 // nothing.
 func TestToolsDecisionsWS(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, time.Millisecond, tools.OutboxConfig{}, withWS(gateway.WSConfig{CommandRate: 1000, CommandBurst: 1000}))
+	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{}, withWS(gateway.WSConfig{CommandRate: 1000, CommandBurst: 1000}))
 	c := h.dial(t)
 	th := h.createThread("ws email").ThreadID
 	c.subscribe(th, wsAfter(0))
@@ -824,7 +825,7 @@ func TestToolsDecisionsWS(t *testing.T) {
 // before the last one.
 func TestToolsOrderCard(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, time.Millisecond, tools.OutboxConfig{})
+	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
 	th := h.createThread("order").ThreadID
 	s := h.openSSE(th, "after_seq=0", "")
 	ack := h.startRun(th, 1, "Order two coffee mugs and three notebooks")
@@ -881,7 +882,7 @@ func TestToolsOrderCard(t *testing.T) {
 // TestToolsOrderCardCancelled: a cancel mid-card publishes nothing of it.
 func TestToolsOrderCardCancelled(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, 40*time.Millisecond, tools.OutboxConfig{})
+	h := newToolHarness(t, 40*time.Millisecond, email.OutboxConfig{})
 	th := h.createThread("order cancelled").ThreadID
 	s := h.openSSE(th, "after_seq=0", "")
 	ack := h.startRun(th, 1, "Order four espresso cups, two milk jugs and one tamper")
@@ -921,7 +922,7 @@ func TestToolsOrderCardCancelled(t *testing.T) {
 // message, then the model's answer about it.
 func TestToolsCatalogSearch(t *testing.T) {
 	t.Parallel()
-	h := newToolHarness(t, time.Millisecond, tools.OutboxConfig{})
+	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
 	th := h.createThread("search").ThreadID
 	s := h.openSSE(th, "after_seq=0", "")
 	ack := h.startRun(th, 1, "Search the catalog for a coffee grinder")

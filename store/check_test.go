@@ -9,7 +9,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/store"
-	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/email"
 )
 
 // healthy is a database that exercises every rule of the audit: a
@@ -36,7 +36,7 @@ func newHealthy(t *testing.T) *healthy {
 	t.Helper()
 	st, path := openStore(t, false)
 	h := &healthy{st: st, db: rawDB(t, path)}
-	outbox, err := tools.OpenOutbox(path, tools.OutboxConfig{})
+	outbox, err := email.OpenOutbox(path, email.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func newHealthy(t *testing.T) *healthy {
 	if err := st.SetOperationPhase(ctx, again, h.op, chat.PhaseCommitting, "", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Send(ctx, h.key, tools.Email{To: "ann@example.com", Subject: "Quote", Body: "Here."}); err != nil {
+	if _, err := outbox.Send(ctx, h.key, email.Email{To: "ann@example.com", Subject: "Quote", Body: "Here."}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.RecordToolResult(ctx, again, h.op, chat.ToolOutcome{Phase: chat.PhaseCommitted, Outcome: chat.OutcomeCommitted,

@@ -113,7 +113,7 @@ var _ Runner = (*CatalogSearch)(nil)
 // before answering, so cancelling a search in flight can be tried.
 func NewCatalogSearch(latency time.Duration) *CatalogSearch {
 	return &CatalogSearch{
-		SchemaTool: mustSchemaTool(Spec{
+		SchemaTool: MustSchemaTool(Spec{
 			Name:        "catalog_search",
 			Description: "Search the product catalog. Returns matching products with SKU, name and price in EUR.",
 			Contract:    Idempotent,
@@ -155,14 +155,14 @@ func (c *CatalogSearch) Run(ctx context.Context, key string, args json.RawMessag
 	if a.Limit != nil {
 		limit = *a.Limit
 	}
-	if err := wait(ctx, c.latency); err != nil {
+	if err := Wait(ctx, c.latency); err != nil {
 		return nil, err
 	}
 	res, err := SearchCatalog(a.Query, limit)
 	if err != nil {
 		return nil, err
 	}
-	return encodeCompact(res)
+	return Compact(res)
 }
 
 // SearchCatalog ranks the catalog against query: each distinct query word
@@ -219,4 +219,23 @@ func SearchCatalog(query string, limit int) (CatalogResult, error) {
 		})
 	}
 	return res, nil
+}
+
+// Wait sleeps d or until ctx ends, whichever is first: the latency of a
+// simulated external system (the catalog, the email provider).
+func Wait(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -306,16 +306,16 @@ func (s *Schema) Validate(args json.RawMessage) (json.RawMessage, error) {
 	if reason != "" {
 		return nil, &InvalidArgs{Reason: reason}
 	}
-	out, err := encodeCompact(norm)
+	out, err := Compact(norm)
 	if err != nil {
 		return nil, &InvalidArgs{Reason: "arguments cannot be encoded: " + err.Error()}
 	}
 	return out, nil
 }
 
-// encodeCompact is json.Marshal without HTML escaping (so "<" stays "<" in
+// Compact is json.Marshal without HTML escaping (so "<" stays "<" in
 // stored arguments and previews); map keys come out sorted.
-func encodeCompact(v any) (json.RawMessage, error) {
+func Compact(v any) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -467,7 +467,7 @@ func (n *node) check(v any, path string) (any, string) {
 		}
 		opts := make([]string, len(n.enum))
 		for i, e := range n.enum {
-			b, _ := encodeCompact(e)
+			b, _ := Compact(e)
 			opts[i] = string(b)
 		}
 		return nil, subject(path) + " must be one of " + strings.Join(opts, ", ")
@@ -533,7 +533,9 @@ func NewSchemaTool(spec Spec, schema json.RawMessage) (*SchemaTool, error) {
 	return &SchemaTool{spec: spec, schema: s}, nil
 }
 
-func mustSchemaTool(spec Spec, schema string) *SchemaTool {
+// MustSchemaTool is NewSchemaTool for a schema written in the tool's own
+// source: a mistake there is a bug, so it panics.
+func MustSchemaTool(spec Spec, schema string) *SchemaTool {
 	t, err := NewSchemaTool(spec, json.RawMessage(schema))
 	if err != nil {
 		panic(err)

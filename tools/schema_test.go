@@ -145,31 +145,3 @@ func TestNewSchemaTool(t *testing.T) {
 		t.Error("empty name accepted")
 	}
 }
-
-func TestRegistryWithBuiltins(t *testing.T) {
-	ob := openTestOutbox(t, OutboxConfig{})
-	r, err := NewRegistry(NewCatalogSearch(0), NewSendEmail(ob))
-	if err != nil {
-		t.Fatal(err)
-	}
-	specs := r.Specs()
-	if len(specs) != 2 || specs[0].Name != "catalog_search" || specs[0].Contract != Idempotent ||
-		specs[1].Name != "send_email" || specs[1].Contract != Consequential {
-		t.Fatalf("specs = %+v", specs)
-	}
-	for _, s := range specs {
-		if !json.Valid(s.Parameters) {
-			t.Errorf("%s: parameters not JSON", s.Name)
-		}
-	}
-	if tl, _ := r.Get("catalog_search"); tl == nil {
-		t.Fatal("no catalog_search")
-	} else if _, ok := tl.(Runner); !ok {
-		t.Error("catalog_search is not a Runner")
-	}
-	if tl, _ := r.Get("send_email"); tl == nil {
-		t.Fatal("no send_email")
-	} else if _, ok := tl.(Committer); !ok {
-		t.Error("send_email is not a Committer")
-	}
-}

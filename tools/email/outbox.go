@@ -1,4 +1,4 @@
-package tools
+package email
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/mattn/go-sqlite3" // also the "sqlite3" driver
 
 	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/tools"
 )
 
 // Outbox faults, for OutboxConfig.Fault.
@@ -24,7 +25,7 @@ const (
 	// FaultNone: every call behaves.
 	FaultNone = ""
 	// FaultReject: the provider refuses a new key; nothing is accepted and
-	// Send returns ErrRejected.
+	// Send returns tools.ErrRejected.
 	FaultReject = "reject"
 	// FaultAcceptThenTimeout: the provider accepts and records the key,
 	// then the answer is lost: Send returns an error wrapping
@@ -275,7 +276,7 @@ func newProviderID() string {
 // Send hands msg to the provider under key and returns its provider_id.
 // The first Send of a key accepts it; later ones return the same
 // provider_id and accept nothing more. Errors: ctx's error if ctx ended
-// during Latency (nothing reached the provider), ErrRejected under
+// during Latency (nothing reached the provider), tools.ErrRejected under
 // FaultReject (nothing accepted), or, with the key accepted, an error
 // wrapping context.DeadlineExceeded (FaultAcceptThenTimeout, and
 // FaultRecordLate until the key is recorded) or ErrSimulatedCrash
@@ -306,7 +307,7 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 	if o.faulty(call) {
 		fault = o.cfg.Fault
 	}
-	if err := wait(ctx, o.cfg.Latency); err != nil {
+	if err := tools.Wait(ctx, o.cfg.Latency); err != nil {
 		// The request never reached the provider; record the call anyway.
 		_ = o.recordAttempt(context.WithoutCancel(ctx), key, AttemptCancelled)
 		return Sent{}, err
@@ -325,7 +326,7 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 			if err := o.recordAttempt(pctx, key, AttemptRejected); err != nil {
 				return Sent{}, err
 			}
-			return Sent{}, fmt.Errorf("outbox: key %s: %w", key, ErrRejected)
+			return Sent{}, fmt.Errorf("outbox: key %s: %w", key, tools.ErrRejected)
 		case !recorded:
 			// Taken before (FaultRecordLate) and still being processed:
 			// never refused, and no answer yet.
@@ -492,22 +493,4 @@ func (o *Outbox) Attempts(ctx context.Context) ([]Attempt, error) {
 		return nil, fmt.Errorf("outbox: list attempts: %w", err)
 	}
 	return out, nil
-}
-
-// wait sleeps d or until ctx ends, whichever is first.
-func wait(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -1,8 +1,9 @@
-package tools
+package email
 
 import (
 	"context"
 	"errors"
+	"github.com/honestcancel/gateway/tools"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -95,7 +96,7 @@ func TestOutboxReject(t *testing.T) {
 	o := openTestOutbox(t, OutboxConfig{Fault: FaultReject})
 	ctx := context.Background()
 	_, err := o.Send(ctx, "k1", testEmail)
-	if !errors.Is(err, ErrRejected) {
+	if !errors.Is(err, tools.ErrRejected) {
 		t.Fatalf("err = %v, want ErrRejected", err)
 	}
 	if got := accepted(t, o); len(got) != 0 {
@@ -264,7 +265,7 @@ func TestOutboxCrashPanics(t *testing.T) {
 func TestOutboxFaultEvery(t *testing.T) {
 	o := openTestOutbox(t, OutboxConfig{Fault: FaultReject, FaultEvery: 2})
 	ctx := context.Background()
-	if _, err := o.Send(ctx, "k1", testEmail); !errors.Is(err, ErrRejected) {
+	if _, err := o.Send(ctx, "k1", testEmail); !errors.Is(err, tools.ErrRejected) {
 		t.Fatalf("call 1: %v, want rejected", err)
 	}
 	id, err := o.Send(ctx, "k1", testEmail)
@@ -280,7 +281,7 @@ func TestOutboxFaultEvery(t *testing.T) {
 	if _, err := o.Send(ctx, "k2", testEmail); err != nil {
 		t.Fatalf("call 4: %v", err)
 	}
-	if _, err := o.Send(ctx, "k3", testEmail); !errors.Is(err, ErrRejected) {
+	if _, err := o.Send(ctx, "k3", testEmail); !errors.Is(err, tools.ErrRejected) {
 		t.Fatalf("call 5: %v, want rejected", err)
 	}
 	want := []string{AttemptRejected, AttemptAccepted, AttemptDuplicate}

@@ -1,9 +1,10 @@
-package tools
+package email
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/honestcancel/gateway/tools"
 	"regexp"
 	"testing"
 )
@@ -53,7 +54,7 @@ func TestSendEmailPrepare(t *testing.T) {
 		`[]`,
 	} {
 		_, _, err := s.Prepare("thr_1", json.RawMessage(bad))
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if !errors.As(err, &ia) {
 			t.Errorf("Prepare(%s): err = %v, want *InvalidArgs", bad, err)
 		}
@@ -113,7 +114,7 @@ func TestSendEmailCommitFaults(t *testing.T) {
 
 	s := NewSendEmail(openTestOutbox(t, OutboxConfig{Fault: FaultReject}))
 	_, key, _ := s.Prepare("thr_1", json.RawMessage(emailArgs))
-	if _, err := s.Commit(ctx, key, json.RawMessage(emailArgs)); !errors.Is(err, ErrRejected) {
+	if _, err := s.Commit(ctx, key, json.RawMessage(emailArgs)); !errors.Is(err, tools.ErrRejected) {
 		t.Fatalf("reject: %v", err)
 	}
 	if st, _ := s.Status(ctx, key); st.Known {
@@ -123,7 +124,7 @@ func TestSendEmailCommitFaults(t *testing.T) {
 	// The answer is lost: the outcome is unknown until Status finds it.
 	s = NewSendEmail(openTestOutbox(t, OutboxConfig{Fault: FaultAcceptThenTimeout}))
 	_, err := s.Commit(ctx, key, json.RawMessage(emailArgs))
-	if err == nil || errors.Is(err, ErrRejected) || !errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, tools.ErrRejected) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("accept-then-timeout: %v", err)
 	}
 	st, err := s.Status(ctx, key)
@@ -133,5 +134,33 @@ func TestSendEmailCommitFaults(t *testing.T) {
 
 	if _, err := s.Commit(ctx, key, json.RawMessage(`{"to":"x"}`)); err == nil {
 		t.Fatal("bad args committed")
+	}
+}
+
+func TestRegistryWithBuiltins(t *testing.T) {
+	ob := openTestOutbox(t, OutboxConfig{})
+	r, err := tools.NewRegistry(tools.NewCatalogSearch(0), NewSendEmail(ob))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := r.Specs()
+	if len(specs) != 2 || specs[0].Name != "catalog_search" || specs[0].Contract != tools.Idempotent ||
+		specs[1].Name != "send_email" || specs[1].Contract != tools.Consequential {
+		t.Fatalf("specs = %+v", specs)
+	}
+	for _, s := range specs {
+		if !json.Valid(s.Parameters) {
+			t.Errorf("%s: parameters not JSON", s.Name)
+		}
+	}
+	if tl, _ := r.Get("catalog_search"); tl == nil {
+		t.Fatal("no catalog_search")
+	} else if _, ok := tl.(tools.Runner); !ok {
+		t.Error("catalog_search is not a tools.Runner")
+	}
+	if tl, _ := r.Get("send_email"); tl == nil {
+		t.Fatal("no send_email")
+	} else if _, ok := tl.(tools.Committer); !ok {
+		t.Error("send_email is not a tools.Committer")
 	}
 }

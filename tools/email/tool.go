@@ -1,4 +1,4 @@
-package tools
+package email
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 const emailSchema = `{
@@ -24,19 +26,19 @@ const emailSchema = `{
 // email to an Outbox, the (simulated) external provider, under the
 // business idempotency key made by Prepare.
 type SendEmail struct {
-	*SchemaTool
+	*tools.SchemaTool
 	outbox *Outbox
 }
 
-var _ Committer = (*SendEmail)(nil)
+var _ tools.Committer = (*SendEmail)(nil)
 
 // NewSendEmail returns the tool committing to outbox.
 func NewSendEmail(outbox *Outbox) *SendEmail {
 	return &SendEmail{
-		SchemaTool: mustSchemaTool(Spec{
+		SchemaTool: tools.MustSchemaTool(tools.Spec{
 			Name:        "send_email",
 			Description: "Send an email. The user sees the draft and must confirm before it is sent.",
-			Contract:    Consequential,
+			Contract:    tools.Consequential,
 		}, emailSchema),
 		outbox: outbox,
 	}
@@ -66,7 +68,7 @@ func (s *SendEmail) draft(args json.RawMessage) (EmailDraft, json.RawMessage, er
 	}
 	var d EmailDraft
 	if err := json.Unmarshal(norm, &d); err != nil {
-		return EmailDraft{}, nil, &InvalidArgs{Reason: err.Error()}
+		return EmailDraft{}, nil, &tools.InvalidArgs{Reason: err.Error()}
 	}
 	return d, norm, nil
 }
@@ -79,7 +81,7 @@ func EmailKey(scope string, norm json.RawMessage) string {
 	return "email:" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":send"
 }
 
-// Prepare implements Committer: the preview is {"to","subject","body"} and
+// Prepare implements tools.Committer: the preview is {"to","subject","body"} and
 // the key depends on scope and the normalised arguments only, so the same
 // draft of the same step (resumed, or continued in a fork) always has the
 // same key.
@@ -91,16 +93,16 @@ func (s *SendEmail) Prepare(scope string, args json.RawMessage) (json.RawMessage
 	if err != nil {
 		return nil, "", err
 	}
-	preview, err := encodeCompact(d)
+	preview, err := tools.Compact(d)
 	if err != nil {
 		return nil, "", err
 	}
 	return preview, EmailKey(scope, norm), nil
 }
 
-// Commit implements Committer. ErrRejected (wrapped) means the provider
+// Commit implements tools.Committer. tools.ErrRejected (wrapped) means the provider
 // refused and sent nothing; any other error leaves the outcome unknown
-// until Status says.
+// until tools.Status says.
 func (s *SendEmail) Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	if key == "" {
 		return nil, errors.New("send_email: empty idempotency key")
@@ -111,24 +113,24 @@ func (s *SendEmail) Commit(ctx context.Context, key string, args json.RawMessage
 	}
 	sent, err := s.outbox.Deliver(ctx, key, Email{To: d.To, Subject: d.Subject, Body: d.Body})
 	if err != nil {
-		return nil, err // ErrRejected (wrapped) or an unknown outcome, as the outbox said
+		return nil, err // tools.ErrRejected (wrapped) or an unknown outcome, as the outbox said
 	}
-	return encodeCompact(EmailResult{Status: "committed", ProviderID: sent.ProviderID, Key: key, AlreadySent: sent.Duplicate})
+	return tools.Compact(EmailResult{Status: "committed", ProviderID: sent.ProviderID, Key: key, AlreadySent: sent.Duplicate})
 }
 
-// Status implements Committer: Known when the provider holds key, with the
-// result Commit returned (or would have).
-func (s *SendEmail) Status(ctx context.Context, key string) (Status, error) {
+// Status implements tools.Committer: Known when the provider holds key,
+// with the result Commit returned (or would have).
+func (s *SendEmail) Status(ctx context.Context, key string) (tools.Status, error) {
 	id, found, err := s.outbox.Lookup(ctx, key)
 	if err != nil {
-		return Status{}, fmt.Errorf("send_email: %w", err)
+		return tools.Status{}, fmt.Errorf("send_email: %w", err)
 	}
 	if !found {
-		return Status{}, nil
+		return tools.Status{}, nil
 	}
-	res, err := encodeCompact(EmailResult{Status: "committed", ProviderID: id, Key: key})
+	res, err := tools.Compact(EmailResult{Status: "committed", ProviderID: id, Key: key})
 	if err != nil {
-		return Status{}, err
+		return tools.Status{}, err
 	}
-	return Status{Known: true, Result: res}, nil
+	return tools.Status{Known: true, Result: res}, nil
 }

@@ -1,4 +1,4 @@
-package tools
+package email
 
 import (
 	"path/filepath"
