@@ -230,7 +230,10 @@ func serveUntilDone(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	outbox, err := email.OpenOutbox(cfg.db, email.OutboxConfig{Latency: cfg.outboxLatency, Fault: cfg.outboxFault,
-		RecordDelay: cfg.outboxRecordDelay, Synchronous: cfg.sqliteSync})
+		RecordDelay: cfg.outboxRecordDelay, Synchronous: cfg.sqliteSync,
+		// -outbox-fault crash: the process dies right after the provider
+		// accepted, as a gateway killed before it heard the answer.
+		CrashFunc: func() { os.Exit(3) }})
 	if err != nil {
 		return fmt.Errorf("open the embedded email provider: %w", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -67,7 +66,10 @@ type OutboxConfig struct {
 	// (counting every Send), so with N = 2 the first call fails and the
 	// second succeeds. 0 or 1: every call.
 	FaultEvery int
-	// CrashFunc is called under FaultCrash; nil means os.Exit(3).
+	// CrashFunc is called under FaultCrash, after the acceptance is
+	// durable: the program's way of dying there (the gateway's main exits
+	// the process); when it returns, or when it is nil, Send returns
+	// ErrSimulatedCrash, an error the caller sees as a lost answer.
 	CrashFunc func()
 	// Synchronous is SQLite's synchronous setting for the provider's
 	// connection, as store.Options.Synchronous ("" is
@@ -356,11 +358,9 @@ func (o *Outbox) Deliver(ctx context.Context, key string, msg Email) (Sent, erro
 	case FaultAcceptThenTimeout:
 		return Sent{}, lostAnswer(key)
 	case FaultCrash:
-		crash := o.cfg.CrashFunc
-		if crash == nil {
-			crash = func() { os.Exit(3) }
+		if o.cfg.CrashFunc != nil {
+			o.cfg.CrashFunc()
 		}
-		crash()
 		return Sent{}, ErrSimulatedCrash
 	}
 	return sent, nil

@@ -236,6 +236,19 @@ func TestOutboxCrash(t *testing.T) {
 	}
 }
 
+// Without a CrashFunc the crash fault is an error the caller sees (no
+// process exit in this package: the gateway's main supplies that), after
+// the acceptance is durable.
+func TestOutboxCrashWithoutCrashFunc(t *testing.T) {
+	o := openTestOutbox(t, OutboxConfig{Fault: FaultCrash})
+	if _, err := o.Send(context.Background(), "k1", testEmail); !errors.Is(err, ErrSimulatedCrash) {
+		t.Fatalf("err = %v, want ErrSimulatedCrash", err)
+	}
+	if _, found, err := o.Lookup(context.Background(), "k1"); err != nil || !found {
+		t.Fatalf("after the crash fault the key is found: %v, %v", found, err)
+	}
+}
+
 func TestOutboxCrashPanics(t *testing.T) {
 	path := testDSN(t, "gw.db")
 	o, err := OpenOutbox(path, OutboxConfig{Fault: FaultCrash, CrashFunc: func() { panic("crash") }})
