@@ -378,6 +378,7 @@ func startOrRefuse(t *testing.T, env []string, args ...string) (code int, stderr
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
 	}
+	noRace(t, "gateway "+strings.Join(args, " "), strings.Join(lines, "\n"))
 	return cmd.ProcessState.ExitCode(), strings.Join(lines, "\n"), served
 }
 
@@ -769,7 +770,7 @@ func TestLoginBruteForce(t *testing.T) {
 	const pw, bobPW = "correct horse battery", "bobs password here"
 	addUser(t, db, "alice", pw)
 	addUser(t, db, "bob", bobPW)
-	srv := startServerWith(t, db, "5ms", "-auth", "password")
+	srv := startServerPlain(t, db, "5ms", "-auth", "password") // (the lock's seconds against bcrypt's)
 
 	for i := 1; i <= 4; i++ {
 		srv.wantSignInRefused("alice", fmt.Sprintf("guess %d", i), http.StatusUnauthorized, fmt.Sprintf("wrong password %d of 4 (not locked yet)", i))

@@ -35,6 +35,10 @@ var (
 	binDir  string
 	binPath string
 	binErr  error
+
+	plainOnce sync.Once
+	plainPath string
+	plainErr  error
 )
 
 func TestMain(m *testing.M) {
@@ -42,11 +46,39 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	if plainPath != "" {
+		os.RemoveAll(filepath.Dir(plainPath))
+	}
 	os.Exit(code)
 }
 
-// gatewayBinary builds the binary on first use (not race-instrumented: the
-// binary is the system under test, not the test).
+// plainBinary builds the binary without the race detector, for the few
+// tests whose subject is wall time around bcrypt (the sign-in limiter's
+// one-second lock): under -race a password check is several times slower
+// and the lock ends between two attempts the test means to be quick.
+func plainBinary(t *testing.T) string {
+	t.Helper()
+	plainOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gateway-e2e-plain-")
+		if err != nil {
+			plainErr = err
+			return
+		}
+		plainPath = filepath.Join(dir, "gateway")
+		if out, err := exec.Command("go", "build", "-o", plainPath, ".").CombinedOutput(); err != nil {
+			plainErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if plainErr != nil {
+		t.Fatalf("cannot build the gateway binary: %v", plainErr)
+	}
+	return plainPath
+}
+
+// gatewayBinary builds the binary on first use, with the race detector: the
+// scenarios that need a process boundary (kill, signal, restart, crash,
+// several instances) run the server under -race too, and a race it
+// reports fails the test that ran it (raceReport).
 func gatewayBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -55,7 +87,7 @@ func gatewayBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "gateway")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		cmd := exec.Command("go", "build", "-race", "-o", binPath, ".")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
@@ -68,15 +100,29 @@ func gatewayBinary(t *testing.T) string {
 }
 
 // childEnv is the test's environment without any GATEWAY_* variable, so the
-// flags the tests pass are what the binary uses; extra is appended.
+// flags the tests pass are what the binary uses; extra is appended. The
+// race detector reports every race and goes on (the test fails on the
+// report, see raceReport; the process then exits 66, not 0).
 func childEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GATEWAY_") {
+		if !strings.HasPrefix(kv, "GATEWAY_") && !strings.HasPrefix(kv, "GORACE=") {
 			env = append(env, kv)
 		}
 	}
-	return append(env, extra...)
+	return append(append(env, "GORACE=halt_on_error=0"), extra...)
+}
+
+// raceMark starts a race detector report on the binary's stderr.
+const raceMark = "WARNING: DATA RACE"
+
+// noRace fails the test when a process's stderr holds a race detector
+// report.
+func noRace(t *testing.T, what, stderr string) {
+	t.Helper()
+	if i := strings.Index(stderr, raceMark); i >= 0 {
+		t.Errorf("%s reported a data race:\n%s", what, stderr[i:])
+	}
 }
 
 // ---------------------------------------------------------------------------
@@ -90,9 +136,10 @@ type server struct {
 	cmd  *exec.Cmd
 	base string
 
-	mu   sync.Mutex
-	logs []string       // the last lines of stderr, for failure reports
-	msgs map[string]int // msg="…" of every stderr line -> how many lines said it
+	mu    sync.Mutex
+	logs  []string       // the last lines of stderr, for failure reports
+	msgs  map[string]int // msg="…" of every stderr line -> how many lines said it
+	races []string       // the lines of every race detector report, whole
 
 	exited  chan struct{} // closed once the process was waited for
 	waitErr error
@@ -119,7 +166,18 @@ func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
 // (NAME=value) for the binary.
 func startServerEnv(t *testing.T, env []string, db, pace string, flags ...string) *server {
 	t.Helper()
-	bin := gatewayBinary(t)
+	return startBinary(t, gatewayBinary(t), env, db, pace, flags...)
+}
+
+// startServerPlain is startServerWith on the binary built without the race
+// detector (plainBinary says when).
+func startServerPlain(t *testing.T, db, pace string, flags ...string) *server {
+	t.Helper()
+	return startBinary(t, plainBinary(t), nil, db, pace, flags...)
+}
+
+func startBinary(t *testing.T, bin string, env []string, db, pace string, flags ...string) *server {
+	t.Helper()
 	s := &server{t: t, db: db, exited: make(chan struct{}), msgs: map[string]int{}}
 	s.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace}, flags...)...)
 	s.cmd.Env = childEnv(env...)
@@ -137,9 +195,18 @@ func startServerEnv(t *testing.T, env []string, db, pace string, flags ...string
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		sent := false
+		inRace := false
 		for sc.Scan() {
 			line := sc.Text()
 			s.mu.Lock()
+			switch {
+			case strings.Contains(line, raceMark):
+				inRace = true
+				s.races = append(s.races, line)
+			case inRace:
+				s.races = append(s.races, line)
+				inRace = !strings.HasPrefix(line, "==================") // the report's end
+			}
 			s.logs = append(s.logs, line)
 			if len(s.logs) > keepLogLines {
 				s.logs = s.logs[len(s.logs)-keepLogLines:]
@@ -161,6 +228,12 @@ func startServerEnv(t *testing.T, env []string, db, pace string, flags ...string
 	}()
 	t.Cleanup(func() {
 		s.kill()
+		s.mu.Lock()
+		races := strings.Join(s.races, "\n")
+		s.mu.Unlock()
+		if races != "" {
+			t.Errorf("the gateway (db %s) reported a data race:\n%s", db, races)
+		}
 		if t.Failed() {
 			t.Logf("server stderr (db %s), last lines:\n%s", db, s.stderr())
 		}
@@ -698,6 +771,7 @@ func runCLIWith(t *testing.T, env []string, input string, args ...string) (code 
 	if ctx.Err() != nil {
 		t.Fatalf("gateway %s did not exit within 30s (stdout %q, stderr %q)", strings.Join(args, " "), out.String(), errb.String())
 	}
+	noRace(t, "gateway "+strings.Join(args, " "), errb.String())
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("gateway %s: %v", strings.Join(args, " "), err)
