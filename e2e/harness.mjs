@@ -309,3 +309,24 @@ export async function expectCancelSettled(page, { live = true } = {}) {
     "the intent is dropped once the server answered",
   );
 }
+
+// apiExchange sends text to the thread over the HTTP API, as a program or
+// another tab would, and waits until its reply ended (completed); it
+// answers the run. A quick way to build a long history before a page
+// opens it.
+export async function apiExchange(server, threadID, text) {
+  const snap = await server.api(`/api/threads/${threadID}`);
+  const run = await server.api(`/api/threads/${threadID}/runs`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ expected_state_version: snap.state_version, user_message: text }),
+  });
+  return eventually(
+    async () => {
+      const r = await server.api(`/api/runs/${run.run_id}`);
+      assert.equal(r.status, "completed", `run ${run.run_id}`);
+      return r;
+    },
+    { timeout: 30000, interval: 25 },
+  );
+}
