@@ -550,11 +550,16 @@ export class ThreadView {
   private async submit(): Promise<void> {
     const text = this.input.value.trim();
     if (text && this.run) {
-      this.show("Wait for the reply to finish, or press Esc to cancel it: your text stays here.", { tone: "info" });
+      this.show("Wait for the reply to finish, or cancel it (Cancel or Esc): your text stays here.", { tone: "info" });
       this.noticeBusy = true;
       return;
     }
-    if (!text || !this.subscribed) return;
+    if (!text) return;
+    if (!this.subscribed) {
+      // Not silently nothing: the text stays, and the page says why.
+      this.show("Not connected, so nothing was sent: your text stays here. Send it once the page says Live again.", { tone: "info", offline: true });
+      return;
+    }
     const cmd: Record<string, unknown> = {
       type: "run.start",
       thread_id: this.threadID,
@@ -711,7 +716,8 @@ export class ThreadView {
   // info is an outcome to know, error something that went wrong; offline
   // marks what the lost connection caused, cleared once it is back.
   private show(text: string, { tone = "error", offline = false }: { tone?: "error" | "info"; offline?: boolean } = {}): void {
-    this.notice.textContent = text;
+    // A sentence, also when it is an error's message ("not connected: …").
+    this.notice.textContent = text.charAt(0).toUpperCase() + text.slice(1);
     this.notice.dataset.tone = tone;
     this.notice.hidden = text === "";
     this.noticeOffline = offline && text !== "";
@@ -728,7 +734,9 @@ export class ThreadView {
     this.renderLive();
     this.renderOperations();
     if (atBottom) scrollToLatest();
-    if (this.noticeBusy && !this.run) {
+    // "Wait … or cancel it" holds while the reply streams and
+    // this tab has not asked to cancel it.
+    if (this.noticeBusy && (!this.run || !this.canCancel())) {
       this.noticeBusy = false;
       if (this.notice.dataset.tone === "info") this.show("");
     }
