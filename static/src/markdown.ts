@@ -135,7 +135,9 @@ function codeBlock(pre: HTMLPreElement): void {
   const label = document.createElement("span");
   label.className = "code-lang";
   label.textContent = lang || "text";
-  head.append(label, copyButton("Copy code", () => code?.textContent ?? ""));
+  // The code as written, without the line end that closes the fence: pasted
+  // into a terminal, a trailing newline would run the last command.
+  head.append(label, copyButton("Copy code", () => (code?.textContent ?? "").replace(/\n$/, "")));
   if (code && lang && hljs.getLanguage(lang)) {
     // highlight.js escapes the code and adds spans; only those spans pass.
     const html = hljs.highlight(code.textContent ?? "", { language: lang, ignoreIllegals: true }).value;
