@@ -4,7 +4,7 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
-import { receiptLine, stepLine, type Line, type OpNow } from "./outcome";
+import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, renderMarkdown } from "./markdown";
 import {
   CommandError,
@@ -1059,21 +1059,7 @@ export class ThreadView {
     list.dataset.ops = want;
     const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
     this.opsPanel.hidden = ops.length === 0;
-    list.replaceChildren(
-      ...ops.map((op) =>
-        el(
-          "li",
-          { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase },
-          el("strong", {}, op.tool),
-          ` · ${op.contract} · phase `,
-          el("span", { class: "phase", "data-testid": "operation-phase" }, op.phase),
-          op.outcome ? ` · outcome ${op.outcome}` : "",
-          op.idempotency_key ? el("div", { class: "key" }, `key ${op.idempotency_key}`) : "",
-          op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
-          el("div", { class: "hint" }, `started ${new Date(op.created_at).toLocaleTimeString()} · updated ${new Date(op.updated_at).toLocaleTimeString()}`),
-        ),
-      ),
-    );
+    list.replaceChildren(...ops.map((op) => operationItem(op)));
   }
 
   private receiptCard(r: Receipt): HTMLElement {
@@ -1195,6 +1181,51 @@ function opView(op: Operation, outcome = ""): OpNow {
     reconcile_next_at: op.reconcile_next_at,
     reconcile_until: op.reconcile_until,
   };
+}
+
+// operationItem is one tool call of the operation log, in words: what it
+// is and what became of it. The protocol's words (contract, phase,
+// outcome), the idempotency key and the operation's id stay under Details,
+// for audit.
+function operationItem(op: Operation): HTMLLIElement {
+  const line = logLine(op);
+  const code = (t: string, testid: string) => el("code", { class: "op-key", "data-testid": testid }, t);
+  const at = (t: string) => new Date(t).toLocaleTimeString();
+  const facts: [string, Node | string][] = [
+    ["Tool", op.tool],
+    ["Contract", contractWords(op.contract)],
+    ["Phase", op.phase],
+    ["Outcome", op.outcome ?? "none yet"],
+  ];
+  if (op.idempotency_key) facts.push(["Idempotency key", code(op.idempotency_key, "operation-key")]);
+  facts.push(["Operation", code(op.operation_id, "operation-id")]);
+  return el(
+    "li",
+    { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase, "data-state": line.state },
+    el("strong", { class: "op-what", "data-testid": "operation-what" }, line.what),
+    el("div", { class: "op-status", "data-testid": "operation-words" }, line.status),
+    op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
+    el("div", { class: "hint" }, op.updated_at === op.created_at ? `Started ${at(op.created_at)}` : `Started ${at(op.created_at)} · last change ${at(op.updated_at)}`),
+    el(
+      "details",
+      { class: "op-details", "data-testid": "operation-details" },
+      el("summary", {}, "Details"),
+      el("dl", {}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
+    ),
+  );
+}
+
+// contractWords says what a tool's contract promises.
+function contractWords(contract: string): string {
+  switch (contract) {
+    case "consequential":
+      return "consequential: carried out only after you confirm, and at most once";
+    case "idempotent":
+      return "idempotent: safe to repeat; a cancel keeps its result";
+    case "cancellable":
+      return "cancellable: stopped by a cancel, run again if you continue";
+  }
+  return contract;
 }
 
 // reconcileNote says, in the operation log, how an unknown outcome is
