@@ -50,6 +50,10 @@ test("no serious or critical axe violation on any page state", async () => {
   await send(page, "Show me markdown about goroutines");
   await runStatus(page, "idle", 20000);
   found.push(...(await audit(page, "Markdown reply")));
+  await send(page, "Order 2 red mugs and 3 blue plates");
+  await page.getByTestId("order").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle", 20000);
+  found.push(...(await audit(page, "order card")));
 
   await send(page, "Repeat after me: " + "a long reply that keeps streaming ".repeat(80));
   await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();

@@ -63,8 +63,26 @@ test("first paint and live client agree on every kind of message", async () => {
   await agree("a Markdown reply");
   await exchange(page, "Order 2 red mugs and 3 blue plates", 2);
   await agree("a card");
+  // The card reads as an order: its items with quantity, unit price and
+  // amount, and the total; the JSON as written under Details.
+  const card = page.locator("[data-testid=messages] > [data-testid=message][data-kind=card]");
+  const doc = JSON.parse((await server.api(`/api/threads/${new URL(url).pathname.split("/").pop()}`)).messages.find((m) => m.kind === "card").content);
+  assert.equal(doc.type, "order");
+  assert.deepEqual(
+    await card.getByTestId("order-item").evaluateAll((trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent))),
+    doc.items.map((i) => [i.name, String(i.quantity), i.price.toFixed(2), ((Math.round(i.price * 100) * i.quantity) / 100).toFixed(2)]),
+  );
+  assert.deepEqual(doc.items.map((i) => [i.name, i.quantity]), [["red mugs", 2], ["blue plates", 3]]);
+  assert.equal(await card.getByTestId("order-total").textContent(), `Total${doc.total.toFixed(2)} EUR`);
+  assert.equal(await card.getByTestId("order").locator("thead th").allTextContents().then((t) => t.join("|")), "Item|Quantity|Unit price (EUR)|Amount (EUR)");
+  assert.ok(!(await card.locator("details.card-json").evaluate((d) => d.open)), "the JSON is folded away");
+  assert.deepEqual(JSON.parse(await card.locator("details.card-json pre").textContent()), doc);
   await exchange(page, "Search the catalog for a trekking backpack", 4); // request, call text, tool result, answer
   await agree("a search's tool step");
+  const search = page.locator("[data-testid=messages] > [data-testid=message][data-role=tool]").getByTestId("tool-step");
+  assert.equal(await search.locator(".tool-title").textContent(), "Catalog search", "the step says what it did in words");
+  assert.deepEqual(await search.locator(".tool-args dt").allTextContents(), ["Query"]);
+  assert.equal(await search.getByTestId("tool-arg-query").textContent(), "trekking backpack");
   await send(page, "Please send an email to anna@example.com about the spring order");
   await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
   await page.getByTestId("confirm-op").click();
@@ -134,11 +152,16 @@ test("first paint and live client agree on every kind of message", async () => {
     email: ["[data-role=tool]", 1],
     fragment: ["[data-kind=fragment]", 0],
   };
-  for (const [w, h] of [[1280, 820], [390, 844]]) {
+  // Every kind fits a phone: nothing makes the page wider than the window.
+  for (const [w, h] of [[1280, 820], [390, 844], [360, 740]]) {
     for (const scheme of ["light", "dark"]) {
       for (const [p, name] of [[page, "live"], [fresh, "fresh"]]) {
         await p.setViewportSize({ width: w, height: h });
         await p.emulateMedia({ colorScheme: scheme });
+        const f = await p.evaluate(() => ({ sw: document.documentElement.scrollWidth, iw: window.innerWidth }));
+        assert.ok(f.sw <= f.iw, `${name} at ${w} px: the page is ${f.sw} px wide`);
+        const order = await p.locator("[data-kind=card] .table-scroll").evaluate((e) => [e.scrollWidth, e.clientWidth]);
+        assert.ok(order[0] <= order[1], `${name} at ${w} px: the order is read without scrolling it sideways (${order})`);
         for (const [kind, [sel, n]] of Object.entries(at)) {
           const target = p.locator(`[data-testid=messages] > [data-testid=message]${sel}`).nth(n);
           await target.evaluate((e) => {

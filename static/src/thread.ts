@@ -6,6 +6,7 @@ import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, renderMarkdown } from "./markdown";
+import { renderCard } from "./card";
 import {
   CommandError,
   type Checkpoint,
@@ -877,7 +878,7 @@ export class ThreadView {
         li.append(el("p", { class: "tool-status", "data-testid": "tool-status", "data-operation-id": operationID, role: "status", hidden: "" }));
       }
     } else if (m.kind === "card") {
-      li.append(el("pre", { class: "body card", "data-testid": "message-body" }, m.content));
+      li.append(renderCard(m.content));
     } else if (m.role === "assistant") {
       // Replies and fragments are Markdown; the user's own text is shown
       // as typed.
@@ -1267,9 +1268,9 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     parts.push(el("dl", { class: "tool-args" }, ...rows));
     if ("body" in args) parts.push(el("div", { class: "email-body", "data-testid": "tool-arg-body" }, text(args.body)));
   } else {
-    parts.push(el("strong", { class: "tool-title" }, tool));
+    parts.push(el("strong", { class: "tool-title" }, tool === "catalog_search" ? "Catalog search" : tool));
     const rows: Node[] = [];
-    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
+    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k.charAt(0).toUpperCase() + k.slice(1).replace(/_/g, " ")), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
     if (rows.length) parts.push(el("dl", { class: "tool-args" }, ...rows));
   }
   const node = el(
