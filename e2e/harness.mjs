@@ -247,6 +247,17 @@ export async function interceptSocket(page) {
 // keeps what the viewport shows, with sticky parts where the user sees them.
 export async function shot(page, name, { fullPage = true } = {}) {
   mkdirSync(artifacts, { recursive: true });
+  // Made narrow, a conversation's page slides its list away (0.18 s): the
+  // picture waits for that, unless the drawer was opened on purpose. (A
+  // picture only: it is taken anyway after 2 s.)
+  await page
+    .waitForFunction(() => {
+      const app = document.querySelector(".app.in-thread");
+      const list = document.getElementById("sidebar");
+      if (!app || !list || window.innerWidth > 720 || app.classList.contains("drawer-open")) return true;
+      return getComputedStyle(list).visibility === "hidden";
+    }, null, { timeout: 2000 })
+    .catch(() => {});
   await page.screenshot({ path: join(artifacts, name + ".png"), fullPage });
 }
 
