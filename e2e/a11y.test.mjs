@@ -79,6 +79,10 @@ test("no serious or critical axe violation on any page state", async () => {
   await page.getByTestId("confirm-op").click();
   await runStatus(page, "idle", 20000);
   found.push(...(await audit(page, "tool step done")));
+  await page.getByTestId("operations").locator(":scope > summary").click();
+  await page.getByTestId("operations").getByTestId("operation-details").locator("summary").click();
+  await page.getByTestId("operation-key").last().waitFor();
+  found.push(...(await audit(page, "operation log open")));
 
   await page.setViewportSize({ width: 390, height: 844 });
   await page.getByTestId("drawer-toggle").click();

@@ -8,7 +8,7 @@ import { startServer, launch, newPage, shot, send, runStatus, messageTexts, inte
 
 let server, browser;
 before(async () => {
-  server = await startServer({ pace: "2ms" });
+  server = await startServer({ pace: "2ms", args: ["-search-latency", "50ms"] });
   browser = await launch();
 });
 after(async () => {
@@ -54,9 +54,24 @@ async function shots(page, name, scroll) {
 test("a 40-exchange conversation opens at its latest message; a stale tab's banner and the checkpoints timeline are in view and fit at 1280, 390 and 360 px", async () => {
   const created = await server.api("/api/threads", { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
   const threadID = created.thread_id;
+  // Mostly plain questions; every few a Markdown reply, an order card or a
+  // catalog search (a tool step, and an entry in the operation log); the
+  // last reply is Markdown, which the page renders after its first paint.
   for (let i = 0; i < 40; i++) {
-    await apiExchange(server, threadID, `Question ${i + 1}: how do I look after ${plants[i % plants.length]} in a small garden through the year?`);
+    const plant = plants[i % plants.length];
+    const text =
+      i === 39 || i % 8 === 3
+        ? `Question ${i + 1}: show me markdown about ${plant}`
+        : i % 8 === 5
+          ? `Order ${(i % 3) + 1} packs of ${plant} seeds`
+          : i % 8 === 7
+            ? `Search the catalog for ${plant} seeds`
+            : `Question ${i + 1}: how do I look after ${plant} in a small garden through the year?`;
+    await apiExchange(server, threadID, text);
   }
+  const history = (await server.api(`/api/threads/${threadID}`)).messages;
+  const searches = history.filter((m) => m.role === "tool").length;
+  assert.equal(searches, 4);
   const url = `${server.url}/t/${threadID}`;
   let exchanges = 40;
 
@@ -67,9 +82,13 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     const socketB = await interceptSocket(b);
     await b.goto(url);
     await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
-    assert.equal((await messageTexts(b)).length, 2 * exchanges);
+    assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches);
     assert.ok(await b.evaluate(() => document.documentElement.scrollHeight > 10 * window.innerHeight), "long enough to need a lot of scrolling");
 
+    // The operation log (four searches), read after the first paint, is
+    // there, folded under its count.
+    await b.getByTestId("operations-count").filter({ hasText: "4 calls" }).waitFor();
+    assert.equal(await b.getByTestId("operations").evaluate((d) => d.open), false);
     // It opens at the latest message: the page is scrolled to the end and
     // the last reply ends in view, above the composer.
     const last = b.locator("[data-testid=messages] > [data-testid=message]").last();
@@ -92,10 +111,10 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     await a.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
     socketB.mode = "stale";
     await send(a, `Short question from the other tab at ${w} px?`);
-    await eventually(async () => assert.equal((await messageTexts(a)).length, 2 * exchanges + 2), { timeout: 20000 });
+    await eventually(async () => assert.equal((await messageTexts(a)).length, 2 * exchanges + 2 * searches + 2), { timeout: 20000 });
     await runStatus(a, "idle");
     exchanges++;
-    assert.equal((await messageTexts(b)).length, 2 * exchanges - 2, "the stale tab still shows the old history");
+    assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches - 2, "the stale tab still shows the old history");
     const mine = `My own question at ${w} px?`;
     await send(b, mine);
     const banner = b.getByTestId("conflict-banner");
@@ -113,7 +132,7 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     socketB.mode = "pass";
     await b.getByTestId("conflict-reload").click();
     await banner.waitFor({ state: "hidden" });
-    await eventually(async () => assert.equal((await messageTexts(b)).length, 2 * exchanges));
+    await eventually(async () => assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches));
 
     // The checkpoints timeline: opened in view with the focus on it, every
     // entry within the panel, the page no wider than the window.
@@ -121,7 +140,7 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     const toggle = b.getByTestId("tree-toggle");
     await toggle.click();
     await eventually(async () => assert.equal(await b.getByTestId("tree-node").count(), checkpoints.length));
-    assert.ok(checkpoints.length >= 2 * exchanges + 1);
+    assert.ok(checkpoints.length >= 2 * exchanges + 2 * searches + 1);
     assert.equal(await b.evaluate(() => document.activeElement?.closest("[data-testid=tree]") !== null && document.activeElement?.textContent), "Checkpoints", "the focus is on the timeline's heading");
     const tree = b.getByTestId("tree");
     await eventually(async () => {

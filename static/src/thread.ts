@@ -1059,7 +1059,11 @@ export class ThreadView {
     if (list.dataset.ops === want) return;
     list.dataset.ops = want;
     const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
+    // The log is folded (its summary says how many calls): open, a long
+    // one would stand between the latest message and the composer, where
+    // a conversation opens.
     this.opsPanel.hidden = ops.length === 0;
+    $(this.opsPanel, "[data-testid=operations-count]").textContent = ops.length === 1 ? "1 call" : `${ops.length} calls`;
     list.replaceChildren(...ops.map((op) => operationItem(op)));
   }
 
