@@ -141,6 +141,13 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     await toggle.click();
     await eventually(async () => assert.equal(await b.getByTestId("tree-node").count(), checkpoints.length));
     assert.ok(checkpoints.length >= 2 * exchanges + 2 * searches + 1);
+    // Each point reads as text: a reply without its Markdown, a card and a
+    // tool step in words, never their source.
+    const whats = await b.getByTestId("tree-what").allTextContents();
+    assert.deepEqual(whats.filter((t) => /\*\*|##|\{"|```|`/.test(t)), [], "no Markdown or JSON source in the timeline");
+    assert.ok(whats.some((t) => /^Reply: Question[^*#]*, in short Here is a structured answer about Question/.test(t)), `a Markdown reply as text: ${whats.filter((t) => /in short/.test(t))}`);
+    assert.ok(whats.some((t) => /^Reply: Order: \d × [a-z ]+ seeds; \d+\.\d\d EUR$/.test(t)), "an order card in words");
+    assert.ok(whats.some((t) => /^Tool result: Catalog search for “[a-z ]+ seeds”$/.test(t)), "a tool step in words");
     assert.equal(await b.evaluate(() => document.activeElement?.closest("[data-testid=tree]") !== null && document.activeElement?.textContent), "Checkpoints", "the focus is on the timeline's heading");
     const tree = b.getByTestId("tree");
     await eventually(async () => {

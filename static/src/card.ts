@@ -78,6 +78,23 @@ export function renderCard(content: string): HTMLElement {
   return body;
 }
 
+// cardText is a card on one line, for lists and excerpts: an order's items
+// and total ("Order: 2 × red mugs, 3 × blue plates; 211.95 EUR"), another
+// document as compact JSON.
+export function cardText(content: string): string {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(content);
+  } catch {
+    return content;
+  }
+  const items = orderItems(doc);
+  if (!items) return JSON.stringify(doc);
+  const d = doc as { currency?: unknown; total?: unknown };
+  const total = typeof d.total === "number" ? `; ${d.total.toFixed(2)}${typeof d.currency === "string" ? ` ${d.currency}` : ""}` : "";
+  return `Order: ${items.map((i) => `${i.quantity} × ${i.name}`).join(", ")}${total}`;
+}
+
 // orderItems is the items of an order card, or null when doc is not one.
 function orderItems(doc: unknown): OrderItem[] | null {
   if (!doc || typeof doc !== "object" || Array.isArray(doc)) return null;

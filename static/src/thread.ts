@@ -5,8 +5,8 @@
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
-import { LiveMarkdown, copyButton, renderMarkdown } from "./markdown";
-import { renderCard } from "./card";
+import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
+import { cardText, renderCard } from "./card";
 import {
   CommandError,
   type Checkpoint,
@@ -103,6 +103,7 @@ export class ThreadView {
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
   private operations = new Map<string, Operation>();
+  private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
   private following = false; // reading snapshots over HTTP while the socket is down
   private noticeOffline = false; // the notice is about the lost connection
@@ -1068,13 +1069,13 @@ export class ThreadView {
   }
 
   private receiptCard(r: Receipt): HTMLElement {
-    const excerpt = (t: string): string => `“${t.length > 140 ? t.slice(0, 140) + "…" : t}”`;
+    const excerpt = (m: Message): string => `“${snippet(this.plain(m), 140)}”`;
     const kept =
       r.kept === null
         ? "nothing: the conversation was empty"
         : r.kept.role === "user"
-          ? `everything up to your request ${excerpt(r.kept.content)}`
-          : `everything up to the reply ${excerpt(r.kept.content)}`;
+          ? `everything up to your request ${excerpt(r.kept)}`
+          : `everything up to the reply ${excerpt(r.kept)}`;
     const ops =
       r.operations.length === 0
         ? el("li", {}, "No side effects: no tool had started.")
@@ -1115,6 +1116,18 @@ export class ThreadView {
     );
   }
 
+  // plain is a message as a reader sees it, as text: a reply without its
+  // Markdown, a card and a tool step in words (kept per message: they do
+  // not change).
+  private plain(m: Message): string {
+    let t = this.plainText.get(m.message_id);
+    if (t === undefined) {
+      t = m.role === "tool" ? toolText(m.content) : m.kind === "card" ? cardText(m.content) : m.role === "assistant" ? markdownText(m.content) : m.content;
+      this.plainText.set(m.message_id, t);
+    }
+    return t;
+  }
+
   // renderTree shows the checkpoints as a flat timeline, oldest first: when
   // each point was saved, the message it ends with, and whether it is the
   // current point, on the current branch or on another one. (Nesting by
@@ -1136,7 +1149,7 @@ export class ThreadView {
           c.message_ids.length === 0
             ? "The start: no messages yet"
             : last
-              ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(last.content)}`
+              ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(this.plain(last))}`
               : `${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}`;
         const tags = [head ? "current" : onBranch.has(c.checkpoint_id) ? "" : "another branch", head && c.pending && c.pending.step === "generate" && c.message_ids.length ? "reply not finished" : ""].filter(Boolean);
         const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
@@ -1284,6 +1297,20 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     el("details", { class: "tool-result" }, el("summary", {}, "Details"), el("pre", { class: "body card", "data-testid": "message-body" }, pretty)),
   );
   return { node, operationID };
+}
+
+// toolText is a tool step on one line: what was asked of which tool.
+function toolText(content: string): string {
+  try {
+    const rec = JSON.parse(content) as { tool?: string; arguments?: Record<string, unknown> };
+    const args = rec.arguments && typeof rec.arguments === "object" ? rec.arguments : {};
+    if (rec.tool === "send_email") return typeof args.to === "string" ? `Email to ${args.to}` : "Email";
+    if (rec.tool === "catalog_search" && typeof args.query === "string") return `Catalog search for “${args.query}”`;
+    if (rec.tool) return rec.tool;
+  } catch {
+    // not JSON: as it is
+  }
+  return content;
 }
 
 // callingLabel says what a tool call in progress is doing, in words.
