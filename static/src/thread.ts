@@ -235,10 +235,19 @@ export class ThreadView {
     }
     const ar = s.active_run;
     this.run = ar ? { id: ar.run_id, status: ar.status } : null;
+    // The reply this tab showed was interrupted if the run now streams
+    // another message and the one shown was never published (a restart
+    // while this tab was away: the snapshot alone does not say so). Until
+    // the run streams again, what was shown stays, as after events.
+    const prev = this.streamed;
+    const same = !!ar && !!prev && prev.runID === ar.run_id && !this.messages.some((m) => m.message_id === prev.messageID);
+    const restarted = same && !!prev && (prev.messageID !== ar?.message_id || prev.restarted === true);
     this.streamed =
-      s.active_run && s.active_run.message_id
-        ? { runID: s.active_run.run_id, messageID: s.active_run.message_id, text: s.active_run.partial_text, lastSeq: s.active_run.last_seq, saved: false }
-        : null;
+      ar && ar.message_id
+        ? { runID: ar.run_id, messageID: ar.message_id, text: ar.partial_text, lastSeq: ar.last_seq, saved: false, restarted }
+        : same
+          ? prev
+          : null;
     this.render();
   }
 
