@@ -247,6 +247,17 @@ export async function interceptSocket(page) {
 // keeps what the viewport shows, with sticky parts where the user sees them.
 export async function shot(page, name, { fullPage = true } = {}) {
   mkdirSync(artifacts, { recursive: true });
+  // Made narrow, a conversation's page slides its list away (0.18 s): the
+  // picture waits for that, unless the drawer was opened on purpose. (A
+  // picture only: it is taken anyway after 2 s.)
+  await page
+    .waitForFunction(() => {
+      const app = document.querySelector(".app.in-thread");
+      const list = document.getElementById("sidebar");
+      if (!app || !list || window.innerWidth > 720 || app.classList.contains("drawer-open")) return true;
+      return getComputedStyle(list).visibility === "hidden";
+    }, null, { timeout: 2000 })
+    .catch(() => {});
   await page.screenshot({ path: join(artifacts, name + ".png"), fullPage });
 }
 
@@ -307,5 +318,26 @@ export async function expectCancelSettled(page, { live = true } = {}) {
     (await page.evaluate(() => Object.keys(sessionStorage))).filter((k) => k.startsWith("gateway.cancel.")),
     [],
     "the intent is dropped once the server answered",
+  );
+}
+
+// apiExchange sends text to the thread over the HTTP API, as a program or
+// another tab would, and waits until its reply ended (completed); it
+// answers the run. A quick way to build a long history before a page
+// opens it.
+export async function apiExchange(server, threadID, text) {
+  const snap = await server.api(`/api/threads/${threadID}`);
+  const run = await server.api(`/api/threads/${threadID}/runs`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ expected_state_version: snap.state_version, user_message: text }),
+  });
+  return eventually(
+    async () => {
+      const r = await server.api(`/api/runs/${run.run_id}`);
+      assert.equal(r.status, "completed", `run ${run.run_id}`);
+      return r;
+    },
+    { timeout: 30000, interval: 25 },
   );
 }

@@ -169,3 +169,59 @@ test("a long Markdown conversation: screenshots at 1280 and 390 px, light and da
   }
   assert.deepEqual(errors, []);
 });
+
+test("Copy puts exactly the right text on the clipboard: a reply's Markdown source, each code block's code", async () => {
+  const context = await browser.newContext();
+  await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: server.url });
+  const errors = [];
+  const page = await newPage(context, errors);
+  const url = await newThread(page, server.url);
+  const bash = 'rm -rf ./build && go build -o bin/gateway . # <not> "html" & \'quotes\'\necho "done"';
+  const python = 'def f(x):\n\tif x < 1 and x > -1:\n\t\treturn "ünïcødé ✓"\n\treturn  x  # two spaces kept';
+  const plain = "   indented first line\nlast line";
+  const source = [
+    "Two blocks *and* a plain one:",
+    "```bash\n" + bash + "\n```",
+    "Then some `inline code` and a [link](https://example.com/).",
+    "```python\n" + python + "\n```",
+    "```\n" + plain + "\n```",
+    "The end.",
+  ].join("\n\n");
+  await reply(page, "Repeat after me:\n" + source);
+  const threadID = new URL(url).pathname.split("/").pop();
+  const stored = (await server.api(`/api/threads/${threadID}`)).messages.at(-1);
+  assert.equal(stored.content, source, "the demo repeated the text as given");
+
+  const clipboard = () => page.evaluate(() => navigator.clipboard.readText());
+  // Each press overwrites what is there: clear it first, so a press that
+  // copied nothing cannot pass on what the one before it copied.
+  const press = async (button) => {
+    await page.evaluate(() => navigator.clipboard.writeText("(nothing copied)"));
+    await button.click();
+    await eventually(async () => assert.equal(await button.getAttribute("data-copied"), "true"));
+    return clipboard();
+  };
+  const check = async (where) => {
+    const m = lastReply(page);
+    const blocks = m.locator(".code-block [data-testid=copy]");
+    assert.equal(await blocks.count(), 3);
+    assert.equal(await press(blocks.nth(0)), bash, `${where}: the bash block, no trailing newline (pasted in a terminal, it would run)`);
+    assert.equal(await press(blocks.nth(1)), python, `${where}: the python block, tabs and spaces as written`);
+    assert.equal(await press(blocks.nth(2)), plain, `${where}: the plain block`);
+    assert.equal(await press(m.locator(".msg-actions [data-testid=copy]")), source, `${where}: the reply's Markdown source`);
+  };
+  await check("live");
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await check("after a reload");
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      await lastReply(page).locator(".code-block").first().scrollIntoViewIfNeeded();
+      await shot(page, `markdown-copy-${w}-${scheme}`, { fullPage: false });
+    }
+  }
+  assert.deepEqual(errors, []);
+  await context.close();
+});

@@ -41,7 +41,7 @@ async function askAndConfirm(page, srv, to) {
   await send(page, `Please send an email to ${to} about the spring order`);
   await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
   await page.getByTestId("confirm-op").click();
-  await page.locator("[data-testid=operation][data-phase=unknown]").waitFor({ timeout: 10000 });
+  await page.locator("[data-testid=operation][data-phase=unknown]").waitFor({ state: "attached", timeout: 10000 });
   const threadID = threadOf(url);
   const { operations } = await srv.api(`/api/threads/${threadID}/operations`);
   assert.equal(operations.length, 1);
@@ -177,7 +177,7 @@ test("past the horizon the receipt says the provider never confirmed, and which 
     assert.equal(operations[0].phase, "unknown");
     assert.equal(operations[0].reconcile_next_at, undefined);
     assert.ok(operations[0].reconcile_until);
-    await page.getByTestId("operation-reconcile").filter({ hasText: "stopped looking the key up" }).waitFor();
+    await page.getByTestId("operation-reconcile").filter({ hasText: "stopped looking the key up" }).waitFor({ state: "attached" }); // in the folded log
     await shot(page, "receipt-unknown-given-up");
     await page.reload();
     await page.locator("[data-testid=receipt-operation][data-state=unknown_given_up]").waitFor();

@@ -90,6 +90,47 @@ test("crash mid-reply (SIGKILL) and restart: the run is recovered and completes"
   await restartMidRun("SIGKILL", "Short: knitting patterns for scarves?");
 });
 
+// In the crash test above the page may be back before the retried attempt
+// streams (it then sees the new message's deltas after the old one's) or
+// after it (then only a snapshot tells it; that test failed 3 runs in 4
+// before the page kept what it had shown across a snapshot). Here the page is kept away until the attempt streams, so
+// it learns of it from the snapshot it resyncs from: the page must still
+// say the reply starts over, not pass the new attempt off as the reply it
+// was showing.
+test("crash, and the page is back only once the retried attempt streams: it still says the reply starts over", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  const socket = await interceptSocket(page);
+  const { threadID } = await longReply(page, server);
+  const first = (await server.api(`/api/threads/${threadID}`)).active_run;
+  assert.ok(first.message_id);
+  await socket.block();
+  await page.locator("[data-testid=conn-status][data-state=reconnecting]").waitFor();
+  await server.stop("SIGKILL");
+  await server.start(server.addr);
+  await eventually(
+    async () => {
+      const ar = (await server.api(`/api/threads/${threadID}`)).active_run;
+      assert.ok(ar && ar.message_id && ar.message_id !== first.message_id && ar.partial_text, "the retried attempt streams another message");
+    },
+    { timeout: 20000 },
+  );
+  const back = socket.connections;
+  socket.unblock();
+  await page.locator("[data-testid=conn-status][data-state=live]").waitFor({ timeout: 15000 });
+  await page.getByTestId("run-chip").filter({ hasText: "Interrupted, starting over" }).waitFor();
+  assert.ok(
+    socket.frames.some((f) => f.conn > back && f.from === "server" && f.obj.type === "thread.snapshot"),
+    "the page resynced from a snapshot (the crash lost deltas it had not seen)",
+  );
+  assert.equal(await page.getByTestId("streaming").count(), 1, "one provisional reply, not the old one and the new one");
+  await shot(page, "restart-snapshot-starting-over", { fullPage: false });
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
+  assert.deepEqual(errors.filter((e) => !refusedReconnect.test(e)), [], "no console errors");
+  await page.close();
+});
+
 test("Cancel pressed while the server is away is kept and sent first on reconnect; the receipt is the server's", async () => {
   const errors = [];
   const page = await newPage(browser, errors);

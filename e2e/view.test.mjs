@@ -133,7 +133,7 @@ test("Enter while a reply streams says what to do and keeps the text; the note g
   await page.getByTestId("composer-input").fill("my next question");
   await page.getByTestId("composer-input").press("Enter");
   const notice = page.getByTestId("notice");
-  await notice.filter({ hasText: "Wait for the reply to finish, or press Esc to cancel it" }).waitFor();
+  await notice.filter({ hasText: "Wait for the reply to finish, or cancel it (Cancel or Esc)" }).waitFor();
   assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
   await shot(page, "view-enter-while-streaming", { fullPage: false });
   await runStatus(page, "idle", 60000);

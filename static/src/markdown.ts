@@ -107,6 +107,17 @@ export function renderMarkdown(text: string): DocumentFragment {
   return frag;
 }
 
+// markdownText is the text a reader sees of Markdown, on one line (for
+// lists and excerpts): no markup characters, no code block's header, a
+// space between blocks.
+export function markdownText(text: string): string {
+  const box = document.createElement("div");
+  box.append(renderMarkdown(text));
+  for (const head of box.querySelectorAll(".code-head")) head.remove();
+  for (const b of box.querySelectorAll("p, h1, h2, h3, h4, h5, h6, li, pre, th, td, blockquote")) b.append(" ");
+  return (box.textContent ?? "").replace(/\s+/g, " ").trim();
+}
+
 // taskItem turns a list item that starts with "[ ] " or "[x] " into a
 // disabled checkbox and the rest (GitHub task lists).
 function taskItem(li: HTMLLIElement): void {
@@ -135,7 +146,9 @@ function codeBlock(pre: HTMLPreElement): void {
   const label = document.createElement("span");
   label.className = "code-lang";
   label.textContent = lang || "text";
-  head.append(label, copyButton("Copy code", () => code?.textContent ?? ""));
+  // The code as written, without the line end that closes the fence: pasted
+  // into a terminal, a trailing newline would run the last command.
+  head.append(label, copyButton("Copy code", () => (code?.textContent ?? "").replace(/\n$/, "")));
   if (code && lang && hljs.getLanguage(lang)) {
     // highlight.js escapes the code and adds spans; only those spans pass.
     const html = hljs.highlight(code.textContent ?? "", { language: lang, ignoreIllegals: true }).value;

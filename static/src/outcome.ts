@@ -85,13 +85,15 @@ export function receiptLine(o: OpNow): Line {
     case "committed":
       return line(e.done, `${cap(e.what)} was already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`);
     case "not_started":
-      return line("not started", `Nothing was sent (${o.phase}).`);
+      return line("not started", `Nothing was sent: ${o.phase === "rejected" ? "you rejected it" : "the cancel came first"}.`);
     case "completed":
       return line("finished before the cancel", "Its result is kept, and continuing reuses it.");
     case "aborted":
       return line("stopped", "It runs again if you continue.");
+    case "failed":
+      return line("failed", o.contract === "consequential" ? `The provider refused ${e.what}.` : "It did not succeed.");
     default:
-      return line(`${o.outcome} (${o.phase})`);
+      return line(o.outcome.replace(/_/g, " "));
   }
 }
 
@@ -115,4 +117,64 @@ export function stepLine(o: OpNow): Line | null {
   if (o.outcome === "committed") return line(cap(e.done), `The provider took ${e.what}. It cannot be undone.`);
   if (o.outcome === "failed") return line(`Not ${e.done}`, `The provider refused ${e.what}.`);
   return null;
+}
+
+// LogLine is a tool call as the operation log names it: what it is ("Email
+// to ann@example.com", "Catalog search for “mugs”") and what became of it
+// ("Sent once", "Not sent: you rejected it"); state colours the status.
+export interface LogLine {
+  what: string;
+  status: string;
+  state: string;
+}
+
+// logLine says an operation of the log in words. The protocol's words
+// (contract, phase, outcome, key) stay available under its Details.
+export function logLine(op: Operation): LogLine {
+  const args = (op.args && typeof op.args === "object" ? op.args : {}) as Record<string, unknown>;
+  const preview = (op.preview && typeof op.preview === "object" ? op.preview : {}) as Record<string, unknown>;
+  const to = typeof preview.to === "string" && preview.to ? preview.to : typeof args.to === "string" ? args.to : "";
+  let what = op.tool;
+  if (op.tool === "send_email") what = to ? `Email to ${to}` : "Email";
+  else if (op.tool === "catalog_search" && typeof args.query === "string") what = `Catalog search for “${args.query}”`;
+  const now: OpNow = { ...op, outcome: op.outcome ?? "" };
+  const e = effect(now);
+  const l = (state: string, status: string): LogLine => ({ what, status, state });
+  if (op.contract === "consequential") {
+    switch (op.phase) {
+      case "prepared":
+        return l("waiting", `Waiting for your confirmation: not ${e.done} yet`);
+      case "confirmed":
+        return l("working", `Confirmed: about to be ${e.done}`);
+      case "committing":
+        return l("working", op.tool === "send_email" ? "Being handed to the provider…" : "Being carried out…");
+      case "committed":
+        return l("committed", `${cap(e.done)} once`);
+      case "rejected":
+        return l("not_started", `Not ${e.done}: you rejected it`);
+      case "voided":
+        return l("not_started", `Not ${e.done}: cancelled before it was ${e.done}`);
+      case "unknown":
+        return opState(now) === "unknown_given_up"
+          ? l("unknown_given_up", `Unknown: it may have been ${e.done}`)
+          : l("unknown_checking", `Not confirmed yet: it may have been ${e.done}`);
+      case "reconciled":
+        return op.outcome === "failed"
+          ? l("failed", `Not ${e.done}: the provider refused it`)
+          : l("committed", `${cap(e.done)} once (the provider confirmed it later)`);
+      case "failed":
+        return l("failed", `Not ${e.done}: the provider refused it`);
+    }
+  }
+  switch (op.phase) {
+    case "running":
+      return l("working", op.tool === "catalog_search" ? "Searching…" : "Running…");
+    case "completed":
+      return l("completed", "Done: its result is in the conversation");
+    case "aborted":
+      return l("aborted", "Stopped before it finished: it runs again if you continue");
+    case "failed":
+      return l("failed", "Failed");
+  }
+  return l(op.phase, cap(op.phase.replace(/_/g, " ")));
 }

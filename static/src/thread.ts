@@ -4,8 +4,9 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
-import { receiptLine, stepLine, type Line, type OpNow } from "./outcome";
-import { LiveMarkdown, copyButton, renderMarkdown } from "./markdown";
+import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
+import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
+import { cardText, renderCard } from "./card";
 import {
   CommandError,
   type Checkpoint,
@@ -102,6 +103,7 @@ export class ThreadView {
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
   private operations = new Map<string, Operation>();
+  private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
   private following = false; // reading snapshots over HTTP while the socket is down
   private noticeOffline = false; // the notice is about the lost connection
@@ -233,10 +235,19 @@ export class ThreadView {
     }
     const ar = s.active_run;
     this.run = ar ? { id: ar.run_id, status: ar.status } : null;
+    // The reply this tab showed was interrupted if the run now streams
+    // another message and the one shown was never published (a restart
+    // while this tab was away: the snapshot alone does not say so). Until
+    // the run streams again, what was shown stays, as after events.
+    const prev = this.streamed;
+    const same = !!ar && !!prev && prev.runID === ar.run_id && !this.messages.some((m) => m.message_id === prev.messageID);
+    const restarted = same && !!prev && (prev.messageID !== ar?.message_id || prev.restarted === true);
     this.streamed =
-      s.active_run && s.active_run.message_id
-        ? { runID: s.active_run.run_id, messageID: s.active_run.message_id, text: s.active_run.partial_text, lastSeq: s.active_run.last_seq, saved: false }
-        : null;
+      ar && ar.message_id
+        ? { runID: ar.run_id, messageID: ar.message_id, text: ar.partial_text, lastSeq: ar.last_seq, saved: false, restarted }
+        : same
+          ? prev
+          : null;
     this.render();
   }
 
@@ -550,11 +561,16 @@ export class ThreadView {
   private async submit(): Promise<void> {
     const text = this.input.value.trim();
     if (text && this.run) {
-      this.show("Wait for the reply to finish, or press Esc to cancel it: your text stays here.", { tone: "info" });
+      this.show("Wait for the reply to finish, or cancel it (Cancel or Esc): your text stays here.", { tone: "info" });
       this.noticeBusy = true;
       return;
     }
-    if (!text || !this.subscribed) return;
+    if (!text) return;
+    if (!this.subscribed) {
+      // Not silently nothing: the text stays, and the page says why.
+      this.show("Not connected, so nothing was sent: your text stays here. Send it once the page says Live again.", { tone: "info", offline: true });
+      return;
+    }
     const cmd: Record<string, unknown> = {
       type: "run.start",
       thread_id: this.threadID,
@@ -711,7 +727,8 @@ export class ThreadView {
   // info is an outcome to know, error something that went wrong; offline
   // marks what the lost connection caused, cleared once it is back.
   private show(text: string, { tone = "error", offline = false }: { tone?: "error" | "info"; offline?: boolean } = {}): void {
-    this.notice.textContent = text;
+    // A sentence, also when it is an error's message ("not connected: …").
+    this.notice.textContent = text.charAt(0).toUpperCase() + text.slice(1);
     this.notice.dataset.tone = tone;
     this.notice.hidden = text === "";
     this.noticeOffline = offline && text !== "";
@@ -728,7 +745,9 @@ export class ThreadView {
     this.renderLive();
     this.renderOperations();
     if (atBottom) scrollToLatest();
-    if (this.noticeBusy && !this.run) {
+    // "Wait … or cancel it" holds while the reply streams and
+    // this tab has not asked to cancel it.
+    if (this.noticeBusy && (!this.run || !this.canCancel())) {
       this.noticeBusy = false;
       if (this.notice.dataset.tone === "info") this.show("");
     }
@@ -869,7 +888,7 @@ export class ThreadView {
         li.append(el("p", { class: "tool-status", "data-testid": "tool-status", "data-operation-id": operationID, role: "status", hidden: "" }));
       }
     } else if (m.kind === "card") {
-      li.append(el("pre", { class: "body card", "data-testid": "message-body" }, m.content));
+      li.append(renderCard(m.content));
     } else if (m.role === "assistant") {
       // Replies and fragments are Markdown; the user's own text is shown
       // as typed.
@@ -1050,32 +1069,22 @@ export class ThreadView {
     if (list.dataset.ops === want) return;
     list.dataset.ops = want;
     const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
+    // The log is folded (its summary says how many calls): open, a long
+    // one would stand between the latest message and the composer, where
+    // a conversation opens.
     this.opsPanel.hidden = ops.length === 0;
-    list.replaceChildren(
-      ...ops.map((op) =>
-        el(
-          "li",
-          { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase },
-          el("strong", {}, op.tool),
-          ` · ${op.contract} · phase `,
-          el("span", { class: "phase", "data-testid": "operation-phase" }, op.phase),
-          op.outcome ? ` · outcome ${op.outcome}` : "",
-          op.idempotency_key ? el("div", { class: "key" }, `key ${op.idempotency_key}`) : "",
-          op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
-          el("div", { class: "hint" }, `started ${new Date(op.created_at).toLocaleTimeString()} · updated ${new Date(op.updated_at).toLocaleTimeString()}`),
-        ),
-      ),
-    );
+    $(this.opsPanel, "[data-testid=operations-count]").textContent = ops.length === 1 ? "1 call" : `${ops.length} calls`;
+    list.replaceChildren(...ops.map((op) => operationItem(op)));
   }
 
   private receiptCard(r: Receipt): HTMLElement {
-    const excerpt = (t: string): string => `“${t.length > 140 ? t.slice(0, 140) + "…" : t}”`;
+    const excerpt = (m: Message): string => `“${snippet(this.plain(m), 140)}”`;
     const kept =
       r.kept === null
         ? "nothing: the conversation was empty"
         : r.kept.role === "user"
-          ? `everything up to your request ${excerpt(r.kept.content)}`
-          : `everything up to the reply ${excerpt(r.kept.content)}`;
+          ? `everything up to your request ${excerpt(r.kept)}`
+          : `everything up to the reply ${excerpt(r.kept)}`;
     const ops =
       r.operations.length === 0
         ? el("li", {}, "No side effects: no tool had started.")
@@ -1116,6 +1125,18 @@ export class ThreadView {
     );
   }
 
+  // plain is a message as a reader sees it, as text: a reply without its
+  // Markdown, a card and a tool step in words (kept per message: they do
+  // not change).
+  private plain(m: Message): string {
+    let t = this.plainText.get(m.message_id);
+    if (t === undefined) {
+      t = m.role === "tool" ? toolText(m.content) : m.kind === "card" ? cardText(m.content) : m.role === "assistant" ? markdownText(m.content) : m.content;
+      this.plainText.set(m.message_id, t);
+    }
+    return t;
+  }
+
   // renderTree shows the checkpoints as a flat timeline, oldest first: when
   // each point was saved, the message it ends with, and whether it is the
   // current point, on the current branch or on another one. (Nesting by
@@ -1137,7 +1158,7 @@ export class ThreadView {
           c.message_ids.length === 0
             ? "The start: no messages yet"
             : last
-              ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(last.content)}`
+              ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(this.plain(last))}`
               : `${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}`;
         const tags = [head ? "current" : onBranch.has(c.checkpoint_id) ? "" : "another branch", head && c.pending && c.pending.step === "generate" && c.message_ids.length ? "reply not finished" : ""].filter(Boolean);
         const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
@@ -1189,6 +1210,51 @@ function opView(op: Operation, outcome = ""): OpNow {
   };
 }
 
+// operationItem is one tool call of the operation log, in words: what it
+// is and what became of it. The protocol's words (contract, phase,
+// outcome), the idempotency key and the operation's id stay under Details,
+// for audit.
+function operationItem(op: Operation): HTMLLIElement {
+  const line = logLine(op);
+  const code = (t: string, testid: string) => el("code", { class: "op-key", "data-testid": testid }, t);
+  const at = (t: string) => new Date(t).toLocaleTimeString();
+  const facts: [string, Node | string][] = [
+    ["Tool", op.tool],
+    ["Contract", contractWords(op.contract)],
+    ["Phase", op.phase],
+    ["Outcome", op.outcome ?? "none yet"],
+  ];
+  if (op.idempotency_key) facts.push(["Idempotency key", code(op.idempotency_key, "operation-key")]);
+  facts.push(["Operation", code(op.operation_id, "operation-id")]);
+  return el(
+    "li",
+    { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase, "data-state": line.state },
+    el("strong", { class: "op-what", "data-testid": "operation-what" }, line.what),
+    el("div", { class: "op-status", "data-testid": "operation-words" }, line.status),
+    op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
+    el("div", { class: "hint" }, op.updated_at === op.created_at ? `Started ${at(op.created_at)}` : `Started ${at(op.created_at)} · last change ${at(op.updated_at)}`),
+    el(
+      "details",
+      { class: "op-details", "data-testid": "operation-details" },
+      el("summary", {}, "Details"),
+      el("dl", {}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
+    ),
+  );
+}
+
+// contractWords says what a tool's contract promises.
+function contractWords(contract: string): string {
+  switch (contract) {
+    case "consequential":
+      return "consequential: carried out only after you confirm, and at most once";
+    case "idempotent":
+      return "idempotent: safe to repeat; a cancel keeps its result";
+    case "cancellable":
+      return "cancellable: stopped by a cancel, run again if you continue";
+  }
+  return contract;
+}
+
 // reconcileNote says, in the operation log, how an unknown outcome is
 // being settled.
 function reconcileNote(op: Operation): string {
@@ -1228,9 +1294,9 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     parts.push(el("dl", { class: "tool-args" }, ...rows));
     if ("body" in args) parts.push(el("div", { class: "email-body", "data-testid": "tool-arg-body" }, text(args.body)));
   } else {
-    parts.push(el("strong", { class: "tool-title" }, tool));
+    parts.push(el("strong", { class: "tool-title" }, tool === "catalog_search" ? "Catalog search" : tool));
     const rows: Node[] = [];
-    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
+    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k.charAt(0).toUpperCase() + k.slice(1).replace(/_/g, " ")), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
     if (rows.length) parts.push(el("dl", { class: "tool-args" }, ...rows));
   }
   const node = el(
@@ -1240,6 +1306,20 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     el("details", { class: "tool-result" }, el("summary", {}, "Details"), el("pre", { class: "body card", "data-testid": "message-body" }, pretty)),
   );
   return { node, operationID };
+}
+
+// toolText is a tool step on one line: what was asked of which tool.
+function toolText(content: string): string {
+  try {
+    const rec = JSON.parse(content) as { tool?: string; arguments?: Record<string, unknown> };
+    const args = rec.arguments && typeof rec.arguments === "object" ? rec.arguments : {};
+    if (rec.tool === "send_email") return typeof args.to === "string" ? `Email to ${args.to}` : "Email";
+    if (rec.tool === "catalog_search" && typeof args.query === "string") return `Catalog search for “${args.query}”`;
+    if (rec.tool) return rec.tool;
+  } catch {
+    // not JSON: as it is
+  }
+  return content;
 }
 
 // callingLabel says what a tool call in progress is doing, in words.
