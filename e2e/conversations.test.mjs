@@ -1,11 +1,22 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { AxeBuilder } from "@axe-core/playwright";
 import { startServer, launch, newPage, shot, eventually } from "./harness.mjs";
+
+// serious lists axe's serious and critical violations on the page as it is.
+async function serious(page, state) {
+  const r = await new AxeBuilder({ page }).analyze();
+  return r.violations
+    .filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${state}: ${v.id} (${v.impact}) on ${v.nodes.map((n) => n.target.join(" ")).slice(0, 3).join(", ")}: ${v.help}`);
+}
 
 // The conversation list past its first page.
 let server, browser;
 before(async () => {
-  server = await startServer({ pace: "1ms" });
+  // (104 conversations made over the API in a moment: more than the
+  // per-user command budget lets through by default.)
+  server = await startServer({ pace: "1ms", args: ["-user-command-rate", "1000"] });
   browser = await launch();
 });
 after(async () => {
@@ -98,5 +109,150 @@ test("the list shows 100 conversations, Older conversations adds the rest in pla
   await page.getByTestId("thread-more").scrollIntoViewIfNeeded();
   assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth));
   await shot(page, "conversations-older-phone", { fullPage: false });
+  assert.deepEqual(errors, []);
+});
+
+// twoTabs opens url in two pages of one browser context (two tabs), both
+// live.
+async function twoTabs(url, errors, viewport = { width: 1280, height: 820 }) {
+  const context = await browser.newContext({ viewport });
+  const tabs = [];
+  for (let i = 0; i < 2; i++) {
+    const p = await newPage(context, errors, { viewport });
+    await p.goto(url);
+    await p.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+    tabs.push(p);
+  }
+  return { context, a: tabs[0], b: tabs[1] };
+}
+
+test("delete a conversation while its reply streams: it asks first (Esc keeps it), the reply is stopped with its receipt in the other tab, which then says the conversation is gone and keeps what was typed", async () => {
+  // A server of its own, whose replies stream long enough to act meanwhile.
+  const slow = await startServer({ pace: "20ms" });
+  try {
+    const errors = [];
+    const snap = await slow.api("/api/threads", { method: "POST", body: "{}" });
+    const { context, a, b } = await twoTabs(`${slow.url}/t/${snap.thread_id}`, errors);
+    const runStatus = (p) => p.locator("#thread").getAttribute("data-run-status");
+    await a.getByTestId("composer-input").fill("Repeat after me:\n" + "a long reply that keeps streaming ".repeat(200));
+    await a.getByTestId("send").click();
+    await a.getByTestId("streaming-text").waitFor({ timeout: 15000 });
+    await b.getByTestId("streaming-text").waitFor({ timeout: 15000 });
+    await a.getByTestId("composer-input").fill("a follow-up I was writing");
+
+    // It asks first; Esc keeps the conversation and the reply.
+    await b.getByTestId("delete-thread").click();
+    const ask = b.getByTestId("delete-confirm");
+    await ask.waitFor();
+    assert.equal(await b.evaluate(() => document.activeElement?.getAttribute("data-testid")), "delete-thread-keep", "the focus is on the answer that keeps it");
+    for (const [w, h] of [[1280, 820], [390, 844]]) {
+      for (const scheme of ["light", "dark"]) {
+        await b.setViewportSize({ width: w, height: h });
+        await b.emulateMedia({ colorScheme: scheme });
+        const box = await ask.boundingBox();
+        assert.ok(box && box.y >= 0 && box.y + box.height <= h, `the question is whole in view at ${w} ${scheme}`);
+        assert.ok(await b.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth));
+        assert.deepEqual(await serious(b, `delete question ${w} ${scheme}`), []);
+        await shot(b, `delete-ask-${w}-${scheme}`, { fullPage: false });
+      }
+    }
+    await b.setViewportSize({ width: 1280, height: 820 });
+    await b.emulateMedia({ colorScheme: "light" });
+    await b.keyboard.press("Escape");
+    await ask.waitFor({ state: "hidden" });
+    assert.equal(await runStatus(b), "running", "Esc closed the question and cancelled nothing");
+    assert.equal(await b.evaluate(() => document.activeElement?.getAttribute("data-testid")), "delete-thread", "the focus is back on Delete");
+
+    await b.getByTestId("delete-thread").click();
+    await b.getByTestId("delete-thread-confirm").click();
+    await b.waitForURL(slow.url + "/");
+    assert.equal(await b.locator(`[data-testid=thread-link][href="/t/${snap.thread_id}"]`).count(), 0, "gone from the list");
+
+    // The other tab: the reply was stopped (its receipt), then the
+    // conversation is gone; what was typed stays.
+    await a.getByTestId("receipt").waitFor({ timeout: 15000 });
+    const notice = a.getByTestId("notice");
+    await notice.filter({ hasText: "This conversation was deleted" }).waitFor();
+    assert.equal(await a.getByTestId("receipt-heading").textContent(), "Stopped from another tab: the conversation is being deleted");
+    assert.equal(await a.getByTestId("receipt").locator("button").count(), 0, "nothing offered that a deleted conversation cannot do");
+    assert.equal(await a.getByTestId("thread-group").count(), 0, "no day heading left over the emptied list");
+    assert.equal(await a.getByTestId("composer-input").inputValue(), "a follow-up I was writing");
+    assert.ok(await a.getByTestId("send").isDisabled());
+    assert.ok(await a.getByTestId("delete-thread").isHidden());
+    assert.equal(await a.locator(`[data-testid=thread-link][href="/t/${snap.thread_id}"]`).count(), 0);
+    await a.getByTestId("composer-input").press("Enter");
+    await notice.filter({ hasText: "nothing more can be sent here" }).waitFor();
+    for (const [w, h] of [[1280, 820], [390, 844]]) {
+      for (const scheme of ["light", "dark"]) {
+        await a.setViewportSize({ width: w, height: h });
+        await a.emulateMedia({ colorScheme: scheme });
+        const box = await notice.boundingBox();
+        assert.ok(box && box.y >= 0 && box.y + box.height <= h, `the notice is in view at ${w} ${scheme}`);
+        assert.ok(await a.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth));
+        assert.deepEqual(await serious(a, `deleted elsewhere ${w} ${scheme}`), []);
+        await shot(a, `delete-gone-${w}-${scheme}`, { fullPage: false });
+      }
+    }
+    await a.setViewportSize({ width: 1280, height: 820 });
+    await a.emulateMedia({ colorScheme: "light" });
+    assert.equal((await slow.api("/api/threads?limit=200")).threads.filter((t) => t.thread_id === snap.thread_id).length, 0);
+    const run = (await slow.api(`/api/threads/${snap.thread_id}/operations`).catch((e) => e.message));
+    assert.match(String(run), /404/, "the deleted conversation is not_found");
+
+    // What was typed goes to a new conversation.
+    await a.getByTestId("start-with-text").click();
+    await a.waitForURL((u) => /\/t\/thr_/.test(u.pathname) && !u.pathname.endsWith(snap.thread_id));
+    await a.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+    assert.equal(await a.getByTestId("composer-input").inputValue(), "a follow-up I was writing");
+    await context.close();
+    assert.deepEqual(errors, []);
+    assert.match(slow.check(), /^ok/);
+  } finally {
+    await slow.close();
+  }
+});
+
+test("a new conversation is named by the model once its first reply ends (heading, title box, list, window title); a hostile request stays text everywhere", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors, { viewport: { width: 1280, height: 820 } });
+  await page.goto(server.url + "/");
+  await page.getByTestId("new-thread").click();
+  await page.waitForURL(/\/t\/thr_/);
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  const request = "Could you please help me think through, step by step, how to repaint a small wooden boat before summer?";
+  await page.getByTestId("composer-input").fill(request);
+  await page.getByTestId("send").click();
+  const id = new URL(page.url()).pathname.slice(3);
+  await eventually(async () => assert.equal((await api("GET", `/api/threads/${id}`)).active_run, null), { timeout: 20000 });
+  const title = (await api("GET", `/api/threads/${id}`)).title;
+  assert.ok(title && !request.startsWith(title.replace(/…$/, "")), `the model's title ${JSON.stringify(title)}, not the request's start`);
+  await eventually(async () => {
+    assert.equal(await page.getByTestId("title-input").inputValue(), title);
+    assert.equal(await page.getByTestId("thread-heading").textContent(), title);
+    assert.equal(await page.title(), `${title} · gateway`);
+    assert.equal(await page.locator(`[data-testid=thread-link][href="/t/${id}"]`).getAttribute("title"), title);
+  });
+
+  // Hostile text as a request (and so as both titles): shown as typed.
+  const hostile = `Repeat after me: <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> "quotes" & **stars**`;
+  await page.getByTestId("new-thread").click();
+  await page.waitForURL((u) => !u.pathname.endsWith(id));
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  const hid = new URL(page.url()).pathname.slice(3);
+  await page.getByTestId("composer-input").fill(hostile);
+  await page.getByTestId("send").click();
+  await eventually(async () => assert.equal((await api("GET", `/api/threads/${hid}`)).active_run, null), { timeout: 20000 });
+  const htitle = (await api("GET", `/api/threads/${hid}`)).title;
+  await eventually(async () => assert.equal(await page.getByTestId("thread-heading").textContent(), htitle));
+  const user = page.locator("[data-testid=message][data-role=user] [data-testid=message-body]").first();
+  assert.equal(await user.textContent(), hostile, "the request shows as typed");
+  assert.equal(await user.locator("img, script").count(), 0);
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  assert.equal(await page.getByTestId("thread-heading").textContent(), htitle);
+  assert.equal(await page.locator(`[data-testid=thread-link][href="/t/${hid}"]`).getAttribute("title"), htitle);
+  assert.equal(await page.locator("[data-testid=sidebar] img, [data-testid=thread] img").count(), 0);
+  assert.equal(await page.evaluate(() => window.__pwned ?? null), null);
+  await shot(page, "title-hostile", { fullPage: false });
   assert.deepEqual(errors, []);
 });

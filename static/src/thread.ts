@@ -7,6 +7,7 @@ import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
+import { groupByDay } from "./sidebar";
 import {
   CommandError,
   type Checkpoint,
@@ -105,6 +106,14 @@ export class ThreadView {
   private operations = new Map<string, Operation>();
   private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
+  // gone: the conversation was deleted — by this tab (it leaves for the
+  // list), or elsewhere (another tab, a program): then nothing more can be
+  // sent here, and the page says so and keeps what was typed.
+  private gone: "" | "here" | "elsewhere" = "";
+  private deletingThread = false; // thread.delete sent, not answered yet
+  // closing: a run was cancelled because the conversation is being deleted
+  // (by any tab): thread.deleted follows, so nothing more is read of it.
+  private closing = false;
   private following = false; // reading snapshots over HTTP while the socket is down
   private noticeOffline = false; // the notice is about the lost connection
   private readonly socket: Socket;
@@ -192,6 +201,13 @@ export class ThreadView {
         void this.submit();
       }
     });
+    const ask = $(this.root, "[data-testid=delete-confirm]");
+    ask.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") {
+        e.stopPropagation(); // closes the question; it cancels no reply
+        this.askDelete(false);
+      }
+    });
     document.addEventListener("keydown", (e) => {
       if (e.key === "Escape" && this.canCancel()) {
         e.preventDefault();
@@ -252,13 +268,39 @@ export class ThreadView {
   }
 
   private resubscribe(): void {
+    if (this.gone) return;
     this.socket
       .send({ type: "subscribe", thread_id: this.threadID, after_seq: this.lastSeq })
       .then(() => {
         this.subscribed = true;
         this.render();
       })
-      .catch((err: unknown) => this.show(`Could not follow this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) }));
+      .catch((err: unknown) => {
+        // Deleted while this tab was away: the server no longer knows it.
+        if (err instanceof CommandError && err.code === "not_found") return this.markGone();
+        this.show(`Could not follow this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) });
+      });
+  }
+
+  // markGone shows that the conversation no longer exists: nothing can be
+  // sent, what was typed stays (with a way to take it to a new one), and
+  // the list forgets it.
+  private markGone(): void {
+    if (this.gone) return;
+    this.gone = "elsewhere";
+    this.subscribed = false;
+    this.run = null;
+    this.streamed = null;
+    document.querySelector(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`)?.closest("li")?.remove();
+    groupByDay(document.querySelector<HTMLElement>("[data-testid=thread-list]") ?? document.createElement("ul"));
+    this.socket.send({ type: "unsubscribe", thread_id: this.threadID }).catch(() => {});
+    this.showGone();
+    this.render();
+    this.input.focus();
+  }
+
+  private showGone(): void {
+    this.show("This conversation was deleted (in another tab or by a program), so nothing more can be sent here. What you typed stays in the box: copy it, or start a new conversation with it.", { tone: "info" });
   }
 
   private onEvent(ev: ServerEvent): void {
@@ -316,6 +358,7 @@ export class ThreadView {
         break;
       case "run.cancel_requested":
         if (ev.run_id && ev.requested_by) this.cancelledBy.set(ev.run_id, ev.requested_by);
+        if (ev.reason === "thread_deleted") this.closing = true;
       // falls through
       case "run.cancelling":
         if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
@@ -339,6 +382,9 @@ export class ThreadView {
         this.streamed = null;
         this.pendingStep = false;
         break;
+      case "thread.deleted":
+        if (this.gone !== "here") this.markGone();
+        return;
       case "run.failed":
         this.run = null;
         this.failure = ev.error ?? "the run failed";
@@ -357,6 +403,11 @@ export class ThreadView {
         if (this.run && this.run.id === ev.run_id) this.run.status = "waiting_confirmation";
         this.streamed = null;
         break;
+    }
+    // The model names a conversation from its first request while the first
+    // reply streams (titles are labels: no event carries them).
+    if ((ev.type === "run.completed" || ev.type === "run.cancelled" || ev.type === "run.failed") && this.messages.filter((m) => m.role === "user").length <= 1) {
+      void this.refreshTitle();
     }
     this.renderSoon();
     if (branched) this.resync();
@@ -506,6 +557,7 @@ export class ThreadView {
   }
 
   private async loadCheckpoints(): Promise<void> {
+    if (this.gone || this.closing) return;
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/checkpoints`);
       if (!r.ok) return;
@@ -520,12 +572,12 @@ export class ThreadView {
     }
   }
 
-  // refreshTitle picks up the name the server gives an untitled
-  // conversation from its first request (titles are labels: no event
-  // carries them).
+  // refreshTitle picks up the name the server gives a conversation: from
+  // its first request, then the model's (titles are labels: no event
+  // carries them). A title being edited in the box is left alone.
   private async refreshTitle(): Promise<void> {
     const input = this.root.querySelector<HTMLInputElement>("[data-testid=title-input]");
-    if (!input || input.value !== "New conversation") return;
+    if (!input || document.activeElement === input || this.gone || this.closing) return;
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}`);
       if (!r.ok) return;
@@ -535,13 +587,20 @@ export class ThreadView {
       this.heading.textContent = title;
       document.title = `${title} · gateway`;
       const link = document.querySelector<HTMLAnchorElement>(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`);
-      if (link) link.textContent = title;
+      if (link) {
+        link.title = title;
+        // (the title's own span: a fork keeps its badge)
+        const span = link.querySelector<HTMLElement>("[data-testid=thread-title]");
+        if (span) span.lastChild?.replaceWith(title);
+        else link.textContent = title;
+      }
     } catch {
       // A label only; the next page load shows it.
     }
   }
 
   private async loadOperations(): Promise<void> {
+    if (this.gone || this.closing) return;
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/operations`);
       if (!r.ok) return;
@@ -559,6 +618,11 @@ export class ThreadView {
   // ---- commands ----
 
   private async submit(): Promise<void> {
+    if (this.gone) {
+      this.showGone();
+      this.render();
+      return;
+    }
     const text = this.input.value.trim();
     if (text && this.run) {
       this.show("Wait for the reply to finish, or cancel it (Cancel or Esc): your text stays here.", { tone: "info" });
@@ -631,6 +695,28 @@ export class ThreadView {
         return;
       case "fork-seen":
         return this.fork(this.conflictFrom ?? this.head);
+      case "delete-thread":
+        this.askDelete(true);
+        return;
+      case "delete-thread-keep":
+        this.askDelete(false);
+        return;
+      case "delete-thread-confirm":
+        return this.deleteThread();
+      case "start-with-text": {
+        // A new conversation with what was typed here (its box gets it).
+        const text = this.input.value;
+        const r = await fetch("/api/threads", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}", credentials: "same-origin" });
+        if (!r.ok) {
+          this.show("Could not start a new conversation: reload the page and try again (your text is still in the box).");
+          return;
+        }
+        const snap = (await r.json()) as { thread_id: string };
+        if (text.trim()) saveDraft(snap.thread_id, text);
+        saveDraft(this.threadID, "");
+        location.assign(`/t/${encodeURIComponent(snap.thread_id)}`);
+        return;
+      }
       case "save-fragment": {
         const s = this.streamed;
         if (!s) return;
@@ -682,12 +768,66 @@ export class ThreadView {
         this.tree.hidden = !this.tree.hidden;
         target.setAttribute("aria-expanded", String(!this.tree.hidden));
         if (!this.tree.hidden) {
-          // Opened in view, with the focus in it.
+          // Opened in view, with the focus in it, below the header (which
+          // stays at the top, as tall as its tools make it).
+          const head = this.root.querySelector<HTMLElement>(".thread-head");
+          this.tree.style.scrollMarginTop = `${(head?.offsetHeight ?? 0) + 12}px`;
           this.tree.scrollIntoView({ block: "start" });
           $(this.tree, "h2").focus();
           await this.loadCheckpoints();
         }
         return;
+      }
+    }
+  }
+
+  // askDelete opens (or closes) the question before a delete, with the
+  // focus on the answer that keeps the conversation.
+  private askDelete(open: boolean): void {
+    const panel = $(this.root, "[data-testid=delete-confirm]");
+    const toggle = $(this.root, "[data-testid=delete-thread]");
+    panel.hidden = !open;
+    toggle.setAttribute("aria-expanded", String(open));
+    if (open) {
+      // (in the header, which stays at the top of the window)
+      $(panel, "[data-testid=delete-thread-keep]").focus();
+    } else {
+      toggle.focus();
+    }
+  }
+
+  // deleteThread sends thread.delete and, once the server confirms it,
+  // leaves for the list. A reply in flight is stopped first by the server
+  // (its receipt reaches the tabs still on it), which can take a moment.
+  private async deleteThread(): Promise<void> {
+    if (this.deletingThread) return;
+    const panel = $(this.root, "[data-testid=delete-confirm]");
+    const confirm = $<HTMLButtonElement>(panel, "[data-testid=delete-thread-confirm]");
+    this.deletingThread = true;
+    confirm.disabled = true;
+    confirm.textContent = this.run ? "Stopping the reply, then deleting…" : "Deleting…";
+    try {
+      await this.socket.send({ type: "thread.delete", thread_id: this.threadID, expected_state_version: this.stateVersion });
+      this.gone = "here";
+      saveDraft(this.threadID, "");
+      location.assign("/");
+    } catch (err) {
+      this.deletingThread = false;
+      confirm.disabled = false;
+      confirm.textContent = "Delete conversation";
+      if (err instanceof CommandError && err.code === "state_version_conflict") {
+        // The conversation changed since this tab saw it: look first.
+        panel.hidden = true;
+        $(this.root, "[data-testid=delete-thread]").setAttribute("aria-expanded", "false");
+        this.conflictFrom = null;
+        this.banner.hidden = false;
+        $(this.banner, "[data-action=fork-seen]").hidden = true;
+        this.render();
+      } else if (err instanceof CommandError && err.code === "not_found") {
+        panel.hidden = true;
+        this.markGone();
+      } else {
+        this.show(`Could not delete the conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) });
       }
     }
   }
@@ -756,7 +896,8 @@ export class ThreadView {
     const busy = this.run !== null;
     const mine = this.run ? this.cancels.state(this.run.id) : null;
     this.send.hidden = busy;
-    this.send.disabled = !this.subscribed;
+    this.send.disabled = !this.subscribed || this.gone !== "";
+    this.renderGone();
     this.cancel.hidden = !busy;
     this.cancel.disabled = !this.canCancel();
     this.cancel.textContent = this.cancelAccepted() || mine === "sending" ? "Cancelling…" : mine === "kept" ? "Cancel pending" : "Cancel";
@@ -766,6 +907,25 @@ export class ThreadView {
     this.root.dataset.lastSeq = String(this.lastSeq);
     this.root.dataset.runStatus = this.run ? this.run.status : this.receipt ? "cancelled" : this.failure ? "failed" : "idle";
     this.root.dataset.cancel = mine ?? "";
+  }
+
+  // renderGone takes away what a deleted conversation can no longer do, and
+  // offers to take the typed text to a new one.
+  private renderGone(): void {
+    const gone = this.gone === "elsewhere";
+    this.root.dataset.gone = this.gone;
+    for (const sel of ["[data-testid=delete-thread]", "[data-testid=tree-toggle]"]) {
+      const b = this.root.querySelector<HTMLElement>(sel);
+      if (b) b.hidden = gone;
+    }
+    let start = this.notice.querySelector<HTMLButtonElement>("[data-action=start-with-text]");
+    if (gone && !start) {
+      const actions = el("div", { class: "actions" });
+      start = button("New conversation with my text", "start-with-text", "start-with-text");
+      const home = el("a", { class: "btn", href: "/", "data-testid": "go-home" }, "Back to the list");
+      actions.append(start, home);
+      this.notice.append(actions);
+    }
   }
 
   // renderCancelPending says, next to the composer, that a cancel the user
@@ -1108,7 +1268,10 @@ export class ThreadView {
     // Who cancelled, when this tab saw the cancel recorded (a reload does
     // not know, and then says nothing about it).
     const mine = r.by === `tab:${this.socket.tabID}` || r.by === `api:${this.socket.tabID}`;
-    const heading = !r.by || mine ? "Cancelled" : r.by.startsWith("tab:") ? "Cancelled from another tab" : "Cancelled elsewhere (another tab or client)";
+    const where = !r.by || mine ? "" : r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
+    // A cancel that deletes the conversation: nothing can continue here.
+    const heading = this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : `Cancelled${where}`;
+    if (this.closing || this.gone) actions.replaceChildren();
     const saved = this.messages.some((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
     const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, kept)];
     if (r.discarded > 0 || saved) {
