@@ -265,6 +265,7 @@ go_info{version="go 1.26"} 1
 `
 	after := strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(before,
 		`le="0.001"} 10`, `le="0.001"} 100`), `le="0.01"} 20`, `le="0.01"} 119`), `le="+Inf"} 20`, `le="+Inf"} 120`)
+	after = strings.Replace(after, `_count{kind="write"} 20`, `_count{kind="write"} 120`, 1)
 	after = strings.Replace(after, "gateway_deltas_streamed_total 100", "gateway_deltas_streamed_total 1100", 1)
 	b, err := parseProm(strings.NewReader(before))
 	if err != nil {

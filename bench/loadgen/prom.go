@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,43 +10,95 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// promSample maps a series ("name{labels}" as exposed) to its value.
+// promSample maps a series, written as the text format writes it
+// ("name{label="value",...}", a histogram's buckets with their le label
+// last), to its value.
 type promSample map[string]float64
 
-// parseProm reads Prometheus's text exposition format: one "series value"
-// per line, comments skipped. Series keep their labels verbatim.
+// parseProm reads Prometheus's text exposition format with the
+// prometheus/common parser and flattens every sample to its series.
 func parseProm(r io.Reader) (promSample, error) {
-	out := promSample{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		// "name{labels} value [timestamp]" or "name value [timestamp]";
-		// label values may hold spaces, never an unescaped '}'.
-		var series, rest string
-		if end := strings.LastIndexByte(line, '}'); end >= 0 && strings.IndexByte(line, '{') >= 0 {
-			series, rest = line[:end+1], line[end+1:]
-		} else if name, after, ok := strings.Cut(line, " "); ok {
-			series, rest = name, after
-		} else {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		out[series] = v
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("read metrics: %w", err)
 	}
-	return out, sc.Err()
+	out := promSample{}
+	for name, mf := range families {
+		for _, m := range mf.GetMetric() {
+			labels := m.GetLabel()
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				out[series(name, labels)] = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				out[series(name, labels)] = m.GetGauge().GetValue()
+			case dto.MetricType_UNTYPED:
+				out[series(name, labels)] = m.GetUntyped().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				// The +Inf bucket is the count (the parser may or may not
+				// keep its line as a bucket).
+				out[series(name+"_bucket", labels, "le", "+Inf")] = float64(h.GetSampleCount())
+				for _, b := range h.GetBucket() {
+					out[series(name+"_bucket", labels, "le", formatBound(b.GetUpperBound()))] = float64(b.GetCumulativeCount())
+				}
+				out[series(name+"_count", labels)] = float64(h.GetSampleCount())
+				out[series(name+"_sum", labels)] = h.GetSampleSum()
+			case dto.MetricType_SUMMARY:
+				sm := m.GetSummary()
+				for _, q := range sm.GetQuantile() {
+					out[series(name, labels, "quantile", formatBound(q.GetQuantile()))] = q.GetValue()
+				}
+				out[series(name+"_count", labels)] = float64(sm.GetSampleCount())
+				out[series(name+"_sum", labels)] = sm.GetSampleSum()
+			}
+		}
+	}
+	return out, nil
+}
+
+// series writes a sample's name and labels (then extra, name and value
+// pairs) as the text format does.
+func series(name string, labels []*dto.LabelPair, extra ...string) string {
+	if len(labels) == 0 && len(extra) == 0 {
+		return name
+	}
+	var b strings.Builder
+	b.WriteString(name)
+	b.WriteByte('{')
+	pair := func(k, v string) {
+		if b.Len() > len(name)+1 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteString(`="`)
+		b.WriteString(labelEscaper.Replace(v))
+		b.WriteByte('"')
+	}
+	for _, l := range labels {
+		pair(l.GetName(), l.GetValue())
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		pair(extra[i], extra[i+1])
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// formatBound writes a bucket bound or quantile as the text format does.
+func formatBound(v float64) string {
+	if math.IsInf(v, 1) {
+		return "+Inf"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
 // scrape reads a /metrics page.
