@@ -1,5 +1,6 @@
 // Package gateway is the network edge: the JSON HTTP API under /api, the
-// Server-Sent Events stream of a thread, and health endpoints. It decodes
+// WebSocket at /ws (wshub.go, wsconn.go, wscommands.go), the Server-Sent
+// Events stream of a thread, and health endpoints. It decodes
 // and validates requests, calls the store and the engine through the small
 // interfaces declared here, and maps every error to the protocol's one
 // error shape in one place (errors.go).

@@ -1,3 +1,9 @@
+// Package email is the send_email tool (contract consequential) and the
+// simulated external email provider it hands emails to (Outbox): a
+// provider that honours idempotency keys and can be told to misbehave as
+// real ones do (rejections, lost answers, keys recorded late, the gateway
+// dying after the provider accepted), so the gateway's receipts can be tested
+// against every outcome a real provider can leave behind.
 package email
 
 import (
