@@ -129,10 +129,11 @@ func (s *Subscription) Deliver(ev *chat.Event) bool {
 
 // Lost implements LossAware: the subscription ends with ErrLagged, and its
 // reader starts over from the store.
-func (s *Subscription) Lost(string) {
+func (s *Subscription) Lost(string, int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.finish(ErrLagged)
+	return false
 }
 
 // Events delivers the thread's events; it is closed when the subscription

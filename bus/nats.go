@@ -129,14 +129,18 @@ const (
 	warnEvery        = 5 * time.Second
 )
 
-// LossAware is a Sink that can be told it missed events of a thread that
-// neither NATS nor the log can give any more (purged, or a gap too long to
-// replay): it makes its client start over from a snapshot (a WebSocket
-// closes as having missed events, a Subscription ends with ErrLagged). The
-// bus then drops it from the thread. A sink that is not LossAware sees the
-// gap in the seqs of the next event instead.
+// LossAware is a Sink that can be told that the events of a thread up to
+// seq through, after the ones the bus delivered, are lost: neither NATS nor
+// the log can give them any more (purged, recorded as a gap, or too long to
+// replay). A sink that misses some of them makes its client start over
+// from a snapshot (a WebSocket closes as having missed events, a
+// Subscription ends with ErrLagged) and answers false: the bus drops it
+// from the thread. One that already has every event through seq through
+// (a WebSocket that caught up from the log, or saw them on another
+// instance) misses nothing and answers true: it stays. A sink that is not
+// LossAware sees the gap in the seqs of the next event instead.
 type LossAware interface {
-	Lost(threadID string)
+	Lost(threadID string, through int64) (kept bool)
 }
 
 // NATSStats counts what the bus did since DialNATS.
@@ -186,6 +190,17 @@ type threadState struct {
 	// here may need that the log does not hold yet (Recent).
 	recent   []*chat.Event
 	recentAt []int64
+	// moved, when a Reach caller waits for the thread to reach a seq, is
+	// closed (and cleared) when last moves or the state is dropped.
+	moved chan struct{}
+}
+
+// wake releases the Reach callers waiting on this state. Under b.mu.
+func (t *threadState) wake() {
+	if t.moved != nil {
+		close(t.moved)
+		t.moved = nil
+	}
 }
 
 // Defaults for NATSConfig.
@@ -367,11 +382,13 @@ func (b *NATS) Add(threadID string, sink Sink) {
 		b.log.Warn("read thread baseline failed: the first event will be the baseline", "thread_id", threadID, "err", err)
 		if len(t.pending) > 0 {
 			t.based, t.last = true, minSeq(t.pending)-1
+			t.wake()
 			b.drainLocked(threadID, t)
 		}
 		return
 	}
 	t.based, t.last = true, seqs[threadID]
+	t.wake()
 	for seq := range t.pending {
 		if seq <= t.last {
 			delete(t.pending, seq)
@@ -396,6 +413,7 @@ func (b *NATS) Remove(threadID string, sink Sink) {
 	delete(t.sinks, sink)
 	if len(t.sinks) == 0 {
 		delete(b.threads, threadID)
+		t.wake()
 	}
 }
 
@@ -453,6 +471,7 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 		if !t.baselining {
 			// The baseline read failed: this event is the baseline.
 			t.based, t.last = true, ev.Seq-1
+			t.wake()
 		} else {
 			if len(t.pending) < b.cfg.MaxPending {
 				t.pending[ev.Seq] = ev
@@ -492,6 +511,7 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 // thread's state goes with its last sink.
 func (b *NATS) deliverLocked(threadID string, t *threadState, ev *chat.Event) {
 	t.last = ev.Seq
+	t.wake()
 	if n := len(t.recent); n >= 2*recentMax {
 		t.recent = append(t.recent[:0], t.recent[n-recentMax:]...)
 		t.recentAt = append(t.recentAt[:0], t.recentAt[n-recentMax:]...)
@@ -661,16 +681,16 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 }
 
 // skipLocked gives up the seqs after t.last up to through, which nobody
-// can deliver any more: LossAware sinks are told and dropped (their
-// clients start over from a snapshot), the others see the gap in the next
-// event's seq. The thread's state goes with its last sink.
+// can deliver any more: LossAware sinks are told, and those that miss some
+// of them dropped (their clients start over from a snapshot); the others
+// see the gap in the next event's seq. The thread's state goes with its last sink.
 func (b *NATS) skipLocked(threadID string, t *threadState, through int64) {
 	b.stats.Skipped += through - t.last
 	t.last = through
+	t.wake()
 	t.recent, t.recentAt = nil, nil // no longer consecutive up to last
 	for s := range t.sinks {
-		if la, ok := s.(LossAware); ok {
-			la.Lost(threadID)
+		if la, ok := s.(LossAware); ok && !la.Lost(threadID, through) {
 			delete(t.sinks, s)
 		}
 	}
@@ -734,6 +754,7 @@ func (b *NATS) sweep() {
 			// The baseline read failed and nothing arrived since: start
 			// from here (a later event shows any gap to the sinks).
 			t.based, t.last = true, last
+			t.wake()
 			b.drainLocked(id, t)
 			continue
 		}
@@ -764,6 +785,39 @@ func (b *NATS) Recent(threadID string, after int64) ([]*chat.Event, bool) {
 	}
 	i := int(after + 1 - t.recent[0].Seq)
 	return slices.Clone(t.recent[i:]), true
+}
+
+// Reach waits until this bus has delivered the thread up to seq (or
+// skipped past it as lost), and reports whether it has; false when ctx
+// ends first or the thread has no sink here. A subscriber may have seen
+// on another instance seqs this bus has not delivered yet: NATS is a hop
+// behind, or this bus read the log for its baseline before the instance
+// streaming the thread wrote them. Waiting for them makes Recent able to
+// answer instead of a snapshot.
+func (b *NATS) Reach(ctx context.Context, threadID string, seq int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for {
+		t := b.threads[threadID]
+		if t == nil {
+			return false
+		}
+		if t.based && seq <= t.last {
+			return true
+		}
+		if t.moved == nil {
+			t.moved = make(chan struct{})
+		}
+		moved := t.moved
+		b.mu.Unlock()
+		select {
+		case <-moved:
+			b.mu.Lock()
+		case <-ctx.Done():
+			b.mu.Lock()
+			return false
+		}
+	}
 }
 
 // How much of each thread Recent keeps.

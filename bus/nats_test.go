@@ -343,6 +343,10 @@ func TestNATSLostTailEndsLossAwareSinks(t *testing.T) {
 	const thread = "thr_lost_tail"
 	sub := b.bus.Subscribe(thread, 16)
 	defer sub.Close()
+	// A sink that already has what is lost (a tab that caught up from the
+	// log or saw it on another instance) stays, and gets what follows.
+	ahead := &aheadSink{recSink: newSink(thread), has: 2, lost: make(chan struct{}, 1)}
+	b.bus.Add(thread, ahead)
 	a.commit(thread, 1, true)
 	a.commit(thread, 1, false) // 2: lost, the log no longer has it, nothing follows
 	var got []int64
@@ -365,6 +369,43 @@ func TestNATSLostTailEndsLossAwareSinks(t *testing.T) {
 	if st := b.bus.Stats(); st.Skipped != 1 {
 		t.Errorf("b skipped %d seqs, want 1 (%+v)", st.Skipped, st)
 	}
+	select { // (the bus tells its sinks one by one: the subscription may have been first)
+	case <-ahead.lost:
+	case <-time.After(waitLimit):
+		t.Fatal("the sink ahead was never told of the loss")
+	}
+	if got := ahead.told(); !slices.Equal(got, []int64{2}) {
+		t.Fatalf("the sink ahead was told of losses through %v, want [2]", got)
+	}
+	a.commit(thread, 1, true) // 3
+	waitExact(t, "the sink ahead", ahead.recSink, []int64{1, 3})
+}
+
+// aheadSink is a LossAware sink that has every seq through has: it keeps
+// its subscription when told of a loss up to there.
+type aheadSink struct {
+	*recSink
+	has    int64
+	lost   chan struct{} // signalled at each Lost
+	mu     sync.Mutex
+	losses []int64
+}
+
+func (s *aheadSink) Lost(_ string, through int64) bool {
+	s.mu.Lock()
+	s.losses = append(s.losses, through)
+	s.mu.Unlock()
+	select {
+	case s.lost <- struct{}{}:
+	default:
+	}
+	return through <= s.has
+}
+
+func (s *aheadSink) told() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.losses)
 }
 
 func TestNATSPendingBoundDeliversPastTheGap(t *testing.T) {
@@ -676,5 +717,46 @@ func TestNATSAskerWaitsForAHolderThatConfirmedReceipt(t *testing.T) {
 	}
 	if _, err := mute.NextMsg(time.Second); err != nil {
 		t.Fatalf("the request did not reach the listener: %v", err)
+	}
+}
+
+// A tab that saw seqs on another instance subscribes here before this
+// bus has delivered them: Reach waits for them (so Recent can answer
+// instead of a snapshot), and gives up only at its context's end.
+func TestNATSReachWaitsForSeqsAnotherInstanceFannedOut(t *testing.T) {
+	url := natsURL(t)
+	log := newMemLog()
+	subj := testSubject()
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
+	const thread = "thr_reach"
+	sb := newSink(thread)
+	b.bus.Add(thread, sb) // baseline: 0
+
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	reached := b.bus.Reach(short, thread, 3)
+	cancel()
+	if reached {
+		t.Fatal("Reach answered true for seqs nobody published")
+	}
+	if b.bus.Reach(context.Background(), "thr_nobody_watches_here", 1) {
+		t.Fatal("Reach answered true for a thread without a sink on this bus")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	done := make(chan bool, 1)
+	go func() { done <- b.bus.Reach(ctx, thread, 3) }()
+	a.commit(thread, 3, true)
+	if !<-done {
+		t.Fatal("Reach gave up although seqs 1..3 were published")
+	}
+	evs, ok := b.bus.Recent(thread, 0)
+	var seqs []int64
+	for _, ev := range evs {
+		seqs = append(seqs, ev.Seq)
+	}
+	if !ok || !slices.Equal(seqs, []int64{1, 2, 3}) {
+		t.Fatalf("Recent after Reach = %v, %v; want 1..3", seqs, ok)
 	}
 }

@@ -220,7 +220,10 @@ func (f *sseFeed) Deliver(ev *chat.Event) bool {
 // Lost implements bus.LossAware: events of the thread are gone for good,
 // so the stream ends like one that missed an event, and the reconnect
 // starts over from the store (with a snapshot). Never blocks.
-func (f *sseFeed) Lost(string) { f.end(slowMissed) }
+func (f *sseFeed) Lost(string, int64) bool {
+	f.end(slowMissed)
+	return false
+}
 
 // take returns the queued events and empties the queue, or, once the
 // stream was ended, why.
@@ -333,6 +336,13 @@ func (w *sseWriter) finish() {
 	}
 }
 
+// reachWait bounds how long a subscriber's catch-up waits for this
+// instance to deliver the seqs it saw on another one: NATS delivers in
+// milliseconds and the instance streaming the thread writes its deltas
+// within pgFlushDelay, so a second means they were lost (the holder
+// stopped) and a snapshot is the honest answer.
+const reachWait = time.Second
+
 // caughtUp is what a subscriber missed: the events after its seq, or a
 // snapshot when that gap cannot be filled.
 type caughtUp struct {
@@ -366,7 +376,11 @@ func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64
 			return got, nil
 		case recent != nil && after > replay.LastSeq:
 			// A tab that saw such deltas on another instance: they are
-			// real if this instance delivered them too.
+			// real if this instance delivers them too, which may take
+			// a moment (NATS is a hop; the log may not hold them yet).
+			wctx, cancel := context.WithTimeout(ctx, reachWait)
+			recent.Reach(wctx, threadID, after)
+			cancel()
 			if more, ok := recent.Recent(threadID, after); ok {
 				last := after
 				if len(more) > 0 {

@@ -61,6 +61,10 @@ type RecentFeed interface {
 	// Recent returns the delivered events after seq after, and whether it
 	// holds every one of them.
 	Recent(threadID string, after int64) ([]*chat.Event, bool)
+	// Reach waits, until ctx ends, for the feed to have delivered the
+	// thread up to seq (a subscriber may have seen it on another
+	// instance first), and reports whether it has.
+	Reach(ctx context.Context, threadID string, seq int64) bool
 }
 
 // Authenticator tells who is calling (package auth).

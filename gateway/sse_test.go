@@ -917,7 +917,9 @@ func TestSSELostEventsEndTheStream(t *testing.T) {
 	if !ok {
 		t.Fatal("an event stream is not bus.LossAware: a bus could not tell it about lost events")
 	}
-	lossAware.Lost(snap.ThreadID)
+	if lossAware.Lost(snap.ThreadID, snap.LastSeq+1) {
+		t.Error("the stream stays subscribed after losing events")
+	}
 	if _, err := s.rest(); err == nil || !strings.Contains(err.Error(), "ended by the server") {
 		t.Errorf("the stream ended with %v, want the server ending it", err)
 	}

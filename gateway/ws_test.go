@@ -678,9 +678,20 @@ func TestWSLostEventsCloseTheConnection(t *testing.T) {
 	if !ok {
 		t.Fatal("a WebSocket connection is not bus.LossAware: a bus could not tell it about lost events")
 	}
-	lossAware.Lost(other) // a thread it does not watch: nothing happens
+	if lossAware.Lost(other, 1) { // a thread it does not watch: nothing happens
+		t.Error("a connection kept a thread it does not watch")
+	}
 	a.subscribe(other, wsAfter(0))
-	lossAware.Lost(th)
+	// Seqs it already has (it caught up from the log before the bus gave
+	// them up): it misses nothing and stays.
+	last := h.snapshot(th).LastSeq
+	if !lossAware.Lost(th, last) {
+		t.Errorf("a connection that has every seq through %d was dropped for losing them", last)
+	}
+	a.subscribe(th, nil) // still open: it answers
+	if lossAware.Lost(th, last+3) {
+		t.Error("a connection that misses seqs stays subscribed")
+	}
 	ce := a.closed()
 	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
 		t.Errorf("closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)

@@ -268,17 +268,25 @@ func (c *wsConn) Deliver(ev *chat.Event) bool {
 	return c.queueEventLocked(ev)
 }
 
-// Lost implements bus.LossAware: events of the thread are gone for good
-// (the bus could recover them neither from NATS nor from the event log), so
-// the client must start over: the connection is closed like one that
-// missed an event, and the page resubscribes with after_seq (answered with
-// a snapshot). Called by the bus, never blocks.
-func (c *wsConn) Lost(threadID string) {
+// Lost implements bus.LossAware: events of the thread up to seq through
+// are gone for good (the bus could recover them neither from NATS nor from
+// the event log). A connection that already has them all (it caught up
+// from the log, or resubscribed after seeing them elsewhere) misses
+// nothing and stays. Otherwise the client must start over: the connection
+// is closed like one that missed an event, and the page resubscribes with
+// after_seq (answered with a snapshot). Called by the bus, never blocks.
+func (c *wsConn) Lost(threadID string, through int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.subs[threadID]; ok {
-		c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
+	last, ok := c.subs[threadID]
+	switch {
+	case !ok:
+		return false
+	case last >= through:
+		return true
 	}
+	c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
+	return false
 }
 
 // queueEventLocked queues ev unless this connection already has it; a seq
