@@ -10,14 +10,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/honestcancel/gateway/app"
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/model/openai"
@@ -27,65 +26,10 @@ import (
 // config is the server's configuration: flags, with environment variables
 // as defaults.
 type config struct {
-	addr string
-	db   string
-	// sqliteSync is SQLite's synchronous setting (store.SynchronousFull or
-	// store.SynchronousNormal) for the store and the embedded email
-	// provider; "" on PostgreSQL.
-	sqliteSync string
-	// scale-out: the NATS bus, this instance's name in run leases, and
-	// how long a lease outlives a silent instance
-	nats             string
-	natsSubject      string
-	instanceID       string
-	leaseTTL         time.Duration
-	reconcileHorizon time.Duration
-	model            string
-	demoPace         time.Duration
-	noModelTitles    bool
-	streamTTL        time.Duration
-	// retention of the other artifact classes; 0 keeps forever
-	eventTTL, auditTTL, draftTTL time.Duration
-	workers                      int
-	logLevel                     string
-	logFormat                    string
-	adminAddr                    string
-	origins                      []string
-	wsPing                       time.Duration
-	maxConnAge                   time.Duration
-	// per-user limits
-	userConns, userSubs int
-	userRate            float64
-	// openai is the backend of -model openai (nil for demo).
-	openai *openai.Backend
-	// tools
-	searchLatency time.Duration
-	outboxLatency time.Duration
-	outboxFault   string
-	// outboxRecordDelay: -outbox-fault record-late records a key this
-	// long after taking it
-	outboxRecordDelay time.Duration
-	toolsConfig       string
-	// auth
-	authMode       auth.Mode
-	authHeader     string
-	trustedProxies []netip.Prefix
-	sessionTTL     time.Duration
-	secureCookies  bool
+	app.Config
+	logLevel, logFormat string
 	// insecureRemote allows auth mode none on a non-loopback address.
 	insecureRemote bool
-	// metricsPublic serves /metrics on the main listener in every auth
-	// mode (under none it always is).
-	metricsPublic bool
-	// hosts are the Host names the server answers to: the loopback names
-	// on a loopback addr, and -allowed-hosts.
-	hosts gateway.Hosts
-	// adminHosts: the admin listener's (loopback names only).
-	adminHosts gateway.Hosts
-	// bodyTimeout bounds reading a request body; idleTimeout how long an
-	// idle keep-alive connection stays open. Not settings: tests shorten
-	// them.
-	bodyTimeout, idleTimeout time.Duration
 }
 
 func parseServe(args []string, stderr io.Writer) (config, error) {
@@ -93,44 +37,44 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	ef := envFlags{fs: fs}
-	fs.StringVar(&c.addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
+	fs.StringVar(&c.Addr, "addr", env("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (GATEWAY_ADDR)")
 	allowedHosts := fs.String("allowed-hosts", env("GATEWAY_ALLOWED_HOSTS", ""), "host names the server answers to (the Host of a request), comma-separated, *.example.com patterns allowed, '*' for any; required on a non-loopback -addr; on a loopback one localhost, 127.0.0.1 and [::1] are always answered (GATEWAY_ALLOWED_HOSTS)")
-	fs.StringVar(&c.db, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
-	fs.StringVar(&c.sqliteSync, "sqlite-synchronous", env("GATEWAY_SQLITE_SYNCHRONOUS", store.DefaultSynchronous), "SQLite -db: full (an acknowledged write survives an OS crash or power loss: each commit is synced to disk first) or normal (it survives a crash of the process only); refused with a PostgreSQL -db (GATEWAY_SQLITE_SYNCHRONOUS)")
-	fs.StringVar(&c.nats, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
-	fs.StringVar(&c.natsSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
-	fs.StringVar(&c.instanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
-	ef.duration(&c.leaseTTL, "lease-ttl", "GATEWAY_LEASE_TTL", 15*time.Second, "how long a run stays with an instance that stopped renewing its lease before another takes it over")
-	ef.duration(&c.reconcileHorizon, "reconcile-horizon", "GATEWAY_RECONCILE_HORIZON", 24*time.Hour, "how long the outcome of a tool call nobody saw (a lost answer, a crash) is looked up by its key at the provider before the gateway stops asking and says so")
-	fs.StringVar(&c.model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
-	ef.duration(&c.demoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
-	fs.BoolVar(&c.noModelTitles, "no-model-titles", env("GATEWAY_NO_MODEL_TITLES", "") == "1", "name a new conversation after the start of its first request instead of asking the model for a title (with -model openai the title is one short extra request per new conversation) (GATEWAY_NO_MODEL_TITLES=1)")
-	ef.duration(&c.streamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
-	ef.duration(&c.eventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
-	ef.duration(&c.auditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")
-	ef.duration(&c.draftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long the text of a deleted draft or a deleted conversation is kept (for audit) before it is erased; 0 keeps it forever")
-	ef.int(&c.workers, "workers", "GATEWAY_WORKERS", 64, "runs executed at once")
-	ef.duration(&c.searchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
-	ef.duration(&c.outboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")
-	fs.StringVar(&c.outboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout, record-late or crash (GATEWAY_OUTBOX_FAULT)")
-	ef.duration(&c.outboxRecordDelay, "outbox-record-delay", "GATEWAY_OUTBOX_RECORD_DELAY", 10*time.Second, "send_email with -outbox-fault record-late: how long after taking a call the embedded provider records its key (answers lookups for it)")
+	fs.StringVar(&c.DB, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
+	fs.StringVar(&c.SQLiteSynchronous, "sqlite-synchronous", env("GATEWAY_SQLITE_SYNCHRONOUS", store.DefaultSynchronous), "SQLite -db: full (an acknowledged write survives an OS crash or power loss: each commit is synced to disk first) or normal (it survives a crash of the process only); refused with a PostgreSQL -db (GATEWAY_SQLITE_SYNCHRONOUS)")
+	fs.StringVar(&c.NATS, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
+	fs.StringVar(&c.NATSSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
+	fs.StringVar(&c.InstanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
+	ef.duration(&c.LeaseTTL, "lease-ttl", "GATEWAY_LEASE_TTL", 15*time.Second, "how long a run stays with an instance that stopped renewing its lease before another takes it over")
+	ef.duration(&c.ReconcileHorizon, "reconcile-horizon", "GATEWAY_RECONCILE_HORIZON", 24*time.Hour, "how long the outcome of a tool call nobody saw (a lost answer, a crash) is looked up by its key at the provider before the gateway stops asking and says so")
+	fs.StringVar(&c.Model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
+	ef.duration(&c.DemoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
+	fs.BoolVar(&c.NoModelTitles, "no-model-titles", env("GATEWAY_NO_MODEL_TITLES", "") == "1", "name a new conversation after the start of its first request instead of asking the model for a title (with -model openai the title is one short extra request per new conversation) (GATEWAY_NO_MODEL_TITLES=1)")
+	ef.duration(&c.StreamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
+	ef.duration(&c.EventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
+	ef.duration(&c.AuditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")
+	ef.duration(&c.DraftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long the text of a deleted draft or a deleted conversation is kept (for audit) before it is erased; 0 keeps it forever")
+	ef.int(&c.Workers, "workers", "GATEWAY_WORKERS", 64, "runs executed at once")
+	ef.duration(&c.SearchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
+	ef.duration(&c.OutboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")
+	fs.StringVar(&c.OutboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout, record-late or crash (GATEWAY_OUTBOX_FAULT)")
+	ef.duration(&c.OutboxRecordDelay, "outbox-record-delay", "GATEWAY_OUTBOX_RECORD_DELAY", 10*time.Second, "send_email with -outbox-fault record-late: how long after taking a call the embedded provider records its key (answers lookups for it)")
 	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
-	fs.StringVar(&c.authHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
+	fs.StringVar(&c.AuthHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
 	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
-	ef.duration(&c.sessionTTL, "session-ttl", "GATEWAY_SESSION_TTL", 7*24*time.Hour, "-auth password: how long a sign-in lasts")
-	fs.BoolVar(&c.secureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
+	ef.duration(&c.SessionTTL, "session-ttl", "GATEWAY_SESSION_TTL", 7*24*time.Hour, "-auth password: how long a sign-in lasts")
+	fs.BoolVar(&c.SecureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
 	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
-	fs.StringVar(&c.toolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
+	fs.StringVar(&c.ToolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
 	origins := fs.String("ws-origins", env("GATEWAY_WS_ORIGINS", ""), "extra page origins allowed to open /ws, comma-separated hosts (GATEWAY_WS_ORIGINS)")
-	ef.duration(&c.wsPing, "ws-ping-interval", "GATEWAY_WS_PING_INTERVAL", 20*time.Second, "WebSocket ping and event-stream keep-alive period; a WebSocket or event stream whose sign-in was ended (signed out, token revoked, password changed, account deleted) ends within it")
-	ef.duration(&c.maxConnAge, "max-conn-age", "GATEWAY_MAX_CONN_AGE", time.Hour, "end every WebSocket connection and event stream this long after it opened; the client reconnects and is authenticated again (what bounds a connection under -auth header, whose credential only the proxy can check); 0: never")
-	ef.int(&c.userConns, "max-conns-per-user", "GATEWAY_MAX_CONNS_PER_USER", 32, "WebSocket connections and event streams one user may hold open")
-	ef.int(&c.userSubs, "max-subscriptions-per-user", "GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500, "threads one user may watch over all its WebSocket connections")
-	ef.float(&c.userRate, "user-command-rate", "GATEWAY_USER_COMMAND_RATE", 60, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve")
+	ef.duration(&c.WSPing, "ws-ping-interval", "GATEWAY_WS_PING_INTERVAL", 20*time.Second, "WebSocket ping and event-stream keep-alive period; a WebSocket or event stream whose sign-in was ended (signed out, token revoked, password changed, account deleted) ends within it")
+	ef.duration(&c.MaxConnAge, "max-conn-age", "GATEWAY_MAX_CONN_AGE", time.Hour, "end every WebSocket connection and event stream this long after it opened; the client reconnects and is authenticated again (what bounds a connection under -auth header, whose credential only the proxy can check); 0: never")
+	ef.int(&c.UserConns, "max-conns-per-user", "GATEWAY_MAX_CONNS_PER_USER", 32, "WebSocket connections and event streams one user may hold open")
+	ef.int(&c.UserSubs, "max-subscriptions-per-user", "GATEWAY_MAX_SUBSCRIPTIONS_PER_USER", 500, "threads one user may watch over all its WebSocket connections")
+	ef.float(&c.UserRate, "user-command-rate", "GATEWAY_USER_COMMAND_RATE", 60, "commands per second one user may send over WebSocket and state-changing HTTP together, burst twice that; cancels have their own reserve")
 	fs.StringVar(&c.logLevel, "log-level", env("GATEWAY_LOG_LEVEL", "info"), "debug, info, warn or error (GATEWAY_LOG_LEVEL)")
 	fs.StringVar(&c.logFormat, "log-format", env("GATEWAY_LOG_FORMAT", "text"), "log lines as text (key=value) or json (GATEWAY_LOG_FORMAT)")
-	fs.StringVar(&c.adminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/ and the metrics on /metrics, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
-	fs.BoolVar(&c.metricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", env("GATEWAY_ADMIN_ADDR", ""), "loopback address of the admin listener serving Go's profiles under /debug/pprof/ and the metrics on /metrics, e.g. 127.0.0.1:6060; empty: off (GATEWAY_ADMIN_ADDR)")
+	fs.BoolVar(&c.MetricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
 	configPath := fs.String("config", env("GATEWAY_CONFIG", ""), "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
 	if ef.err != nil {
@@ -156,84 +100,84 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if err := c.checkSynchronous(fs); err != nil {
 		return c, err
 	}
-	if c.authMode, err = auth.ParseMode(*mode); err != nil {
+	if c.AuthMode, err = auth.ParseMode(*mode); err != nil {
 		return c, err
 	}
-	if c.trustedProxies, err = auth.ParsePrefixes(*proxies); err != nil {
+	if c.TrustedProxies, err = auth.ParsePrefixes(*proxies); err != nil {
 		return c, err
 	}
-	if c.authMode == auth.ModeNone && !c.insecureRemote && !loopback(c.addr) {
-		return c, fmt.Errorf("-addr %s is not a loopback address and -auth is none: anyone who can reach it could read and drive every conversation. Use -auth password (create accounts with gateway user add) or -auth header behind an authenticating proxy, listen on 127.0.0.1, or pass -insecure-remote to accept that", c.addr)
+	if c.AuthMode == auth.ModeNone && !c.insecureRemote && !loopback(c.Addr) {
+		return c, fmt.Errorf("-addr %s is not a loopback address and -auth is none: anyone who can reach it could read and drive every conversation. Use -auth password (create accounts with gateway user add) or -auth header behind an authenticating proxy, listen on 127.0.0.1, or pass -insecure-remote to accept that", c.Addr)
 	}
-	if c.hosts, err = answeredHosts(c.addr, *allowedHosts); err != nil {
+	if c.Hosts, err = answeredHosts(c.Addr, *allowedHosts); err != nil {
 		return c, err
 	}
-	if c.authMode == auth.ModeHeader && len(c.trustedProxies) == 0 {
-		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.authHeader)
+	if c.AuthMode == auth.ModeHeader && len(c.TrustedProxies) == 0 {
+		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.AuthHeader)
 	}
-	if c.sessionTTL <= 0 {
+	if c.SessionTTL <= 0 {
 		return c, errors.New("-session-ttl must be more than 0")
 	}
-	if c.userConns < 1 || c.userSubs < 1 || c.userRate <= 0 {
+	if c.UserConns < 1 || c.UserSubs < 1 || c.UserRate <= 0 {
 		return c, errors.New("-max-conns-per-user, -max-subscriptions-per-user and -user-command-rate must be more than 0")
 	}
-	if c.wsPing < 100*time.Millisecond {
+	if c.WSPing < 100*time.Millisecond {
 		return c, errors.New("-ws-ping-interval must be at least 100ms")
 	}
-	if c.maxConnAge != 0 && c.maxConnAge < time.Second {
+	if c.MaxConnAge != 0 && c.MaxConnAge < time.Second {
 		return c, errors.New("-max-conn-age must be at least 1s, or 0 for no limit")
 	}
 	for _, o := range strings.Split(*origins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
-			c.origins = append(c.origins, o)
+			c.Origins = append(c.Origins, o)
 		}
 	}
-	switch c.model {
+	switch c.Model {
 	case "demo":
 	case "openai":
-		if c.openai, err = oa.backend(); err != nil {
+		if c.OpenAI, err = oa.settings(); err != nil {
 			return c, err
 		}
 	default:
-		return c, fmt.Errorf("-model %q is not available: use demo or openai", c.model)
+		return c, fmt.Errorf("-model %q is not available: use demo or openai", c.Model)
 	}
-	if c.demoPace < 0 || c.streamTTL <= 0 {
+	if c.DemoPace < 0 || c.StreamTTL <= 0 {
 		return c, errors.New("-demo-pace must be 0 or more and -stream-ttl more than 0")
 	}
-	if c.workers < 1 {
+	if c.Workers < 1 {
 		return c, errors.New("-workers must be 1 or more")
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return c, fmt.Errorf("-log-format %q: use text or json", c.logFormat)
 	}
-	if c.adminAddr != "" && !loopback(c.adminAddr) {
-		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.adminAddr)
+	if c.AdminAddr != "" && !loopback(c.AdminAddr) {
+		return c, fmt.Errorf("-admin-addr %s is not a loopback address: profiles show the process's memory and are for the machine itself; use 127.0.0.1:PORT", c.AdminAddr)
 	}
-	if c.adminAddr != "" {
-		if c.adminHosts, err = answeredHosts(c.adminAddr, ""); err != nil {
+	if c.AdminAddr != "" {
+		if c.AdminHosts, err = answeredHosts(c.AdminAddr, ""); err != nil {
 			return c, err
 		}
 	}
-	c.bodyTimeout, c.idleTimeout = gateway.DefaultBodyTimeout, 2*time.Minute
-	if c.nats != "" && !store.IsPostgres(c.db) {
-		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", redactedURL(c.nats))
+	c.BodyTimeout, c.IdleTimeout = gateway.DefaultBodyTimeout, 2*time.Minute
+	if c.NATS != "" && !store.IsPostgres(c.DB) {
+		return c, fmt.Errorf("-nats %s needs a PostgreSQL -db (postgres://…): instances can share only a PostgreSQL database; one instance on SQLite needs no NATS", app.RedactedURL(c.NATS))
 	}
-	if c.nats != "" && !strings.HasPrefix(c.nats, "nats://") && !strings.HasPrefix(c.nats, "tls://") {
-		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", redactedURL(c.nats))
+	if c.NATS != "" && !strings.HasPrefix(c.NATS, "nats://") && !strings.HasPrefix(c.NATS, "tls://") {
+		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", app.RedactedURL(c.NATS))
 	}
-	if !natsToken.MatchString(c.natsSubject) {
-		return c, fmt.Errorf("-nats-subject %q: use letters, digits, '-' and '_', optionally in dot-separated parts (e.g. gateway or acme.chat)", c.natsSubject)
+	if !natsToken.MatchString(c.NATSSubject) {
+		return c, fmt.Errorf("-nats-subject %q: use letters, digits, '-' and '_', optionally in dot-separated parts (e.g. gateway or acme.chat)", c.NATSSubject)
 	}
-	if c.leaseTTL < 300*time.Millisecond {
+	if c.LeaseTTL < 300*time.Millisecond {
 		return c, errors.New("-lease-ttl must be at least 300ms (leases are renewed every third of it)")
 	}
-	if c.reconcileHorizon < time.Second {
+	if c.ReconcileHorizon < time.Second {
 		return c, errors.New("-reconcile-horizon must be at least 1s: it is how long an unknown outcome is looked up at its provider")
 	}
-	if c.outboxRecordDelay <= 0 {
+	if c.OutboxRecordDelay <= 0 {
 		return c, errors.New("-outbox-record-delay must be more than 0")
 	}
-	if c.eventTTL < 0 || c.auditTTL < 0 || c.draftTTL < 0 {
+	if c.EventTTL < 0 || c.AuditTTL < 0 || c.DraftTTL < 0 {
 		return c, errors.New("-event-ttl, -audit-ttl and -draft-ttl must be 0 (keep forever) or more")
 	}
 	return c, nil
@@ -244,54 +188,25 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 // the environment or in the settings file is refused rather than ignored:
 // it would not make PostgreSQL's commits any more or less durable.
 func (c *config) checkSynchronous(fs *flag.FlagSet) error {
-	if store.IsPostgres(c.db) {
+	if store.IsPostgres(c.DB) {
 		given := env("GATEWAY_SQLITE_SYNCHRONOUS", "") != ""
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "sqlite-synchronous" })
 		if given {
 			return errors.New("-sqlite-synchronous (GATEWAY_SQLITE_SYNCHRONOUS) applies to a SQLite -db only: with PostgreSQL an acknowledged write is as durable as PostgreSQL's synchronous_commit makes it (on by default); remove the setting")
 		}
-		c.sqliteSync = ""
+		c.SQLiteSynchronous = ""
 		return nil
 	}
-	if _, err := store.SQLiteSynchronous(c.sqliteSync); err != nil || strings.TrimSpace(c.sqliteSync) == "" {
-		return fmt.Errorf("-sqlite-synchronous (GATEWAY_SQLITE_SYNCHRONOUS) %q: use full (an acknowledged write survives an OS crash or power loss) or normal (it survives a crash of the process only)", c.sqliteSync)
+	if _, err := store.SQLiteSynchronous(c.SQLiteSynchronous); err != nil || strings.TrimSpace(c.SQLiteSynchronous) == "" {
+		return fmt.Errorf("-sqlite-synchronous (GATEWAY_SQLITE_SYNCHRONOUS) %q: use full (an acknowledged write survives an OS crash or power loss) or normal (it survives a crash of the process only)", c.SQLiteSynchronous)
 	}
-	c.sqliteSync = strings.ToLower(strings.TrimSpace(c.sqliteSync))
+	c.SQLiteSynchronous = strings.ToLower(strings.TrimSpace(c.SQLiteSynchronous))
 	return nil
 }
 
 // natsToken is a valid -nats-subject: NATS subject tokens without
 // wildcards.
 var natsToken = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
-
-// redactedURL is a -db or -nats setting as logs and errors may show it:
-// a URL loses its password (in its user info or a parameter naming one)
-// and, for NATS, a token given as the user name; a SQLite path is shown as
-// it is.
-func redactedURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		if strings.Contains(raw, "://") || strings.Contains(raw, "@") {
-			return "(not shown: it does not parse as a URL and may hold a password)"
-		}
-		return raw
-	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-			u.User = url.User("xxxxx") // nats://TOKEN@host
-		}
-	}
-	q := u.Query()
-	for k := range q {
-		if lk := strings.ToLower(k); strings.Contains(lk, "password") || strings.Contains(lk, "token") {
-			q.Set(k, "xxxxx")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 // openaiSettings are the flags of -model openai. The API key and the extra
 // request headers are read from the environment or from files, never from
@@ -388,16 +303,17 @@ func (o *openaiSettings) headers() (map[string]string, error) {
 	return out, nil
 }
 
-// backend checks the settings and builds the backend; it makes no request.
-func (o *openaiSettings) backend() (*openai.Backend, error) {
+// settings reads and checks the settings of -model openai; it makes no
+// request.
+func (o *openaiSettings) settings() (openai.Config, error) {
 	if strings.TrimSpace(o.model) == "" {
-		return nil, errors.New("-model openai needs a model name: set GATEWAY_OPENAI_MODEL or -openai-model (for example gpt-4o-mini)")
+		return openai.Config{}, errors.New("-model openai needs a model name: set GATEWAY_OPENAI_MODEL or -openai-model (for example gpt-4o-mini)")
 	}
 	cfg := openai.Config{BaseURL: strings.TrimSpace(o.baseURL), Model: strings.TrimSpace(o.model)}
 	key := env("GATEWAY_OPENAI_API_KEY", "")
 	if o.keyFile != "" {
 		if key != "" {
-			return nil, errors.New("the OpenAI API key is set twice: use GATEWAY_OPENAI_API_KEY or -openai-api-key-file (GATEWAY_OPENAI_API_KEY_FILE), not both")
+			return openai.Config{}, errors.New("the OpenAI API key is set twice: use GATEWAY_OPENAI_API_KEY or -openai-api-key-file (GATEWAY_OPENAI_API_KEY_FILE), not both")
 		}
 		data, err := os.ReadFile(o.keyFile)
 		if err != nil {
@@ -405,33 +321,32 @@ func (o *openaiSettings) backend() (*openai.Backend, error) {
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			return nil, fmt.Errorf("-openai-api-key-file: cannot read the API key file %s: %v", o.keyFile, err)
+			return openai.Config{}, fmt.Errorf("-openai-api-key-file: cannot read the API key file %s: %v", o.keyFile, err)
 		}
 		if key = strings.TrimSpace(string(data)); key == "" {
-			return nil, fmt.Errorf("-openai-api-key-file: %s is empty: put the API key in it", o.keyFile)
+			return openai.Config{}, fmt.Errorf("-openai-api-key-file: %s is empty: put the API key in it", o.keyFile)
 		}
 	}
 	cfg.APIKey = strings.TrimSpace(key)
 	if cfg.APIKey == "" && strings.Contains(cfg.BaseURL, "api.openai.com") {
-		return nil, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
+		return openai.Config{}, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
 	}
 	headers, err := o.headers()
 	if err != nil {
-		return nil, err
+		return openai.Config{}, err
 	}
 	cfg.Headers = headers
 	if o.temperature != "" {
 		t, err := strconv.ParseFloat(o.temperature, 64)
 		if err != nil || t < 0 || t > 2 {
-			return nil, fmt.Errorf("-openai-temperature (GATEWAY_OPENAI_TEMPERATURE) %q is not a number from 0 to 2", o.temperature)
+			return openai.Config{}, fmt.Errorf("-openai-temperature (GATEWAY_OPENAI_TEMPERATURE) %q is not a number from 0 to 2", o.temperature)
 		}
 		cfg.Temperature = &t
 	}
-	b, err := openai.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-headers-file, or their GATEWAY_OPENAI_* variables)", err)
+	if err := cfg.Validate(); err != nil {
+		return openai.Config{}, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-headers-file, or their GATEWAY_OPENAI_* variables)", err)
 	}
-	return b, nil
+	return cfg, nil
 }
 
 // answeredHosts are the Host names a listener on addr answers to: on a

@@ -518,7 +518,7 @@ func TestSlowBodyIsCutStreamsStay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.bodyTimeout, cfg.idleTimeout = 400*time.Millisecond, 400*time.Millisecond
+	cfg.BodyTimeout, cfg.IdleTimeout = 400*time.Millisecond, 400*time.Millisecond
 	tap := &logTap{addr: make(chan string, 1)}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)

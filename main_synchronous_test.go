@@ -19,7 +19,7 @@ func TestSQLiteSynchronousSetting(t *testing.T) {
 		env     string // GATEWAY_SQLITE_SYNCHRONOUS
 		args    []string
 		lines   []string // settings file
-		want    string   // cfg.sqliteSync
+		want    string   // cfg.SQLiteSynchronous
 		wantErr string
 	}{
 		{name: "default", want: store.DefaultSynchronous},
@@ -52,8 +52,8 @@ func TestSQLiteSynchronousSetting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.sqliteSync != tc.want {
-				t.Fatalf("sqliteSync = %q, want %q", cfg.sqliteSync, tc.want)
+			if cfg.SQLiteSynchronous != tc.want {
+				t.Fatalf("sqliteSync = %q, want %q", cfg.SQLiteSynchronous, tc.want)
 			}
 		})
 	}

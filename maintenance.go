@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/honestcancel/gateway/app"
 	"github.com/honestcancel/gateway/store"
 )
 
@@ -43,9 +44,9 @@ func check(args []string, stdout, stderr io.Writer) int {
 	read := fmt.Sprintf("%d threads, %d runs, %d operations, %d events, %d buffered deltas",
 		audit.Threads, audit.Runs, audit.Operations, audit.Events, audit.Deltas)
 	if len(audit.Violations) > 0 {
-		fmt.Fprintf(stdout, "%d violations in %s (%s)\n", len(audit.Violations), redactedURL(*db), read)
+		fmt.Fprintf(stdout, "%d violations in %s (%s)\n", len(audit.Violations), app.RedactedURL(*db), read)
 	} else {
-		fmt.Fprintf(stdout, "ok: all ten invariants hold in %s (%s)\n", redactedURL(*db), read)
+		fmt.Fprintf(stdout, "ok: all ten invariants hold in %s (%s)\n", app.RedactedURL(*db), read)
 	}
 	if len(audit.Unchecked) > 0 {
 		fmt.Fprintln(stdout, "not verifiable from this database alone:")

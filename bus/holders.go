@@ -205,14 +205,17 @@ func (b *NATS) answer(m *nats.Msg) {
 	var err error
 	ctx, cancel := context.WithTimeout(b.ctx, holderAnswerTimeout)
 	defer cancel()
+	h := b.handlers.Load()
 	switch jerr := json.Unmarshal(m.Data, &req); {
 	case jerr != nil:
 		err = fmt.Errorf("unreadable request: %w", jerr)
-	case req.Op == "yield" && b.cfg.OnYield != nil:
-		err = b.cfg.OnYield(ctx, req.ThreadID)
-	case req.Op == "cancel" && req.Cancel != nil && b.cfg.OnCancelRun != nil:
+	case h == nil:
+		err = errors.New("this instance is still starting")
+	case req.Op == "yield" && h.OnYield != nil:
+		err = h.OnYield(ctx, req.ThreadID)
+	case req.Op == "cancel" && req.Cancel != nil && h.OnCancelRun != nil:
 		var ack chat.CancelAck
-		if ack, err = b.cfg.OnCancelRun(ctx, *req.Cancel); err == nil {
+		if ack, err = h.OnCancelRun(ctx, *req.Cancel); err == nil {
 			ans.Cancel = &ack
 		}
 	default:

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,11 +35,6 @@ type EventLog interface {
 type NATSConfig struct {
 	// Log is the event log missed events are recovered from. Required.
 	Log EventLog
-	// OnCancel is called with the run id of each cancel wake-up another
-	// instance publishes (never for this instance's own), from one bus
-	// goroutine, one call at a time, outside every bus lock. Nil ignores
-	// wake-ups.
-	OnCancel func(runID string)
 	// Subject prefixes every subject the bus uses ("gateway" when empty):
 	// instances share events only with the same prefix.
 	Subject string
@@ -56,9 +52,19 @@ type NATSConfig struct {
 	// Name identifies this instance to the NATS server.
 	Name string
 	// Holder is this process's run lease owner: the name other instances
-	// ask (YieldStream) for threads it streams on. With OnYield, the bus
-	// answers their requests. Empty: it answers none.
+	// ask (YieldStream, ForwardCancel) about threads it streams on and runs
+	// it executes. Empty: it is asked nothing.
 	Holder string
+}
+
+// Handlers connect the bus to the parts that answer other instances; see
+// NATS.SetHandlers.
+type Handlers struct {
+	// OnCancel is called with the run id of each cancel wake-up another
+	// instance publishes (never for this instance's own), from one bus
+	// goroutine, one call at a time, outside every bus lock. Nil ignores
+	// wake-ups.
+	OnCancel func(runID string)
 	// OnYield gives a thread this process streams on back to the asking
 	// instance (store.Store.YieldStream): it writes the pending deltas and
 	// the reservation goes. OnCancelRun accepts a cancel another instance
@@ -88,18 +94,19 @@ type NATSConfig struct {
 // every goroutine it starts (two receivers, the publisher, the sweeper and
 // at most one recovery per thread); Close stops them and waits.
 type NATS struct {
-	cfg     NATSConfig
-	log     *slog.Logger
-	nc      *nats.Conn
-	evSub   *nats.Subscription
-	evCh    chan *nats.Msg
-	cnSub   *nats.Subscription
-	cnCh    chan *nats.Msg
-	evPfx   string // "<prefix>.ev."
-	cancelS string // "<prefix>.cancel"
-	holderS string // "<prefix>.holder."
-	hSub    *nats.Subscription
-	hCh     chan *nats.Msg
+	cfg      NATSConfig
+	handlers atomic.Pointer[Handlers] // nil until SetHandlers
+	log      *slog.Logger
+	nc       *nats.Conn
+	evSub    *nats.Subscription
+	evCh     chan *nats.Msg
+	cnSub    *nats.Subscription
+	cnCh     chan *nats.Msg
+	evPfx    string // "<prefix>.ev."
+	cancelS  string // "<prefix>.cancel"
+	holderS  string // "<prefix>.holder."
+	hSub     *nats.Subscription
+	hCh      chan *nats.Msg
 
 	ctx    context.Context // ends at Close: stops every goroutine and log read
 	stop   context.CancelFunc
@@ -764,6 +771,16 @@ func (b *NATS) sweep() {
 	}
 }
 
+// SetHandlers connects the bus to what answers other instances (the
+// store's YieldStream, the engine's CancelRunHere and WakeCancels), once
+// those exist: the bus is dialed first because the store and the engine
+// are built on it. Until then another instance's request is answered
+// "this instance is still starting" (it then decides without this one, as
+// for a process that does not answer) and a cancel wake-up is ignored (the
+// engine finds the cancel at its next poll). Safe to call while the bus
+// runs; a later call replaces the handlers.
+func (b *NATS) SetHandlers(h Handlers) { b.handlers.Store(&h) }
+
 // Recent returns the events this bus delivered for the thread after seq
 // after, and true, when it still holds every one of them in order (the
 // last recentMax, for up to about recentAge): what a subscriber joining
@@ -900,8 +917,8 @@ func (b *NATS) receiveCancels() {
 		case <-b.ctx.Done():
 			return
 		case m := <-b.cnCh:
-			if b.cfg.OnCancel != nil && len(m.Data) > 0 {
-				b.cfg.OnCancel(string(m.Data))
+			if h := b.handlers.Load(); h != nil && h.OnCancel != nil && len(m.Data) > 0 {
+				h.OnCancel(string(m.Data))
 			}
 		}
 	}

@@ -494,8 +494,10 @@ func TestNATSCancelWakeUpReachesOnlyTheOtherInstance(t *testing.T) {
 	log := newMemLog()
 	subj := testSubject()
 	gotA, gotB := make(chan string, 10), make(chan string, 10)
-	a := dial(t, url, log, bus.NATSConfig{Subject: subj, OnCancel: func(id string) { gotA <- id }})
-	b := dial(t, url, log, bus.NATSConfig{Subject: subj, OnCancel: func(id string) { gotB <- id }})
+	a := dial(t, url, log, bus.NATSConfig{Subject: subj})
+	b := dial(t, url, log, bus.NATSConfig{Subject: subj})
+	a.bus.SetHandlers(bus.Handlers{OnCancel: func(id string) { gotA <- id }})
+	b.bus.SetHandlers(bus.Handlers{OnCancel: func(id string) { gotB <- id }})
 	recv := func(name string, c chan string, want string) {
 		t.Helper()
 		select {
@@ -587,8 +589,8 @@ func TestNATSYieldStreamReachesTheHolder(t *testing.T) {
 		}
 	}
 	// Lease owners name a process and need not be NATS tokens.
-	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gw A.p*1", OnYield: onYield("a")})
-	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwC.p3", OnYield: onYield("c")})
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gw A.p*1"}).bus.SetHandlers(bus.Handlers{OnYield: onYield("a")})
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwC.p3"}).bus.SetHandlers(bus.Handlers{OnYield: onYield("c")})
 	asker := dial(t, url, log, bus.NATSConfig{Subject: subj})
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
@@ -625,7 +627,7 @@ func TestNATSForwardCancelCarriesAckAndRefusal(t *testing.T) {
 	url := natsURL(t)
 	subj := testSubject()
 	log := newMemLog()
-	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1",
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1"}).bus.SetHandlers(bus.Handlers{
 		OnCancelRun: func(_ context.Context, p chat.CancelRun) (chat.CancelAck, error) {
 			if p.RunID == "run_done" {
 				return chat.CancelAck{}, chat.Errorf(chat.CodeRunNotActive, "run %s already ended completed", p.RunID).With("status", "completed")
@@ -659,7 +661,7 @@ func TestNATSAskerWaitsForAHolderThatConfirmedReceipt(t *testing.T) {
 	subj := testSubject()
 	log := newMemLog()
 	started, release := make(chan struct{}), make(chan struct{})
-	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1",
+	dial(t, url, log, bus.NATSConfig{Subject: subj, Holder: "gwA.p1"}).bus.SetHandlers(bus.Handlers{
 		OnCancelRun: func(_ context.Context, p chat.CancelRun) (chat.CancelAck, error) {
 			close(started)
 			<-release

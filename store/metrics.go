@@ -50,6 +50,6 @@ func (s *Store) committedLocked(t *txn) {
 		s.metrics.CancelSettled(time.Since(fromMS(at)))
 	}
 	if len(t.events) > 0 {
-		s.onCommit(t.events)
+		s.published(t.events)
 	}
 }

@@ -56,7 +56,8 @@ var migrations embed.FS
 type Options struct {
 	// OnCommit receives the events of every committed write transaction, in
 	// seq order per thread. It is called with the write lock held and must
-	// not block or call back into the Store.
+	// not block or call back into the Store. (SetOnCommit sets it when its
+	// receiver is built on the store.)
 	OnCommit func(events []*chat.Event)
 	// Readers is the size of the read pool (default 4).
 	Readers int
@@ -133,9 +134,9 @@ func SQLiteSynchronous(setting string) (string, error) {
 type Store struct {
 	writer   *sqlx.DB
 	reader   *sqlx.DB
-	gate     *writerGate // taken for every write transaction (writer.go)
-	queue    writeQueue  // group commit of AppendDeltas (group.go)
-	onCommit func([]*chat.Event)
+	gate     *writerGate                         // taken for every write transaction (writer.go)
+	queue    writeQueue                          // group commit of AppendDeltas (group.go)
+	onCommit atomic.Pointer[func([]*chat.Event)] // never nil after Open
 	metrics  Metrics
 	lock     *os.File
 	pg       bool                     // PostgreSQL, not SQLite
@@ -246,10 +247,6 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 	}
 	reader.SetMaxOpenConns(n)
 	reader.SetMaxIdleConns(n)
-	onCommit := opts.OnCommit
-	if onCommit == nil {
-		onCommit = func([]*chat.Event) {}
-	}
 	var metrics Metrics = noMetrics{}
 	if opts.Metrics != nil {
 		// The stream buffer's size is kept up to date from here on by the
@@ -271,10 +268,25 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 	if horizon <= 0 {
 		horizon = DefaultReconcileHorizon
 	}
-	st := &Store{writer: writer, reader: reader, onCommit: onCommit, metrics: metrics, pg: pg, clock: clock, horizon: horizon}
+	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon}
+	st.SetOnCommit(opts.OnCommit)
 	st.gate = newWriterGate(&st.queue.waiting)
 	return st, nil
 }
+
+// SetOnCommit replaces Options.OnCommit (nil: events go nowhere). For a
+// receiver built on the store (the event bus reads it): set it before the
+// first write that matters to it; a transaction committing meanwhile hands
+// its events to the old or the new one.
+func (s *Store) SetOnCommit(fn func(events []*chat.Event)) {
+	if fn == nil {
+		fn = func([]*chat.Event) {}
+	}
+	s.onCommit.Store(&fn)
+}
+
+// published hands committed events to OnCommit.
+func (s *Store) published(events []*chat.Event) { (*s.onCommit.Load())(events) }
 
 // Postgres reports whether the store is on PostgreSQL.
 func (s *Store) Postgres() bool { return s.pg }

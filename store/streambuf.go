@@ -292,7 +292,7 @@ func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, message
 	ts.next = pb.last
 	ts.pending = append(ts.pending, pb)
 	b.pending.Add(n)
-	b.s.onCommit(pb.events)
+	b.s.published(pb.events)
 	select {
 	case b.wake <- struct{}{}:
 	default:

@@ -117,37 +117,46 @@ var _ model.Backend = (*Backend)(nil)
 // ModelName is the model name every request asks for.
 func (b *Backend) ModelName() string { return b.model }
 
-// New checks cfg and returns a backend. It makes no request.
-func New(cfg Config) (*Backend, error) {
+// Validate reports what is wrong with cfg, in words that say what to set;
+// New calls it. It makes no request.
+func (cfg Config) Validate() error {
 	if strings.TrimSpace(cfg.BaseURL) == "" {
-		return nil, errors.New("the OpenAI base URL is empty: set it to the API's URL, for example https://api.openai.com/v1")
+		return errors.New("the OpenAI base URL is empty: set it to the API's URL, for example https://api.openai.com/v1")
 	}
 	u, err := url.Parse(cfg.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("the OpenAI base URL %q is not an http(s) URL: set it to the API's URL, for example https://api.openai.com/v1", cfg.BaseURL)
+		return fmt.Errorf("the OpenAI base URL %q is not an http(s) URL: set it to the API's URL, for example https://api.openai.com/v1", cfg.BaseURL)
 	}
 	if u.User != nil {
-		return nil, errors.New("the OpenAI base URL must not contain credentials: pass the API key separately")
+		return errors.New("the OpenAI base URL must not contain credentials: pass the API key separately")
 	}
 	if strings.TrimSpace(cfg.Model) == "" {
-		return nil, errors.New("the OpenAI model name is empty: set the model to use, for example gpt-4o-mini")
+		return errors.New("the OpenAI model name is empty: set the model to use, for example gpt-4o-mini")
 	}
 	for name, value := range cfg.Headers {
 		if !httpguts.ValidHeaderFieldName(name) {
-			return nil, fmt.Errorf("header name %q is not valid: use the form Name: value", name)
+			return fmt.Errorf("header name %q is not valid: use the form Name: value", name)
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
-			return nil, fmt.Errorf("the value of header %s contains a line break", name)
+			return fmt.Errorf("the value of header %s contains a line break", name)
 		}
 		if strings.EqualFold(name, "Authorization") && cfg.APIKey != "" {
-			return nil, errors.New("both an API key and an Authorization header are set: keep only one")
+			return errors.New("both an API key and an Authorization header are set: keep only one")
 		}
 	}
 	if t := cfg.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 2) {
-		return nil, fmt.Errorf("temperature %v is out of range: use a number from 0 to 2", *t)
+		return fmt.Errorf("temperature %v is out of range: use a number from 0 to 2", *t)
 	}
 	if cfg.IdleTimeout < 0 {
-		return nil, errors.New("the idle timeout must not be negative")
+		return errors.New("the idle timeout must not be negative")
+	}
+	return nil
+}
+
+// New checks cfg (Validate) and returns a backend. It makes no request.
+func New(cfg Config) (*Backend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	idle := cfg.IdleTimeout
 	if idle == 0 {
