@@ -31,6 +31,7 @@ import (
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/tools/email"
+	"github.com/honestcancel/gateway/tools/webhook"
 	"github.com/honestcancel/gateway/web"
 )
 
@@ -263,7 +264,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 func (a *App) tools() (*tools.Registry, error) {
 	all := []tools.Tool{tools.NewCatalogSearch(a.cfg.SearchLatency), email.NewSendEmail(a.outbox)}
 	if a.cfg.ToolsConfig != "" {
-		hooks, err := tools.LoadWebhooks(a.cfg.ToolsConfig, nil)
+		hooks, err := webhook.Load(a.cfg.ToolsConfig, nil)
 		if err != nil {
 			return nil, err
 		}

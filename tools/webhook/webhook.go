@@ -1,4 +1,10 @@
-package tools
+// Package webhook is the operator's own tools: HTTP endpoints listed in a
+// config file (-tools-config, format at Load), each with the contract the
+// operator gives it. A cancellable or idempotent one is a Runner (one POST
+// per call, the idempotency key in its header); a consequential one a
+// Committer (POSTed once after the user confirms, its outcome looked up by
+// key at status_url when nobody saw the answer).
+package webhook
 
 import (
 	"bytes"
@@ -21,25 +27,27 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 // Webhook limits and defaults.
 const (
-	// DefaultWebhookTimeout bounds one HTTP call when "timeout" is absent.
-	DefaultWebhookTimeout = 10 * time.Second
-	// MaxWebhookTimeout is the largest "timeout" accepted.
-	MaxWebhookTimeout = 10 * time.Minute
-	// MaxWebhookResponseBytes is the largest answer body accepted (1 MiB).
-	MaxWebhookResponseBytes = 1 << 20
-	// maxExcerptBytes bounds the body excerpt in a WebhookStatusError.
+	// DefaultTimeout bounds one HTTP call when "timeout" is absent.
+	DefaultTimeout = 10 * time.Second
+	// MaxTimeout is the largest "timeout" accepted.
+	MaxTimeout = 10 * time.Minute
+	// MaxResponseBytes is the largest answer body accepted (1 MiB).
+	MaxResponseBytes = 1 << 20
+	// maxExcerptBytes bounds the body excerpt in a StatusError.
 	maxExcerptBytes = 200
 	// maxDescriptionBytes bounds a webhook tool's description.
 	maxDescriptionBytes = 4096
 )
 
-// WebhookConfig is one entry of the "tools" array of a webhook config file
-// (the format is described at LoadWebhooks).
-type WebhookConfig struct {
+// Config is one entry of the "tools" array of a webhook config file
+// (the format is described at Load).
+type Config struct {
 	Name        string            `json:"name"`
 	Description string            `json:"description"`
 	Contract    string            `json:"contract"`
@@ -66,9 +74,9 @@ var reservedHeaders = map[string]bool{
 	"Trailer": true, "Upgrade": true, "Keep-Alive": true, "Proxy-Connection": true,
 }
 
-// LoadWebhooks reads the webhook config file at path and returns its tools
-// in file order: a *WebhookRunner for a cancellable or idempotent tool, a
-// *WebhookCommitter for a consequential one. client makes the calls (nil:
+// Load reads the webhook config file at path and returns its tools
+// in file order: a *Runner for a cancellable or idempotent tool, a
+// *Committer for a consequential one. client makes the calls (nil:
 // a default client); the per-call timeout comes from the config, and
 // redirects are never followed. Every problem found is reported, each
 // naming the tool and the field.
@@ -81,7 +89,7 @@ var reservedHeaders = map[string]bool{
 //	      "name": "lookup_order",                      // ^[a-z][a-z0-9_]{0,63}$, unique
 //	      "description": "Look an order up by id.",   // for the model; required
 //	      "contract": "idempotent",                    // cancellable | idempotent | consequential
-//	      "parameters": {"type": "object", ...},       // JSON Schema, see CompileSchema
+//	      "parameters": {"type": "object", ...},       // JSON Schema, see tools.CompileSchema
 //	      "url": "https://orders.example.com/lookup",  // http or https; POSTed to
 //	      "status_url": "https://…/status/{key}",      // consequential only, optional
 //	      "timeout": "10s",                            // optional, default 10s, at most 10m
@@ -111,15 +119,15 @@ var reservedHeaders = map[string]bool{
 //
 // Contracts:
 //
-//   - cancellable and idempotent tools are Runners (*WebhookRunner). Run
+//   - cancellable and idempotent tools are Runners (*Runner). Run
 //     honours ctx at once: a cancel aborts the request.
-//   - consequential tools are Committers (*WebhookCommitter). Prepare's
+//   - consequential tools are Committers (*Committer). Prepare's
 //     preview is the normalised arguments and its key is
 //     "<name>:<scope>:<16 hex of sha256(normalised arguments)>:commit".
 //     Commit sends that key as Idempotency-Key; the service must act at
 //     most once per key and answer a repeated key with the first outcome.
 //     A 4xx answer other than 408, 409 and 429 means the service refused
-//     and did nothing: the error wraps ErrRejected. A 408, 409 (the usual
+//     and did nothing: the error wraps tools.ErrRejected. A 408, 409 (the usual
 //     answer to a key whose first request is still in progress), 429, 3xx
 //     or 5xx answer, a timeout, a network error or a 2xx whose body is not
 //     JSON leaves the outcome unknown (a plain error).
@@ -138,20 +146,20 @@ var reservedHeaders = map[string]bool{
 //     because the service honours Idempotency-Key), so configure
 //     status_url for every consequential tool whose service can look a key
 //     up.
-func LoadWebhooks(path string, client *http.Client) ([]Tool, error) {
+func Load(path string, client *http.Client) ([]tools.Tool, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("webhook config: %w", err)
 	}
-	ts, err := ParseWebhooks(data, client)
+	ts, err := Parse(data, client)
 	if err != nil {
 		return nil, fmt.Errorf("webhook config %s: %w", path, err)
 	}
 	return ts, nil
 }
 
-// ParseWebhooks is LoadWebhooks on the file's content.
-func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
+// Parse is Load on the file's content.
+func Parse(data []byte, client *http.Client) ([]tools.Tool, error) {
 	if err := checkJSONDocument(data); err != nil {
 		return nil, err
 	}
@@ -175,7 +183,7 @@ func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
 		errs = append(errs, errors.New(`field "tools" must be an array of tool objects`))
 		return nil, errors.Join(errs...)
 	}
-	var out []Tool
+	var out []tools.Tool
 	seen := map[string]int{}
 	for i, raw := range entries {
 		cfg, label, ferrs, ok := decodeWebhookEntry(i, raw)
@@ -201,7 +209,7 @@ func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
 		return nil, errors.Join(errs...)
 	}
 	if out == nil {
-		out = []Tool{}
+		out = []tools.Tool{}
 	}
 	return out, nil
 }
@@ -210,7 +218,7 @@ func ParseWebhooks(data []byte, client *http.Client) ([]Tool, error) {
 // names its field. label names the entry in messages. ok reports whether
 // every field had the right JSON type (unknown fields aside), so that cfg
 // can be checked further.
-func decodeWebhookEntry(i int, raw json.RawMessage) (cfg WebhookConfig, label string, errs []error, ok bool) {
+func decodeWebhookEntry(i int, raw json.RawMessage) (cfg Config, label string, errs []error, ok bool) {
 	label = fmt.Sprintf("tools[%d]", i)
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
@@ -253,10 +261,10 @@ func decodeWebhookEntry(i int, raw json.RawMessage) (cfg WebhookConfig, label st
 	return cfg, label, errs, ok
 }
 
-// NewWebhook checks cfg as LoadWebhooks does and returns its tool: a
-// *WebhookRunner or a *WebhookCommitter. ${NAME} references in header
+// New checks cfg as Load does and returns its tool: a
+// *Runner or a *Committer. ${NAME} references in header
 // values are expanded now.
-func NewWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
+func New(cfg Config, client *http.Client) (tools.Tool, error) {
 	t, err := newWebhook(cfg, client)
 	if err != nil {
 		label := "webhook tool"
@@ -270,7 +278,7 @@ func NewWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 
 // newWebhook returns the tool or an errors.Join of every problem, each
 // naming its field.
-func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
+func newWebhook(cfg Config, client *http.Client) (tools.Tool, error) {
 	var errs []error
 	fail := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("field %q: %s", field, fmt.Sprintf(format, a...)))
@@ -291,24 +299,24 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 		fail("description", "is not valid UTF-8")
 	}
 	switch cfg.Contract {
-	case Cancellable, Idempotent, Consequential:
+	case tools.Cancellable, tools.Idempotent, tools.Consequential:
 	case "":
 		fail("contract", "is required: cancellable, idempotent or consequential")
 	default:
 		fail("contract", "%q is not one of cancellable, idempotent, consequential", cfg.Contract)
 	}
-	var schema *Schema
+	var schema *tools.Schema
 	if len(bytes.TrimSpace(cfg.Parameters)) == 0 {
-		fail("parameters", `is required: a JSON Schema such as {"type": "object", "properties": {...}}`)
+		fail("parameters", `is required: a JSON tools.Schema such as {"type": "object", "properties": {...}}`)
 	} else {
-		s, err := CompileSchema(cfg.Parameters)
+		s, err := tools.CompileSchema(cfg.Parameters)
 		if err != nil {
 			fail("parameters", "%v", err)
 		}
 		schema = s
 	}
 
-	h := &webhook{name: cfg.Name, contract: cfg.Contract, timeout: DefaultWebhookTimeout, headers: http.Header{}}
+	h := &webhook{name: cfg.Name, contract: cfg.Contract, timeout: DefaultTimeout, headers: http.Header{}}
 	if cfg.URL == "" {
 		fail("url", "is required")
 	} else if u, err := checkWebhookURL(cfg.URL); err != nil {
@@ -317,7 +325,7 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 		h.url, h.shown = cfg.URL, shownURL(u)
 	}
 	if cfg.StatusURL != "" {
-		if cfg.Contract != Consequential && cfg.Contract != "" {
+		if cfg.Contract != tools.Consequential && cfg.Contract != "" {
 			fail("status_url", "is only used by consequential tools (this one is %s)", cfg.Contract)
 		} else if err := checkStatusURL(cfg.StatusURL); err != nil {
 			fail("status_url", "%v", err)
@@ -332,8 +340,8 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 			fail("timeout", "%q is not a duration such as \"10s\" or \"1m30s\"", cfg.Timeout)
 		case d <= 0:
 			fail("timeout", "%q must be positive", cfg.Timeout)
-		case d > MaxWebhookTimeout:
-			fail("timeout", "%q is longer than the maximum, %s", cfg.Timeout, MaxWebhookTimeout)
+		case d > MaxTimeout:
+			fail("timeout", "%q is longer than the maximum, %s", cfg.Timeout, MaxTimeout)
 		default:
 			h.timeout = d
 		}
@@ -368,15 +376,15 @@ func newWebhook(cfg WebhookConfig, client *http.Client) (Tool, error) {
 		return nil, errors.Join(errs...)
 	}
 
-	st, err := NewSchemaTool(Spec{Name: cfg.Name, Description: cfg.Description, Contract: cfg.Contract}, schema.JSON())
+	st, err := tools.NewSchemaTool(tools.Spec{Name: cfg.Name, Description: cfg.Description, Contract: cfg.Contract}, schema.JSON())
 	if err != nil {
 		return nil, errors.Join(err)
 	}
 	h.client = noRedirectClient(client)
-	if cfg.Contract == Consequential {
-		return &WebhookCommitter{SchemaTool: st, hook: h}, nil
+	if cfg.Contract == tools.Consequential {
+		return &Committer{SchemaTool: st, hook: h}, nil
 	}
-	return &WebhookRunner{SchemaTool: st, hook: h}, nil
+	return &Runner{SchemaTool: st, hook: h}, nil
 }
 
 // splitJoined returns the errors joined in err (by errors.Join).
@@ -589,7 +597,7 @@ type webhook struct {
 var errNotSent = errors.New("the request was not sent")
 
 // answer is an HTTP answer: its status and body. For a 2xx the body is
-// whole, unless over (larger than MaxWebhookResponseBytes); otherwise it is
+// whole, unless over (larger than MaxResponseBytes); otherwise it is
 // the beginning, enough for an excerpt.
 type answer struct {
 	code int
@@ -631,7 +639,7 @@ func (h *webhook) call(ctx context.Context, method, target, shown, key string, b
 	}
 	defer resp.Body.Close()
 	a := answer{code: resp.StatusCode}
-	limit := int64(MaxWebhookResponseBytes)
+	limit := int64(MaxResponseBytes)
 	if a.code/100 != 2 {
 		limit = 4 << 10 // an excerpt is all that is shown
 	}
@@ -678,8 +686,8 @@ func (h *webhook) result(method, shown string, a answer) (json.RawMessage, error
 	return json.RawMessage(buf.Bytes()), nil
 }
 
-func (h *webhook) statusError(method, shown string, a answer, rejected bool) *WebhookStatusError {
-	return &WebhookStatusError{Tool: h.name, Method: method, URL: shown, StatusCode: a.code, Excerpt: excerpt(a.body), Rejected: rejected}
+func (h *webhook) statusError(method, shown string, a answer, rejected bool) *StatusError {
+	return &StatusError{Tool: h.name, Method: method, URL: shown, StatusCode: a.code, Excerpt: excerpt(a.body), Rejected: rejected}
 }
 
 // post sends {"arguments": norm} with key.
@@ -720,49 +728,49 @@ func excerpt(body []byte) string {
 	return s[:cut] + "..."
 }
 
-// WebhookStatusError is a webhook's answer with an HTTP status the call
+// StatusError is a webhook's answer with an HTTP status the call
 // does not accept.
-type WebhookStatusError struct {
+type StatusError struct {
 	Tool       string
 	Method     string
 	URL        string // without its query
 	StatusCode int
 	Excerpt    string // the start of the body, at most 200 bytes, one line
 	// Rejected: a Commit the service refused for good (a 4xx other than
-	// 408 and 429); the error then wraps ErrRejected.
+	// 408 and 429); the error then wraps tools.ErrRejected.
 	Rejected bool
 }
 
-func (e *WebhookStatusError) Error() string {
+func (e *StatusError) Error() string {
 	s := fmt.Sprintf("webhook %s: %s %s answered %d %s", e.Tool, e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
 	if e.Excerpt != "" {
 		s += ": " + e.Excerpt
 	}
 	if e.Rejected {
-		s += " (" + ErrRejected.Error() + ")"
+		s += " (" + tools.ErrRejected.Error() + ")"
 	}
 	return s
 }
 
-// Unwrap returns ErrRejected for a rejection.
-func (e *WebhookStatusError) Unwrap() error {
+// Unwrap returns tools.ErrRejected for a rejection.
+func (e *StatusError) Unwrap() error {
 	if e.Rejected {
-		return ErrRejected
+		return tools.ErrRejected
 	}
 	return nil
 }
 
-// WebhookRunner is a cancellable or idempotent webhook tool.
-type WebhookRunner struct {
-	*SchemaTool
+// Runner is a cancellable or idempotent webhook tool.
+type Runner struct {
+	*tools.SchemaTool
 	hook *webhook
 }
 
-var _ Runner = (*WebhookRunner)(nil)
+var _ tools.Runner = (*Runner)(nil)
 
-// Run implements Runner: it validates args and POSTs them with key as
+// Run implements tools.Runner: it validates args and POSTs them with key as
 // Idempotency-Key. The result is the 2xx answer's JSON body.
-func (t *WebhookRunner) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
+func (t *Runner) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	if err := checkKey(t.hook.name, key); err != nil {
 		return nil, err
 	}
@@ -780,25 +788,25 @@ func (t *WebhookRunner) Run(ctx context.Context, key string, args json.RawMessag
 	return t.hook.result(http.MethodPost, t.hook.shown, a)
 }
 
-// WebhookCommitter is a consequential webhook tool.
-type WebhookCommitter struct {
-	*SchemaTool
+// Committer is a consequential webhook tool.
+type Committer struct {
+	*tools.SchemaTool
 	hook *webhook
 }
 
-var _ Committer = (*WebhookCommitter)(nil)
+var _ tools.Committer = (*Committer)(nil)
 
-// WebhookKey is the idempotency key of the consequential webhook tool name
+// Key is the idempotency key of the consequential webhook tool name
 // called with the normalised arguments norm in scope:
 // "<name>:<scope>:<16 hex of sha256(norm)>:commit".
-func WebhookKey(name, scope string, norm json.RawMessage) string {
+func Key(name, scope string, norm json.RawMessage) string {
 	sum := sha256.Sum256(norm)
 	return name + ":" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":commit"
 }
 
-// Prepare implements Committer: the preview is the normalised arguments,
+// Prepare implements tools.Committer: the preview is the normalised arguments,
 // and the key depends on the tool, scope and those arguments only.
-func (t *WebhookCommitter) Prepare(scope string, args json.RawMessage) (json.RawMessage, string, error) {
+func (t *Committer) Prepare(scope string, args json.RawMessage) (json.RawMessage, string, error) {
 	if scope == "" {
 		return nil, "", fmt.Errorf("webhook %s: empty scope", t.hook.name)
 	}
@@ -809,26 +817,26 @@ func (t *WebhookCommitter) Prepare(scope string, args json.RawMessage) (json.Raw
 	if err != nil {
 		return nil, "", err
 	}
-	return append(json.RawMessage(nil), norm...), WebhookKey(t.hook.name, scope, norm), nil
+	return append(json.RawMessage(nil), norm...), Key(t.hook.name, scope, norm), nil
 }
 
-// Commit implements Committer: it POSTs the arguments with key as
-// Idempotency-Key. An error wrapping ErrRejected means nothing was done (the
+// Commit implements tools.Committer: it POSTs the arguments with key as
+// Idempotency-Key. An error wrapping tools.ErrRejected means nothing was done (the
 // service refused with a 4xx other than 408, 409 and 429, or the arguments
 // or key were invalid so nothing was sent); any other error leaves the
 // outcome unknown until Status says.
-func (t *WebhookCommitter) Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
+func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	if err := checkKey(t.hook.name, key); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+		return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 	}
 	norm, err := t.Validate(args)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+		return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 	}
 	a, err := t.hook.post(ctx, key, norm)
 	if err != nil {
 		if errors.Is(err, errNotSent) {
-			return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+			return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 		}
 		return nil, err // it may have acted: unknown
 	}
@@ -845,17 +853,17 @@ func (t *WebhookCommitter) Commit(ctx context.Context, key string, args json.Raw
 	return nil, t.hook.statusError(http.MethodPost, t.hook.shown, a, false)
 }
 
-// Status implements Committer by GETting status_url for key: 200 with a
+// Status implements tools.Committer by GETting status_url for key: 200 with a
 // JSON body is Known, 404 is not known (yet), anything else is an error.
 // Without status_url it always returns an error: the outcome cannot be
 // reconciled.
-func (t *WebhookCommitter) Status(ctx context.Context, key string) (Status, error) {
+func (t *Committer) Status(ctx context.Context, key string) (tools.Status, error) {
 	h := t.hook
 	if h.statusURL == "" {
-		return Status{}, fmt.Errorf("webhook %s: no status_url is configured, so the outcome of key %q cannot be looked up and stays unknown", h.name, key)
+		return tools.Status{}, fmt.Errorf("webhook %s: no status_url is configured, so the outcome of key %q cannot be looked up and stays unknown", h.name, key)
 	}
 	if err := checkKey(h.name, key); err != nil {
-		return Status{}, err
+		return tools.Status{}, err
 	}
 	target := statusTarget(h.statusURL, key)
 	shown := target
@@ -864,19 +872,19 @@ func (t *WebhookCommitter) Status(ctx context.Context, key string) (Status, erro
 	}
 	a, err := h.call(ctx, http.MethodGet, target, shown, "", nil)
 	if err != nil {
-		return Status{}, err
+		return tools.Status{}, err
 	}
 	switch a.code {
 	case http.StatusOK:
 		res, err := h.result(http.MethodGet, shown, a)
 		if err != nil {
-			return Status{}, err
+			return tools.Status{}, err
 		}
-		return Status{Known: true, Result: res}, nil
+		return tools.Status{Known: true, Result: res}, nil
 	case http.StatusNotFound:
-		return Status{}, nil
+		return tools.Status{}, nil
 	}
-	return Status{}, h.statusError(http.MethodGet, shown, a, false)
+	return tools.Status{}, h.statusError(http.MethodGet, shown, a, false)
 }
 
 // statusTarget replaces every {key} in tmpl with key, escaped for the path
@@ -891,10 +899,10 @@ func statusTarget(tmpl, key string) string {
 }
 
 // String describes the tool without its headers.
-func (t *WebhookRunner) String() string { return describeWebhook(t.hook) }
+func (t *Runner) String() string { return describeWebhook(t.hook) }
 
 // String describes the tool without its headers.
-func (t *WebhookCommitter) String() string { return describeWebhook(t.hook) }
+func (t *Committer) String() string { return describeWebhook(t.hook) }
 
 func describeWebhook(h *webhook) string {
 	return "webhook " + h.name + " (" + h.contract + ", POST " + h.shown + ", timeout " + h.timeout.String() + ", " + strconv.Itoa(len(h.headers)) + " configured headers)"

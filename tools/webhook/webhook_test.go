@@ -1,4 +1,4 @@
-package tools
+package webhook
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 const webhookSchema = `{
@@ -87,9 +89,9 @@ func configFile(t *testing.T, cfgs ...map[string]any) string {
 	return string(data)
 }
 
-func loadTools(t *testing.T, client *http.Client, cfgs ...map[string]any) []Tool {
+func loadTools(t *testing.T, client *http.Client, cfgs ...map[string]any) []tools.Tool {
 	t.Helper()
-	ts, err := LoadWebhooks(writeConfig(t, configFile(t, cfgs...)), client)
+	ts, err := Load(writeConfig(t, configFile(t, cfgs...)), client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,26 +101,26 @@ func loadTools(t *testing.T, client *http.Client, cfgs ...map[string]any) []Tool
 	return ts
 }
 
-func runner(t *testing.T, srv *httptest.Server, cfg map[string]any) Runner {
+func runner(t *testing.T, srv *httptest.Server, cfg map[string]any) tools.Runner {
 	t.Helper()
-	r, ok := loadTools(t, srv.Client(), cfg)[0].(Runner)
+	r, ok := loadTools(t, srv.Client(), cfg)[0].(tools.Runner)
 	if !ok {
-		t.Fatalf("%s is not a Runner", cfg["name"])
+		t.Fatalf("%s is not a tools.Runner", cfg["name"])
 	}
-	if _, ok := r.(Committer); ok {
-		t.Fatalf("%s is a Committer too", cfg["name"])
+	if _, ok := r.(tools.Committer); ok {
+		t.Fatalf("%s is a tools.Committer too", cfg["name"])
 	}
 	return r
 }
 
-func committer(t *testing.T, srv *httptest.Server, cfg map[string]any) Committer {
+func committer(t *testing.T, srv *httptest.Server, cfg map[string]any) tools.Committer {
 	t.Helper()
-	c, ok := loadTools(t, srv.Client(), cfg)[0].(Committer)
+	c, ok := loadTools(t, srv.Client(), cfg)[0].(tools.Committer)
 	if !ok {
-		t.Fatalf("%s is not a Committer", cfg["name"])
+		t.Fatalf("%s is not a tools.Committer", cfg["name"])
 	}
-	if _, ok := c.(Runner); ok {
-		t.Fatalf("%s is a Runner too", cfg["name"])
+	if _, ok := c.(tools.Runner); ok {
+		t.Fatalf("%s is a tools.Runner too", cfg["name"])
 	}
 	return c
 }
@@ -177,14 +179,14 @@ func TestWebhookRunSendsKeyHeadersAndArguments(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, "{ \"order\": \"A1\",\n \"items\": [1, 2], \"note\": \"<b>\" }\n")
 	}))
-	cfg := hookConfig("lookup_order", Idempotent, srv.URL+"/lookup?tenant=7")
+	cfg := hookConfig("lookup_order", tools.Idempotent, srv.URL+"/lookup?tenant=7")
 	cfg["headers"] = map[string]string{
 		"Authorization": "Bearer ${WEBHOOK_TEST_TOKEN}",
 		"x-static":      "plain $value ${WEBHOOK_TEST_TOKEN}!",
 	}
 	r := runner(t, srv, cfg)
 
-	if s := r.Spec(); s.Name != "lookup_order" || s.Contract != Idempotent || s.Description != "A test webhook." || !json.Valid(s.Parameters) {
+	if s := r.Spec(); s.Name != "lookup_order" || s.Contract != tools.Idempotent || s.Description != "A test webhook." || !json.Valid(s.Parameters) {
 		t.Fatalf("spec %+v", s)
 	}
 	res, err := r.Run(context.Background(), "op_1", json.RawMessage(` {"qty": 5.0, "order_id": "A1"}`))
@@ -219,7 +221,7 @@ func TestWebhookRunSendsKeyHeadersAndArguments(t *testing.T) {
 
 	// Arguments the schema refuses never reach the service.
 	_, err = r.Run(context.Background(), "op_2", json.RawMessage(`{"qty": 1}`))
-	var ia *InvalidArgs
+	var ia *tools.InvalidArgs
 	if !errors.As(err, &ia) || !strings.Contains(err.Error(), `"order_id"`) {
 		t.Errorf("Run without order_id: %v", err)
 	}
@@ -243,7 +245,7 @@ func TestWebhookRunTimeout(t *testing.T) {
 		}
 	}))
 	releaseAtEnd(t, free)
-	cfg := hookConfig("slow", Cancellable, srv.URL)
+	cfg := hookConfig("slow", tools.Cancellable, srv.URL)
 	cfg["timeout"] = "100ms"
 	r := runner(t, srv, cfg)
 	start := time.Now()
@@ -269,7 +271,7 @@ func TestWebhookRunCancelReturnsPromptly(t *testing.T) {
 		}
 	}))
 	releaseAtEnd(t, free)
-	cfg := hookConfig("search", Cancellable, srv.URL)
+	cfg := hookConfig("search", tools.Cancellable, srv.URL)
 	cfg["timeout"] = "10m" // the cancel, not the timeout, must end the call
 	r := runner(t, srv, cfg)
 
@@ -309,7 +311,7 @@ func TestWebhookRunCancelReturnsPromptly(t *testing.T) {
 
 func TestWebhookRunBadAnswers(t *testing.T) {
 	long := strings.Repeat("é", 3000) // 2 bytes each: the excerpt must cut on a rune
-	big := `"` + strings.Repeat("a", MaxWebhookResponseBytes) + `"`
+	big := `"` + strings.Repeat("a", MaxResponseBytes) + `"`
 	other := false
 	var mu sync.Mutex
 	mux := http.NewServeMux()
@@ -357,7 +359,7 @@ func TestWebhookRunBadAnswers(t *testing.T) {
 		{"/redirect", "answered 307", 307},
 	} {
 		t.Run(tc.path[1:], func(t *testing.T) {
-			r := runner(t, srv, hookConfig("hook", Cancellable, srv.URL+tc.path))
+			r := runner(t, srv, hookConfig("hook", tools.Cancellable, srv.URL+tc.path))
 			_, err := within(t, bound, func() (json.RawMessage, error) {
 				return r.Run(context.Background(), "op_1", json.RawMessage(`{"order_id":"A1"}`))
 			})
@@ -367,7 +369,7 @@ func TestWebhookRunBadAnswers(t *testing.T) {
 			if !strings.HasPrefix(err.Error(), "webhook hook: POST http://127.0.0.1:") {
 				t.Errorf("err = %v: does not name the tool and the call", err)
 			}
-			var se *WebhookStatusError
+			var se *StatusError
 			if tc.status != 0 {
 				if !errors.As(err, &se) || se.StatusCode != tc.status || se.Rejected {
 					t.Fatalf("err = %#v", err)
@@ -387,7 +389,7 @@ func TestWebhookRunBadAnswers(t *testing.T) {
 		t.Error("a redirect was followed")
 	}
 
-	r := runner(t, srv, hookConfig("hook", Cancellable, srv.URL+"/created"))
+	r := runner(t, srv, hookConfig("hook", tools.Cancellable, srv.URL+"/created"))
 	res, err := r.Run(context.Background(), "op_1", json.RawMessage(`{"order_id":"A1"}`))
 	if err != nil || string(res) != `[1,2]` {
 		t.Fatalf("201: %s, %v", res, err)
@@ -398,25 +400,25 @@ func TestWebhookNetworkError(t *testing.T) {
 	srv := newLocalServer(t, http.NotFoundHandler())
 	url := srv.URL
 	srv.Close() // nothing listens there any more
-	r := runner(t, srv, hookConfig("gone", Idempotent, url))
+	r := runner(t, srv, hookConfig("gone", tools.Idempotent, url))
 	_, err := within(t, bound, func() (json.RawMessage, error) {
 		return r.Run(context.Background(), "op_1", json.RawMessage(`{"order_id":"A1"}`))
 	})
 	if err == nil || !strings.Contains(err.Error(), "webhook gone: POST "+url) {
 		t.Fatalf("err = %v", err)
 	}
-	c := committer(t, srv, hookConfig("gone_commit", Consequential, url))
+	c := committer(t, srv, hookConfig("gone_commit", tools.Consequential, url))
 	_, err = within(t, bound, func() (json.RawMessage, error) {
 		return c.Commit(context.Background(), "k1", json.RawMessage(`{"order_id":"A1"}`))
 	})
-	if err == nil || errors.Is(err, ErrRejected) {
-		t.Fatalf("Commit on a dead service: %v, want an unknown outcome (not ErrRejected)", err)
+	if err == nil || errors.Is(err, tools.ErrRejected) {
+		t.Fatalf("Commit on a dead service: %v, want an unknown outcome (not tools.ErrRejected)", err)
 	}
 }
 
 func TestWebhookCommitterPrepare(t *testing.T) {
 	srv := newLocalServer(t, http.NotFoundHandler())
-	c := committer(t, srv, hookConfig("book_room", Consequential, srv.URL))
+	c := committer(t, srv, hookConfig("book_room", tools.Consequential, srv.URL))
 	preview, key, err := c.Prepare("thr_1", json.RawMessage(`{ "qty": 2, "order_id": "A<1>" }`))
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +431,7 @@ func TestWebhookCommitterPrepare(t *testing.T) {
 	if want := "book_room:thr_1:" + hex.EncodeToString(sum[:])[:16] + ":commit"; key != want {
 		t.Fatalf("key %q, want %q", key, want)
 	}
-	if !regexp.MustCompile(`^book_room:thr_1:[0-9a-f]{16}:commit$`).MatchString(key) || WebhookKey("book_room", "thr_1", json.RawMessage(norm)) != key {
+	if !regexp.MustCompile(`^book_room:thr_1:[0-9a-f]{16}:commit$`).MatchString(key) || Key("book_room", "thr_1", json.RawMessage(norm)) != key {
 		t.Fatalf("key %q", key)
 	}
 	_, key2, err := c.Prepare("thr_1", json.RawMessage(`{"order_id":"A\u003c1>","qty":2.0}`))
@@ -441,7 +443,7 @@ func TestWebhookCommitterPrepare(t *testing.T) {
 	if key3 == key || key4 == key || key3 == "" || key4 == "" {
 		t.Fatalf("keys not distinct: %q %q %q", key, key3, key4)
 	}
-	var ia *InvalidArgs
+	var ia *tools.InvalidArgs
 	if _, _, err := c.Prepare("thr_1", json.RawMessage(`{"order_id":""}`)); !errors.As(err, &ia) {
 		t.Fatalf("Prepare with invalid arguments: %v", err)
 	}
@@ -484,7 +486,7 @@ func (f *fakeService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestWebhookCommitSendsTheSameKeyTwice(t *testing.T) {
 	svc := &fakeService{results: map[string]string{}}
 	srv := newLocalServer(t, svc)
-	c := committer(t, srv, hookConfig("book_room", Consequential, srv.URL))
+	c := committer(t, srv, hookConfig("book_room", tools.Consequential, srv.URL))
 	args := json.RawMessage(`{"qty":2,"order_id":"A1"}`)
 	_, key, err := c.Prepare("thr_1", args)
 	if err != nil {
@@ -544,7 +546,7 @@ func TestWebhookCommitOutcomes(t *testing.T) {
 		{"/302", false}, {"/garbage", false}, {"/hang", false},
 	} {
 		t.Run(tc.path[1:], func(t *testing.T) {
-			cfg := hookConfig("pay", Consequential, srv.URL+tc.path)
+			cfg := hookConfig("pay", tools.Consequential, srv.URL+tc.path)
 			cfg["timeout"] = "100ms"
 			c := committer(t, srv, cfg)
 			_, err := within(t, bound, func() (json.RawMessage, error) {
@@ -553,10 +555,10 @@ func TestWebhookCommitOutcomes(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if errors.Is(err, ErrRejected) != tc.rejected {
+			if errors.Is(err, tools.ErrRejected) != tc.rejected {
 				t.Fatalf("err = %v: rejected %v, want %v", err, !tc.rejected, tc.rejected)
 			}
-			var se *WebhookStatusError
+			var se *StatusError
 			if strings.HasPrefix(tc.path, "/4") && (!errors.As(err, &se) || fmt.Sprint("/", se.StatusCode) != tc.path || se.Rejected != tc.rejected) {
 				t.Fatalf("err = %#v", err)
 			}
@@ -575,13 +577,13 @@ func TestWebhookCommitOutcomes(t *testing.T) {
 
 	// Invalid arguments and an empty key are refused before anything is
 	// sent, for good.
-	c := committer(t, srv, hookConfig("pay", Consequential, srv.URL+"/500"))
+	c := committer(t, srv, hookConfig("pay", tools.Consequential, srv.URL+"/500"))
 	_, err := c.Commit(context.Background(), "k", json.RawMessage(`{"order_id":1}`))
-	var ia *InvalidArgs
-	if !errors.Is(err, ErrRejected) || !errors.As(err, &ia) {
+	var ia *tools.InvalidArgs
+	if !errors.Is(err, tools.ErrRejected) || !errors.As(err, &ia) {
 		t.Fatalf("invalid arguments: %v", err)
 	}
-	if _, err := c.Commit(context.Background(), "", json.RawMessage(`{"order_id":"A1"}`)); !errors.Is(err, ErrRejected) {
+	if _, err := c.Commit(context.Background(), "", json.RawMessage(`{"order_id":"A1"}`)); !errors.Is(err, tools.ErrRejected) {
 		t.Fatalf("empty key: %v", err)
 	}
 }
@@ -616,7 +618,7 @@ func TestWebhookStatus(t *testing.T) {
 		io.WriteString(w, body)
 	}))
 	t.Setenv("WEBHOOK_TEST_TOKEN", "tok-9")
-	cfg := hookConfig("pay", Consequential, srv.URL+"/pay")
+	cfg := hookConfig("pay", tools.Consequential, srv.URL+"/pay")
 	cfg["status_url"] = srv.URL + "/status/{key}"
 	cfg["headers"] = map[string]string{"Authorization": "Bearer ${WEBHOOK_TEST_TOKEN}"}
 	c := committer(t, srv, cfg)
@@ -641,7 +643,7 @@ func TestWebhookStatus(t *testing.T) {
 		"later":   "answered 202 Accepted",
 	} {
 		if _, err := c.Status(ctx, key); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Status(%q): %v, want %q", key, err, want)
+			t.Errorf("tools.Status(%q): %v, want %q", key, err, want)
 		}
 	}
 
@@ -658,14 +660,14 @@ func TestWebhookStatus(t *testing.T) {
 	delete(cfg, "status_url")
 	c = committer(t, srv, cfg)
 	if _, err := c.Status(ctx, key); err == nil || !strings.Contains(err.Error(), "no status_url") || !strings.Contains(err.Error(), "stays unknown") {
-		t.Fatalf("Status without status_url: %v", err)
+		t.Fatalf("tools.Status without status_url: %v", err)
 	}
 }
 
 func TestWebhookConfigErrors(t *testing.T) {
 	t.Setenv("WEBHOOK_TEST_TOKEN", "tok")
 	base := func(mod func(m map[string]any)) string {
-		m := hookConfig("t1", Idempotent, "https://api.example.com/t1")
+		m := hookConfig("t1", tools.Idempotent, "https://api.example.com/t1")
 		mod(m)
 		return configFile(t, m)
 	}
@@ -715,20 +717,20 @@ func TestWebhookConfigErrors(t *testing.T) {
 		{"unparsable url", base(func(m map[string]any) { m["url"] = "https://api.example.com/%zz?token=hunter2" }),
 			[]string{`field "url": is not a valid URL`}},
 		{"duplicate names", configFile(t,
-			hookConfig("t1", Idempotent, "https://a.example.com/"),
-			hookConfig("t2", Idempotent, "https://a.example.com/"),
-			hookConfig("t1", Cancellable, "https://b.example.com/")),
+			hookConfig("t1", tools.Idempotent, "https://a.example.com/"),
+			hookConfig("t2", tools.Idempotent, "https://a.example.com/"),
+			hookConfig("t1", tools.Cancellable, "https://b.example.com/")),
 			[]string{`tool "t1" (tools[2]): field "name": "t1" is already the name of tools[0]`}},
 		{"status_url without key", base(func(m map[string]any) {
-			m["contract"] = Consequential
+			m["contract"] = tools.Consequential
 			m["status_url"] = "https://api.example.com/status"
 		}), []string{`field "status_url": must hold the placeholder {key}`}},
 		{"status_url with key in host", base(func(m map[string]any) {
-			m["contract"] = Consequential
+			m["contract"] = tools.Consequential
 			m["status_url"] = "https://{key}.example.com/status"
 		}), []string{`field "status_url": {key} must be in the path or the query`}},
 		{"status_url bad scheme", base(func(m map[string]any) {
-			m["contract"] = Consequential
+			m["contract"] = tools.Consequential
 			m["status_url"] = "file:///status/{key}"
 		}), []string{`field "status_url": must start with http:// or https://`}},
 		{"status_url on an idempotent tool", base(func(m map[string]any) { m["status_url"] = "https://api.example.com/s/{key}" }),
@@ -770,14 +772,14 @@ func TestWebhookConfigErrors(t *testing.T) {
 		{"entry not an object", `{"tools": [1]}`, []string{`tools[0]: must be a JSON object`}},
 		{"several problems", configFile(t,
 			map[string]any{"name": "Bad", "contract": "x", "url": "gopher://h", "extra": 1},
-			hookConfig("ok", Cancellable, "https://a.example.com/")),
+			hookConfig("ok", tools.Cancellable, "https://a.example.com/")),
 			[]string{`tool "Bad" (tools[0]): unknown field "extra"`, `tool "Bad" (tools[0]): field "name"`, `tool "Bad" (tools[0]): field "description": is required`,
 				`tool "Bad" (tools[0]): field "contract"`, `tool "Bad" (tools[0]): field "parameters": is required`,
 				`tool "Bad" (tools[0]): field "url"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeConfig(t, tc.content)
-			ts, err := LoadWebhooks(path, nil)
+			ts, err := Load(path, nil)
 			if err == nil {
 				t.Fatalf("loaded %d tools, want an error", len(ts))
 			}
@@ -795,10 +797,10 @@ func TestWebhookConfigErrors(t *testing.T) {
 		})
 	}
 
-	if _, err := LoadWebhooks(filepath.Join(t.TempDir(), "missing.json"), nil); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.json"), nil); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
 	}
-	ts, err := LoadWebhooks(writeConfig(t, `{"tools": []}`), nil)
+	ts, err := Load(writeConfig(t, `{"tools": []}`), nil)
 	if err != nil || ts == nil || len(ts) != 0 {
 		t.Errorf("no tools: %v, %v", ts, err)
 	}
@@ -806,9 +808,9 @@ func TestWebhookConfigErrors(t *testing.T) {
 
 func TestWebhookHeaderSecretsStayHidden(t *testing.T) {
 	t.Setenv("WEBHOOK_TEST_SECRET", "s3cr3t\r\nX-Injected: 1")
-	cfg := hookConfig("t1", Cancellable, "https://api.example.com/")
+	cfg := hookConfig("t1", tools.Cancellable, "https://api.example.com/")
 	cfg["headers"] = map[string]string{"X-Api-Key": "${WEBHOOK_TEST_SECRET}"}
-	_, err := LoadWebhooks(writeConfig(t, configFile(t, cfg)), nil)
+	_, err := Load(writeConfig(t, configFile(t, cfg)), nil)
 	if err == nil || !strings.Contains(err.Error(), `field "headers.X-Api-Key": the value (after ${NAME} expansion) holds a control character`) {
 		t.Fatalf("err = %v", err)
 	}
@@ -819,7 +821,7 @@ func TestWebhookHeaderSecretsStayHidden(t *testing.T) {
 	t.Setenv("WEBHOOK_TEST_SECRET", "s3cr3t-value")
 	t.Setenv("WEBHOOK_TEST_EMPTY", "")
 	cfg["headers"] = map[string]string{"X-Api-Key": "${WEBHOOK_TEST_SECRET}", "X-Other": "${WEBHOOK_TEST_EMPTY}"}
-	_, err = LoadWebhooks(writeConfig(t, configFile(t, cfg)), nil)
+	_, err = Load(writeConfig(t, configFile(t, cfg)), nil)
 	if err == nil || !strings.Contains(err.Error(), "environment variable WEBHOOK_TEST_EMPTY is not set (or is empty)") {
 		t.Fatalf("err = %v", err)
 	}
@@ -847,14 +849,14 @@ func TestWebhookHeaderSecretsStayHidden(t *testing.T) {
 
 func TestLoadWebhooksTestdata(t *testing.T) {
 	t.Setenv("EXAMPLE_API_TOKEN", "tok")
-	ts, err := LoadWebhooks(filepath.Join("testdata", "webhooks.json"), nil)
+	ts, err := Load(filepath.Join("testdata", "webhooks.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []struct{ name, contract string }{
-		{"search_orders", Cancellable},
-		{"lookup_order", Idempotent},
-		{"refund_order", Consequential},
+		{"search_orders", tools.Cancellable},
+		{"lookup_order", tools.Idempotent},
+		{"refund_order", tools.Consequential},
 	}
 	if len(ts) != len(want) {
 		t.Fatalf("%d tools", len(ts))
@@ -864,35 +866,35 @@ func TestLoadWebhooksTestdata(t *testing.T) {
 		if s.Name != w.name || s.Contract != w.contract || s.Description == "" || !json.Valid(s.Parameters) {
 			t.Errorf("tools[%d]: %+v", i, s)
 		}
-		_, isRunner := ts[i].(Runner)
-		_, isCommitter := ts[i].(Committer)
-		if isRunner == (w.contract == Consequential) || isCommitter != (w.contract == Consequential) {
-			t.Errorf("%s: Runner %v, Committer %v", w.name, isRunner, isCommitter)
+		_, isRunner := ts[i].(tools.Runner)
+		_, isCommitter := ts[i].(tools.Committer)
+		if isRunner == (w.contract == tools.Consequential) || isCommitter != (w.contract == tools.Consequential) {
+			t.Errorf("%s: tools.Runner %v, tools.Committer %v", w.name, isRunner, isCommitter)
 		}
 	}
-	reg, err := NewRegistry(append(ts, NewCatalogSearch(0))...)
+	reg, err := tools.NewRegistry(append(ts, tools.NewCatalogSearch(0))...)
 	if err != nil || len(reg.Specs()) != 4 {
 		t.Fatalf("registry: %v", err)
 	}
 
 	os.Unsetenv("EXAMPLE_API_TOKEN") // t.Setenv restores it
-	if _, err := LoadWebhooks(filepath.Join("testdata", "webhooks.json"), nil); err == nil || !strings.Contains(err.Error(), "EXAMPLE_API_TOKEN") {
+	if _, err := Load(filepath.Join("testdata", "webhooks.json"), nil); err == nil || !strings.Contains(err.Error(), "EXAMPLE_API_TOKEN") {
 		t.Fatalf("without the token: %v", err)
 	}
 }
 
 func TestNewWebhook(t *testing.T) {
-	tool, err := NewWebhook(WebhookConfig{
-		Name: "ping", Description: "Ping.", Contract: Cancellable,
+	tool, err := New(Config{
+		Name: "ping", Description: "Ping.", Contract: tools.Cancellable,
 		Parameters: json.RawMessage(`{"type":"object"}`), URL: "http://127.0.0.1:1/ping",
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := tool.(*WebhookRunner); !ok {
+	if _, ok := tool.(*Runner); !ok {
 		t.Fatalf("%T", tool)
 	}
-	_, err = NewWebhook(WebhookConfig{Name: "ping", Contract: "often"}, nil)
+	_, err = New(Config{Name: "ping", Contract: "often"}, nil)
 	if err == nil || !strings.Contains(err.Error(), `webhook tool "ping": field "description": is required`) || !strings.Contains(err.Error(), `field "contract": "often"`) {
 		t.Fatalf("err = %v", err)
 	}
