@@ -212,6 +212,22 @@ test("delete a conversation while its reply streams: it asks first (Esc keeps it
   }
 });
 
+// named waits until a conversation's first reply has ended (a reply is
+// published and no run is active: right after Send the run may not have
+// reached the server yet) and the model has named it, and returns the
+// title. (The name is asked for beside the reply; it is not an event.)
+async function named(id) {
+  let title = "";
+  await eventually(async () => {
+    const snap = await api("GET", `/api/threads/${id}`);
+    assert.equal(snap.active_run, null);
+    assert.ok(snap.messages.some((m) => m.role === "assistant"), "a reply is published");
+    assert.notEqual(snap.title, "New conversation");
+    title = snap.title;
+  }, { timeout: 20000 });
+  return title;
+}
+
 test("a new conversation is named by the model once its first reply ends (heading, title box, list, window title); a hostile request stays text everywhere", async () => {
   const errors = [];
   const page = await newPage(browser, errors, { viewport: { width: 1280, height: 820 } });
@@ -223,8 +239,7 @@ test("a new conversation is named by the model once its first reply ends (headin
   await page.getByTestId("composer-input").fill(request);
   await page.getByTestId("send").click();
   const id = new URL(page.url()).pathname.slice(3);
-  await eventually(async () => assert.equal((await api("GET", `/api/threads/${id}`)).active_run, null), { timeout: 20000 });
-  const title = (await api("GET", `/api/threads/${id}`)).title;
+  const title = await named(id);
   assert.ok(title && !request.startsWith(title.replace(/…$/, "")), `the model's title ${JSON.stringify(title)}, not the request's start`);
   await eventually(async () => {
     assert.equal(await page.getByTestId("title-input").inputValue(), title);
@@ -241,8 +256,7 @@ test("a new conversation is named by the model once its first reply ends (headin
   const hid = new URL(page.url()).pathname.slice(3);
   await page.getByTestId("composer-input").fill(hostile);
   await page.getByTestId("send").click();
-  await eventually(async () => assert.equal((await api("GET", `/api/threads/${hid}`)).active_run, null), { timeout: 20000 });
-  const htitle = (await api("GET", `/api/threads/${hid}`)).title;
+  const htitle = await named(hid);
   await eventually(async () => assert.equal(await page.getByTestId("thread-heading").textContent(), htitle));
   const user = page.locator("[data-testid=message][data-role=user] [data-testid=message-body]").first();
   assert.equal(await user.textContent(), hostile, "the request shows as typed");
