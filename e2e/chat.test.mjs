@@ -126,6 +126,28 @@ test("Esc cancels a streaming reply", async () => {
   await done(page, errors);
 });
 
+test("an order card streams as what it will be, never as raw JSON; cancelled half-way it offers no fragment to save", async () => {
+  const errors = [];
+  const page = await newPage(browser, errors);
+  await newThread(page, server.url);
+  await send(page, "Order 2 red mugs and 3 blue plates");
+  const live = page.locator("[data-testid=streaming-text][data-card=pending]");
+  await live.waitFor();
+  assert.match(await live.textContent(), /^Preparing a card… \d+ characters so far$/);
+  assert.doesNotMatch(await page.getByTestId("streaming").textContent(), /[{}"]/, "no JSON on screen while the card streams");
+  await shot(page, "card-streaming");
+  await page.keyboard.press("Escape");
+  await page.getByTestId("receipt").waitFor();
+  await runStatus(page, "cancelled");
+  const shown = Number((await live.textContent()).match(/^An unfinished card: (\d+) characters, never complete, so not shown$/)?.[1]);
+  assert.ok(shown > 0, "the unfinished card says how much of it came");
+  assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters of unpublished text$/);
+  assert.equal(await page.getByTestId("action-save-fragment").count(), 0, "nothing was shown as text, so nothing to save");
+  assert.equal(await page.locator("[data-testid=message][data-kind=card]").count(), 0);
+  await shot(page, "card-cancelled");
+  await done(page, errors);
+});
+
 test("save the visible fragment exactly as shown, the receipt says so, then delete it for good after a confirmation", async () => {
   const errors = [];
   const page = await newPage(browser, errors);

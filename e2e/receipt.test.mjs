@@ -70,7 +70,7 @@ test("cancel while the email's outcome is unknown: the receipt says so, then tha
   let r = await receiptLine(page);
   assert.equal(r.outcome, "unknown");
   assert.equal(r.state, "unknown_checking");
-  assert.match(r.text, /^send_email: not confirmed yet\. The email to anna@example\.com may have been sent\. The gateway keeps asking the provider \(key /);
+  assert.match(r.text, /^Email: not confirmed yet\. The email to anna@example\.com may have been sent\. The gateway keeps asking the provider \(key /);
   assert.ok(r.text.includes(`(key ${key}) and will update this`), r.text);
   assert.doesNotMatch(r.text, neverDenies);
   assert.equal(await page.getByTestId("receipt").getByTestId("operation-key").textContent(), key);
@@ -104,7 +104,7 @@ test("cancel while the email's outcome is unknown: the receipt says so, then tha
   assert.equal(r.state, "committed");
   assert.equal(
     r.text,
-    `send_email: sent. The provider has confirmed (key ${key}) that it took the email to anna@example.com: it was handed over before the cancel took effect and cannot be undone.`,
+    `Email: sent. The provider has confirmed (key ${key}) that it took the email to anna@example.com: it was handed over before the cancel took effect and cannot be undone.`,
   );
   assert.match(await step.textContent(), /^Sent\. Its answer was lost, but the provider has since confirmed \(key email:\S+\) that it took the email to anna@example\.com\. It cannot be undone\.$/);
   ops = (await server.api(`/api/threads/${threadID}/operations`)).operations;
@@ -170,7 +170,7 @@ test("past the horizon the receipt says the provider never confirmed, and which 
     assert.equal(r.outcome, "unknown");
     assert.equal(
       r.text,
-      `send_email: unknown. The email to carl@example.com may have been sent: the provider never confirmed whether it was, and the gateway stopped asking. Check its records for key ${op.idempotency_key}.`,
+      `Email: unknown. The email to carl@example.com may have been sent: the provider never confirmed whether it was, and the gateway stopped asking. Check its records for key ${op.idempotency_key}.`,
     );
     assert.doesNotMatch(r.text, neverDenies);
     const { operations } = await srv.api(`/api/threads/${threadID}/operations`);

@@ -145,7 +145,7 @@ test("cancel while the confirmation waits: nothing is sent", async () => {
   await page.getByTestId("receipt").waitFor({ timeout: 10000 });
   const line = page.getByTestId("receipt-operation");
   assert.equal(await line.getAttribute("data-outcome"), "not_started");
-  assert.equal(await line.textContent(), "send_email: not started. Nothing was sent: the cancel came first.");
+  assert.equal(await line.textContent(), "Email: not started. Nothing was sent: the cancel came first.");
   assert.equal(await page.getByTestId("confirm-card").count(), 0);
   await page.locator("[data-testid=operation][data-phase=voided]").waitFor({ state: "attached" });
   const entry = await logEntry(page);

@@ -119,6 +119,14 @@ export function stepLine(o: OpNow): Line | null {
   return null;
 }
 
+// toolName is a tool as a reader knows it: the built-in ones in words, an
+// operator's own (webhook) tools by the name the operator gave them.
+export function toolName(tool: string): string {
+  if (tool === "send_email") return "Email";
+  if (tool === "catalog_search") return "Catalog search";
+  return tool;
+}
+
 // LogLine is a tool call as the operation log names it: what it is ("Email
 // to ann@example.com", "Catalog search for “mugs”") and what became of it
 // ("Sent once", "Not sent: you rejected it"); state colours the status.

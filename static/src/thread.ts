@@ -4,7 +4,7 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
-import { logLine, receiptLine, stepLine, type Line, type OpNow } from "./outcome";
+import { logLine, receiptLine, stepLine, toolName, type Line, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
 import { groupByDay } from "./sidebar";
@@ -23,6 +23,11 @@ interface Run {
   id: string;
   status: RunStatus; // the server's word: its events, snapshot or cancel ack
 }
+
+// cardStart: a reply that begins as a JSON object is a card in the
+// making (only a card message is one JSON document; a Markdown reply does
+// not start with "{").
+const cardStart = /^\s*\{/;
 
 // Streamed is the reply in flight (or the one a cancel left behind).
 interface Streamed {
@@ -1192,6 +1197,19 @@ export class ThreadView {
   // renders at most once per frame while streaming; at once when the
   // stream has stopped, so a save takes what is on screen).
   private liveMarkdown(s: Streamed, streaming: boolean): HTMLElement {
+    if (cardStart.test(s.text)) {
+      // A card is one JSON document, readable only once whole (then it is
+      // shown as what it is, an order and its items): while it streams,
+      // say what is coming and how far it got instead of raw JSON.
+      const n = [...s.text].length;
+      return el(
+        "div",
+        { class: "body card-pending", "data-testid": "streaming-text", "data-card": "pending" },
+        el("span", { class: "card-pending-what" }, streaming ? "Preparing a card…" : "An unfinished card:"),
+        " ",
+        el("span", { class: "hint" }, streaming ? `${n} characters so far` : `${n} characters, never complete, so not shown`),
+      );
+    }
     if (!this.liveBody || this.liveBody.messageID !== s.messageID) {
       this.liveBody = { messageID: s.messageID, view: new LiveMarkdown({ class: "body md", "data-testid": "streaming-text" }) };
     }
@@ -1254,7 +1272,7 @@ export class ThreadView {
             return el(
               "li",
               { "data-testid": "receipt-operation", "data-operation-id": o.operation_id, "data-outcome": now.outcome, "data-state": line.state },
-              el("strong", { class: "op-tool" }, o.tool),
+              el("strong", { class: "op-tool" }, toolName(o.tool)),
               ": ",
               ...lineParts(line),
             );
@@ -1262,7 +1280,9 @@ export class ThreadView {
     const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
     if (this.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
     actions.append(button("Start a new branch", "fork", "action-fork"));
-    if (this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved) {
+    // (An unfinished card was never shown as text: there is no visible
+    // fragment to save.)
+    if (this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved && !cardStart.test(this.streamed.text)) {
       actions.append(button("Save visible fragment", "save-fragment", "action-save-fragment"));
     }
     // Who cancelled, when this tab saw the cancel recorded (a reload does
@@ -1457,7 +1477,7 @@ function toolResult(content: string): { node: HTMLElement; operationID: string }
     parts.push(el("dl", { class: "tool-args" }, ...rows));
     if ("body" in args) parts.push(el("div", { class: "email-body", "data-testid": "tool-arg-body" }, text(args.body)));
   } else {
-    parts.push(el("strong", { class: "tool-title" }, tool === "catalog_search" ? "Catalog search" : tool));
+    parts.push(el("strong", { class: "tool-title" }, toolName(tool)));
     const rows: Node[] = [];
     for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k.charAt(0).toUpperCase() + k.slice(1).replace(/_/g, " ")), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
     if (rows.length) parts.push(el("dl", { class: "tool-args" }, ...rows));
