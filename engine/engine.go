@@ -273,6 +273,9 @@ func (e *Engine) Close() {
 
 // StartRun performs run.start and wakes a worker.
 func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error) {
+	if err := p.Validate(); err != nil {
+		return chat.RunStartAck{}, err
+	}
 	ack, err := e.store.StartRun(ctx, p)
 	if err == nil {
 		e.poke()
@@ -293,6 +296,9 @@ type liveRun struct {
 // context is cancelled), or, when no worker holds the run, the cancel is
 // finished here.
 func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+	if err := p.Validate(); err != nil {
+		return chat.CancelAck{}, err
+	}
 	if e.cfg.Holders != nil && !e.cfg.SingleInstance {
 		holder, err := e.store.RunHolder(ctx, p.RunID)
 		if err == nil && holder != "" && holder != e.cfg.InstanceID {
@@ -317,6 +323,9 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 // process: what an instance does with a cancel another one forwards to it
 // (Config.Holders), and with any cancel when it runs alone.
 func (e *Engine) CancelRunHere(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
+	if err := p.Validate(); err != nil { // (also what another instance forwards)
+		return chat.CancelAck{}, err
+	}
 	ack, prev, err := e.store.RequestCancel(ctx, p)
 	if err != nil || ack.AlreadyRequested {
 		return ack, err

@@ -637,3 +637,31 @@ func TestDispatchClaimsABurstOnePerTransaction(t *testing.T) {
 	}
 	m.release(t, n*len(words))
 }
+
+// The engine holds every caller to the protocol's limits, not only the
+// gateway's transports: a run.start or run.cancel over them changes
+// nothing.
+func TestEngineRefusesCommandsOverTheLimits(t *testing.T) {
+	h := newHarness(t, newScripted(words, false))
+	snap := h.thread()
+	h.start()
+	long := strings.Repeat("x", chat.MaxUserMessageBytes+1)
+	_, err := h.eng.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID,
+		ExpectedStateVersion: snap.StateVersion, UserMessage: &long})
+	var ce *chat.Error
+	if !errors.As(err, &ce) || ce.Code != chat.CodeInvalidRequest {
+		t.Fatalf("run.start with a %d-byte message: %v, want invalid_request", len(long), err)
+	}
+	_, err = h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: "run_x", RequestedBy: "tab:t"})
+	if !errors.As(err, &ce) || ce.Code != chat.CodeInvalidRequest {
+		t.Fatalf("run.cancel without a reason: %v, want invalid_request", err)
+	}
+	after, err := h.st.Snapshot(context.Background(), chat.LocalUserID, snap.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.StateVersion != snap.StateVersion || after.LastSeq != snap.LastSeq || after.ActiveRun != nil {
+		t.Fatalf("a refused command changed the thread: version %d→%d, last seq %d→%d, active run %v",
+			snap.StateVersion, after.StateVersion, snap.LastSeq, after.LastSeq, after.ActiveRun)
+	}
+}

@@ -37,8 +37,8 @@ func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragme
 	switch {
 	case req.MessageID == nil || *req.MessageID == "":
 		return chat.SaveFragment{}, chat.Invalid("message_id is required: the id of the streamed message to save")
-	case len(*req.MessageID) > MaxIDBytes:
-		return chat.SaveFragment{}, checkID("message_id", *req.MessageID)
+	case len(*req.MessageID) > chat.MaxIDBytes:
+		return chat.SaveFragment{}, chat.CheckID("message_id", *req.MessageID)
 	case req.LastSeq == nil || *req.LastSeq < 1:
 		return chat.SaveFragment{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
 	case requiredVersion(req.ExpectedStateVersion) != nil:

@@ -164,15 +164,15 @@ func checkReached(t *testing.T, c fuzzCall) {
 		if p.ExpectedStateVersion < 0 {
 			bad("a negative expected_state_version")
 		}
-		if p.UserMessage != nil && !textOK(*p.UserMessage, MaxUserMessageBytes) {
+		if p.UserMessage != nil && !textOK(*p.UserMessage, chat.MaxUserMessageBytes) {
 			bad(fmt.Sprintf("a user_message of %d bytes (valid UTF-8: %v)", len(*p.UserMessage), utf8.ValidString(*p.UserMessage)))
 		}
-		if p.ClientRequestID != "" && !textOK(p.ClientRequestID, MaxClientRequestID) {
+		if p.ClientRequestID != "" && !textOK(p.ClientRequestID, chat.MaxClientRequestIDBytes) {
 			bad("a bad client_request_id")
 		}
 	case "CancelRun":
 		p := c.args[0].(chat.CancelRun)
-		if p.RunID == "" || p.RequestedBy == "" || !textOK(p.Reason, MaxReasonBytes) {
+		if p.RunID == "" || p.RequestedBy == "" || !textOK(p.Reason, chat.MaxReasonBytes) {
 			bad("a bad run_id, reason or requested_by")
 		}
 	case "SaveFragment":
@@ -206,7 +206,7 @@ func checkReached(t *testing.T, c fuzzCall) {
 			bad("a bad thread_id, requested_by or expected_state_version")
 		}
 	case "CreateThread":
-		if title := c.args[1].(string); !textOK(title, MaxTitleBytes) || strings.IndexFunc(title, chat.IsControl) >= 0 {
+		if title := c.args[1].(string); !textOK(title, chat.MaxTitleBytes) || strings.IndexFunc(title, chat.IsControl) >= 0 {
 			bad("a bad title")
 		}
 	case "Events":
@@ -326,7 +326,7 @@ func FuzzWSCommand(f *testing.F) {
 	for _, s := range wsSeeds {
 		f.Add([]byte(s))
 	}
-	big := `{"type":"run.start","id":"4","thread_id":"thr_1","expected_state_version":1,"user_message":"` + strings.Repeat("x", MaxUserMessageBytes+1) + `"}`
+	big := `{"type":"run.start","id":"4","thread_id":"thr_1","expected_state_version":1,"user_message":"` + strings.Repeat("x", chat.MaxUserMessageBytes+1) + `"}`
 	f.Add([]byte(big))
 	s, fake := newFuzzServer()
 	types := wsCommandTypes()
@@ -435,14 +435,14 @@ func validated(t *testing.T, v any) bool {
 			if p.ExpectedStateVersion < 0 || req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 {
 				t.Fatalf("run.start accepted expected_state_version %v", req.ExpectedStateVersion)
 			}
-			if p.UserMessage != nil && !textOK(*p.UserMessage, MaxUserMessageBytes) {
+			if p.UserMessage != nil && !textOK(*p.UserMessage, chat.MaxUserMessageBytes) {
 				t.Fatalf("run.start accepted a user_message of %d bytes", len(*p.UserMessage))
 			}
 		}
 	case *cancelRequest:
 		var p chat.CancelRun
 		p, err = req.command(chat.LocalUserID, "run_1", "api:http")
-		if err == nil && !textOK(p.Reason, MaxReasonBytes) {
+		if err == nil && !textOK(p.Reason, chat.MaxReasonBytes) {
 			t.Fatalf("run.cancel accepted reason %q", p.Reason)
 		}
 	case *saveFragmentRequest:
@@ -530,7 +530,7 @@ func FuzzHTTPBody(f *testing.F) {
 	for _, s := range httpSeeds {
 		f.Add([]byte(s))
 	}
-	for _, n := range []int{MaxUserMessageBytes, MaxUserMessageBytes + 1} {
+	for _, n := range []int{chat.MaxUserMessageBytes, chat.MaxUserMessageBytes + 1} {
 		f.Add([]byte(`{"expected_state_version":0,"user_message":"` + strings.Repeat("é", n/2) + strings.Repeat("x", n%2) + `"}`))
 	}
 	s, fake := newFuzzServer()

@@ -34,37 +34,27 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, http.StatusCreated, ack, err)
 }
 
-// command validates the fields of run.start.
+// command decodes run.start's fields: what is required, and what must not
+// be given empty; the protocol's limits are chat.StartRun.Validate's.
 func (req startRunRequest) command(userID, threadID string) (chat.StartRun, error) {
 	p := chat.StartRun{UserID: userID, ThreadID: threadID, UserMessage: req.UserMessage}
 	if req.ExpectedStateVersion == nil {
 		return p, chat.Invalid("expected_state_version is required: send the state_version of the last event you applied")
 	}
-	if *req.ExpectedStateVersion < 0 {
-		return p, chat.Invalid("expected_state_version must not be negative")
-	}
 	p.ExpectedStateVersion = *req.ExpectedStateVersion
-	if req.UserMessage != nil {
-		if err := checkText("user_message", *req.UserMessage, 1, MaxUserMessageBytes); err != nil {
-			return p, err
-		}
-	}
 	if req.ResumeFromCheckpointID != nil {
 		if *req.ResumeFromCheckpointID == "" {
 			return p, chat.Invalid("resume_from_checkpoint_id must not be empty: omit it to continue from the head")
 		}
-		if err := checkID("resume_from_checkpoint_id", *req.ResumeFromCheckpointID); err != nil {
-			return p, err
-		}
 		p.ResumeFromCheckpointID = *req.ResumeFromCheckpointID
 	}
 	if req.ClientRequestID != nil {
-		if err := checkText("client_request_id", *req.ClientRequestID, 1, MaxClientRequestID); err != nil {
-			return p, err
+		if *req.ClientRequestID == "" {
+			return p, chat.Invalid("client_request_id must not be empty")
 		}
 		p.ClientRequestID = *req.ClientRequestID
 	}
-	return p, nil
+	return p, p.Validate()
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
@@ -102,17 +92,16 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, http.StatusAccepted, ack, err)
 }
 
-// command validates the fields of run.cancel. A stale
-// expected_state_version never blocks a cancel; it is only checked for type.
+// command decodes run.cancel's fields (the reason defaults to
+// chat.ReasonUserRequested); the limits are chat.CancelRun.Validate's. A
+// stale expected_state_version never blocks a cancel; it is only checked
+// for type.
 func (req cancelRequest) command(userID, runID, requestedBy string) (chat.CancelRun, error) {
 	p := chat.CancelRun{UserID: userID, RunID: runID, Reason: chat.ReasonUserRequested, RequestedBy: requestedBy}
 	if req.Reason != nil {
-		if err := checkText("reason", *req.Reason, 1, MaxReasonBytes); err != nil {
-			return p, err
-		}
 		p.Reason = *req.Reason
 	}
-	return p, nil
+	return p, p.Validate()
 }
 
 var clientNamePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

@@ -10,24 +10,11 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// Limits on what a client may send. Every string a client sends has one;
-// over it the answer is invalid_request with a message naming the field
-// and the limit, and nothing is executed.
+// The limits on what a client may send are the protocol's (package chat,
+// limits.go and title.go); this edge adds its own on the envelope:
 //
-//	title                       1–200 bytes, no control characters
-//	                            (POST /api/threads; chat.CheckTitle)
-//	user_message                1–32768 bytes (run.start)
-//	reason                      1–200 bytes (run.cancel)
-//	client_request_id           1–128 bytes (run.start)
-//	tab_id                      1–64 of A–Z a–z 0–9 . _ : - (hello)
 //	id (a WebSocket command's)  1–128 bytes (MaxCommandIDBytes)
 //	type (a WebSocket command)  one of the protocol's command types
-//	any id of an object         1–64 bytes: thread_id, run_id, message_id,
-//	                            resume_from_checkpoint_id,
-//	                            from_checkpoint_id, operation_id, in a
-//	                            body, a command or a path segment
-//	cursor (GET /api/threads)   at most 128 bytes
-//	q (GET /api/threads)        at most 200 bytes, no control characters
 //	a request body              at most 1 MiB (maxBody)
 //	a WebSocket frame           at most WSConfig.ReadLimit (1 MiB; over it
 //	                            the connection closes with 1009)
@@ -35,16 +22,8 @@ import (
 // A saved fragment's text is not sent by the client: the server takes it
 // from the deltas it streamed (up to last_seq).
 const (
-	MaxTitleBytes       = chat.MaxTitleBytes
-	MaxUserMessageBytes = 32768
-	MaxReasonBytes      = 200
-	MaxClientRequestID  = 128
-	MaxTabIDBytes       = 64
-	MaxIDBytes          = 64
-	MaxCursorBytes      = 128
-	MaxSearchBytes      = 200
-	DefaultThreadPage   = 50
-	MaxThreadPage       = 200
+	DefaultThreadPage = 50
+	MaxThreadPage     = 200
 )
 
 type createThreadRequest struct {
@@ -80,8 +59,8 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	cursor := r.URL.Query().Get("cursor")
-	if len(cursor) > MaxCursorBytes {
-		writeError(w, s.log, chat.Invalid("cursor is %d bytes; the maximum is %d: pass back the next_cursor this server gave out", len(cursor), MaxCursorBytes))
+	if len(cursor) > chat.MaxCursorBytes {
+		writeError(w, s.log, chat.Invalid("cursor is %d bytes; the maximum is %d: pass back the next_cursor this server gave out", len(cursor), chat.MaxCursorBytes))
 		return
 	}
 	search := r.URL.Query().Get("q")
@@ -102,10 +81,10 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request) {
 }
 
 // checkSearch is the limit on q (GET /api/threads): one line of at most
-// MaxSearchBytes; its words past store.MaxSearchWords are ignored.
+// chat.MaxSearchBytes; its words past store.MaxSearchWords are ignored.
 func checkSearch(q string) error {
-	if len(q) > MaxSearchBytes {
-		return chat.Invalid("q is %d bytes; the maximum is %d: search for fewer or shorter words", len(q), MaxSearchBytes)
+	if len(q) > chat.MaxSearchBytes {
+		return chat.Invalid("q is %d bytes; the maximum is %d: search for fewer or shorter words", len(q), chat.MaxSearchBytes)
 	}
 	if !utf8.ValidString(q) || strings.IndexFunc(q, chat.IsControl) >= 0 {
 		return chat.Invalid("q must be one line of text: no control characters")
@@ -153,7 +132,7 @@ func (req forkRequest) validate() error {
 	if req.FromCheckpointID == nil || *req.FromCheckpointID == "" {
 		return chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from")
 	}
-	return checkID("from_checkpoint_id", *req.FromCheckpointID)
+	return chat.CheckID("from_checkpoint_id", *req.FromCheckpointID)
 }
 
 type checkoutRequest struct {
@@ -185,7 +164,7 @@ func (req checkoutRequest) validate() error {
 	if req.CheckpointID == nil || *req.CheckpointID == "" {
 		return chat.Invalid("checkpoint_id is required: name the checkpoint of this thread to switch to")
 	}
-	if err := checkID("checkpoint_id", *req.CheckpointID); err != nil {
+	if err := chat.CheckID("checkpoint_id", *req.CheckpointID); err != nil {
 		return err
 	}
 	return requiredVersion(req.ExpectedStateVersion)
@@ -219,36 +198,10 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"operations": ops})
 }
 
-// checkText validates a text field's length in bytes and its encoding.
-func checkText(field, v string, minBytes, maxBytes int) error {
-	if len(v) < minBytes {
-		return chat.Invalid("%s must not be empty", field)
-	}
-	if len(v) > maxBytes {
-		return chat.Invalid("%s is %d bytes; the maximum is %d", field, len(v), maxBytes)
-	}
-	if !utf8.ValidString(v) {
-		return chat.Invalid("%s is not valid UTF-8", field)
-	}
-	return nil
-}
-
-// checkID validates an object id a client names (thread_id, run_id, …):
-// required, and at most MaxIDBytes (the server's ids are about 30).
-func checkID(field, v string) error {
-	if v == "" {
-		return chat.Invalid("%s is required", field)
-	}
-	if len(v) > MaxIDBytes {
-		return chat.Invalid("%s is %d bytes; ids are at most %d bytes", field, len(v), MaxIDBytes)
-	}
-	return nil
-}
-
 // pathID reads the id in path segment name, checked as field.
 func pathID(r *http.Request, name, field string) (string, error) {
 	v := r.PathValue(name)
-	if err := checkID(field+" (in the path)", v); err != nil {
+	if err := chat.CheckID(field+" (in the path)", v); err != nil {
 		return "", err
 	}
 	return v, nil

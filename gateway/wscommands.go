@@ -217,10 +217,10 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 			return nil, err
 		}
 		if cmd.TabID == nil || !tabIDPattern.MatchString(*cmd.TabID) {
-			if cmd.TabID != nil && len(*cmd.TabID) > MaxTabIDBytes {
-				return nil, chat.Invalid("tab_id is %d bytes; the maximum is %d (letters, digits or . _ : -)", len(*cmd.TabID), MaxTabIDBytes)
+			if cmd.TabID != nil && len(*cmd.TabID) > chat.MaxTabIDBytes {
+				return nil, chat.Invalid("tab_id is %d bytes; the maximum is %d (letters, digits or . _ : -)", len(*cmd.TabID), chat.MaxTabIDBytes)
 			}
-			return nil, chat.Invalid("tab_id is required: 1 to %d letters, digits or . _ : -", MaxTabIDBytes)
+			return nil, chat.Invalid("tab_id is required: 1 to %d letters, digits or . _ : -", chat.MaxTabIDBytes)
 		}
 		c.mu.Lock()
 		c.tab = *cmd.TabID
@@ -430,7 +430,7 @@ func required(field string, v *string) error {
 	if v == nil {
 		return chat.Invalid("%s is required", field)
 	}
-	return checkID(field, *v)
+	return chat.CheckID(field, *v)
 }
 
 func (c *wsConn) requestedBy() string {

@@ -1,0 +1,77 @@
+package chat
+
+import "unicode/utf8"
+
+// Limits on what a client may send, the same whichever way it comes (the
+// API, the WebSocket, the page's forms, a program driving the engine).
+// Over one, the answer is invalid_request naming the field and the limit,
+// and nothing is executed. (MaxTitleBytes and CheckTitle are in title.go.)
+const (
+	MaxUserMessageBytes     = 32768 // run.start's user_message
+	MaxReasonBytes          = 200   // run.cancel's reason
+	MaxClientRequestIDBytes = 128   // run.start's client_request_id
+	MaxTabIDBytes           = 64    // hello's tab_id
+	MaxIDBytes              = 64    // any id of an object a client names
+	MaxCursorBytes          = 128   // the thread list's cursor
+	MaxSearchBytes          = 200   // the thread list's q
+)
+
+// CheckText validates a text field's length in bytes and its encoding.
+func CheckText(field, v string, minBytes, maxBytes int) error {
+	if len(v) < minBytes {
+		return Invalid("%s must not be empty", field)
+	}
+	if len(v) > maxBytes {
+		return Invalid("%s is %d bytes; the maximum is %d", field, len(v), maxBytes)
+	}
+	if !utf8.ValidString(v) {
+		return Invalid("%s is not valid UTF-8", field)
+	}
+	return nil
+}
+
+// CheckID validates an object id a client names (thread_id, run_id, …):
+// required, and at most MaxIDBytes (the server's ids are about 30).
+func CheckID(field, v string) error {
+	if v == "" {
+		return Invalid("%s is required", field)
+	}
+	if len(v) > MaxIDBytes {
+		return Invalid("%s is %d bytes; ids are at most %d bytes", field, len(v), MaxIDBytes)
+	}
+	return nil
+}
+
+// Validate checks run.start's fields against the protocol's limits: the
+// user message (when there is one), the checkpoint to resume from and the
+// client's request id (when given). The caller and the thread are the
+// transport's to establish.
+func (p StartRun) Validate() error {
+	if p.ExpectedStateVersion < 0 {
+		return Invalid("expected_state_version must not be negative")
+	}
+	if p.UserMessage != nil {
+		if err := CheckText("user_message", *p.UserMessage, 1, MaxUserMessageBytes); err != nil {
+			return err
+		}
+	}
+	if p.ResumeFromCheckpointID != "" {
+		if err := CheckID("resume_from_checkpoint_id", p.ResumeFromCheckpointID); err != nil {
+			return err
+		}
+	}
+	if p.ClientRequestID != "" {
+		if err := CheckText("client_request_id", p.ClientRequestID, 1, MaxClientRequestIDBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks run.cancel's fields: the run's id and the reason.
+func (p CancelRun) Validate() error {
+	if err := CheckID("run_id", p.RunID); err != nil {
+		return err
+	}
+	return CheckText("reason", p.Reason, 1, MaxReasonBytes)
+}
