@@ -131,18 +131,18 @@ func (tb *tab) send(cmd map[string]any) {
 
 // frame is one event or answer as the tab read it.
 type frame struct {
-	Type     string          `json:"type"`
-	Re       string          `json:"re"`
-	Seq      int64           `json:"seq"`
-	ThreadID string          `json:"thread_id"`
-	RunID    string          `json:"run_id"`
-	Text     string          `json:"text"`
-	Message  string          `json:"message_id"`
-	Error    json.RawMessage `json:"error"`
+	Type     string `json:"type"`
+	Re       string `json:"re"`
+	Seq      int64  `json:"seq"`
+	ThreadID string `json:"thread_id"`
+	RunID    string `json:"run_id"`
+	Text     string `json:"text"`
+	Message  string `json:"message_id"`
 	raw      []byte
 }
 
-// next reads the next frame; events must come in seq order, with no gap.
+// next reads the next frame; events must be of the tab's thread and come
+// in seq order, with no gap.
 func (tb *tab) next() frame {
 	tb.t.Helper()
 	for len(tb.pending) == 0 {
@@ -169,6 +169,9 @@ func (tb *tab) next() frame {
 		tb.t.Fatalf("error frame: %s", data)
 	}
 	if f.Seq > 0 && f.Type != "ack" {
+		if f.ThreadID != tb.thread {
+			tb.t.Fatalf("an event of another thread: %s", data)
+		}
 		if f.Type != "thread.snapshot" && f.Seq != tb.last+1 {
 			tb.t.Fatalf("seq %d after %d (%s): a gap or a duplicate", f.Seq, tb.last, f.Type)
 		}

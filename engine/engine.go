@@ -316,16 +316,22 @@ func (e *Engine) CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAc
 			p.Resent = true // it may have, and just not answered in time
 		}
 	}
-	return e.CancelRunHere(ctx, p)
+	return e.cancelHere(ctx, p)
 }
 
 // CancelRunHere is CancelRun without handing the cancel to another
 // process: what an instance does with a cancel another one forwards to it
-// (Config.Holders), and with any cancel when it runs alone.
+// (Config.Holders). It checks the command again: it comes over the wire.
 func (e *Engine) CancelRunHere(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
-	if err := p.Validate(); err != nil { // (also what another instance forwards)
+	if err := p.Validate(); err != nil {
 		return chat.CancelAck{}, err
 	}
+	return e.cancelHere(ctx, p)
+}
+
+// cancelHere records a checked cancel and stops the run's execution here
+// (or finishes the cancel when no worker holds the run).
+func (e *Engine) cancelHere(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error) {
 	ack, prev, err := e.store.RequestCancel(ctx, p)
 	if err != nil || ack.AlreadyRequested {
 		return ack, err
