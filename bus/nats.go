@@ -736,6 +736,13 @@ func (b *NATS) sweep() {
 	if len(ids) == 0 {
 		return
 	}
+	// The server must hold our subscription before the log is read: after
+	// a reconnect the client resends it, and until the server has it
+	// another instance may append and publish an event that neither this
+	// read nor NATS brings here. A round trip orders them (the server
+	// handles a connection's SUB before its PING); when it fails we are
+	// disconnected, and the reconnect sweeps again.
+	_ = b.nc.FlushTimeout(b.cfg.LogTimeout)
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.LogTimeout)
 	seqs, err := b.cfg.Log.LastSeqs(ctx, ids)
 	cancel()
