@@ -177,12 +177,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 		feed = bus.NewMemory()
 	}
 
-	a.outbox, err = email.OpenOutbox(cfg.DB, email.OutboxConfig{Latency: cfg.OutboxLatency, Fault: cfg.OutboxFault,
-		RecordDelay: cfg.OutboxRecordDelay, Synchronous: cfg.SQLiteSynchronous, CrashFunc: cfg.OutboxCrash})
+	a.outbox, err = email.NewOutbox(st.ServiceDB(), email.OutboxConfig{Latency: cfg.OutboxLatency, Fault: cfg.OutboxFault,
+		RecordDelay: cfg.OutboxRecordDelay, CrashFunc: cfg.OutboxCrash})
 	if err != nil {
-		return nil, fmt.Errorf("open the embedded email provider: %w", err)
+		return nil, fmt.Errorf("the embedded email provider: %w", err)
 	}
-	a.closers = append(a.closers, func() { a.outbox.Close() })
 	registry, err := a.tools()
 	if err != nil {
 		return nil, err

@@ -57,6 +57,7 @@ type options struct {
 	keepAlive time.Duration
 	ws        gateway.WSConfig
 	tools     *tools.Registry
+	toolsOn   func(st *store.Store) *tools.Registry
 	db        string
 	metrics   gateway.Metrics
 	auth      func(*store.Store) gateway.Authenticator
@@ -104,6 +105,12 @@ func withKeepAlive(d time.Duration) option { return func(o *options) { o.keepAli
 // withTools offers the model the tools of reg (default: none).
 func withTools(reg *tools.Registry) option { return func(o *options) { o.tools = reg } }
 
+// withToolsOn gives the engine the registry mk builds on the harness's
+// store (a tool that keeps tables in the gateway's database).
+func withToolsOn(mk func(st *store.Store) *tools.Registry) option {
+	return func(o *options) { o.toolsOn = mk }
+}
+
 // withMetrics records the gateway's measurements in m.
 func withMetrics(m gateway.Metrics) option { return func(o *options) { o.metrics = m } }
 
@@ -134,6 +141,9 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	st, err := store.Open(ctx, o.db, store.Options{OnCommit: feed.Publish, Exclusive: true})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
+	}
+	if o.toolsOn != nil {
+		o.tools = o.toolsOn(st)
 	}
 	m := &pacedModel{}
 	m.setPace(pace)

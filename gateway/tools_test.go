@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/tools/email"
 )
@@ -44,25 +44,21 @@ var emailKey = regexp.MustCompile(`^email:step-[0-9a-f]{24}:[0-9a-f]{16}:send$`)
 
 func newToolHarness(t *testing.T, pace time.Duration, cfg email.OutboxConfig, opts ...option) *toolHarness {
 	t.Helper()
-	db := filepath.Join(t.TempDir(), "gateway.db")
 	if cfg.Latency == 0 {
 		cfg.Latency = toolLatency
 	}
-	outbox, err := email.OpenOutbox(db, cfg)
-	if err != nil {
-		t.Fatalf("open outbox: %v", err)
-	}
-	// Registered first, so it runs after the harness has stopped the engine.
-	t.Cleanup(func() {
-		if err := outbox.Close(); err != nil {
-			t.Errorf("close outbox: %v", err)
+	var outbox *email.Outbox
+	h := newHarness(t, pace, append([]option{withToolsOn(func(st *store.Store) *tools.Registry {
+		var err error
+		if outbox, err = email.NewOutbox(st.ServiceDB(), cfg); err != nil {
+			t.Fatalf("email provider: %v", err)
 		}
-	})
-	reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), email.NewSendEmail(outbox))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, pace, append([]option{withDB(db), withTools(reg)}, opts...)...)
+		reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), email.NewSendEmail(outbox))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	})}, opts...)...)
 	return &toolHarness{harness: h, outbox: outbox}
 }
 

@@ -36,11 +36,10 @@ func newHealthy(t *testing.T) *healthy {
 	t.Helper()
 	st, path := openStore(t, false)
 	h := &healthy{st: st, db: rawDB(t, path)}
-	outbox, err := email.OpenOutbox(path, email.OutboxConfig{})
+	outbox, err := email.NewOutbox(st.ServiceDB(), email.OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { outbox.Close() })
 	snap := newThread(t, st)
 	h.a, h.rootA = snap.ThreadID, snap.HeadCheckpointID
 

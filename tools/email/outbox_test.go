@@ -3,20 +3,20 @@ package email
 import (
 	"context"
 	"errors"
-	"github.com/honestcancel/gateway/tools"
-	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 func openTestOutbox(t *testing.T, cfg OutboxConfig) *Outbox {
 	t.Helper()
-	o, err := OpenOutbox(testDSN(t, "provider db.sqlite"), cfg)
+	o, err := openOutbox(t, testDSN(t, "provider db.sqlite"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { o.Close() })
 	return o
 }
 
@@ -133,11 +133,10 @@ func TestOutboxAcceptThenTimeout(t *testing.T) {
 func TestOutboxRecordLate(t *testing.T) {
 	const delay = 2 * time.Second
 	dsn := testDSN(t, "provider.db")
-	o, err := OpenOutbox(dsn, OutboxConfig{Fault: FaultRecordLate, RecordDelay: delay})
+	o, err := openOutbox(t, dsn, OutboxConfig{Fault: FaultRecordLate, RecordDelay: delay})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer o.Close()
 	ctx := context.Background()
 	start := time.Now()
 	id, err := o.Send(ctx, "k1", testEmail)
@@ -157,7 +156,7 @@ func TestOutboxRecordLate(t *testing.T) {
 		t.Fatalf("repeat while not recorded: %v, want DeadlineExceeded", err)
 	}
 	for _, fault := range []string{FaultNone, FaultReject} {
-		other, err := OpenOutbox(dsn, OutboxConfig{Fault: fault})
+		other, err := openOutbox(t, dsn, OutboxConfig{Fault: fault})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +166,6 @@ func TestOutboxRecordLate(t *testing.T) {
 		if _, err := other.Send(ctx, "k1", testEmail); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("fault %q: repeat while not recorded: %v, want DeadlineExceeded (never a refusal)", fault, err)
 		}
-		other.Close()
 	}
 	if time.Since(start) >= delay {
 		t.Fatalf("the checks before the key is recorded took %v, longer than the delay %v", time.Since(start), delay)
@@ -251,7 +249,7 @@ func TestOutboxCrashWithoutCrashFunc(t *testing.T) {
 
 func TestOutboxCrashPanics(t *testing.T) {
 	path := testDSN(t, "gw.db")
-	o, err := OpenOutbox(path, OutboxConfig{Fault: FaultCrash, CrashFunc: func() { panic("crash") }})
+	o, err := openOutbox(t, path, OutboxConfig{Fault: FaultCrash, CrashFunc: func() { panic("crash") }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,13 +261,11 @@ func TestOutboxCrashPanics(t *testing.T) {
 		}()
 		o.Send(context.Background(), "k1", testEmail)
 	}()
-	o.Close()
 	// A fresh process (a new Outbox on the same file) finds the key.
-	o2, err := OpenOutbox(path, OutboxConfig{})
+	o2, err := openOutbox(t, path, OutboxConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer o2.Close()
 	if _, found, err := o2.Lookup(context.Background(), "k1"); err != nil || !found {
 		t.Fatalf("after crash: found %v, %v", found, err)
 	}
@@ -339,31 +335,33 @@ func TestOutboxCancelDuringLatency(t *testing.T) {
 	}
 }
 
-func TestOpenOutboxBadConfig(t *testing.T) {
-	if _, err := OpenOutbox(filepath.Join(t.TempDir(), "x.db"), OutboxConfig{Fault: "flaky"}); err == nil {
-		t.Fatal("unknown fault accepted")
+func TestNewOutboxBadConfig(t *testing.T) {
+	dsn := testDSN(t, "x.db")
+	if _, err := openOutbox(t, dsn, OutboxConfig{Fault: "flaky"}); err == nil || !strings.Contains(err.Error(), "use reject, accept-then-timeout, record-late or crash") {
+		t.Fatalf("unknown fault: %v, want a refusal naming the faults", err)
 	}
-	if _, err := OpenOutbox(filepath.Join(t.TempDir(), "x.db"), OutboxConfig{Fault: FaultRecordLate, RecordDelay: -time.Second}); err == nil {
+	if _, err := openOutbox(t, dsn, OutboxConfig{Fault: FaultRecordLate, RecordDelay: -time.Second}); err == nil {
 		t.Fatal("negative record delay accepted")
+	}
+	if _, err := NewOutbox(nil, OutboxConfig{}); err == nil {
+		t.Fatal("no database accepted")
 	}
 }
 
-// Two Outboxes on one database (two connections, as two processes or two
-// instances would have), opened at once, still accept a key once.
+// Two Outboxes on one database (each on a store of its own, as two
+// instances on one PostgreSQL database have) still accept a key once.
 func TestOutboxSharedFile(t *testing.T) {
 	path := testDSN(t, "shared.db")
 	var obs [2]*Outbox
 	var errs2 [2]error
 	var wg sync.WaitGroup
 	for i := range obs {
-		wg.Go(func() { obs[i], errs2[i] = OpenOutbox(path, OutboxConfig{}) })
+		obs[i], errs2[i] = openOutbox(t, path, OutboxConfig{})
 	}
-	wg.Wait()
-	for i, o := range obs {
+	for i := range obs {
 		if errs2[i] != nil {
 			t.Fatal(errs2[i])
 		}
-		defer o.Close()
 	}
 	ids := make([]string, 10)
 	errs := make([]error, 10)
