@@ -51,6 +51,37 @@ type CancelAck struct {
 	AlreadyRequested     bool      `json:"already_requested"`
 }
 
+// DeleteDraft are the fields of draft.delete.
+type DeleteDraft struct {
+	UserID               string
+	ThreadID             string
+	MessageID            string
+	ExpectedStateVersion int64
+}
+
+// Fork are the fields of thread.fork.
+type Fork struct {
+	UserID           string
+	ThreadID         string
+	FromCheckpointID string
+}
+
+// Checkout are the fields of thread.checkout.
+type Checkout struct {
+	UserID               string
+	ThreadID             string
+	CheckpointID         string
+	ExpectedStateVersion int64
+}
+
+// Decide are the fields of tool.confirm (Confirm) and tool.reject.
+type Decide struct {
+	UserID               string
+	OperationID          string
+	ExpectedStateVersion int64
+	Confirm              bool
+}
+
 // SaveFragment are the fields of fragment.save.
 type SaveFragment struct {
 	UserID               string

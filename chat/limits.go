@@ -47,8 +47,8 @@ func CheckID(field, v string) error {
 // client's request id (when given). The caller and the thread are the
 // transport's to establish.
 func (p StartRun) Validate() error {
-	if p.ExpectedStateVersion < 0 {
-		return Invalid("expected_state_version must not be negative")
+	if err := CheckVersion(p.ExpectedStateVersion); err != nil {
+		return err
 	}
 	if p.UserMessage != nil {
 		if err := CheckText("user_message", *p.UserMessage, 1, MaxUserMessageBytes); err != nil {
@@ -74,4 +74,77 @@ func (p CancelRun) Validate() error {
 		return err
 	}
 	return CheckText("reason", p.Reason, 1, MaxReasonBytes)
+}
+
+// CheckVersion refuses a negative expected_state_version (a tab that has
+// applied nothing sends 0).
+func CheckVersion(v int64) error {
+	if v < 0 {
+		return Invalid("expected_state_version must not be negative: send the state_version of the last event you applied")
+	}
+	return nil
+}
+
+// Validate checks fragment.save's fields: the streamed message, the last
+// delta the tab displayed (a seq, so at least 1) and the version.
+func (p SaveFragment) Validate() error {
+	if err := CheckID("message_id", p.MessageID); err != nil {
+		return err
+	}
+	if p.LastSeq < 1 {
+		return Invalid("last_seq must be at least 1: the seq of the last delta you displayed")
+	}
+	return CheckVersion(p.ExpectedStateVersion)
+}
+
+// Validate checks draft.delete's fields.
+func (p DeleteDraft) Validate() error {
+	if err := CheckID("thread_id", p.ThreadID); err != nil {
+		return err
+	}
+	if err := CheckID("message_id", p.MessageID); err != nil {
+		return err
+	}
+	return CheckVersion(p.ExpectedStateVersion)
+}
+
+// Validate checks thread.fork's fields.
+func (p Fork) Validate() error {
+	if err := CheckID("thread_id", p.ThreadID); err != nil {
+		return err
+	}
+	return CheckID("from_checkpoint_id", p.FromCheckpointID)
+}
+
+// Validate checks thread.checkout's fields.
+func (p Checkout) Validate() error {
+	if err := CheckID("thread_id", p.ThreadID); err != nil {
+		return err
+	}
+	if err := CheckID("checkpoint_id", p.CheckpointID); err != nil {
+		return err
+	}
+	return CheckVersion(p.ExpectedStateVersion)
+}
+
+// Validate checks thread.delete's fields: the version is optional
+// (deleting without having seen the thread's state is allowed).
+func (p DeleteThread) Validate() error {
+	if err := CheckID("thread_id", p.ThreadID); err != nil {
+		return err
+	}
+	if p.ExpectedStateVersion != nil {
+		if err := CheckVersion(*p.ExpectedStateVersion); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks tool.confirm's and tool.reject's fields.
+func (p Decide) Validate() error {
+	if err := CheckID("operation_id", p.OperationID); err != nil {
+		return err
+	}
+	return CheckVersion(p.ExpectedStateVersion)
 }

@@ -381,6 +381,9 @@ const deleteWait = 10 * time.Second
 // the cancel's own events then move the version on, so the deletion that
 // follows it does not check it again.
 func (e *Engine) DeleteThread(ctx context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error) {
+	if err := p.Validate(); err != nil {
+		return chat.ThreadDeletedAck{}, err
+	}
 	expected := p.ExpectedStateVersion
 	deadline := time.Now().Add(deleteWait)
 	for {
@@ -432,6 +435,9 @@ func (e *Engine) waitEnded(ctx context.Context, userID, runID string, deadline t
 // DecideOperation performs tool.confirm or tool.reject and wakes a worker
 // to commit the call (or to continue from the refusal).
 func (e *Engine) DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
+	if err := (chat.Decide{UserID: userID, OperationID: opID, ExpectedStateVersion: expected, Confirm: confirm}).Validate(); err != nil {
+		return chat.ConfirmAck{}, err
+	}
 	ack, err := e.store.DecideOperation(ctx, userID, opID, expected, confirm)
 	if err == nil {
 		e.poke()

@@ -656,6 +656,40 @@ func TestEngineRefusesCommandsOverTheLimits(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != chat.CodeInvalidRequest {
 		t.Fatalf("run.cancel without a reason: %v, want invalid_request", err)
 	}
+	// The other commands, where a program calls the engine or the store
+	// directly (no transport to check them first).
+	ctx := context.Background()
+	longID := strings.Repeat("c", chat.MaxIDBytes+1)
+	for name, call := range map[string]func() error{
+		"tool.confirm at a negative version": func() error {
+			_, err := h.eng.DecideOperation(ctx, chat.LocalUserID, "op_x", -1, true)
+			return err
+		},
+		"thread.delete at a negative version": func() error {
+			_, err := h.eng.DeleteThread(ctx, chat.DeleteThread{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, ExpectedStateVersion: new(int64(-1)), RequestedBy: "tab:t"})
+			return err
+		},
+		"thread.fork from an over-long checkpoint id": func() error {
+			_, err := h.st.Fork(ctx, chat.LocalUserID, snap.ThreadID, longID)
+			return err
+		},
+		"thread.checkout at a negative version": func() error {
+			_, err := h.st.Checkout(ctx, chat.LocalUserID, snap.ThreadID, snap.HeadCheckpointID, -1)
+			return err
+		},
+		"draft.delete without a message": func() error {
+			_, err := h.st.DeleteDraft(ctx, chat.LocalUserID, snap.ThreadID, "", snap.StateVersion)
+			return err
+		},
+		"fragment.save before any delta": func() error {
+			_, err := h.st.SaveFragment(ctx, chat.SaveFragment{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, MessageID: "msg_x", ExpectedStateVersion: snap.StateVersion})
+			return err
+		},
+	} {
+		if err := call(); !errors.As(err, &ce) || ce.Code != chat.CodeInvalidRequest {
+			t.Errorf("%s: %v, want invalid_request", name, err)
+		}
+	}
 	after, err := h.st.Snapshot(context.Background(), chat.LocalUserID, snap.ThreadID)
 	if err != nil {
 		t.Fatal(err)

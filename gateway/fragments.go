@@ -32,22 +32,21 @@ func (s *Server) saveFragment(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, http.StatusCreated, ack, err)
 }
 
-// command validates the fields of fragment.save.
+// command is fragment.save from the decoded fields, validated.
 func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragment, error) {
 	switch {
 	case req.MessageID == nil || *req.MessageID == "":
 		return chat.SaveFragment{}, chat.Invalid("message_id is required: the id of the streamed message to save")
-	case len(*req.MessageID) > chat.MaxIDBytes:
-		return chat.SaveFragment{}, chat.CheckID("message_id", *req.MessageID)
-	case req.LastSeq == nil || *req.LastSeq < 1:
+	case req.LastSeq == nil:
 		return chat.SaveFragment{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
-	case requiredVersion(req.ExpectedStateVersion) != nil:
-		return chat.SaveFragment{}, requiredVersion(req.ExpectedStateVersion)
+	case req.ExpectedStateVersion == nil:
+		return chat.SaveFragment{}, versionRequired()
 	}
-	return chat.SaveFragment{
+	p := chat.SaveFragment{
 		UserID: userID, ThreadID: threadID, MessageID: *req.MessageID,
 		LastSeq: *req.LastSeq, ExpectedStateVersion: *req.ExpectedStateVersion,
-	}, nil
+	}
+	return p, p.Validate()
 }
 
 type deleteDraftRequest struct {
@@ -65,27 +64,39 @@ func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		messageID, err = pathID(r, "message_id", "message_id")
 	}
+	var p chat.DeleteDraft
 	if err == nil {
-		err = req.validate()
+		p, err = req.command(userID(r), threadID, messageID)
 	}
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	ack, err := s.store.DeleteDraft(r.Context(), userID(r), threadID, messageID, *req.ExpectedStateVersion)
+	ack, err := s.store.DeleteDraft(r.Context(), p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion)
 	s.reply(w, http.StatusOK, ack, err)
 }
 
-func (req deleteDraftRequest) validate() error {
-	return requiredVersion(req.ExpectedStateVersion)
+// command is draft.delete from the decoded fields, validated.
+func (req deleteDraftRequest) command(userID, threadID, messageID string) (chat.DeleteDraft, error) {
+	if req.ExpectedStateVersion == nil {
+		return chat.DeleteDraft{}, versionRequired()
+	}
+	p := chat.DeleteDraft{UserID: userID, ThreadID: threadID, MessageID: messageID, ExpectedStateVersion: *req.ExpectedStateVersion}
+	return p, p.Validate()
 }
 
 type decideRequest struct {
 	ExpectedStateVersion *int64 `json:"expected_state_version"`
 }
 
-func (req decideRequest) validate() error {
-	return requiredVersion(req.ExpectedStateVersion)
+// command is tool.confirm (confirm) or tool.reject from the decoded
+// fields, validated.
+func (req decideRequest) command(userID, operationID string, confirm bool) (chat.Decide, error) {
+	if req.ExpectedStateVersion == nil {
+		return chat.Decide{}, versionRequired()
+	}
+	p := chat.Decide{UserID: userID, OperationID: operationID, ExpectedStateVersion: *req.ExpectedStateVersion, Confirm: confirm}
+	return p, p.Validate()
 }
 
 // decide serves POST /api/operations/{id}/confirm and /reject.
@@ -97,23 +108,21 @@ func (s *Server) decide(confirm bool) http.HandlerFunc {
 			return
 		}
 		id, err := pathID(r, "id", "operation_id")
+		var p chat.Decide
 		if err == nil {
-			err = req.validate()
+			p, err = req.command(userID(r), id, confirm)
 		}
 		if err != nil {
 			writeError(w, s.log, err)
 			return
 		}
-		ack, err := s.runs.DecideOperation(r.Context(), userID(r), id, *req.ExpectedStateVersion, confirm)
+		ack, err := s.runs.DecideOperation(r.Context(), p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm)
 		s.reply(w, http.StatusOK, ack, err)
 	}
 }
 
-// requiredVersion is the rule for a command's expected_state_version: given,
-// and not negative.
-func requiredVersion(v *int64) error {
-	if v == nil || *v < 0 {
-		return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
-	}
-	return nil
+// versionRequired answers a command sent without expected_state_version
+// (its value is the domain's to check: chat.CheckVersion).
+func versionRequired() error {
+	return chat.Invalid("expected_state_version is required: the state_version of the last event you applied")
 }

@@ -452,27 +452,31 @@ func validated(t *testing.T, v any) bool {
 			t.Fatalf("fragment.save accepted %+v", p)
 		}
 	case *deleteDraftRequest:
-		err = req.validate()
-		if err == nil && *req.ExpectedStateVersion < 0 {
-			t.Fatal("draft.delete accepted a negative expected_state_version")
+		var p chat.DeleteDraft
+		p, err = req.command(chat.LocalUserID, "thr_1", "msg_1")
+		if err == nil && (req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 || p.ExpectedStateVersion < 0) {
+			t.Fatal("draft.delete accepted a missing or negative expected_state_version")
 		}
 	case *decideRequest:
-		err = req.validate()
-		if err == nil && *req.ExpectedStateVersion < 0 {
-			t.Fatal("decide accepted a negative expected_state_version")
+		var p chat.Decide
+		p, err = req.command(chat.LocalUserID, "op_1", true)
+		if err == nil && (req.ExpectedStateVersion == nil || *req.ExpectedStateVersion < 0 || p.ExpectedStateVersion < 0) {
+			t.Fatal("decide accepted a missing or negative expected_state_version")
 		}
 	case *forkRequest:
-		err = req.validate()
-		if err == nil && *req.FromCheckpointID == "" {
-			t.Fatal("fork accepted an empty from_checkpoint_id")
+		var p chat.Fork
+		p, err = req.command(chat.LocalUserID, "thr_1")
+		if err == nil && (p.FromCheckpointID == "" || len(p.FromCheckpointID) > chat.MaxIDBytes) {
+			t.Fatalf("fork accepted from_checkpoint_id %q", p.FromCheckpointID)
 		}
 	case *checkoutRequest:
-		err = req.validate()
-		if err == nil && (*req.CheckpointID == "" || *req.ExpectedStateVersion < 0) {
-			t.Fatalf("checkout accepted %+v", req)
+		var p chat.Checkout
+		p, err = req.command(chat.LocalUserID, "thr_1")
+		if err == nil && (p.CheckpointID == "" || len(p.CheckpointID) > chat.MaxIDBytes || p.ExpectedStateVersion < 0) {
+			t.Fatalf("checkout accepted %+v", p)
 		}
 	case *deleteThreadRequest:
-		err = req.validate()
+		_, err = req.command(chat.LocalUserID, "thr_1", "api:http")
 		if err == nil && req.ExpectedStateVersion != nil && *req.ExpectedStateVersion < 0 {
 			t.Fatal("thread.delete accepted a negative expected_state_version")
 		}

@@ -113,14 +113,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, err := pathID(r, "id", "thread_id")
+	var p chat.Fork
 	if err == nil {
-		err = req.validate()
+		p, err = req.command(userID(r), id)
 	}
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	t, err := s.store.Fork(r.Context(), userID(r), id, *req.FromCheckpointID)
+	t, err := s.store.Fork(r.Context(), p.UserID, p.ThreadID, p.FromCheckpointID)
 	if err != nil {
 		writeError(w, s.log, err)
 		return
@@ -128,11 +129,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID})
 }
 
-func (req forkRequest) validate() error {
+// command is thread.fork from the decoded fields, validated.
+func (req forkRequest) command(userID, threadID string) (chat.Fork, error) {
 	if req.FromCheckpointID == nil || *req.FromCheckpointID == "" {
-		return chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from")
+		return chat.Fork{}, chat.Invalid("from_checkpoint_id is required: name the checkpoint to fork from")
 	}
-	return chat.CheckID("from_checkpoint_id", *req.FromCheckpointID)
+	p := chat.Fork{UserID: userID, ThreadID: threadID, FromCheckpointID: *req.FromCheckpointID}
+	return p, p.Validate()
 }
 
 type checkoutRequest struct {
@@ -149,25 +152,28 @@ func (s *Server) checkout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, err := pathID(r, "id", "thread_id")
+	var p chat.Checkout
 	if err == nil {
-		err = req.validate()
+		p, err = req.command(userID(r), id)
 	}
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	ack, err := s.store.Checkout(r.Context(), userID(r), id, *req.CheckpointID, *req.ExpectedStateVersion)
+	ack, err := s.store.Checkout(r.Context(), p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
 	s.reply(w, http.StatusOK, ack, err)
 }
 
-func (req checkoutRequest) validate() error {
-	if req.CheckpointID == nil || *req.CheckpointID == "" {
-		return chat.Invalid("checkpoint_id is required: name the checkpoint of this thread to switch to")
+// command is thread.checkout from the decoded fields, validated.
+func (req checkoutRequest) command(userID, threadID string) (chat.Checkout, error) {
+	switch {
+	case req.CheckpointID == nil || *req.CheckpointID == "":
+		return chat.Checkout{}, chat.Invalid("checkpoint_id is required: name the checkpoint of this thread to switch to")
+	case req.ExpectedStateVersion == nil:
+		return chat.Checkout{}, versionRequired()
 	}
-	if err := chat.CheckID("checkpoint_id", *req.CheckpointID); err != nil {
-		return err
-	}
-	return requiredVersion(req.ExpectedStateVersion)
+	p := chat.Checkout{UserID: userID, ThreadID: threadID, CheckpointID: *req.CheckpointID, ExpectedStateVersion: *req.ExpectedStateVersion}
+	return p, p.Validate()
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
@@ -235,25 +241,21 @@ func (s *Server) deleteThread(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, err := pathID(r, "id", "thread_id")
+	var p chat.DeleteThread
 	if err == nil {
-		err = req.validate()
+		p, err = req.command(userID(r), id, "api:"+clientName(r))
 	}
 	if err != nil {
 		writeError(w, s.log, err)
 		return
 	}
-	ack, err := s.runs.DeleteThread(r.Context(), req.command(userID(r), id, "api:"+clientName(r)))
+	ack, err := s.runs.DeleteThread(r.Context(), p)
 	s.reply(w, http.StatusOK, ack, err)
 }
 
-// validate: expected_state_version is optional, and never negative.
-func (req deleteThreadRequest) validate() error {
-	if req.ExpectedStateVersion != nil && *req.ExpectedStateVersion < 0 {
-		return chat.Invalid("expected_state_version must not be negative: send the state_version of the last event you applied, or leave it out")
-	}
-	return nil
-}
-
-func (req deleteThreadRequest) command(userID, threadID, requestedBy string) chat.DeleteThread {
-	return chat.DeleteThread{UserID: userID, ThreadID: threadID, ExpectedStateVersion: req.ExpectedStateVersion, RequestedBy: requestedBy}
+// command is thread.delete from the decoded fields (expected_state_version
+// is optional), validated.
+func (req deleteThreadRequest) command(userID, threadID, requestedBy string) (chat.DeleteThread, error) {
+	p := chat.DeleteThread{UserID: userID, ThreadID: threadID, ExpectedStateVersion: req.ExpectedStateVersion, RequestedBy: requestedBy}
+	return p, p.Validate()
 }

@@ -311,10 +311,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := required("message_id", cmd.MessageID); err != nil {
 			return nil, err
 		}
-		if err := cmd.validate(); err != nil {
+		p, err := cmd.command(c.user, *cmd.ThreadID, *cmd.MessageID)
+		if err != nil {
 			return nil, err
 		}
-		return s.store.DeleteDraft(ctx, c.user, *cmd.ThreadID, *cmd.MessageID, *cmd.ExpectedStateVersion)
+		return s.store.DeleteDraft(ctx, p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion)
 
 	case "thread.fork":
 		var cmd wsFork
@@ -324,10 +325,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := required("thread_id", cmd.ThreadID); err != nil {
 			return nil, err
 		}
-		if err := cmd.validate(); err != nil {
+		p, err := cmd.command(c.user, *cmd.ThreadID)
+		if err != nil {
 			return nil, err
 		}
-		t, err := s.store.Fork(ctx, c.user, *cmd.ThreadID, *cmd.FromCheckpointID)
+		t, err := s.store.Fork(ctx, p.UserID, p.ThreadID, p.FromCheckpointID)
 		if err != nil {
 			return nil, err
 		}
@@ -341,10 +343,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := required("thread_id", cmd.ThreadID); err != nil {
 			return nil, err
 		}
-		if err := cmd.validate(); err != nil {
+		p, err := cmd.command(c.user, *cmd.ThreadID)
+		if err != nil {
 			return nil, err
 		}
-		return s.store.Checkout(ctx, c.user, *cmd.ThreadID, *cmd.CheckpointID, *cmd.ExpectedStateVersion)
+		return s.store.Checkout(ctx, p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
 
 	case "thread.delete":
 		var cmd wsDeleteThread
@@ -354,10 +357,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := required("thread_id", cmd.ThreadID); err != nil {
 			return nil, err
 		}
-		if err := cmd.validate(); err != nil {
+		p, err := cmd.command(c.user, *cmd.ThreadID, c.requestedBy())
+		if err != nil {
 			return nil, err
 		}
-		return s.runs.DeleteThread(ctx, cmd.command(c.user, *cmd.ThreadID, c.requestedBy()))
+		return s.runs.DeleteThread(ctx, p)
 
 	case "tool.confirm", "tool.reject":
 		var cmd wsDecide
@@ -367,10 +371,11 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		if err := required("operation_id", cmd.OperationID); err != nil {
 			return nil, err
 		}
-		if err := cmd.validate(); err != nil {
+		p, err := cmd.command(c.user, *cmd.OperationID, typ == "tool.confirm")
+		if err != nil {
 			return nil, err
 		}
-		return s.runs.DecideOperation(ctx, c.user, *cmd.OperationID, *cmd.ExpectedStateVersion, typ == "tool.confirm")
+		return s.runs.DecideOperation(ctx, p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm)
 	}
 	return nil, chat.Invalid("unknown command type %s: see the protocol's command list", quoteShort(typ))
 }

@@ -23,7 +23,7 @@ func TestWritesOfAnotherOrNoUserAreNotFound(t *testing.T) {
 		if _, err := st.StartRun(ctx, chat.StartRun{UserID: who, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("hi")}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q start run: %v", who, err)
 		}
-		if _, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: who, ThreadID: snap.ThreadID, MessageID: "msg_x", ExpectedStateVersion: snap.StateVersion}); code(err) != chat.CodeNotFound {
+		if _, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: who, ThreadID: snap.ThreadID, MessageID: "msg_x", LastSeq: 1, ExpectedStateVersion: snap.StateVersion}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q save fragment: %v", who, err)
 		}
 		if _, err := st.DeleteDraft(ctx, who, snap.ThreadID, "msg_x", snap.StateVersion); code(err) != chat.CodeNotFound {

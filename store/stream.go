@@ -18,6 +18,9 @@ import (
 // message of kind fragment under a new head checkpoint, which keeps the
 // parent's pending step.
 func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.FragmentSaved, error) {
+	if err := p.Validate(); err != nil {
+		return chat.FragmentSaved{}, err
+	}
 	var out chat.FragmentSaved
 	err := s.write(ctx, func(t *txn) error {
 		c, err := t.thread(p.UserID, p.ThreadID)
@@ -121,6 +124,9 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 // without it and message.deleted. The message row stays for audit, marked
 // deleted_at, until the draft TTL redacts its text (RedactDeletedDrafts).
 func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
+	if err := (chat.DeleteDraft{UserID: userID, ThreadID: threadID, MessageID: messageID, ExpectedStateVersion: expected}).Validate(); err != nil {
+		return chat.DraftDeleted{}, err
+	}
 	var out chat.DraftDeleted
 	err := s.write(ctx, func(t *txn) error {
 		c, err := t.thread(userID, threadID)
