@@ -99,14 +99,14 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		defer st.Close()
 		if sub == "add" {
-			u, err := st.CreateUser(ctx, name, hash)
+			u, err := st.Accounts().CreateUser(ctx, name, hash)
 			if err != nil {
 				return fail(err)
 			}
 			fmt.Fprintf(stdout, "created user %s (%s); serve with -auth password so they can sign in\n", u.Name, u.UserID)
 			return 0
 		}
-		revoked, err := st.ResetPassword(ctx, name, hash, *revokeTokens)
+		revoked, err := st.Accounts().ResetPassword(ctx, name, hash, *revokeTokens)
 		if err != nil {
 			return fail(err)
 		}
@@ -125,7 +125,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		sessions, err := st.Sessions(ctx, name, time.Now())
+		sessions, err := st.Accounts().Sessions(ctx, name, time.Now())
 		if err != nil {
 			return fail(err)
 		}
@@ -146,7 +146,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		n, err := st.EndSessions(ctx, name)
+		n, err := st.Accounts().EndSessions(ctx, name)
 		if err != nil {
 			return fail(err)
 		}
@@ -161,7 +161,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		if err := st.DeleteUser(ctx, name); err != nil {
+		if err := st.Accounts().DeleteUser(ctx, name); err != nil {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "deleted user %s: their sessions and tokens ended; their conversations stay in the database, unreachable\n", name)
@@ -171,7 +171,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		users, err := st.Users(ctx)
+		users, err := st.Accounts().Users(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -229,7 +229,7 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		tok, secret, err := auth.CreateToken(ctx, st, name, *label, *ttl, time.Now())
+		tok, secret, err := auth.CreateToken(ctx, st.Accounts(), name, *label, *ttl, time.Now())
 		if err != nil {
 			return fail(err)
 		}
@@ -250,7 +250,7 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		defer st.Close()
 		id, _, _ := strings.Cut(rest[0], ".") // a whole token names its id too
-		if err := st.RevokeToken(ctx, id); err != nil {
+		if err := st.Accounts().RevokeToken(ctx, id); err != nil {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "revoked token %s\n", id)
@@ -266,7 +266,7 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer st.Close()
-		toks, err := st.Tokens(ctx, name)
+		toks, err := st.Accounts().Tokens(ctx, name)
 		if err != nil {
 			return fail(err)
 		}

@@ -303,14 +303,14 @@ func (a *App) model() (model.Backend, engine.Titler, string, error) {
 // checks.
 func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) {
 	cfg, log := a.cfg, a.log
-	authn, err := auth.New(auth.Config{Mode: cfg.AuthMode, Store: a.store, ProxyHeader: cfg.AuthHeader,
+	authn, err := auth.New(auth.Config{Mode: cfg.AuthMode, Store: a.store.Accounts(), ProxyHeader: cfg.AuthHeader,
 		TrustedProxies: cfg.TrustedProxies, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies, Log: log,
 		CredentialCache: auth.DefaultCredentialCache})
 	if err != nil {
 		return nil, err
 	}
 	if cfg.AuthMode == auth.ModePassword {
-		users, err := a.store.Users(ctx)
+		users, err := a.store.Accounts().Users(ctx)
 		switch {
 		case err != nil:
 			log.Warn("list accounts", "err", err)

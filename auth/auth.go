@@ -48,7 +48,7 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("-auth %q: use none, password or header", s)
 }
 
-// Store is the account storage the Authenticator needs (package store).
+// Store is the account storage the Authenticator needs (store.Accounts).
 type Store interface {
 	UserByName(ctx context.Context, name string) (chat.User, string, error)
 	EnsureUser(ctx context.Context, name string) (chat.User, error)

@@ -55,13 +55,13 @@ func newAuth(t *testing.T, cfg auth.Config) (*auth.Authenticator, *clock) {
 	return a, clk
 }
 
-func addUser(t *testing.T, st *store.Store, name, password string) chat.User {
+func addUser(t *testing.T, acc store.Accounts, name, password string) chat.User {
 	t.Helper()
 	hash, err := auth.HashPassword(password, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := st.CreateUser(context.Background(), name, hash)
+	u, err := acc.CreateUser(context.Background(), name, hash)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +113,8 @@ func TestModeNoneIsTheLocalUser(t *testing.T) {
 
 func TestPasswordSessionLifecycle(t *testing.T) {
 	st := openStore(t)
-	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, SessionTTL: time.Hour})
-	alice := addUser(t, st, "alice", "correct horse")
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), SessionTTL: time.Hour})
+	alice := addUser(t, st.Accounts(), "alice", "correct horse")
 
 	if _, err := a.Authenticate(withCookie(nil)); code(err) != chat.CodeUnauthorized {
 		t.Fatalf("no cookie: %v", err)
@@ -168,7 +168,7 @@ func TestPasswordSessionLifecycle(t *testing.T) {
 	// A new password ends every session; a deleted user's too.
 	c3, _ := signIn(t, a, "alice", "correct horse")
 	hash, _ := auth.HashPassword("battery staple", 4)
-	if err := st.SetPassword(context.Background(), "alice", hash); err != nil {
+	if err := st.Accounts().SetPassword(context.Background(), "alice", hash); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Authenticate(withCookie(c3)); code(err) != chat.CodeUnauthorized {
@@ -181,7 +181,7 @@ func TestPasswordSessionLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.DeleteUser(context.Background(), "alice"); err != nil {
+	if err := st.Accounts().DeleteUser(context.Background(), "alice"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Authenticate(withCookie(c4)); code(err) != chat.CodeUnauthorized {
@@ -191,13 +191,13 @@ func TestPasswordSessionLifecycle(t *testing.T) {
 		t.Fatalf("deleted user signed in: %v", err)
 	}
 	// The name is free again, for a new account that is not the old one.
-	if _, err := st.CreateUser(context.Background(), "bob", ""); err != nil {
+	if _, err := st.Accounts().CreateUser(context.Background(), "bob", ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateUser(context.Background(), "bob", ""); code(err) != chat.CodeInvalidRequest {
+	if _, err := st.Accounts().CreateUser(context.Background(), "bob", ""); code(err) != chat.CodeInvalidRequest {
 		t.Fatalf("duplicate name: %v", err)
 	}
-	again := addUser(t, st, "alice", "new person pw")
+	again := addUser(t, st.Accounts(), "alice", "new person pw")
 	if again.UserID == alice.UserID {
 		t.Fatal("a re-created name got the deleted account back")
 	}
@@ -205,9 +205,9 @@ func TestPasswordSessionLifecycle(t *testing.T) {
 
 func TestSecureCookieBehindTLSProxy(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(),
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	addUser(t, st, "alice", "correct horse")
+	addUser(t, st.Accounts(), "alice", "correct horse")
 	for _, tc := range []struct {
 		remote, proto string
 		secure        bool
@@ -241,8 +241,8 @@ func TestSecureCookieBehindTLSProxy(t *testing.T) {
 // can plant) is not a session. Sign-out clears the __Host- cookie.
 func TestHostPrefixedCookieOverHTTPS(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, SecureCookies: true})
-	alice := addUser(t, st, "alice", "correct horse")
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), SecureCookies: true})
+	alice := addUser(t, st.Accounts(), "alice", "correct horse")
 	w := httptest.NewRecorder()
 	if _, err := a.SignIn(w, httptest.NewRequest("POST", "/login", nil), "alice", "correct horse"); err != nil {
 		t.Fatal(err)
@@ -273,10 +273,10 @@ func TestHostPrefixedCookieOverHTTPS(t *testing.T) {
 
 func TestBruteForceIsSlowedDown(t *testing.T) {
 	st := openStore(t)
-	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(),
 		Limiter: auth.LimiterConfig{Free: 3, Base: time.Second, Max: 8 * time.Second}})
-	addUser(t, st, "alice", "correct horse")
-	addUser(t, st, "bob", "bobs password")
+	addUser(t, st.Accounts(), "alice", "correct horse")
+	addUser(t, st.Accounts(), "bob", "bobs password")
 
 	for i := range 3 {
 		if _, err := signIn(t, a, "alice", "guess"+string(rune('a'+i))); code(err) != chat.CodeUnauthorized {
@@ -317,7 +317,7 @@ func TestBruteForceIsSlowedDown(t *testing.T) {
 
 func TestUnknownUserCostsTheSameAndIsLimitedToo(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Free: 2}})
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), Limiter: auth.LimiterConfig{Free: 2}})
 	for range 2 {
 		if _, err := signIn(t, a, "nobody", "whatever1"); code(err) != chat.CodeUnauthorized {
 			t.Fatal(err)
@@ -331,7 +331,7 @@ func TestUnknownUserCostsTheSameAndIsLimitedToo(t *testing.T) {
 		t.Fatalf("unknown name not limited: %v", err)
 	}
 	// A user without a password (created by header mode) cannot sign in.
-	if _, err := st.CreateUser(context.Background(), "proxyuser", ""); err != nil {
+	if _, err := st.Accounts().CreateUser(context.Background(), "proxyuser", ""); err != nil {
 		t.Fatal(err)
 	}
 	r := httptest.NewRequest("POST", "/login", nil)
@@ -343,7 +343,7 @@ func TestUnknownUserCostsTheSameAndIsLimitedToo(t *testing.T) {
 
 func TestLimiterMemoryIsBounded(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Entries: 20, Free: 1}})
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), Limiter: auth.LimiterConfig{Entries: 20, Free: 1}})
 	// 100 failures from 100 addresses for many names never grow past the
 	// bound; the test would see no error either way, so it checks the one
 	// observable consequence: the table forgot the first name (it is not
@@ -368,10 +368,10 @@ func TestLimiterMemoryIsBounded(t *testing.T) {
 
 func TestTokens(t *testing.T) {
 	st := openStore(t)
-	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st})
-	alice := addUser(t, st, "alice", "correct horse")
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts()})
+	alice := addUser(t, st.Accounts(), "alice", "correct horse")
 	ctx := context.Background()
-	tok, secret, err := auth.CreateToken(ctx, st, "alice", "ci", time.Hour, clk.Now())
+	tok, secret, err := auth.CreateToken(ctx, st.Accounts(), "alice", "ci", time.Hour, clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	toks, err := st.Tokens(ctx, "alice")
+	toks, err := st.Accounts().Tokens(ctx, "alice")
 	if err != nil || len(toks) != 1 || toks[0].TokenID != tok.TokenID || toks[0].Name != "ci" {
 		t.Fatalf("list: %+v %v", toks, err)
 	}
@@ -404,7 +404,7 @@ func TestTokens(t *testing.T) {
 	if _, err := a.Authenticate(bearer("Bearer " + secret)); code(err) != chat.CodeUnauthorized {
 		t.Fatalf("expired token: %v", err)
 	}
-	_, secret2, err := auth.CreateToken(ctx, st, "alice", "", 0, clk.Now())
+	_, secret2, err := auth.CreateToken(ctx, st.Accounts(), "alice", "", 0, clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func TestTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	id2, _, _ := strings.Cut(secret2, ".")
-	if err := st.RevokeToken(ctx, id2); err != nil {
+	if err := st.Accounts().RevokeToken(ctx, id2); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Authenticate(bearer("Bearer " + secret2)); code(err) != chat.CodeUnauthorized {
@@ -422,20 +422,20 @@ func TestTokens(t *testing.T) {
 	if err := a.Revalidate(ctx, p2); code(err) != chat.CodeUnauthorized {
 		t.Fatalf("revoked token revalidated: %v", err)
 	}
-	if err := st.RevokeToken(ctx, "tok_nonexistent"); code(err) != chat.CodeNotFound {
+	if err := st.Accounts().RevokeToken(ctx, "tok_nonexistent"); code(err) != chat.CodeNotFound {
 		t.Fatalf("revoke unknown: %v", err)
 	}
-	if _, _, err := auth.CreateToken(ctx, st, "nobody", "", 0, clk.Now()); code(err) != chat.CodeNotFound {
+	if _, _, err := auth.CreateToken(ctx, st.Accounts(), "nobody", "", 0, clk.Now()); code(err) != chat.CodeNotFound {
 		t.Fatalf("token for unknown user: %v", err)
 	}
 }
 
 func TestHeaderModeTrustsOnlyTheProxy(t *testing.T) {
 	st := openStore(t)
-	if _, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st}); err == nil {
+	if _, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st.Accounts()}); err == nil {
 		t.Fatal("header mode without trusted proxies accepted")
 	}
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st, ProxyHeader: "X-Remote-User",
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st.Accounts(), ProxyHeader: "X-Remote-User",
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}})
 	req := func(remote, user string) *http.Request {
 		r := httptest.NewRequest("GET", "/api/threads", nil)

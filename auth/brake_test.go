@@ -99,9 +99,9 @@ func wantRetryLater(t *testing.T, why string, errs []error, message string) {
 // which locks the name) is checked at all; the rest are refused at once.
 func TestConcurrentGuessesForOneNameAreChargedBeforeChecking(t *testing.T) {
 	st := openStore(t)
-	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(),
 		Limiter: auth.LimiterConfig{Free: 3, Base: time.Second, Hashing: 64}})
-	addUser(t, st, "alice", "correct horse")
+	addUser(t, st.Accounts(), "alice", "correct horse")
 	h := holdChecks(a)
 	checked, early, late := burst(t, h, 200, func(i int) error {
 		return attempt(a, "192.0.2.10:5555", "alice", fmt.Sprintf("guess %d", i))
@@ -133,10 +133,10 @@ func TestConcurrentGuessesForOneNameAreChargedBeforeChecking(t *testing.T) {
 // more.
 func TestConcurrentGuessesFromOneAddressAreChargedBeforeChecking(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st,
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(),
 		Limiter: auth.LimiterConfig{Free: 3, Hashing: 64}})
 	for i := range 20 {
-		addUser(t, st, fmt.Sprintf("user%d", i), "correct horse")
+		addUser(t, st.Accounts(), fmt.Sprintf("user%d", i), "correct horse")
 	}
 	h := holdChecks(a)
 	checked, early, late := burst(t, h, 200, func(i int) error {
@@ -162,8 +162,8 @@ func TestConcurrentGuessesFromOneAddressAreChargedBeforeChecking(t *testing.T) {
 // at once, the others are refused at once (not queued) and not charged.
 func TestPasswordChecksAtOnceAreBounded(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Hashing: 4}})
-	addUser(t, st, "alice", "correct horse")
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), Limiter: auth.LimiterConfig{Hashing: 4}})
+	addUser(t, st.Accounts(), "alice", "correct horse")
 	h := holdChecks(a)
 	addr := func(i int) string { return netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}).String() + ":1" }
 	checked, early, late := burst(t, h, 200, func(i int) error {
@@ -191,8 +191,8 @@ func TestPasswordChecksAtOnceAreBounded(t *testing.T) {
 // gives its charge back: it leaves no lock on the address.
 func TestSuccessGivesTheChargeBack(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Limiter: auth.LimiterConfig{Free: 1}})
-	addUser(t, st, "alice", "correct horse")
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), Limiter: auth.LimiterConfig{Free: 1}})
+	addUser(t, st.Accounts(), "alice", "correct horse")
 	const from = "192.0.2.44:1"
 	for _, name := range []string{"n1", "n2"} { // 2 of the address's 3 free failures
 		if err := attempt(a, from, name, "wrong pw"); code(err) != chat.CodeUnauthorized {
@@ -237,9 +237,9 @@ func TestSignInAuditLines(t *testing.T) {
 	st := openStore(t)
 	var buf lockedBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st, Log: log,
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), Log: log,
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Limiter: auth.LimiterConfig{Free: 1}})
-	alice := addUser(t, st, "alice", "correct horse")
+	alice := addUser(t, st.Accounts(), "alice", "correct horse")
 	viaProxy := func(name, password string) error {
 		r := httptest.NewRequest("POST", "/login", nil)
 		r.RemoteAddr = "10.0.0.2:4000"
@@ -282,7 +282,7 @@ func TestSignInAuditLines(t *testing.T) {
 // 400 whichever way it does so, and creates no account.
 func TestHeaderModeRefusesTwoNames(t *testing.T) {
 	st := openStore(t)
-	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st, ProxyHeader: "X-Remote-User",
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st.Accounts(), ProxyHeader: "X-Remote-User",
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 	for name, h := range map[string]http.Header{
 		"two header lines":      {"X-Remote-User": {"mallory", "carol"}},
@@ -299,7 +299,7 @@ func TestHeaderModeRefusesTwoNames(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"mallory", "carol"} {
-		if _, _, err := st.UserByName(context.Background(), name); code(err) != chat.CodeNotFound {
+		if _, _, err := st.Accounts().UserByName(context.Background(), name); code(err) != chat.CodeNotFound {
 			t.Errorf("account %s after the refused requests: %v, want none", name, err)
 		}
 	}

@@ -21,7 +21,7 @@ import (
 // an unreachable store would; afterRead, when set, runs after each real
 // read, before its answer is returned.
 type countingStore struct {
-	*store.Store
+	store.Accounts
 	reads     atomic.Int64
 	fail      atomic.Bool
 	afterRead func()
@@ -34,7 +34,7 @@ func (s *countingStore) SessionUntil(ctx context.Context, hash string, now time.
 	if s.fail.Load() {
 		return chat.User{}, time.Time{}, errUnreachable
 	}
-	u, until, err := s.Store.SessionUntil(ctx, hash, now)
+	u, until, err := s.Accounts.SessionUntil(ctx, hash, now)
 	if s.afterRead != nil {
 		s.afterRead()
 	}
@@ -46,7 +46,7 @@ func (s *countingStore) TokenUntil(ctx context.Context, id string, now time.Time
 	if s.fail.Load() {
 		return chat.User{}, "", time.Time{}, errUnreachable
 	}
-	u, hash, until, err := s.Store.TokenUntil(ctx, id, now)
+	u, hash, until, err := s.Accounts.TokenUntil(ctx, id, now)
 	if s.afterRead != nil {
 		s.afterRead()
 	}
@@ -59,7 +59,7 @@ const cacheTime = time.Second
 // cache of cacheTime and sessions of an hour.
 func cachedAuth(t *testing.T, cfg auth.Config) (*auth.Authenticator, *clock, *countingStore) {
 	t.Helper()
-	cs := &countingStore{Store: openStore(t)}
+	cs := &countingStore{Accounts: openStore(t).Accounts()}
 	cfg.Mode, cfg.Store, cfg.SessionTTL = auth.ModePassword, cs, time.Hour
 	if cfg.CredentialCache == 0 {
 		cfg.CredentialCache = cacheTime
@@ -72,7 +72,7 @@ func cachedAuth(t *testing.T, cfg auth.Config) (*auth.Authenticator, *clock, *co
 // and principal.
 func sessionOf(t *testing.T, a *auth.Authenticator, st *countingStore, name string) (*http.Cookie, chat.Principal) {
 	t.Helper()
-	addUser(t, st.Store, name, "correct horse")
+	addUser(t, st.Accounts, name, "correct horse")
 	c, err := signIn(t, a, name, "correct horse")
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func sessionOf(t *testing.T, a *auth.Authenticator, st *countingStore, name stri
 // until revoked) and returns its id and principal.
 func tokenOf(t *testing.T, a *auth.Authenticator, st *countingStore, clk *clock, name string, ttl time.Duration) (string, chat.Principal) {
 	t.Helper()
-	tok, secret, err := auth.CreateToken(context.Background(), st.Store, name, "test", ttl, clk.Now())
+	tok, secret, err := auth.CreateToken(context.Background(), st.Accounts, name, "test", ttl, clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,14 +172,14 @@ func TestRevalidateCachedReadsOncePerCacheTime(t *testing.T) {
 func TestRevalidateCachedSeesOtherWritersAfterTheCacheTime(t *testing.T) {
 	ctx := context.Background()
 	a, clk, st := cachedAuth(t, auth.Config{})
-	addUser(t, st.Store, "alice", "correct horse")
+	addUser(t, st.Accounts, "alice", "correct horse")
 	for _, keepAlive := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keep-alive=%v", keepAlive), func(t *testing.T) {
 			id, p := tokenOf(t, a, st, clk, "alice", 0)
 			if err := a.RevalidateCached(ctx, p); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.RevokeToken(ctx, id); err != nil {
+			if err := st.Accounts.RevokeToken(ctx, id); err != nil {
 				t.Fatal(err)
 			}
 			st.reads.Store(0)
@@ -304,7 +304,7 @@ func TestRevalidateCachedSignOutDuringACheck(t *testing.T) {
 func TestRevalidateCachedIsBounded(t *testing.T) {
 	ctx := context.Background()
 	a, clk, st := cachedAuth(t, auth.Config{CredentialCacheEntries: 2})
-	addUser(t, st.Store, "alice", "correct horse")
+	addUser(t, st.Accounts, "alice", "correct horse")
 	var ps []chat.Principal
 	for range 3 {
 		_, p := tokenOf(t, a, st, clk, "alice", 0)
@@ -343,7 +343,7 @@ func TestRevalidateCachedIsBounded(t *testing.T) {
 // store at every check, as before the cache.
 func TestRevalidateCachedOff(t *testing.T) {
 	ctx := context.Background()
-	st := &countingStore{Store: openStore(t)}
+	st := &countingStore{Accounts: openStore(t).Accounts()}
 	a, _ := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st})
 	_, p := sessionOf(t, a, st, "alice")
 	st.reads.Store(0)
@@ -418,12 +418,12 @@ func BenchmarkRevalidate(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer st.Close()
-			a, err := auth.New(auth.Config{Mode: auth.ModePassword, Store: st, BcryptCost: 4, CredentialCache: bc.cache})
+			a, err := auth.New(auth.Config{Mode: auth.ModePassword, Store: st.Accounts(), BcryptCost: 4, CredentialCache: bc.cache})
 			if err != nil {
 				b.Fatal(err)
 			}
 			hash, _ := auth.HashPassword("correct horse", 4)
-			if _, err := st.CreateUser(ctx, "alice", hash); err != nil {
+			if _, err := st.Accounts().CreateUser(ctx, "alice", hash); err != nil {
 				b.Fatal(err)
 			}
 			w := httptest.NewRecorder()

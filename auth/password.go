@@ -199,7 +199,7 @@ func NewToken() (id, secretHash, token string) {
 	return id, hashSecret(secret), id + "." + secret
 }
 
-// TokenStore creates tokens (package store).
+// TokenStore creates tokens (store.Accounts).
 type TokenStore interface {
 	CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error)
 }

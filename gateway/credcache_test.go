@@ -21,18 +21,18 @@ import (
 // check a session or token (every request's Authenticate, and the
 // authenticator's re-checks of open connections).
 type readCountingStore struct {
-	*store.Store
+	store.Accounts
 	reads atomic.Int64
 }
 
 func (s *readCountingStore) SessionUntil(ctx context.Context, hash string, now time.Time) (chat.User, time.Time, error) {
 	s.reads.Add(1)
-	return s.Store.SessionUntil(ctx, hash, now)
+	return s.Accounts.SessionUntil(ctx, hash, now)
 }
 
 func (s *readCountingStore) TokenUntil(ctx context.Context, id string, now time.Time) (chat.User, string, time.Time, error) {
 	s.reads.Add(1)
-	return s.Store.TokenUntil(ctx, id, now)
+	return s.Accounts.TokenUntil(ctx, id, now)
 }
 
 // cachedPasswordServer serves the harness's stack in password mode with a
@@ -41,7 +41,7 @@ func (s *readCountingStore) TokenUntil(ctx context.Context, id string, now time.
 func cachedPasswordServer(t *testing.T, h *authHarness, keepAlive time.Duration, ws gateway.WSConfig) (*httptest.Server, *auth.Authenticator, *testClock, *readCountingStore) {
 	t.Helper()
 	clk := &testClock{now: time.Now()}
-	st := &readCountingStore{Store: h.st}
+	st := &readCountingStore{Accounts: h.st.Accounts()}
 	srv, a := h.passwordServerAuth(t, auth.Config{Store: st, Now: clk.Now, CredentialCache: time.Second}, keepAlive, ws)
 	return srv, a, clk, st
 }
@@ -62,7 +62,7 @@ func closedBefore(t *testing.T, c *wsClient, id, what string) {
 func snapshotOf(t *testing.T, h *authHarness, name, threadID string) string {
 	t.Helper()
 	ctx := context.Background()
-	u, _, err := h.st.UserByName(ctx, name)
+	u, _, err := h.st.Accounts().UserByName(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 	token := func(t *testing.T, a *auth.Authenticator, srv *httptest.Server, name string) (apiCaller, string) {
 		t.Helper()
 		signIn(t, h, a, name) // the account
-		tok, secret, err := auth.CreateToken(ctx, h.st, name, "test", 0, time.Now())
+		tok, secret, err := auth.CreateToken(ctx, h.st.Accounts(), name, "test", 0, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +146,7 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 		conn := erin.dial(t, h.harness)
 		conn.subscribe(th, wsAfter(0))
 		before := snapshotOf(t, h, "erin", th)
-		if err := h.st.RevokeToken(ctx, tokenID); err != nil {
+		if err := h.st.Accounts().RevokeToken(ctx, tokenID); err != nil {
 			t.Fatal(err)
 		}
 		// Within the cache time the revocation is not seen: this is the
@@ -179,7 +179,7 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 		if status != http.StatusOK {
 			t.Fatalf("open event stream: %d", status)
 		}
-		if err := h.st.RevokeToken(ctx, tokenID); err != nil {
+		if err := h.st.Accounts().RevokeToken(ctx, tokenID); err != nil {
 			t.Fatal(err)
 		}
 		if ce := conn.closed(); ce.Code != websocket.StatusPolicyViolation || ce.Reason == "" {

@@ -84,7 +84,7 @@ func newUsersHarness(t *testing.T, pace time.Duration, ws gateway.WSConfig) *har
 // trusted proxy, caching credentials (bearer tokens) as the server's does.
 func headerAuth(t *testing.T, st *store.Store) *auth.Authenticator {
 	t.Helper()
-	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+	a, err := auth.New(auth.Config{Mode: auth.ModeHeader, Store: st.Accounts(), TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		CredentialCache: auth.DefaultCredentialCache})
 	if err != nil {
 		t.Fatal(err)

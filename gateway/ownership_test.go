@@ -281,7 +281,7 @@ func (h *authHarness) passwordServerAuth(t *testing.T, cfg auth.Config, keepAliv
 	t.Helper()
 	cfg.Mode, cfg.BcryptCost = auth.ModePassword, 4
 	if cfg.Store == nil {
-		cfg.Store = h.st
+		cfg.Store = h.st.Accounts()
 	}
 	a, err := auth.New(cfg)
 	if err != nil {
@@ -883,7 +883,7 @@ func stateOf(t *testing.T, h *authHarness, alice *toolHarness, w *aliceWorld, ow
 	}
 	m["outbox calls"] = fmt.Sprint(len(h.attempts("")))
 	m["outbox accepted"] = fmt.Sprint(h.accepted())
-	users, err := h.st.Users(ctx)
+	users, err := h.st.Accounts().Users(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1116,10 +1116,10 @@ func TestOwnershipForeignIDsAreNotFound(t *testing.T) {
 	w := buildWorld(t, h, alice)
 
 	bob := apiCaller{name: "bob", srv: h.srv, hdr: []string{"X-Forwarded-User", "bob"}}
-	if _, err := h.st.CreateUser(ctx, "carol", ""); err != nil {
+	if _, err := h.st.Accounts().CreateUser(ctx, "carol", ""); err != nil {
 		t.Fatal(err)
 	}
-	_, token, err := auth.CreateToken(ctx, h.st, "carol", "test", 0, time.Now())
+	_, token, err := auth.CreateToken(ctx, h.st.Accounts(), "carol", "test", 0, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1133,7 +1133,7 @@ func TestOwnershipForeignIDsAreNotFound(t *testing.T) {
 	for _, who := range []apiCaller{bob, carol, dave} {
 		th, v := createOwnThread(t, who)
 		ownThreads[who.name], ownVersions[who.name] = th, v
-		u, _, err := h.st.UserByName(ctx, who.name)
+		u, _, err := h.st.Accounts().UserByName(ctx, who.name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1204,7 +1204,7 @@ func signIn(t *testing.T, h *authHarness, a *auth.Authenticator, name string) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.st.CreateUser(context.Background(), name, hash); err != nil {
+	if _, err := h.st.Accounts().CreateUser(context.Background(), name, hash); err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
@@ -1296,10 +1296,10 @@ func TestOwnershipRevokedTokenIsUnauthorized(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	h := newAuthHarness(t, gateway.WSConfig{PingInterval: 50 * time.Millisecond})
-	if _, err := h.st.CreateUser(ctx, "carol", ""); err != nil {
+	if _, err := h.st.Accounts().CreateUser(ctx, "carol", ""); err != nil {
 		t.Fatal(err)
 	}
-	tok, token, err := auth.CreateToken(ctx, h.st, "carol", "test", 0, time.Now())
+	tok, token, err := auth.CreateToken(ctx, h.st.Accounts(), "carol", "test", 0, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1316,7 +1316,7 @@ func TestOwnershipRevokedTokenIsUnauthorized(t *testing.T) {
 	}
 	before := snap()
 
-	if err := h.st.RevokeToken(ctx, tok.TokenID); err != nil {
+	if err := h.st.Accounts().RevokeToken(ctx, tok.TokenID); err != nil {
 		t.Fatal(err)
 	}
 	w := fakeWorld()
@@ -1359,7 +1359,7 @@ func TestUnauthenticatedRequestsAreRefused(t *testing.T) {
 	alice := h.proxy(t, "alice")
 	w := buildWorld(t, h, alice)
 	pwSrv, _ := h.passwordServer(t)
-	tok, _, err := auth.CreateToken(ctx, h.st, "alice", "test", 0, time.Now())
+	tok, _, err := auth.CreateToken(ctx, h.st.Accounts(), "alice", "test", 0, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 		end  func(name, tokenID string) error
 	}{
 		{"session, signed out everywhere (gateway user signout)", session, func(name, _ string) error {
-			_, err := h.st.EndSessions(ctx, name)
+			_, err := h.st.Accounts().EndSessions(ctx, name)
 			return err
 		}},
 		{"session, password changed (gateway user passwd)", session, func(name, _ string) error {
@@ -155,19 +155,19 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			return h.st.SetPassword(ctx, name, hash)
+			return h.st.Accounts().SetPassword(ctx, name, hash)
 		}},
-		{"session, account deleted (gateway user delete)", session, func(name, _ string) error { return h.st.DeleteUser(ctx, name) }},
-		{"token, revoked (gateway token revoke)", token, func(_, id string) error { return h.st.RevokeToken(ctx, id) }},
+		{"session, account deleted (gateway user delete)", session, func(name, _ string) error { return h.st.Accounts().DeleteUser(ctx, name) }},
+		{"token, revoked (gateway token revoke)", token, func(_, id string) error { return h.st.Accounts().RevokeToken(ctx, id) }},
 		{"token, password reset with --revoke-tokens", token, func(name, _ string) error {
 			hash, err := auth.HashPassword("a new password entirely", 4)
 			if err != nil {
 				return err
 			}
-			_, err = h.st.ResetPassword(ctx, name, hash, true)
+			_, err = h.st.Accounts().ResetPassword(ctx, name, hash, true)
 			return err
 		}},
-		{"token, account deleted", token, func(name, _ string) error { return h.st.DeleteUser(ctx, name) }},
+		{"token, account deleted", token, func(name, _ string) error { return h.st.Accounts().DeleteUser(ctx, name) }},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -176,7 +176,7 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 			who := apiCaller{name: name, srv: srv, hdr: []string{"Cookie", cookie}}
 			tokenID := ""
 			if c.cred == token {
-				tok, secret, err := auth.CreateToken(ctx, h.st, name, "test", 0, time.Now())
+				tok, secret, err := auth.CreateToken(ctx, h.st.Accounts(), name, "test", 0, time.Now())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -190,7 +190,7 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 			}
 			conn := who.dial(t, h.harness)
 			conn.subscribe(th, wsAfter(0))
-			user, _, err := h.st.UserByName(ctx, name)
+			user, _, err := h.st.Accounts().UserByName(ctx, name)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,8 +10,15 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// Accounts: users, sessions and API tokens. The store keeps hashes only;
-// hashing, name rules and sign-in policy belong to package auth.
+// Accounts is the store's part that keeps users, sessions and API tokens
+// (package auth's Store; the user and token subcommands). It keeps hashes
+// only: hashing, name rules and sign-in policy belong to package auth. Its
+// writes take the store's one writer like every other. A value, safe for
+// concurrent use, valid until the store is closed.
+type Accounts struct{ s *Store }
+
+// Accounts returns the store's accounts.
+func (s *Store) Accounts() Accounts { return Accounts{s: s} }
 
 type userRow struct {
 	UserID       string         `db:"user_id"`
@@ -33,7 +40,8 @@ func noUser(name string) error {
 // CreateUser adds an account; passwordHash "" makes one that cannot sign in
 // with a password (header mode, tokens only). A name in use by an active
 // account is refused.
-func (s *Store) CreateUser(ctx context.Context, name, passwordHash string) (chat.User, error) {
+func (a Accounts) CreateUser(ctx context.Context, name, passwordHash string) (chat.User, error) {
+	s := a.s
 	var out chat.User
 	err := s.write(ctx, func(t *txn) error {
 		r := userRow{UserID: chat.NewID(chat.PrefixUser), Name: name, CreatedAt: ms(t.now),
@@ -55,16 +63,16 @@ func (s *Store) CreateUser(ctx context.Context, name, passwordHash string) (chat
 // EnsureUser returns the active account called name, creating it (without a
 // password) when there is none. Used by header mode, where the trusted proxy
 // decides who exists.
-func (s *Store) EnsureUser(ctx context.Context, name string) (chat.User, error) {
-	u, _, err := s.UserByName(ctx, name)
+func (a Accounts) EnsureUser(ctx context.Context, name string) (chat.User, error) {
+	u, _, err := a.UserByName(ctx, name)
 	if chat.ErrorCode(err) != chat.CodeNotFound {
 		return u, err
 	}
-	u, err = s.CreateUser(ctx, name, "")
+	u, err = a.CreateUser(ctx, name, "")
 	if chat.ErrorCode(err) == chat.CodeInvalidRequest {
 		// Created by a concurrent request in between? (Otherwise the name
 		// itself was refused: that error stands.)
-		if again, _, aerr := s.UserByName(ctx, name); aerr == nil {
+		if again, _, aerr := a.UserByName(ctx, name); aerr == nil {
 			return again, nil
 		}
 	}
@@ -73,7 +81,8 @@ func (s *Store) EnsureUser(ctx context.Context, name string) (chat.User, error) 
 
 // UserByName returns the active account called name and its password hash
 // ("" when it has none).
-func (s *Store) UserByName(ctx context.Context, name string) (chat.User, string, error) {
+func (a Accounts) UserByName(ctx context.Context, name string) (chat.User, string, error) {
+	s := a.s
 	var r userRow
 	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -86,7 +95,8 @@ func (s *Store) UserByName(ctx context.Context, name string) (chat.User, string,
 }
 
 // Users lists the active accounts by name.
-func (s *Store) Users(ctx context.Context) ([]chat.User, error) {
+func (a Accounts) Users(ctx context.Context) ([]chat.User, error) {
+	s := a.s
 	var rows []userRow
 	if err := s.reader.SelectContext(ctx, &rows, `SELECT `+userCols+` FROM users WHERE deleted_at IS NULL ORDER BY name`); err != nil {
 		return nil, fmt.Errorf("list users: %w", err)
@@ -100,15 +110,16 @@ func (s *Store) Users(ctx context.Context) ([]chat.User, error) {
 
 // SetPassword replaces an account's password hash and ends every session
 // of that account in the same transaction.
-func (s *Store) SetPassword(ctx context.Context, name, passwordHash string) error {
-	_, err := s.ResetPassword(ctx, name, passwordHash, false)
+func (a Accounts) SetPassword(ctx context.Context, name, passwordHash string) error {
+	_, err := a.ResetPassword(ctx, name, passwordHash, false)
 	return err
 }
 
 // ResetPassword is SetPassword that, with revokeTokens, also revokes every
 // live API token of the account, in the same transaction; it returns how
 // many it revoked.
-func (s *Store) ResetPassword(ctx context.Context, name, passwordHash string, revokeTokens bool) (int, error) {
+func (a Accounts) ResetPassword(ctx context.Context, name, passwordHash string, revokeTokens bool) (int, error) {
+	s := a.s
 	var revoked int
 	err := s.write(ctx, func(t *txn) error {
 		id, err := t.activeUser(name)
@@ -147,8 +158,9 @@ func (t *txn) revokeTokens(id string) (int, error) {
 
 // Sessions lists the unexpired sessions of the active account name, oldest
 // first: when each began and ends, nothing that could be presented.
-func (s *Store) Sessions(ctx context.Context, name string, now time.Time) ([]chat.Session, error) {
-	if _, _, err := s.UserByName(ctx, name); err != nil {
+func (a Accounts) Sessions(ctx context.Context, name string, now time.Time) ([]chat.Session, error) {
+	s := a.s
+	if _, _, err := a.UserByName(ctx, name); err != nil {
 		return nil, err
 	}
 	var rows []struct {
@@ -170,7 +182,8 @@ func (s *Store) Sessions(ctx context.Context, name string, now time.Time) ([]cha
 
 // EndSessions ends every session of the active account name at once (its
 // API tokens stay) and says how many were unexpired.
-func (s *Store) EndSessions(ctx context.Context, name string) (int, error) {
+func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
+	s := a.s
 	var ended int
 	err := s.write(ctx, func(t *txn) error {
 		id, err := t.activeUser(name)
@@ -193,7 +206,8 @@ func (s *Store) EndSessions(ctx context.Context, name string) (int, error) {
 // DeleteUser removes an account's credentials: its password, sessions and
 // tokens go at once. Its threads stay (unreachable) until retention purges
 // them; its name is free for a new account, which does not see them.
-func (s *Store) DeleteUser(ctx context.Context, name string) error {
+func (a Accounts) DeleteUser(ctx context.Context, name string) error {
+	s := a.s
 	return s.write(ctx, func(t *txn) error {
 		id, err := t.activeUser(name)
 		if err != nil {
@@ -226,7 +240,8 @@ func (t *txn) activeUser(name string) (string, error) {
 
 // CreateSession stores a session of userID under the hash of its cookie
 // value, and drops sessions that expired.
-func (s *Store) CreateSession(ctx context.Context, sessionHash, userID string, expires time.Time) error {
+func (a Accounts) CreateSession(ctx context.Context, sessionHash, userID string, expires time.Time) error {
+	s := a.s
 	return s.write(ctx, func(t *txn) error {
 		if _, err := t.exec(`DELETE FROM sessions WHERE expires_at <= ?`, ms(t.now)); err != nil {
 			return fmt.Errorf("drop expired sessions: %w", err)
@@ -241,13 +256,14 @@ func (s *Store) CreateSession(ctx context.Context, sessionHash, userID string, e
 
 // SessionUser returns the active account of an unexpired session, or
 // not_found.
-func (s *Store) SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error) {
-	u, _, err := s.SessionUntil(ctx, sessionHash, now)
+func (a Accounts) SessionUser(ctx context.Context, sessionHash string, now time.Time) (chat.User, error) {
+	u, _, err := a.SessionUntil(ctx, sessionHash, now)
 	return u, err
 }
 
 // SessionUntil is SessionUser that also says when the session expires.
-func (s *Store) SessionUntil(ctx context.Context, sessionHash string, now time.Time) (chat.User, time.Time, error) {
+func (a Accounts) SessionUntil(ctx context.Context, sessionHash string, now time.Time) (chat.User, time.Time, error) {
+	s := a.s
 	var r struct {
 		userRow
 		ExpiresAt int64 `db:"expires_at"`
@@ -266,7 +282,8 @@ func (s *Store) SessionUntil(ctx context.Context, sessionHash string, now time.T
 
 // DeleteSession ends one session (sign out). Ending an unknown session is
 // not an error.
-func (s *Store) DeleteSession(ctx context.Context, sessionHash string) error {
+func (a Accounts) DeleteSession(ctx context.Context, sessionHash string) error {
+	s := a.s
 	return s.write(ctx, func(t *txn) error {
 		if _, err := t.exec(`DELETE FROM sessions WHERE session_hash = ?`, sessionHash); err != nil {
 			return fmt.Errorf("delete session: %w", err)
@@ -293,7 +310,8 @@ func (r tokenRow) token() chat.APIToken {
 // CreateToken stores an API token of the active account userName under the
 // hash of its secret. tok.TokenID must be set; a zero ExpiresAt never
 // expires.
-func (s *Store) CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error) {
+func (a Accounts) CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error) {
+	s := a.s
 	err := s.write(ctx, func(t *txn) error {
 		id, err := t.activeUser(userName)
 		if err != nil {
@@ -315,14 +333,15 @@ func (s *Store) CreateToken(ctx context.Context, userName string, tok chat.APITo
 
 // TokenUser returns the account of a live (unrevoked, unexpired) token and
 // the token's secret hash for the caller to compare, or not_found.
-func (s *Store) TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error) {
-	u, hash, _, err := s.TokenUntil(ctx, tokenID, now)
+func (a Accounts) TokenUser(ctx context.Context, tokenID string, now time.Time) (chat.User, string, error) {
+	u, hash, _, err := a.TokenUntil(ctx, tokenID, now)
 	return u, hash, err
 }
 
 // TokenUntil is TokenUser that also says when the token expires (the zero
 // time: never).
-func (s *Store) TokenUntil(ctx context.Context, tokenID string, now time.Time) (chat.User, string, time.Time, error) {
+func (a Accounts) TokenUntil(ctx context.Context, tokenID string, now time.Time) (chat.User, string, time.Time, error) {
+	s := a.s
 	var r struct {
 		userRow
 		SecretHash string        `db:"secret_hash"`
@@ -345,7 +364,8 @@ func (s *Store) TokenUntil(ctx context.Context, tokenID string, now time.Time) (
 }
 
 // RevokeToken revokes a token at once; revoking it again is not an error.
-func (s *Store) RevokeToken(ctx context.Context, tokenID string) error {
+func (a Accounts) RevokeToken(ctx context.Context, tokenID string) error {
+	s := a.s
 	return s.write(ctx, func(t *txn) error {
 		res, err := t.exec(`UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE token_id = ?`, ms(t.now), tokenID)
 		if err != nil {
@@ -360,7 +380,8 @@ func (s *Store) RevokeToken(ctx context.Context, tokenID string) error {
 
 // Tokens lists the tokens of every account, or of one when userName is set,
 // newest first. Secrets are never returned (only their hashes exist).
-func (s *Store) Tokens(ctx context.Context, userName string) ([]chat.APIToken, error) {
+func (a Accounts) Tokens(ctx context.Context, userName string) ([]chat.APIToken, error) {
+	s := a.s
 	q := `SELECT t.token_id, t.user_id, u.name AS user_name, t.name, t.created_at, t.expires_at, t.revoked_at
 		FROM api_tokens t JOIN users u ON u.user_id = t.user_id`
 	var args []any

@@ -341,7 +341,7 @@ func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
 			t.Errorf("append %d: %v", i, err)
 		}
 	}
-	if _, _, err := st.UserByName(ctx, "ghost"); chat.ErrorCode(err) != chat.CodeNotFound {
+	if _, _, err := st.Accounts().UserByName(ctx, "ghost"); chat.ErrorCode(err) != chat.CodeNotFound {
 		t.Fatalf("the failed write's row survived: %v", err)
 	}
 	for _, th := range threads {

@@ -15,7 +15,7 @@ func TestWritesOfAnotherOrNoUserAreNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bob, err := st.CreateUser(ctx, "bob", "")
+	bob, err := st.Accounts().CreateUser(ctx, "bob", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -652,7 +652,7 @@ func TestListThreadsSearch(t *testing.T) {
 	tomatoes := start("Garden plans", "When do I plant Tomatoes in 100% clay?")
 	roses := start("Roses", "How do I prune roses_in_winter?")
 	both := start("Tomatoes and roses", "Which soil?")
-	bob, err := st.CreateUser(ctx, "bob", "")
+	bob, err := st.Accounts().CreateUser(ctx, "bob", "")
 	if err != nil {
 		t.Fatal(err)
 	}
