@@ -7,86 +7,90 @@ import (
 	"fmt"
 	"math"
 	"net/mail"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
 
 // MaxArgsBytes is the largest argument document Validate accepts.
 const MaxArgsBytes = 64 << 10
 
-// Schema is a compiled subset of JSON Schema, enough for tool arguments:
+// Schema is a compiled JSON Schema of a tool's arguments, validated by
+// github.com/santhosh-tekuri/jsonschema/v6.
 //
-//   - "type": one of string, number, integer, boolean, array, object
-//     (required on every schema, and the root must be an object);
-//   - objects: "properties", "required", "additionalProperties" (a boolean;
-//     false rejects unknown fields);
-//   - strings: "minLength", "maxLength" (in Unicode code points), "format":
-//     "email" (one bare address such as ann@example.com);
-//   - numbers and integers: "minimum", "maximum";
-//   - strings, numbers, integers and booleans: "enum";
-//   - arrays: "items", "minItems", "maxItems".
+// Drafts: a schema without "$schema" is draft 2020-12; a "$schema" naming
+// draft 2019-09, draft-07, draft-06 or draft-04 selects that draft. Any other
+// "$schema" (a custom metaschema) is refused, since it would have to be loaded.
 //
-// Annotations (title, description, default, examples, $schema, $id,
-// $comment) are accepted and ignored; any other keyword is an error at
-// compile time, so a schema never validates less than its author thinks.
+// References: "$ref" (and "$dynamicRef") may only point inside the schema
+// document, e.g. "#/$defs/address" or an "$anchor"; nothing is ever loaded
+// from the network or from files, so a reference to another document is an
+// error at compile time, as is a reference that loops back to where it
+// started without going into the value.
+//
+// Formats are asserted, not mere annotations: "email" accepts one bare
+// address whose domain has a dot (ann@example.com, not "Ann
+// <ann@example.com>" nor ann@localhost); date, time, date-time, duration,
+// period, uri, uri-reference, uri-template, iri, iri-reference, hostname,
+// ipv4, ipv6, uuid, json-pointer, relative-json-pointer, semver and regex are
+// checked by the library. "pattern" and "patternProperties" use Go's RE2
+// syntax (no look-around or back-references). Content keywords
+// (contentEncoding, contentMediaType, contentSchema) are annotations.
+//
 // A Schema is immutable and safe for concurrent use.
 type Schema struct {
-	raw  json.RawMessage // compact form of the source
-	root *node
+	raw json.RawMessage // compact form of the source
+	sch *jsonschema.Schema
 }
 
-type node struct {
-	typ string
+// schemaURL names the schema document inside the compiler. Its scheme is
+// one no loader serves, and it is hierarchical so that a relative "$ref"
+// ("other.json") resolves to another document, which is then refused,
+// rather than back into this one.
+const schemaURL = "gateway-schema:///arguments.json"
 
-	// object
-	props      map[string]*node
-	required   []string
-	closed     bool // additionalProperties: false
-	propsOrder []string
+// errNoLoading is what the loader answers for any document but the schema's
+// own (and the draft metaschemas, which the library embeds).
+var errNoLoading = errors.New("loading schemas is not allowed")
 
-	// string
-	minLen, maxLen *int
-	email          bool
+type refusingLoader struct{}
 
-	// number / integer
-	min, max *float64
+func (refusingLoader) Load(string) (any, error) { return nil, errNoLoading }
 
-	// array
-	items              *node
-	minItems, maxItems *int
+// CompileSchema compiles the JSON Schema of a tool's arguments written for
+// this gateway (a built-in tool, a webhook tool's "parameters"). On top of
+// being a valid schema (see Schema for drafts, references and formats), it
+// must pass checks that catch mistakes which would otherwise make a schema
+// validate less than its author thinks:
+//
+//   - the root is {"type": "object", ...};
+//   - every keyword is one of the draft's (a misspelt "maxLenght" or an
+//     OpenAPI "nullable" is an error, not an ignored annotation);
+//   - a "format" is one the gateway checks;
+//   - a keyword for one type ("maxLength", "minimum", "items", "properties",
+//     ...) is not used on a schema whose "type" excludes that type, and every
+//     "enum"/"const" value has one of the declared types;
+//   - every name in "required" is declared in a "properties" of the
+//     schema (unless the object it is on has "patternProperties" or an
+//     "additionalProperties" schema);
+//   - before draft 2019-09, no keyword sits next to "$ref" (it would be
+//     ignored).
+//
+// Errors say where in the schema the problem is, e.g.
+// `schema of "to": unsupported type "strin"`.
+func CompileSchema(src json.RawMessage) (*Schema, error) { return compileSchema(src, true) }
 
-	enum []any // decoded with UseNumber; compared after normalisation
-}
-
-var annotations = map[string]bool{
-	"title": true, "description": true, "default": true, "examples": true,
-	"$schema": true, "$id": true, "$comment": true,
-}
-
-// CompileSchema parses a JSON Schema of tool arguments. The root must be
-// {"type":"object", ...}.
-func CompileSchema(src json.RawMessage) (*Schema, error) {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, src); err != nil {
-		return nil, fmt.Errorf("schema: not valid JSON: %w", err)
-	}
-	var doc any
-	dec := json.NewDecoder(bytes.NewReader(src))
-	dec.UseNumber()
-	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("schema: not valid JSON: %w", err)
-	}
-	root, err := compileNode(doc, "")
-	if err != nil {
-		return nil, err
-	}
-	if root.typ != "object" {
-		return nil, errors.New(`schema: the root must have "type": "object"`)
-	}
-	return &Schema{raw: json.RawMessage(buf.Bytes()), root: root}, nil
-}
+// CompileExternalSchema compiles a schema written by a third party, such as
+// an MCP server's tool input schema: any valid schema is accepted (see
+// Schema for drafts, references and formats). Unlike CompileSchema it
+// neither requires a root "type": "object" nor refuses unknown keywords or
+// formats, which are annotations there, as the specification says; Validate
+// still accepts only a JSON object of arguments.
+func CompileExternalSchema(src json.RawMessage) (*Schema, error) { return compileSchema(src, false) }
 
 // MustCompileSchema is CompileSchema for schemas written in the source; it
 // panics on error.
@@ -101,190 +105,81 @@ func MustCompileSchema(src string) *Schema {
 // JSON returns the schema as compact JSON (for Spec.Parameters).
 func (s *Schema) JSON() json.RawMessage { return append(json.RawMessage(nil), s.raw...) }
 
-func compileNode(v any, path string) (*node, error) {
-	where := "schema"
-	if path != "" {
-		where = "schema of " + strconv.Quote(path)
+func compileSchema(src json.RawMessage, strict bool) (*Schema, error) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, src); err != nil {
+		return nil, fmt.Errorf("schema: not valid JSON: %w", err)
 	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("%s: must be a JSON object", where)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(src))
+	if err != nil {
+		return nil, fmt.Errorf("schema: not valid JSON: %w", err)
 	}
-	n := &node{}
-	t, ok := m["type"].(string)
-	if !ok {
-		return nil, fmt.Errorf(`%s: "type" must be one of string, number, integer, boolean, array, object`, where)
+	c := jsonschema.NewCompiler()
+	c.UseLoader(refusingLoader{})
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.AssertFormat()
+	c.RegisterFormat(&jsonschema.Format{Name: "email", Validate: validateEmail})
+	if err := c.AddResource(schemaURL, doc); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
 	}
-	switch t {
-	case "string", "number", "integer", "boolean", "array", "object":
-		n.typ = t
-	default:
-		return nil, fmt.Errorf("%s: unsupported type %q", where, t)
+	sch, err := c.Compile(schemaURL)
+	if err != nil {
+		return nil, compileError(doc, err)
 	}
-	allowed := map[string]bool{"type": true}
-	switch t {
-	case "string", "number", "integer", "boolean":
-		allowed["enum"] = true // scalars only: values compare with ==
+	if loc := refCycle(sch.Validate(map[string]any{})); loc != "" {
+		return nil, fmt.Errorf("schema: its references loop without end (through %q)", shownURL(loc))
 	}
-	switch t {
-	case "object":
-		allowed["properties"], allowed["required"], allowed["additionalProperties"] = true, true, true
-	case "string":
-		allowed["minLength"], allowed["maxLength"], allowed["format"] = true, true, true
-	case "number", "integer":
-		allowed["minimum"], allowed["maximum"] = true, true
-	case "array":
-		allowed["items"], allowed["minItems"], allowed["maxItems"] = true, true, true
+	if strict && !rootIsObject(doc) {
+		return nil, errors.New(`schema: the root must have "type": "object"`)
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if !allowed[k] && !annotations[k] {
-			return nil, fmt.Errorf("%s: keyword %q is not supported for type %s", where, k, t)
+	if strict {
+		if msg := lintSchema(doc, sch); msg != "" {
+			return nil, errors.New(msg)
 		}
 	}
-
-	count := func(k string) (*int, error) {
-		raw, ok := m[k]
-		if !ok {
-			return nil, nil
-		}
-		num, ok := raw.(json.Number)
-		if !ok {
-			return nil, fmt.Errorf("%s: %q must be a non-negative integer", where, k)
-		}
-		i, err := strconv.Atoi(num.String())
-		if err != nil || i < 0 {
-			return nil, fmt.Errorf("%s: %q must be a non-negative integer", where, k)
-		}
-		return &i, nil
-	}
-	bound := func(k string) (*float64, error) {
-		raw, ok := m[k]
-		if !ok {
-			return nil, nil
-		}
-		num, ok := raw.(json.Number)
-		if !ok {
-			return nil, fmt.Errorf("%s: %q must be a number", where, k)
-		}
-		f, err := num.Float64()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %q must be a number", where, k)
-		}
-		return &f, nil
-	}
-	var err error
-
-	switch t {
-	case "object":
-		if raw, ok := m["properties"]; ok {
-			pm, ok := raw.(map[string]any)
-			if !ok {
-				return nil, fmt.Errorf(`%s: "properties" must be an object`, where)
-			}
-			n.props = map[string]*node{}
-			for name, sub := range pm {
-				c, err := compileNode(sub, joinPath(path, name))
-				if err != nil {
-					return nil, err
-				}
-				n.props[name] = c
-				n.propsOrder = append(n.propsOrder, name)
-			}
-			sort.Strings(n.propsOrder)
-		}
-		if raw, ok := m["required"]; ok {
-			list, ok := raw.([]any)
-			if !ok {
-				return nil, fmt.Errorf(`%s: "required" must be an array of names`, where)
-			}
-			for _, r := range list {
-				name, ok := r.(string)
-				if !ok {
-					return nil, fmt.Errorf(`%s: "required" must be an array of names`, where)
-				}
-				if _, known := n.props[name]; !known {
-					return nil, fmt.Errorf(`%s: required field %q has no entry in "properties"`, where, name)
-				}
-				n.required = append(n.required, name)
-			}
-		}
-		if raw, ok := m["additionalProperties"]; ok {
-			b, ok := raw.(bool)
-			if !ok {
-				return nil, fmt.Errorf(`%s: "additionalProperties" must be true or false`, where)
-			}
-			n.closed = !b
-		}
-	case "string":
-		if n.minLen, err = count("minLength"); err != nil {
-			return nil, err
-		}
-		if n.maxLen, err = count("maxLength"); err != nil {
-			return nil, err
-		}
-		if raw, ok := m["format"]; ok {
-			if raw != "email" {
-				return nil, fmt.Errorf(`%s: only "format": "email" is supported`, where)
-			}
-			n.email = true
-		}
-	case "number", "integer":
-		if n.min, err = bound("minimum"); err != nil {
-			return nil, err
-		}
-		if n.max, err = bound("maximum"); err != nil {
-			return nil, err
-		}
-	case "array":
-		if raw, ok := m["items"]; ok {
-			if n.items, err = compileNode(raw, path+"[]"); err != nil {
-				return nil, err
-			}
-		}
-		if n.minItems, err = count("minItems"); err != nil {
-			return nil, err
-		}
-		if n.maxItems, err = count("maxItems"); err != nil {
-			return nil, err
-		}
-	}
-	if raw, ok := m["enum"]; ok {
-		list, ok := raw.([]any)
-		if !ok || len(list) == 0 {
-			return nil, fmt.Errorf(`%s: "enum" must be a non-empty array`, where)
-		}
-		for _, e := range list {
-			// An enum value must itself be valid for the node, so that a
-			// mismatch is reported as "must be one of".
-			ne := *n
-			ne.enum = nil
-			norm, reason := ne.check(e, path)
-			if reason != "" {
-				return nil, fmt.Errorf(`%s: "enum" value %v does not match the type: %s`, where, e, reason)
-			}
-			n.enum = append(n.enum, norm)
-		}
-	}
-	return n, nil
+	return &Schema{raw: json.RawMessage(buf.Bytes()), sch: sch}, nil
 }
 
-func joinPath(parent, name string) string {
-	if parent == "" {
-		return name
+// refCycle returns the location of a schema the error says is reached
+// again through references, without the value changing, or "".
+func refCycle(err error) string {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return ""
 	}
-	return parent + "." + name
+	if k, ok := ve.ErrorKind.(*kind.RefCycle); ok {
+		return k.URL
+	}
+	for _, c := range ve.Causes {
+		if loc := refCycle(c); loc != "" {
+			return loc
+		}
+	}
+	return ""
+}
+
+func rootIsObject(doc any) bool {
+	m, ok := doc.(map[string]any)
+	return ok && m["type"] == "object"
+}
+
+func validateEmail(v any) error {
+	if s, ok := v.(string); ok && !isEmail(s) {
+		return errors.New("not an email address")
+	}
+	return nil
 }
 
 // Validate checks args against the schema and returns them re-encoded:
-// compact, object keys sorted, integers and numbers in canonical form,
-// HTML characters not escaped. The same arguments written differently
-// (spacing, key order, 5 vs 5.0 for an integer) give the same bytes. A
-// failure is an *InvalidArgs whose reason a user can act on.
+// compact, object keys sorted, HTML characters not escaped, and every
+// number that a "type": "integer" or "number" of the schema applies to in
+// canonical form (integers as such, within int64; numbers as the shortest
+// float64 form). The same arguments written differently (spacing, key
+// order, 5 vs 5.0 for an integer) give the same bytes; numbers the schema
+// does not type are kept as written. A number typed integer or number that
+// does not fit (1e400, or an integer beyond int64) is refused as out of
+// range. A failure is an *InvalidArgs whose reason a user (or the model)
+// can act on: it names the field, e.g. `field "addr.city" is required`.
 func (s *Schema) Validate(args json.RawMessage) (json.RawMessage, error) {
 	if len(args) > MaxArgsBytes {
 		return nil, &InvalidArgs{Reason: fmt.Sprintf("arguments are larger than %d KiB", MaxArgsBytes>>10)}
@@ -296,15 +191,20 @@ func (s *Schema) Validate(args json.RawMessage) (json.RawMessage, error) {
 	if trimmed[0] != '{' {
 		return nil, &InvalidArgs{Reason: "arguments must be a JSON object"}
 	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.UseNumber()
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(trimmed))
+	if err != nil {
 		return nil, &InvalidArgs{Reason: "arguments are not valid JSON"}
 	}
-	norm, reason := s.root.check(doc, "")
+	norm, reason := canonical(doc, []*jsonschema.Schema{s.sch}, "")
 	if reason != "" {
 		return nil, &InvalidArgs{Reason: reason}
+	}
+	if err := s.sch.Validate(norm); err != nil {
+		var ve *jsonschema.ValidationError
+		if !errors.As(err, &ve) {
+			return nil, &InvalidArgs{Reason: err.Error()}
+		}
+		return nil, &InvalidArgs{Reason: argsProblems(ve, norm)}
 	}
 	out, err := Compact(norm)
 	if err != nil {
@@ -325,6 +225,13 @@ func Compact(v any) (json.RawMessage, error) {
 	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), nil
 }
 
+func joinPath(parent, name string) string {
+	if parent == "" {
+		return name
+	}
+	return parent + "." + name
+}
+
 func subject(path string) string {
 	if path == "" {
 		return "arguments"
@@ -332,157 +239,202 @@ func subject(path string) string {
 	return "field " + strconv.Quote(path)
 }
 
-func article(typ string) string {
-	switch typ {
-	case "integer", "array", "object":
-		return "an " + typ
-	case "boolean":
-		return "true or false"
+// canonical returns v with the numbers typed by the schemas ss (those that
+// apply to v) in canonical form, or the reason a number is out of range.
+// path names v in messages. Subtrees no schema applies to are returned as
+// they are.
+func canonical(v any, ss []*jsonschema.Schema, path string) (any, string) {
+	ss = inPlace(ss, v)
+	if len(ss) == 0 {
+		return v, ""
 	}
-	return "a " + typ
-}
-
-// check validates v and returns it normalised, or a reason.
-func (n *node) check(v any, path string) (any, string) {
-	var out any
-	switch n.typ {
-	case "object":
-		m, ok := v.(map[string]any)
-		if !ok {
-			return nil, subject(path) + " must be an object"
-		}
-		for _, name := range n.required {
-			if _, ok := m[name]; !ok {
-				return nil, subject(joinPath(path, name)) + " is required"
-			}
-		}
-		keys := make([]string, 0, len(m))
-		for k := range m {
+	switch v := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		res := make(map[string]any, len(m))
+		out := make(map[string]any, len(v))
 		for _, k := range keys {
-			sub, known := n.props[k]
-			if !known {
-				if n.closed {
-					return nil, "unknown " + subject(joinPath(path, k))
-				}
-				res[k] = m[k]
-				continue
-			}
-			nv, reason := sub.check(m[k], joinPath(path, k))
+			c, reason := canonical(v[k], propertySchemas(ss, k), joinPath(path, k))
 			if reason != "" {
 				return nil, reason
 			}
-			res[k] = nv
+			out[k] = c
 		}
-		out = res
-	case "array":
-		list, ok := v.([]any)
-		if !ok {
-			return nil, subject(path) + " must be an array"
-		}
-		if n.minItems != nil && len(list) < *n.minItems {
-			return nil, fmt.Sprintf("%s must have at least %d %s", subject(path), *n.minItems, plural(*n.minItems, "item"))
-		}
-		if n.maxItems != nil && len(list) > *n.maxItems {
-			return nil, fmt.Sprintf("%s must have at most %d %s", subject(path), *n.maxItems, plural(*n.maxItems, "item"))
-		}
-		res := make([]any, len(list))
-		for i, e := range list {
-			if n.items == nil {
-				res[i] = e
-				continue
-			}
-			nv, reason := n.items.check(e, fmt.Sprintf("%s[%d]", path, i))
+		return out, ""
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			c, reason := canonical(e, itemSchemas(ss, i), fmt.Sprintf("%s[%d]", path, i))
 			if reason != "" {
 				return nil, reason
 			}
-			res[i] = nv
+			out[i] = c
 		}
-		out = res
-	case "string":
-		s, ok := v.(string)
-		if !ok {
-			return nil, subject(path) + " must be a string"
+		return out, ""
+	case json.Number:
+		return canonicalNumber(v, ss, path)
+	}
+	return v, ""
+}
+
+var integerType, numberType = types("integer"), types("number")
+
+func types(name string) jsonschema.Types {
+	var t jsonschema.Types
+	t.Add(name)
+	return t
+}
+
+func hasType(ss []*jsonschema.Schema, t jsonschema.Types) bool {
+	for _, s := range ss {
+		if s.Types != nil && *s.Types&t != 0 {
+			return true
 		}
-		l := utf8.RuneCountInString(s)
-		if n.minLen != nil && l < *n.minLen {
-			if *n.minLen == 1 {
-				return nil, subject(path) + " must not be empty"
-			}
-			return nil, fmt.Sprintf("%s must be at least %d characters long", subject(path), *n.minLen)
-		}
-		if n.maxLen != nil && l > *n.maxLen {
-			return nil, fmt.Sprintf("%s must be at most %d characters long", subject(path), *n.maxLen)
-		}
-		if n.email && !isEmail(s) {
-			return nil, subject(path) + " must be an email address"
-		}
-		out = s
-	case "boolean":
-		b, ok := v.(bool)
-		if !ok {
-			return nil, subject(path) + " must be true or false"
-		}
-		out = b
-	case "number", "integer":
-		num, ok := v.(json.Number)
-		if !ok {
-			return nil, subject(path) + " must be " + article(n.typ)
-		}
-		f, err := strconv.ParseFloat(num.String(), 64)
-		if err != nil || math.IsInf(f, 0) {
+	}
+	return false
+}
+
+func canonicalNumber(num json.Number, ss []*jsonschema.Schema, path string) (any, string) {
+	isInt, isNum := hasType(ss, integerType), hasType(ss, numberType)
+	if !isInt && !isNum {
+		return num, ""
+	}
+	f, err := strconv.ParseFloat(num.String(), 64)
+	if err != nil || math.IsInf(f, 0) {
+		return nil, subject(path) + " is out of range"
+	}
+	if isInt && f == math.Trunc(f) {
+		i, err := strconv.ParseInt(num.String(), 10, 64)
+		switch {
+		case err == nil:
+		case f >= -(1<<63) && f < 1<<63:
+			i = int64(f) // 5.0 and 5e2 are integers too
+		case !isNum:
 			return nil, subject(path) + " is out of range"
+		default:
+			return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), ""
 		}
-		if n.typ == "integer" {
-			i, err := strconv.ParseInt(num.String(), 10, 64)
-			if err != nil {
-				// 5.0 and 5e2 are integers too; anything else is not.
-				if f != math.Trunc(f) {
-					return nil, subject(path) + " must be an integer"
-				}
-				if f < -(1<<63) || f >= 1<<63 {
-					return nil, subject(path) + " is out of range"
-				}
-				i = int64(f)
+		return json.Number(strconv.FormatInt(i, 10)), ""
+	}
+	if isNum {
+		return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), ""
+	}
+	return num, "" // not an integer: the schema says so
+}
+
+// inPlace adds to ss the schemas that apply to the same value through
+// "$ref", "allOf", "anyOf", "oneOf", "if"/"then"/"else" and dependent
+// schemas, whether or not they match: the canonical form of a number must
+// not depend on how it is written.
+func inPlace(ss []*jsonschema.Schema, v any) []*jsonschema.Schema {
+	if !slices.ContainsFunc(ss, hasInPlace) {
+		return ss
+	}
+	obj, _ := v.(map[string]any)
+	var out []*jsonschema.Schema
+	var add func(s *jsonschema.Schema)
+	add = func(s *jsonschema.Schema) {
+		if s == nil || slices.Contains(out, s) {
+			return
+		}
+		out = append(out, s)
+		add(s.Ref)
+		add(s.RecursiveRef)
+		if s.DynamicRef != nil {
+			add(s.DynamicRef.Ref)
+		}
+		for _, l := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf} {
+			for _, x := range l {
+				add(x)
 			}
-			out = json.Number(strconv.FormatInt(i, 10))
+		}
+		add(s.If)
+		add(s.Then)
+		add(s.Else)
+		for name, x := range s.DependentSchemas {
+			if _, ok := obj[name]; ok {
+				add(x)
+			}
+		}
+		for name, x := range s.Dependencies {
+			if x, ok := x.(*jsonschema.Schema); ok {
+				if _, ok := obj[name]; ok {
+					add(x)
+				}
+			}
+		}
+	}
+	for _, s := range ss {
+		add(s)
+	}
+	return out
+}
+
+func hasInPlace(s *jsonschema.Schema) bool {
+	return s.Ref != nil || s.RecursiveRef != nil || s.DynamicRef != nil ||
+		len(s.AllOf)+len(s.AnyOf)+len(s.OneOf) > 0 || s.If != nil ||
+		len(s.DependentSchemas) > 0 || len(s.Dependencies) > 0
+}
+
+// propertySchemas returns the schemas of ss that apply to the property name.
+func propertySchemas(ss []*jsonschema.Schema, name string) []*jsonschema.Schema {
+	var out []*jsonschema.Schema
+	for _, s := range ss {
+		matched := false
+		if p, ok := s.Properties[name]; ok {
+			out, matched = append(out, p), true
+		}
+		for re, p := range s.PatternProperties {
+			if re.MatchString(name) {
+				out, matched = append(out, p), true
+			}
+		}
+		if !matched {
+			if p, ok := s.AdditionalProperties.(*jsonschema.Schema); ok {
+				out = append(out, p)
+			}
+			if s.UnevaluatedProperties != nil {
+				out = append(out, s.UnevaluatedProperties)
+			}
+		}
+	}
+	return out
+}
+
+// itemSchemas returns the schemas of ss that apply to item i of an array.
+func itemSchemas(ss []*jsonschema.Schema, i int) []*jsonschema.Schema {
+	var out []*jsonschema.Schema
+	add := func(s *jsonschema.Schema) {
+		if s != nil {
+			out = append(out, s)
+		}
+	}
+	for _, s := range ss {
+		if s.DraftVersion >= 2020 {
+			if i < len(s.PrefixItems) {
+				add(s.PrefixItems[i])
+			} else {
+				add(s.Items2020)
+			}
 		} else {
-			out = json.Number(strconv.FormatFloat(f, 'g', -1, 64))
-		}
-		if n.min != nil && f < *n.min {
-			return nil, fmt.Sprintf("%s must be at least %s", subject(path), formatBound(*n.min))
-		}
-		if n.max != nil && f > *n.max {
-			return nil, fmt.Sprintf("%s must be at most %s", subject(path), formatBound(*n.max))
-		}
-	}
-	if n.enum != nil {
-		for _, e := range n.enum {
-			if e == out {
-				return out, ""
+			switch items := s.Items.(type) {
+			case *jsonschema.Schema:
+				add(items)
+			case []*jsonschema.Schema:
+				if i < len(items) {
+					add(items[i])
+				} else if more, ok := s.AdditionalItems.(*jsonschema.Schema); ok {
+					add(more)
+				}
 			}
 		}
-		opts := make([]string, len(n.enum))
-		for i, e := range n.enum {
-			b, _ := Compact(e)
-			opts[i] = string(b)
-		}
-		return nil, subject(path) + " must be one of " + strings.Join(opts, ", ")
+		add(s.UnevaluatedItems)
 	}
-	return out, ""
+	return out
 }
-
-func plural(n int, word string) string {
-	if n == 1 {
-		return word
-	}
-	return word + "s"
-}
-
-func formatBound(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
 // isEmail accepts one bare address (no display name, no angle brackets, no
 // surrounding space) whose domain has a dot, such as ann@example.com.
@@ -513,9 +465,9 @@ type SchemaTool struct {
 	schema *Schema
 }
 
-// NewSchemaTool compiles schema and returns a Tool with spec, whose
-// Parameters become the compiled schema's JSON. It checks that the spec
-// has a name and a known contract.
+// NewSchemaTool compiles schema (with CompileSchema) and returns a Tool
+// with spec, whose Parameters become the compiled schema's JSON. It checks
+// that the spec has a name and a known contract.
 func NewSchemaTool(spec Spec, schema json.RawMessage) (*SchemaTool, error) {
 	if spec.Name == "" {
 		return nil, errors.New("tool: empty name")

@@ -696,8 +696,8 @@ func TestWebhookConfigErrors(t *testing.T) {
 			m["parameters"] = json.RawMessage(`{"type":"object","properties":{"a":{"type":"strin"}}}`)
 		}), []string{`tool "t1" (tools[0]): field "parameters": schema of "a": unsupported type "strin"`}},
 		{"bad schema keyword", base(func(m map[string]any) {
-			m["parameters"] = json.RawMessage(`{"type":"object","properties":{"a":{"type":"string","pattern":"x"}}}`)
-		}), []string{`field "parameters"`, `keyword "pattern" is not supported`}},
+			m["parameters"] = json.RawMessage(`{"type":"object","properties":{"a":{"type":"string","patern":"x"}}}`)
+		}), []string{`field "parameters"`, `keyword "patern" is not supported`}},
 		{"schema not an object", base(func(m map[string]any) { m["parameters"] = json.RawMessage(`{"type":"array"}`) }),
 			[]string{`field "parameters"`, `the root must have "type": "object"`}},
 		{"unknown field", base(func(m map[string]any) { m["methd"] = "GET" }),
