@@ -191,7 +191,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 		return nil, err
 	}
 	engCfg := engine.Config{
-		Store: st, Model: backend, ModelName: modelName, Titler: titler, Tools: registry, Log: log,
+		Store: st, Retention: st.Retention(), Model: backend, ModelName: modelName, Titler: titler, Tools: registry, Log: log,
 		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.LeaseTTL,
 		Workers: cfg.Workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.StreamTTL,
 		EventTTL: cfg.EventTTL, AuditTTL: cfg.AuditTTL, DraftTTL: cfg.DraftTTL,

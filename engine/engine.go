@@ -57,13 +57,6 @@ type Store interface {
 	// CancelsRequested lists the runs owner leases whose cancel was
 	// accepted (by any instance) and not yet taken up.
 	CancelsRequested(ctx context.Context, owner string) ([]string, error)
-	PurgeStream(ctx context.Context, before time.Time) (int64, error)
-	// Retention of the other artifact classes: each removes what is older
-	// than before and reports how many rows it purged (or redacted).
-	PurgeEvents(ctx context.Context, before time.Time) (int64, error)
-	PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error)
-	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
-	RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error)
 	// Retitle gives the thread title to when its title is still from.
 	Retitle(ctx context.Context, threadID, from, to string) error
 	// DeleteThread deletes a thread none of whose runs goes on
@@ -77,10 +70,24 @@ type Store interface {
 	RunHolder(ctx context.Context, runID string) (string, error)
 }
 
+// Retention is what the maintenance loop needs to age out each artifact
+// class (store.Retention): each call removes (or redacts) what is older
+// than before, in short transactions, and reports how many rows it did.
+type Retention interface {
+	PurgeStream(ctx context.Context, before time.Time) (int64, error)
+	PurgeEvents(ctx context.Context, before time.Time) (int64, error)
+	PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error)
+	RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error)
+	RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error)
+}
+
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
 	Store Store
-	Model model.Backend
+	// Retention ages out the stream buffer and the classes below on the
+	// purge tick (nil: nothing is purged, whatever the TTLs say).
+	Retention Retention
+	Model     model.Backend
 	// ModelName is what a published reply says it was asked of
 	// (chat.Message.Model): "demo", or the OpenAI model name.
 	ModelName string
@@ -573,17 +580,21 @@ func (e *Engine) maintain() {
 // works in short, bounded transactions; what is left goes at the next tick.
 // Only counts are logged, never content.
 func (e *Engine) purge(now time.Time) {
+	r := e.cfg.Retention
+	if r == nil {
+		return
+	}
 	classes := []struct {
 		ttl  time.Duration
 		fn   func(context.Context, time.Time) (int64, error)
 		what string // for the log
 		unit string
 	}{
-		{e.cfg.StreamTTL, e.store.PurgeStream, "stream buffer", "deltas"},
-		{e.cfg.EventTTL, e.store.PurgeEvents, "event log", "events"},
-		{e.cfg.AuditTTL, e.store.PurgeCancelAudit, "cancel audit", "rows"},
-		{e.cfg.DraftTTL, e.store.RedactDeletedDrafts, "deleted drafts", "redacted"},
-		{e.cfg.DraftTTL, e.store.RedactDeletedThreads, "deleted conversations", "redacted"},
+		{e.cfg.StreamTTL, r.PurgeStream, "stream buffer", "deltas"},
+		{e.cfg.EventTTL, r.PurgeEvents, "event log", "events"},
+		{e.cfg.AuditTTL, r.PurgeCancelAudit, "cancel audit", "rows"},
+		{e.cfg.DraftTTL, r.RedactDeletedDrafts, "deleted drafts", "redacted"},
+		{e.cfg.DraftTTL, r.RedactDeletedThreads, "deleted conversations", "redacted"},
 	}
 	for _, c := range classes {
 		if c.ttl <= 0 || e.ctx.Err() != nil {

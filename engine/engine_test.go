@@ -146,7 +146,7 @@ func (h *harness) config() engine.Config {
 	if h.backend != nil {
 		m = h.backend
 	}
-	return engine.Config{Store: h.st, Model: m, Tools: h.tools, SingleInstance: true, LeaseTTL: time.Second}
+	return engine.Config{Store: h.st, Retention: h.st.Retention(), Model: m, Tools: h.tools, SingleInstance: true, LeaseTTL: time.Second}
 }
 
 func (h *harness) stop() {

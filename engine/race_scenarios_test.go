@@ -149,11 +149,46 @@ func (s *raceStore) Recover(ctx context.Context, owner string, foreign bool, max
 	return s.Store.Recover(ctx, owner, foreign, maxAttempts)
 }
 
-func (s *raceStore) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
-	if err := s.dead(); err != nil {
+// raceRetention is the store's retention behind a raceStore's crash
+// switch: a dead process purges nothing.
+type raceRetention struct {
+	engine.Retention
+	rs *raceStore
+}
+
+func (r raceRetention) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
+	if err := r.rs.dead(); err != nil {
 		return 0, err
 	}
-	return s.Store.PurgeStream(ctx, before)
+	return r.Retention.PurgeStream(ctx, before)
+}
+
+func (r raceRetention) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
+	if err := r.rs.dead(); err != nil {
+		return 0, err
+	}
+	return r.Retention.PurgeEvents(ctx, before)
+}
+
+func (r raceRetention) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
+	if err := r.rs.dead(); err != nil {
+		return 0, err
+	}
+	return r.Retention.PurgeCancelAudit(ctx, before)
+}
+
+func (r raceRetention) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
+	if err := r.rs.dead(); err != nil {
+		return 0, err
+	}
+	return r.Retention.RedactDeletedDrafts(ctx, before)
+}
+
+func (r raceRetention) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
+	if err := r.rs.dead(); err != nil {
+		return 0, err
+	}
+	return r.Retention.RedactDeletedThreads(ctx, before)
 }
 
 func (s *raceStore) AddUsage(ctx context.Context, runID string, u chat.Usage) error {
@@ -171,6 +206,9 @@ func (h *harness) startOver(store engine.Store) {
 	cfg := h.config()
 	if store != nil {
 		cfg.Store = store
+	}
+	if rs, ok := store.(*raceStore); ok {
+		cfg.Retention = raceRetention{Retention: cfg.Retention, rs: rs}
 	}
 	cfg.LeaseTTL = time.Hour
 	h.eng = engine.New(cfg)

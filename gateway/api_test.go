@@ -147,7 +147,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	}
 	m := &pacedModel{}
 	m.setPace(pace)
-	eng := engine.New(engine.Config{Store: st, Model: m, Tools: o.tools, SingleInstance: true, Workers: o.workers})
+	eng := engine.New(engine.Config{Store: st, Retention: st.Retention(), Model: m, Tools: o.tools, SingleInstance: true, Workers: o.workers})
 	if err := eng.Start(ctx); err != nil {
 		st.Close()
 		t.Fatalf("start engine: %v", err)
@@ -1517,7 +1517,7 @@ func TestPurgedStream(t *testing.T) {
 	snap := h.createThread("")
 	_, msg := h.runToEnd(snap.ThreadID, 1, "short question")
 	cur := h.snapshot(snap.ThreadID)
-	n, err := h.st.PurgeStream(context.Background(), time.Now().Add(time.Hour))
+	n, err := h.st.Retention().PurgeStream(context.Background(), time.Now().Add(time.Hour))
 	if err != nil || n == 0 {
 		t.Fatalf("purge: %d deltas, %v", n, err)
 	}

@@ -942,7 +942,7 @@ func TestWSSnapshotWhenBufferExpired(t *testing.T) {
 	last := a.view(th).last()
 	a.conn.Close(websocket.StatusGoingAway, "tab closed")
 	w.untilEvent(th, chat.EventRunCompleted, runID)
-	n, err := h.st.PurgeStream(context.Background(), time.Now().Add(time.Minute))
+	n, err := h.st.Retention().PurgeStream(context.Background(), time.Now().Add(time.Minute))
 	if err != nil || n == 0 {
 		t.Fatalf("purge: %d deltas, %v", n, err)
 	}

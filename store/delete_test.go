@@ -125,10 +125,10 @@ func TestRedactDeletedThreads(t *testing.T) {
 	}
 	cut := cutoff()
 
-	if n, err := st.RedactDeletedThreads(ctx, cut.Add(-time.Hour)); err != nil || n != 0 {
+	if n, err := st.Retention().RedactDeletedThreads(ctx, cut.Add(-time.Hour)); err != nil || n != 0 {
 		t.Fatalf("redact threads deleted an hour ago = %d, %v", n, err)
 	}
-	n, err := st.RedactDeletedThreads(ctx, cut)
+	n, err := st.Retention().RedactDeletedThreads(ctx, cut)
 	if err != nil || n != 1 {
 		t.Fatalf("redact = %d, %v; want the one deleted thread", n, err)
 	}
@@ -149,7 +149,7 @@ func TestRedactDeletedThreads(t *testing.T) {
 	if len(again.Messages) != len(inFork.Messages) || again.Messages[0].Content != "hi" {
 		t.Fatalf("the fork's history after the original's redaction = %+v", again.Messages)
 	}
-	if n, err := st.RedactDeletedThreads(ctx, time.Now().Add(time.Minute)); err != nil || n != 0 {
+	if n, err := st.Retention().RedactDeletedThreads(ctx, time.Now().Add(time.Minute)); err != nil || n != 0 {
 		t.Fatalf("redact again = %d, %v; want nothing left", n, err)
 	}
 }

@@ -127,7 +127,7 @@ func TestMetricsStreamBufferAndCancel(t *testing.T) {
 	rec.mu.Unlock()
 
 	// Purging everything takes the gauge to zero with the table.
-	if n, err := st.PurgeStream(ctx, time.Now().Add(time.Hour)); err != nil || n != 11 {
+	if n, err := st.Retention().PurgeStream(ctx, time.Now().Add(time.Hour)); err != nil || n != 11 {
 		t.Fatalf("purge: %d %v, want 11", n, err)
 	}
 	if got := rec.bufferedNow(); got != 0 || rows(t, path) != 0 {

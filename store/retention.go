@@ -15,8 +15,11 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// Retention per artifact class. Each class ages out by its own method
-// taking the cutoff (what is older than before goes):
+// Retention is the store's part that ages out what each artifact class
+// keeps no longer (the engine's maintenance loop calls it on its purge
+// tick). A value, safe for concurrent use, valid until the store is
+// closed. Each class ages out by its own method taking the cutoff (what is
+// older than before goes):
 //
 //   - PurgeStream: the stream buffer (deltas), per thread a prefix of seqs;
 //     the thread's stream purge mark records what went.
@@ -30,6 +33,11 @@ import (
 // None of them changes conversation state: no state_version bump, no event.
 // Each works in short write transactions of at most purgeBatch rows and
 // stops after purgeMaxBatches of them; what is left goes at the next call.
+
+type Retention struct{ s *Store }
+
+// Retention returns the store's retention.
+func (s *Store) Retention() Retention { return Retention{s: s} }
 
 var (
 	purgeBatch      = 1000
@@ -51,7 +59,8 @@ const terminalStatuses = `('completed', 'failed', 'cancelled')`
 // event's state_version) and events_purged_ts (the latest ts purged). A
 // replay from below the watermark answers with a gap (see Events); Check
 // uses it to tell purged from missing. It reports how many events went.
-func (s *Store) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
+func (r Retention) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
+	s := r.s
 	cutoff := ms(before)
 	// Threads whose first remaining event could go, read without the
 	// writer; each is checked again in the write transaction.
@@ -200,7 +209,8 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 // deltas_purged_through to that seq, so the log records the absence
 // (invariant 8) and a replay from before it answers with a snapshot. It
 // reports how many deltas went. History never depends on them.
-func (s *Store) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
+func (r Retention) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
+	s := r.s
 	cutoff := ms(before)
 	type thread struct {
 		ThreadID string `db:"thread_id"`
@@ -271,7 +281,8 @@ func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, boo
 
 // PurgeCancelAudit deletes cancel audit rows requested before before whose
 // run is finished, and reports how many went.
-func (s *Store) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
+func (r Retention) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
+	s := r.s
 	var total int64
 	for range purgeMaxBatches {
 		var n int64
@@ -303,7 +314,8 @@ func (s *Store) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, 
 // and redacted_at is set. A draft whose id is in the head checkpoint of its
 // thread or of a fork of it is history again and keeps its text. It reports
 // how many drafts were redacted.
-func (s *Store) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
+func (r Retention) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
+	s := r.s
 	var total int64
 	var afterAt int64 = -1 << 62
 	afterID := ""
@@ -450,7 +462,8 @@ func headsHold(heads []string, messageID string) (bool, error) {
 // (redacted_at) and not visited again: a message a fork's head still held
 // keeps its text. Deltas go with the stream buffer's own TTL. It reports
 // how many threads were redacted.
-func (s *Store) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
+func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
+	s := r.s
 	var total int64
 	for range purgeMaxBatches {
 		var n int

@@ -222,7 +222,7 @@ func TestPurgeEventsKeepsEveryInvariant(t *testing.T) {
 
 	prevMark := map[string]int64{}
 	for i, cut := range []time.Time{cut1, cut1, cut2, time.Now().Add(time.Minute)} {
-		n, err := st.PurgeEvents(ctx, cut)
+		n, err := st.Retention().PurgeEvents(ctx, cut)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -301,7 +301,7 @@ func TestPurgeEventsKeepsEveryInvariant(t *testing.T) {
 	completeRun(t, st, a, "q4", "a four")
 	completeRun(t, st, forkB, "q1", "fork b one")
 	mustCheck(t, st, "after new runs")
-	if _, err := st.PurgeEvents(ctx, time.Now().Add(time.Minute)); err != nil {
+	if _, err := st.Retention().PurgeEvents(ctx, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if got := eventLog(t, db, d); got.events != 1 {
@@ -327,7 +327,7 @@ func TestPurgeEventsIsBounded(t *testing.T) {
 	want := eventLog(t, db, th).events - 1 + eventLog(t, db, other).events - 1
 	total := 0
 	for calls := 1; ; calls++ {
-		n, err := st.PurgeEvents(ctx, time.Now().Add(time.Minute))
+		n, err := st.Retention().PurgeEvents(ctx, time.Now().Add(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ func TestRedactDeletedDrafts(t *testing.T) {
 	purgedEvent := saveDraft(t, st, other, streamed2, last2)
 	deleteDraft(t, st, other, purgedEvent.MessageID)
 	cut := cutoff()
-	if _, err := st.PurgeEvents(ctx, cut); err != nil {
+	if _, err := st.Retention().PurgeEvents(ctx, cut); err != nil {
 		t.Fatal(err)
 	}
 	if publishedPayload(t, db, purgedEvent.MessageID) != "" {
@@ -389,16 +389,16 @@ func TestRedactDeletedDrafts(t *testing.T) {
 		payloads[id] = publishedPayload(t, db, id)
 	}
 
-	if n, err := st.RedactDeletedDrafts(ctx, cut.Add(-time.Hour)); err != nil || n != 0 {
+	if n, err := st.Retention().RedactDeletedDrafts(ctx, cut.Add(-time.Hour)); err != nil || n != 0 {
 		t.Fatalf("redact drafts deleted an hour ago = %d, %v", n, err)
 	}
 	later := time.Now().Add(time.Minute)
-	n, err := st.RedactDeletedDrafts(ctx, later)
+	n, err := st.Retention().RedactDeletedDrafts(ctx, later)
 	if err != nil || n != 2 {
 		t.Fatalf("redacted %d drafts, %v; want 2", n, err)
 	}
 	mustCheck(t, st, "after redaction")
-	if n, err := st.RedactDeletedDrafts(ctx, later); err != nil || n != 0 {
+	if n, err := st.Retention().RedactDeletedDrafts(ctx, later); err != nil || n != 0 {
 		t.Fatalf("second redaction = %d, %v", n, err)
 	}
 
@@ -511,7 +511,7 @@ func TestPurgeCancelAudit(t *testing.T) {
 	c := newThread(t, st).ThreadID
 	late, _, _ := streamAndCancel(t, st, c, 1, "y")
 
-	if n, err := st.PurgeCancelAudit(ctx, cut); err != nil || n != 2 {
+	if n, err := st.Retention().PurgeCancelAudit(ctx, cut); err != nil || n != 2 {
 		t.Fatalf("purge = %d, %v; want the finished run's 2 rows", n, err)
 	}
 	if audit(done) != 0 || audit(pending) != 1 || audit(late) != 1 {
@@ -520,10 +520,10 @@ func TestPurgeCancelAudit(t *testing.T) {
 	if _, err := st.FinishCancel(ctx, pending, ptr(leaseW(pending)), 0); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := st.PurgeCancelAudit(ctx, cut); err != nil || n != 1 || audit(pending) != 0 {
+	if n, err := st.Retention().PurgeCancelAudit(ctx, cut); err != nil || n != 1 || audit(pending) != 0 {
 		t.Fatalf("purge after the run finished = %d, %v", n, err)
 	}
-	if n, err := st.PurgeCancelAudit(ctx, time.Now().Add(time.Minute)); err != nil || n != 1 || audit(late) != 0 {
+	if n, err := st.Retention().PurgeCancelAudit(ctx, time.Now().Add(time.Minute)); err != nil || n != 1 || audit(late) != 0 {
 		t.Fatalf("purge of everything = %d, %v", n, err)
 	}
 	mustCheck(t, st, "after audit purge")
@@ -542,7 +542,7 @@ func TestCheckAfterPurgeStillCatchesViolations(t *testing.T) {
 	completeRun(t, st, th, "q3", "three")
 	other := newThread(t, st).ThreadID
 	completeRun(t, st, other, "q", "other")
-	if n, err := st.PurgeEvents(ctx, cut); err != nil || n == 0 {
+	if n, err := st.Retention().PurgeEvents(ctx, cut); err != nil || n == 0 {
 		t.Fatalf("purge = %d, %v", n, err)
 	}
 	mustCheck(t, st, "after purge")

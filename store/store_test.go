@@ -301,7 +301,7 @@ func TestSaveFragmentIsExactlyWhatTheTabSaw(t *testing.T) {
 			t.Errorf("%s: %v, want %s", c.name, err, c.want)
 		}
 	}
-	if n, err := st.PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil || n != 4 {
+	if n, err := st.Retention().PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil || n != 4 {
 		t.Fatalf("purge = %d, %v", n, err)
 	}
 	_, err = st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: snap.ThreadID, MessageID: msgID, LastSeq: lastDelta, ExpectedStateVersion: cur.StateVersion})
@@ -420,7 +420,7 @@ func TestEventsReplayIsExactOrSaysIncomplete(t *testing.T) {
 		t.Fatalf("a small tail under the same bound = %+v, %v", small, err)
 	}
 	restore()
-	if _, err := st.PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil {
+	if _, err := st.Retention().PurgeStream(ctx, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if gap, _ := st.Events(ctx, user, snap.ThreadID, 0); gap.Complete || gap.Events != nil {
