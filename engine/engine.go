@@ -63,7 +63,7 @@ type Store interface {
 	// (run_already_active otherwise); Run reads a run of the user.
 	DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error)
 	Run(ctx context.Context, userID, runID string) (chat.Run, error)
-	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
+	DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error)
 	AddUsage(ctx context.Context, runID string, u chat.Usage) error
 	// RunHolder is the lease owner of an active run ("" none), as last
 	// committed (it may change right after).
@@ -441,11 +441,11 @@ func (e *Engine) waitEnded(ctx context.Context, userID, runID string, deadline t
 
 // DecideOperation performs tool.confirm or tool.reject and wakes a worker
 // to commit the call (or to continue from the refusal).
-func (e *Engine) DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
-	if err := (chat.Decide{UserID: userID, OperationID: opID, ExpectedStateVersion: expected, Confirm: confirm}).Validate(); err != nil {
+func (e *Engine) DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error) {
+	if err := p.Validate(); err != nil {
 		return chat.ConfirmAck{}, err
 	}
-	ack, err := e.store.DecideOperation(ctx, userID, opID, expected, confirm)
+	ack, err := e.store.DecideOperation(ctx, p)
 	if err == nil {
 		e.poke()
 	}

@@ -662,7 +662,7 @@ func TestEngineRefusesCommandsOverTheLimits(t *testing.T) {
 	longID := strings.Repeat("c", chat.MaxIDBytes+1)
 	for name, call := range map[string]func() error{
 		"tool.confirm at a negative version": func() error {
-			_, err := h.eng.DecideOperation(ctx, chat.LocalUserID, "op_x", -1, true)
+			_, err := h.eng.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: "op_x", ExpectedStateVersion: -1, Confirm: true})
 			return err
 		},
 		"thread.delete at a negative version": func() error {
@@ -670,15 +670,15 @@ func TestEngineRefusesCommandsOverTheLimits(t *testing.T) {
 			return err
 		},
 		"thread.fork from an over-long checkpoint id": func() error {
-			_, err := h.st.Fork(ctx, chat.LocalUserID, snap.ThreadID, longID)
+			_, err := h.st.Fork(ctx, chat.Fork{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, FromCheckpointID: longID})
 			return err
 		},
 		"thread.checkout at a negative version": func() error {
-			_, err := h.st.Checkout(ctx, chat.LocalUserID, snap.ThreadID, snap.HeadCheckpointID, -1)
+			_, err := h.st.Checkout(ctx, chat.Checkout{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, CheckpointID: snap.HeadCheckpointID, ExpectedStateVersion: -1})
 			return err
 		},
 		"draft.delete without a message": func() error {
-			_, err := h.st.DeleteDraft(ctx, chat.LocalUserID, snap.ThreadID, "", snap.StateVersion)
+			_, err := h.st.DeleteDraft(ctx, chat.DeleteDraft{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, MessageID: "", ExpectedStateVersion: snap.StateVersion})
 			return err
 		},
 		"fragment.save before any delta": func() error {

@@ -418,7 +418,7 @@ func TestForkReusesTheKeyOfAnActionAlreadyTaken(t *testing.T) {
 					at = cp.CheckpointID
 				}
 			}
-			forked, err := e.st.Fork(ctx, chat.LocalUserID, e.thr.ThreadID, at)
+			forked, err := e.st.Fork(ctx, chat.Fork{UserID: chat.LocalUserID, ThreadID: e.thr.ThreadID, FromCheckpointID: at})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -438,7 +438,7 @@ func TestForkReusesTheKeyOfAnActionAlreadyTaken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.eng.DecideOperation(ctx, chat.LocalUserID, prepared.OperationID, th.StateVersion, true); err != nil {
+			if _, err := e.eng.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: prepared.OperationID, ExpectedStateVersion: th.StateVersion, Confirm: true}); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, sub, "run.completed in the fork", isType(chat.EventRunCompleted, run.RunID))

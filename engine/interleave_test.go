@@ -694,7 +694,7 @@ func (r *ilRun) deadPrefix(kind string) {
 		return
 	}
 	op := out.Call
-	if _, err := h.st.DecideOperation(ctx, ilUser, op.OperationID, h.snapshot(r.thread).StateVersion, true); err != nil {
+	if _, err := h.st.DecideOperation(ctx, chat.Decide{UserID: ilUser, OperationID: op.OperationID, ExpectedStateVersion: h.snapshot(r.thread).StateVersion, Confirm: true}); err != nil {
 		r.t.Fatal(err)
 	}
 	lease = r.claimDead(owner)
@@ -834,7 +834,7 @@ func (r *ilRun) do(st, a string) {
 	case "confirm", "reject":
 		confirm := a == "confirm"
 		r.step("%s %s", a, r.wcOp)
-		if _, err := h.eng.DecideOperation(ctx, ilUser, r.wcOp, h.snapshot(r.thread).StateVersion, confirm); err != nil {
+		if _, err := h.eng.DecideOperation(ctx, chat.Decide{UserID: ilUser, OperationID: r.wcOp, ExpectedStateVersion: h.snapshot(r.thread).StateVersion, Confirm: confirm}); err != nil {
 			r.fail("%s: %v", a, err)
 			return
 		}

@@ -447,7 +447,7 @@ func TestRaceScenario3_TwoTabsContinueSameCheckpoint(t *testing.T) {
 	}
 
 	// The refused tab forks from the checkpoint it was on, explicitly.
-	fork, err := h.st.Fork(ctx, chat.LocalUserID, snap.ThreadID, base.HeadCheckpointID)
+	fork, err := h.st.Fork(ctx, chat.Fork{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, FromCheckpointID: base.HeadCheckpointID})
 	if err != nil {
 		t.Fatal(err)
 	}

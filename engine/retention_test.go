@@ -79,7 +79,7 @@ func TestMaintainAppliesRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.st.DeleteDraft(context.Background(), chat.LocalUserID, snap.ThreadID, saved.MessageID, saved.StateVersion); err != nil {
+	if _, err := h.st.DeleteDraft(context.Background(), chat.DeleteDraft{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion}); err != nil {
 		t.Fatal(err)
 	}
 	// Then a run that completes.

@@ -453,7 +453,7 @@ func (e *toolEnv) cancel(runID string) chat.CancelAck {
 }
 
 func (e *toolEnv) decide(opID string, confirm bool) (chat.ConfirmAck, error) {
-	return e.eng.DecideOperation(context.Background(), chat.LocalUserID, opID, e.version(), confirm)
+	return e.eng.DecideOperation(context.Background(), chat.Decide{UserID: chat.LocalUserID, OperationID: opID, ExpectedStateVersion: e.version(), Confirm: confirm})
 }
 
 // until collects the thread's events up to and including the first one
@@ -919,13 +919,13 @@ func TestConsequentialDecisions(t *testing.T) {
 		ctx := context.Background()
 		v := e.version()
 
-		_, err := e.eng.DecideOperation(ctx, chat.LocalUserID, op.OperationID, v-1, true)
+		_, err := e.eng.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: op.OperationID, ExpectedStateVersion: v - 1, Confirm: true})
 		if ce := wantCode(t, err, chat.CodeStateVersionConflict); ce.Fields["current_state_version"] != v {
 			t.Fatalf("conflict fields = %v", ce.Fields)
 		}
-		_, err = e.eng.DecideOperation(ctx, chat.LocalUserID, "op_unknown", v, true)
+		_, err = e.eng.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: "op_unknown", ExpectedStateVersion: v, Confirm: true})
 		wantCode(t, err, chat.CodeNotFound)
-		_, err = e.eng.DecideOperation(ctx, "usr_someone_else", op.OperationID, v, true)
+		_, err = e.eng.DecideOperation(ctx, chat.Decide{UserID: "usr_someone_else", OperationID: op.OperationID, ExpectedStateVersion: v, Confirm: true})
 		wantCode(t, err, chat.CodeNotFound)
 		if e.version() != v {
 			t.Fatal("a refused decision moved state_version")
@@ -1108,7 +1108,7 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 			Kind: chat.KindText, Content: "I will send it.", Call: call}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.st.DecideOperation(ctx, chat.LocalUserID, call.OperationID, e.version(), true); err != nil {
+		if _, err := e.st.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: call.OperationID, ExpectedStateVersion: e.version(), Confirm: true}); err != nil {
 			t.Fatal(err)
 		}
 		r, err = e.st.Claim(ctx, "dead", time.Hour)
@@ -1208,7 +1208,7 @@ func TestCancelAfterConfirmBeforeCommitVoids(t *testing.T) {
 			ack := e.ask("send the quote")
 			op, _ := e.waitConfirmation(ack.RunID)
 			e.stop() // no worker between the confirm and the claim
-			if _, err := e.st.DecideOperation(ctx, chat.LocalUserID, op.OperationID, e.version(), true); err != nil {
+			if _, err := e.st.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: op.OperationID, ExpectedStateVersion: e.version(), Confirm: true}); err != nil {
 				t.Fatal(err)
 			}
 			wantOp(t, e.onlyOp(), chat.PhaseConfirmed, "")

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +40,38 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 
 // reply writes a command's answer with status, or err in the protocol's
 // error shape.
+// Whether a command's body may be empty (decode's allowEmpty).
+const (
+	mustHaveBody = false
+	mayBeEmpty   = true
+)
+
+// serveCommand serves one command over HTTP: the body decoded into a Req,
+// the id of the object it acts on read from the path's {id} (checked as
+// field), the domain command built by build (presence of the fields, then
+// the command's Validate), performed by do, and its answer written with
+// status, or the first error in the protocol's shape. Nothing is performed
+// unless every check passed.
+func serveCommand[Req, Cmd, Ack any](s *Server, w http.ResponseWriter, r *http.Request, status int, emptyOK bool, field string,
+	build func(req Req, userID, id string) (Cmd, error), do func(ctx context.Context, c Cmd) (Ack, error)) {
+	var req Req
+	if err := decode(w, r, &req, emptyOK); err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	id, err := pathID(r, "id", field)
+	var c Cmd
+	if err == nil {
+		c, err = build(req, userID(r), id)
+	}
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	ack, err := do(r.Context(), c)
+	s.reply(w, status, ack, err)
+}
+
 func (s *Server) reply(w http.ResponseWriter, status int, answer any, err error) {
 	if err != nil {
 		writeError(w, s.log, err)

@@ -13,23 +13,7 @@ type saveFragmentRequest struct {
 }
 
 func (s *Server) saveFragment(w http.ResponseWriter, r *http.Request) {
-	var req saveFragmentRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "thread_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	p, err := req.command(userID(r), id)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.store.SaveFragment(r.Context(), p)
-	s.reply(w, http.StatusCreated, ack, err)
+	serveCommand(s, w, r, http.StatusCreated, mustHaveBody, "thread_id", saveFragmentRequest.command, s.store.SaveFragment)
 }
 
 // command is fragment.save from the decoded fields, validated.
@@ -54,26 +38,13 @@ type deleteDraftRequest struct {
 }
 
 func (s *Server) deleteDraft(w http.ResponseWriter, r *http.Request) {
-	var req deleteDraftRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	threadID, err := pathID(r, "id", "thread_id")
-	var messageID string
-	if err == nil {
-		messageID, err = pathID(r, "message_id", "message_id")
-	}
-	var p chat.DeleteDraft
-	if err == nil {
-		p, err = req.command(userID(r), threadID, messageID)
-	}
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.store.DeleteDraft(r.Context(), p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion)
-	s.reply(w, http.StatusOK, ack, err)
+	serveCommand(s, w, r, http.StatusOK, mustHaveBody, "thread_id", func(req deleteDraftRequest, userID, threadID string) (chat.DeleteDraft, error) {
+		messageID, err := pathID(r, "message_id", "message_id")
+		if err != nil {
+			return chat.DeleteDraft{}, err
+		}
+		return req.command(userID, threadID, messageID)
+	}, s.store.DeleteDraft)
 }
 
 // command is draft.delete from the decoded fields, validated.
@@ -102,22 +73,9 @@ func (req decideRequest) command(userID, operationID string, confirm bool) (chat
 // decide serves POST /api/operations/{id}/confirm and /reject.
 func (s *Server) decide(confirm bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req decideRequest
-		if err := decode(w, r, &req, false); err != nil {
-			writeError(w, s.log, err)
-			return
-		}
-		id, err := pathID(r, "id", "operation_id")
-		var p chat.Decide
-		if err == nil {
-			p, err = req.command(userID(r), id, confirm)
-		}
-		if err != nil {
-			writeError(w, s.log, err)
-			return
-		}
-		ack, err := s.runs.DecideOperation(r.Context(), p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm)
-		s.reply(w, http.StatusOK, ack, err)
+		serveCommand(s, w, r, http.StatusOK, mustHaveBody, "operation_id", func(req decideRequest, userID, operationID string) (chat.Decide, error) {
+			return req.command(userID, operationID, confirm)
+		}, s.runs.DecideOperation)
 	}
 }
 

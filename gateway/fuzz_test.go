@@ -83,8 +83,8 @@ func (f *fuzzFake) Operations(_ context.Context, userID, threadID string) ([]cha
 	return nil, errFuzzNotFound
 }
 
-func (f *fuzzFake) Fork(_ context.Context, userID, threadID, from string) (chat.Thread, error) {
-	f.record("Fork", userID, threadID, from)
+func (f *fuzzFake) Fork(_ context.Context, p chat.Fork) (chat.Thread, error) {
+	f.record("Fork", p.UserID, p.ThreadID, p.FromCheckpointID)
 	return chat.Thread{}, errFuzzNotFound
 }
 
@@ -93,13 +93,13 @@ func (f *fuzzFake) SaveFragment(_ context.Context, p chat.SaveFragment) (chat.Fr
 	return chat.FragmentSaved{}, errFuzzNotFound
 }
 
-func (f *fuzzFake) Checkout(_ context.Context, userID, threadID, checkpointID string, expected int64) (chat.CheckoutAck, error) {
-	f.record("Checkout", userID, threadID, checkpointID, expected)
+func (f *fuzzFake) Checkout(_ context.Context, p chat.Checkout) (chat.CheckoutAck, error) {
+	f.record("Checkout", p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
 	return chat.CheckoutAck{}, errFuzzNotFound
 }
 
-func (f *fuzzFake) DeleteDraft(_ context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
-	f.record("DeleteDraft", userID, threadID, messageID, expected)
+func (f *fuzzFake) DeleteDraft(_ context.Context, p chat.DeleteDraft) (chat.DraftDeleted, error) {
+	f.record("DeleteDraft", p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion)
 	return chat.DraftDeleted{}, errFuzzNotFound
 }
 
@@ -118,8 +118,8 @@ func (f *fuzzFake) CancelRun(_ context.Context, p chat.CancelRun) (chat.CancelAc
 	return chat.CancelAck{}, errFuzzNotFound
 }
 
-func (f *fuzzFake) DecideOperation(_ context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
-	f.record("DecideOperation", userID, opID, expected, confirm)
+func (f *fuzzFake) DecideOperation(_ context.Context, p chat.Decide) (chat.ConfirmAck, error) {
+	f.record("DecideOperation", p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm)
 	return chat.ConfirmAck{}, errFuzzNotFound
 }
 

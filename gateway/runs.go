@@ -15,23 +15,7 @@ type startRunRequest struct {
 }
 
 func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
-	var req startRunRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "thread_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	p, err := req.command(userID(r), id)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.runs.StartRun(r.Context(), p)
-	s.reply(w, http.StatusCreated, ack, err)
+	serveCommand(s, w, r, http.StatusCreated, mustHaveBody, "thread_id", startRunRequest.command, s.runs.StartRun)
 }
 
 // command decodes run.start's fields: what is required, and what must not
@@ -73,23 +57,9 @@ type cancelRequest struct {
 }
 
 func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
-	var req cancelRequest
-	if err := decode(w, r, &req, true); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "run_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	p, err := req.command(userID(r), id, "api:"+clientName(r))
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.runs.CancelRun(r.Context(), p)
-	s.reply(w, http.StatusAccepted, ack, err)
+	serveCommand(s, w, r, http.StatusAccepted, mayBeEmpty, "run_id", func(req cancelRequest, userID, runID string) (chat.CancelRun, error) {
+		return req.command(userID, runID, "api:"+clientName(r))
+	}, s.runs.CancelRun)
 }
 
 // command decodes run.cancel's fields (the reason defaults to

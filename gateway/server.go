@@ -26,10 +26,10 @@ type Store interface {
 	Run(ctx context.Context, userID, runID string) (chat.Run, error)
 	Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error)
 	Operations(ctx context.Context, userID, threadID string) ([]chat.Operation, error)
-	Fork(ctx context.Context, userID, threadID, fromCheckpointID string) (chat.Thread, error)
-	Checkout(ctx context.Context, userID, threadID, checkpointID string, expected int64) (chat.CheckoutAck, error)
+	Fork(ctx context.Context, p chat.Fork) (chat.Thread, error)
+	Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck, error)
 	SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.FragmentSaved, error)
-	DeleteDraft(ctx context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error)
+	DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.DraftDeleted, error)
 	Events(ctx context.Context, userID, threadID string, afterSeq int64) (chat.Replay, error)
 }
 
@@ -37,7 +37,7 @@ type Store interface {
 type Runs interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	CancelRun(ctx context.Context, p chat.CancelRun) (chat.CancelAck, error)
-	DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error)
+	DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error)
 	// DeleteThread cancels the thread's run in flight, if any, then
 	// deletes the thread.
 	DeleteThread(ctx context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error)

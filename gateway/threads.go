@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -107,26 +108,16 @@ type forkRequest struct {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	var req forkRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "thread_id")
-	var p chat.Fork
-	if err == nil {
-		p, err = req.command(userID(r), id)
-	}
+	serveCommand(s, w, r, http.StatusCreated, mustHaveBody, "thread_id", forkRequest.command, s.forkThread)
+}
+
+// forkThread performs thread.fork and answers with the new thread.
+func (s *Server) forkThread(ctx context.Context, p chat.Fork) (chat.ForkAck, error) {
+	t, err := s.store.Fork(ctx, p)
 	if err != nil {
-		writeError(w, s.log, err)
-		return
+		return chat.ForkAck{}, err
 	}
-	t, err := s.store.Fork(r.Context(), p.UserID, p.ThreadID, p.FromCheckpointID)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID})
+	return chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID}, nil
 }
 
 // command is thread.fork from the decoded fields, validated.
@@ -146,22 +137,7 @@ type checkoutRequest struct {
 // checkout moves the thread's head to another of its checkpoints
 // (POST /api/threads/{id}/head).
 func (s *Server) checkout(w http.ResponseWriter, r *http.Request) {
-	var req checkoutRequest
-	if err := decode(w, r, &req, false); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "thread_id")
-	var p chat.Checkout
-	if err == nil {
-		p, err = req.command(userID(r), id)
-	}
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.store.Checkout(r.Context(), p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
-	s.reply(w, http.StatusOK, ack, err)
+	serveCommand(s, w, r, http.StatusOK, mustHaveBody, "thread_id", checkoutRequest.command, s.store.Checkout)
 }
 
 // command is thread.checkout from the decoded fields, validated.
@@ -235,22 +211,9 @@ type deleteThreadRequest struct {
 // body {expected_state_version}); a run in flight is cancelled first, in
 // the caller's name (api:<client>).
 func (s *Server) deleteThread(w http.ResponseWriter, r *http.Request) {
-	var req deleteThreadRequest
-	if err := decode(w, r, &req, true); err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	id, err := pathID(r, "id", "thread_id")
-	var p chat.DeleteThread
-	if err == nil {
-		p, err = req.command(userID(r), id, "api:"+clientName(r))
-	}
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ack, err := s.runs.DeleteThread(r.Context(), p)
-	s.reply(w, http.StatusOK, ack, err)
+	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", func(req deleteThreadRequest, userID, threadID string) (chat.DeleteThread, error) {
+		return req.command(userID, threadID, "api:"+clientName(r))
+	}, s.runs.DeleteThread)
 }
 
 // command is thread.delete from the decoded fields (expected_state_version

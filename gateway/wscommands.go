@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"regexp"
@@ -81,6 +82,46 @@ type wsDecide struct {
 	wsEnvelope
 	OperationID *string `json:"operation_id"`
 	decideRequest
+}
+
+// wsTarget is a command on one object: the name of the field that holds
+// its id, and the id as sent (nil: absent).
+type wsTarget interface {
+	target() (field string, id *string)
+}
+
+func (cmd *wsRunStart) target() (string, *string)     { return "thread_id", cmd.ThreadID }
+func (cmd *wsRunCancel) target() (string, *string)    { return "run_id", cmd.RunID }
+func (cmd *wsFragmentSave) target() (string, *string) { return "thread_id", cmd.ThreadID }
+func (cmd *wsDraftDelete) target() (string, *string)  { return "thread_id", cmd.ThreadID }
+func (cmd *wsFork) target() (string, *string)         { return "thread_id", cmd.ThreadID }
+func (cmd *wsCheckout) target() (string, *string)     { return "thread_id", cmd.ThreadID }
+func (cmd *wsDeleteThread) target() (string, *string) { return "thread_id", cmd.ThreadID }
+func (cmd *wsDecide) target() (string, *string)       { return "operation_id", cmd.OperationID }
+
+// wsCommand performs one command on one object, as serveCommand does over
+// HTTP: the frame decoded into a W, the object's id required, the domain
+// command built by build for the connection's user (presence of the
+// fields, then the command's Validate) and performed by do. Nothing is
+// performed unless every check passed.
+func wsCommand[W any, PW interface {
+	*W
+	wsTarget
+}, Cmd, Ack any](ctx context.Context, data []byte, userID string, build func(cmd PW, userID, id string) (Cmd, error),
+	do func(ctx context.Context, c Cmd) (Ack, error)) (any, error) {
+	cmd := PW(new(W))
+	if err := decodeJSON(data, cmd); err != nil {
+		return nil, err
+	}
+	field, id := cmd.target()
+	if err := required(field, id); err != nil {
+		return nil, err
+	}
+	c, err := build(cmd, userID, *id)
+	if err != nil {
+		return nil, err
+	}
+	return do(ctx, c)
 }
 
 type subscribeAck struct {
@@ -259,123 +300,39 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		return struct{}{}, nil
 
 	case "run.start":
-		var cmd wsRunStart
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID)
-		if err != nil {
-			return nil, err
-		}
-		return s.runs.StartRun(ctx, p)
+		return wsCommand(ctx, data, c.user, (*wsRunStart).command, s.runs.StartRun)
 
 	case "run.cancel":
-		var cmd wsRunCancel
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("run_id", cmd.RunID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.RunID, c.requestedBy())
-		if err != nil {
-			return nil, err
-		}
-		return s.runs.CancelRun(ctx, p)
+		return wsCommand(ctx, data, c.user, func(cmd *wsRunCancel, userID, runID string) (chat.CancelRun, error) {
+			return cmd.command(userID, runID, c.requestedBy())
+		}, s.runs.CancelRun)
 
 	case "fragment.save":
-		var cmd wsFragmentSave
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID)
-		if err != nil {
-			return nil, err
-		}
-		return s.store.SaveFragment(ctx, p)
+		return wsCommand(ctx, data, c.user, (*wsFragmentSave).command, s.store.SaveFragment)
 
 	case "draft.delete":
-		var cmd wsDraftDelete
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		if err := required("message_id", cmd.MessageID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID, *cmd.MessageID)
-		if err != nil {
-			return nil, err
-		}
-		return s.store.DeleteDraft(ctx, p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion)
+		return wsCommand(ctx, data, c.user, func(cmd *wsDraftDelete, userID, threadID string) (chat.DeleteDraft, error) {
+			if err := required("message_id", cmd.MessageID); err != nil {
+				return chat.DeleteDraft{}, err
+			}
+			return cmd.command(userID, threadID, *cmd.MessageID)
+		}, s.store.DeleteDraft)
 
 	case "thread.fork":
-		var cmd wsFork
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID)
-		if err != nil {
-			return nil, err
-		}
-		t, err := s.store.Fork(ctx, p.UserID, p.ThreadID, p.FromCheckpointID)
-		if err != nil {
-			return nil, err
-		}
-		return chat.ForkAck{NewThreadID: t.ThreadID, HeadCheckpointID: t.HeadCheckpointID}, nil
+		return wsCommand(ctx, data, c.user, (*wsFork).command, s.forkThread)
 
 	case "thread.checkout":
-		var cmd wsCheckout
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID)
-		if err != nil {
-			return nil, err
-		}
-		return s.store.Checkout(ctx, p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
+		return wsCommand(ctx, data, c.user, (*wsCheckout).command, s.store.Checkout)
 
 	case "thread.delete":
-		var cmd wsDeleteThread
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("thread_id", cmd.ThreadID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.ThreadID, c.requestedBy())
-		if err != nil {
-			return nil, err
-		}
-		return s.runs.DeleteThread(ctx, p)
+		return wsCommand(ctx, data, c.user, func(cmd *wsDeleteThread, userID, threadID string) (chat.DeleteThread, error) {
+			return cmd.command(userID, threadID, c.requestedBy())
+		}, s.runs.DeleteThread)
 
 	case "tool.confirm", "tool.reject":
-		var cmd wsDecide
-		if err := decodeJSON(data, &cmd); err != nil {
-			return nil, err
-		}
-		if err := required("operation_id", cmd.OperationID); err != nil {
-			return nil, err
-		}
-		p, err := cmd.command(c.user, *cmd.OperationID, typ == "tool.confirm")
-		if err != nil {
-			return nil, err
-		}
-		return s.runs.DecideOperation(ctx, p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm)
+		return wsCommand(ctx, data, c.user, func(cmd *wsDecide, userID, operationID string) (chat.Decide, error) {
+			return cmd.command(userID, operationID, typ == "tool.confirm")
+		}, s.runs.DecideOperation)
 	}
 	return nil, chat.Invalid("unknown command type %s: see the protocol's command list", quoteShort(typ))
 }

@@ -89,7 +89,7 @@ func newHealthy(t *testing.T) *healthy {
 		Call: &chat.ToolCall{OperationID: h.op, Tool: "send_email", Contract: "consequential", Args: args, Preview: args, IdempotencyKey: h.key}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.DecideOperation(ctx, user, h.op, version(t, st, h.a), true); err != nil {
+	if _, err := st.DecideOperation(ctx, chat.Decide{UserID: user, OperationID: h.op, ExpectedStateVersion: version(t, st, h.a), Confirm: true}); err != nil {
 		t.Fatal(err)
 	}
 	again := claimOnly(t, st, "w", h.run3, time.Hour).Lease
@@ -116,7 +116,7 @@ func newHealthy(t *testing.T) *healthy {
 	}
 
 	// A fork from before the email, continued there.
-	f, err := st.Fork(ctx, user, h.a, saved.CheckpointID)
+	f, err := st.Fork(ctx, chat.Fork{UserID: user, ThreadID: h.a, FromCheckpointID: saved.CheckpointID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,10 +64,13 @@ func TestDeleteThread(t *testing.T) {
 			_, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th, ExpectedStateVersion: current + 1, UserMessage: text("hello?")})
 			return err
 		}(),
-		"fork":   func() error { _, err := st.Fork(ctx, user, th, before.HeadCheckpointID); return err }(),
+		"fork": func() error {
+			_, err := st.Fork(ctx, chat.Fork{UserID: user, ThreadID: th, FromCheckpointID: before.HeadCheckpointID})
+			return err
+		}(),
 		"rename": st.RenameThread(ctx, user, th, "new name"),
 		"checkout": func() error {
-			_, err := st.Checkout(ctx, user, th, before.HeadCheckpointID, current+1)
+			_, err := st.Checkout(ctx, chat.Checkout{UserID: user, ThreadID: th, CheckpointID: before.HeadCheckpointID, ExpectedStateVersion: current + 1})
 			return err
 		}(),
 	} {

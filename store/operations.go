@@ -346,7 +346,11 @@ func (s *Store) MarkCancelling(ctx context.Context, lease chat.Lease, active cha
 // prepared operation of a run waiting for confirmation. Confirm hands the
 // run to a worker (running, no lease) to commit; reject records the refusal
 // as the tool's result, and the run continues from it.
-func (s *Store) DecideOperation(ctx context.Context, userID, opID string, expected int64, confirm bool) (chat.ConfirmAck, error) {
+func (s *Store) DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error) {
+	if err := p.Validate(); err != nil {
+		return chat.ConfirmAck{}, err
+	}
+	userID, opID, expected, confirm := p.UserID, p.OperationID, p.ExpectedStateVersion, p.Confirm
 	var ack chat.ConfirmAck
 	err := s.write(ctx, func(t *txn) error {
 		op, err := t.operation(opID)

@@ -26,13 +26,13 @@ func TestWritesOfAnotherOrNoUserAreNotFound(t *testing.T) {
 		if _, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: who, ThreadID: snap.ThreadID, MessageID: "msg_x", LastSeq: 1, ExpectedStateVersion: snap.StateVersion}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q save fragment: %v", who, err)
 		}
-		if _, err := st.DeleteDraft(ctx, who, snap.ThreadID, "msg_x", snap.StateVersion); code(err) != chat.CodeNotFound {
+		if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: who, ThreadID: snap.ThreadID, MessageID: "msg_x", ExpectedStateVersion: snap.StateVersion}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q delete draft: %v", who, err)
 		}
-		if _, err := st.Fork(ctx, who, snap.ThreadID, snap.HeadCheckpointID); code(err) != chat.CodeNotFound {
+		if _, err := st.Fork(ctx, chat.Fork{UserID: who, ThreadID: snap.ThreadID, FromCheckpointID: snap.HeadCheckpointID}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q fork: %v", who, err)
 		}
-		if _, err := st.Checkout(ctx, who, snap.ThreadID, snap.HeadCheckpointID, snap.StateVersion); code(err) != chat.CodeNotFound {
+		if _, err := st.Checkout(ctx, chat.Checkout{UserID: who, ThreadID: snap.ThreadID, CheckpointID: snap.HeadCheckpointID, ExpectedStateVersion: snap.StateVersion}); code(err) != chat.CodeNotFound {
 			t.Errorf("%q checkout: %v", who, err)
 		}
 		if err := st.RenameThread(ctx, who, snap.ThreadID, "mine now"); code(err) != chat.CodeNotFound {

@@ -26,7 +26,7 @@ func committingRun(t *testing.T, st *store.Store, threadID string) (chat.Lease, 
 			Preview: json.RawMessage(`{"to":"a@example.com"}`), IdempotencyKey: "email:" + opID}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.DecideOperation(ctx, user, opID, version(t, st, threadID), true); err != nil {
+	if _, err := st.DecideOperation(ctx, chat.Decide{UserID: user, OperationID: opID, ExpectedStateVersion: version(t, st, threadID), Confirm: true}); err != nil {
 		t.Fatal(err)
 	}
 	c = claimOnly(t, st, "w", ack.RunID, time.Hour)

@@ -104,7 +104,7 @@ func saveDraft(t *testing.T, st *store.Store, threadID, streamedMsg string, last
 
 func deleteDraft(t *testing.T, st *store.Store, threadID, msgID string) {
 	t.Helper()
-	if _, err := st.DeleteDraft(ctx, user, threadID, msgID, version(t, st, threadID)); err != nil {
+	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: threadID, MessageID: msgID, ExpectedStateVersion: version(t, st, threadID)}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -115,7 +115,7 @@ func fork(t *testing.T, st *store.Store, threadID string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := st.Fork(ctx, user, threadID, snap.HeadCheckpointID)
+	f, err := st.Fork(ctx, chat.Fork{UserID: user, ThreadID: threadID, FromCheckpointID: snap.HeadCheckpointID})
 	if err != nil {
 		t.Fatal(err)
 	}

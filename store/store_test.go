@@ -323,13 +323,13 @@ func TestDeleteDraft(t *testing.T) {
 		t.Fatal(err)
 	}
 	userMsg := cur.Messages[0].MessageID
-	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, userMsg, saved.StateVersion); code(err) != chat.CodeInvalidRequest {
+	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: snap.ThreadID, MessageID: userMsg, ExpectedStateVersion: saved.StateVersion}); code(err) != chat.CodeInvalidRequest {
 		t.Fatalf("deleting a user message = %v", err)
 	}
-	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion-1); code(err) != chat.CodeStateVersionConflict {
+	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: snap.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion - 1}); code(err) != chat.CodeStateVersionConflict {
 		t.Fatalf("stale delete = %v", err)
 	}
-	del, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion)
+	del, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: snap.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,16 +337,16 @@ func TestDeleteDraft(t *testing.T) {
 	if len(got.Messages) != 1 || got.HeadCheckpointID != del.CheckpointID || got.StateVersion != del.StateVersion {
 		t.Fatalf("after delete: %+v (ack %+v)", got, del)
 	}
-	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, del.StateVersion); code(err) != chat.CodeNotFound {
+	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: snap.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: del.StateVersion}); code(err) != chat.CodeNotFound {
 		t.Fatalf("second delete = %v", err)
 	}
 	// The point from before the deletion would bring the draft back: a
 	// checkout to it is refused, and one to the point before the save is
 	// not.
-	if _, err := st.Checkout(ctx, user, snap.ThreadID, saved.CheckpointID, del.StateVersion); code(err) != chat.CodeInvalidRequest {
+	if _, err := st.Checkout(ctx, chat.Checkout{UserID: user, ThreadID: snap.ThreadID, CheckpointID: saved.CheckpointID, ExpectedStateVersion: del.StateVersion}); code(err) != chat.CodeInvalidRequest {
 		t.Fatalf("checkout to the point holding the deleted draft = %v", err)
 	}
-	moved, err := st.Checkout(ctx, user, snap.ThreadID, cur.HeadCheckpointID, del.StateVersion)
+	moved, err := st.Checkout(ctx, chat.Checkout{UserID: user, ThreadID: snap.ThreadID, CheckpointID: cur.HeadCheckpointID, ExpectedStateVersion: del.StateVersion})
 	if err != nil || moved.StateVersion != del.StateVersion+1 {
 		t.Fatalf("checkout to the point before the save = %+v, %v", moved, err)
 	}
@@ -361,7 +361,7 @@ func TestForkCopiesStateAndContinues(t *testing.T) {
 	snap := newThread(t, st)
 	streamAndCancel(t, st, snap.ThreadID, 1, "x")
 	src, _ := st.Snapshot(ctx, user, snap.ThreadID)
-	fork, err := st.Fork(ctx, user, snap.ThreadID, src.HeadCheckpointID)
+	fork, err := st.Fork(ctx, chat.Fork{UserID: user, ThreadID: snap.ThreadID, FromCheckpointID: src.HeadCheckpointID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,10 +377,10 @@ func TestForkCopiesStateAndContinues(t *testing.T) {
 	if again, _ := st.Snapshot(ctx, user, snap.ThreadID); again.StateVersion != src.StateVersion {
 		t.Fatal("fork changed the original")
 	}
-	if _, err := st.Fork(ctx, user, snap.ThreadID, got.HeadCheckpointID); code(err) != chat.CodeCheckpointNotFound {
+	if _, err := st.Fork(ctx, chat.Fork{UserID: user, ThreadID: snap.ThreadID, FromCheckpointID: got.HeadCheckpointID}); code(err) != chat.CodeCheckpointNotFound {
 		t.Fatalf("fork from another thread's checkpoint = %v", err)
 	}
-	if _, err := st.Fork(ctx, "usr_other", snap.ThreadID, src.HeadCheckpointID); code(err) != chat.CodeNotFound {
+	if _, err := st.Fork(ctx, chat.Fork{UserID: "usr_other", ThreadID: snap.ThreadID, FromCheckpointID: src.HeadCheckpointID}); code(err) != chat.CodeNotFound {
 		t.Fatalf("fork of another user's thread = %v", err)
 	}
 }
@@ -633,7 +633,7 @@ func TestListThreadsSearch(t *testing.T) {
 	if got := ids(t, st, "zucchini"); !slices.Equal(got, []string{snap.ThreadID}) {
 		t.Fatalf("the saved fragment is not found: %v", got)
 	}
-	if _, err := st.DeleteDraft(ctx, user, snap.ThreadID, saved.MessageID, saved.StateVersion); err != nil {
+	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: snap.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion}); err != nil {
 		t.Fatal(err)
 	}
 	if got := ids(t, st, "zucchini"); got != nil {

@@ -123,10 +123,11 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 // DeleteDraft removes a saved fragment from history: a new head checkpoint
 // without it and message.deleted. The message row stays for audit, marked
 // deleted_at, until the draft TTL redacts its text (RedactDeletedDrafts).
-func (s *Store) DeleteDraft(ctx context.Context, userID, threadID, messageID string, expected int64) (chat.DraftDeleted, error) {
-	if err := (chat.DeleteDraft{UserID: userID, ThreadID: threadID, MessageID: messageID, ExpectedStateVersion: expected}).Validate(); err != nil {
+func (s *Store) DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.DraftDeleted, error) {
+	if err := p.Validate(); err != nil {
 		return chat.DraftDeleted{}, err
 	}
+	userID, threadID, messageID, expected := p.UserID, p.ThreadID, p.MessageID, p.ExpectedStateVersion
 	var out chat.DraftDeleted
 	err := s.write(ctx, func(t *txn) error {
 		c, err := t.thread(userID, threadID)

@@ -481,10 +481,11 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 // version gets the conflict; refused with run_already_active while a run
 // of the thread has not ended (its steps write to the head). Checking out
 // the head changes nothing and answers with the current version.
-func (s *Store) Checkout(ctx context.Context, userID, threadID, checkpointID string, expected int64) (chat.CheckoutAck, error) {
-	if err := (chat.Checkout{UserID: userID, ThreadID: threadID, CheckpointID: checkpointID, ExpectedStateVersion: expected}).Validate(); err != nil {
+func (s *Store) Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck, error) {
+	if err := p.Validate(); err != nil {
 		return chat.CheckoutAck{}, err
 	}
+	userID, threadID, checkpointID, expected := p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion
 	var out chat.CheckoutAck
 	err := s.write(ctx, func(t *txn) error {
 		c, err := t.thread(userID, threadID)
@@ -535,10 +536,11 @@ func (s *Store) Checkout(ctx context.Context, userID, threadID, checkpointID str
 
 // Fork copies the state at fromCheckpointID into a new thread of the same
 // user; the original is untouched.
-func (s *Store) Fork(ctx context.Context, userID, threadID, fromCheckpointID string) (chat.Thread, error) {
-	if err := (chat.Fork{UserID: userID, ThreadID: threadID, FromCheckpointID: fromCheckpointID}).Validate(); err != nil {
+func (s *Store) Fork(ctx context.Context, p chat.Fork) (chat.Thread, error) {
+	if err := p.Validate(); err != nil {
 		return chat.Thread{}, err
 	}
+	userID, threadID, fromCheckpointID := p.UserID, p.ThreadID, p.FromCheckpointID
 	newID := chat.NewID(chat.PrefixThread)
 	err := s.write(ctx, func(t *txn) error {
 		src, err := t.thread(userID, threadID)
