@@ -1,0 +1,59 @@
+package main
+
+// gateway check: audits the protocol's invariants in a database a gateway
+// may be serving at the same time.
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/honestcancel/gateway/app"
+	"github.com/honestcancel/gateway/store"
+)
+
+func check(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file or PostgreSQL URL to audit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if missingDB(*db) {
+		fmt.Fprintf(stderr, "gateway check: no database at %s: pass -db PATH\n", *db)
+		return 2
+	}
+	ctx := context.Background()
+	st, err := store.Open(ctx, *db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	defer st.Close()
+	audit, err := st.Audit(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway check:", err)
+		return 2
+	}
+	for _, v := range audit.Violations {
+		fmt.Fprintln(stdout, v)
+	}
+	read := fmt.Sprintf("%d threads, %d runs, %d operations, %d events, %d buffered deltas",
+		audit.Threads, audit.Runs, audit.Operations, audit.Events, audit.Deltas)
+	if len(audit.Violations) > 0 {
+		fmt.Fprintf(stdout, "%d violations in %s (%s)\n", len(audit.Violations), app.RedactedURL(*db), read)
+	} else {
+		fmt.Fprintf(stdout, "ok: all ten invariants hold in %s (%s)\n", app.RedactedURL(*db), read)
+	}
+	if len(audit.Unchecked) > 0 {
+		fmt.Fprintln(stdout, "not verifiable from this database alone:")
+		for _, u := range audit.Unchecked {
+			fmt.Fprintln(stdout, "  invariants "+u)
+		}
+	}
+	if len(audit.Violations) > 0 {
+		return 1
+	}
+	return 0
+}
