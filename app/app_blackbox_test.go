@@ -1,15 +1,11 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,20 +13,20 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/coder/websocket"
-
 	"github.com/honestcancel/gateway/app"
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/internal/pgtest"
 	"github.com/honestcancel/gateway/store"
 )
 
 // These tests drive whole gateways in this process, through their real
-// listeners, as a client would: under -race they see the wiring (store,
-// bus, engine, gateway) race-checked together. Kill, signal and restart
-// need a process boundary: the root package's scenario tests exec the
-// binary for those.
+// listeners, as a client would (package client, the protocol's Go client):
+// under -race they see the wiring (store, bus, engine, gateway)
+// race-checked together. Kill, signal and restart need a process
+// boundary: the root package's scenario tests exec the binary for those.
 
 // waitLimit bounds every wait of these tests.
 const waitLimit = 20 * time.Second
@@ -73,150 +69,108 @@ func start(t *testing.T, cfg app.Config) string {
 	return "http://" + a.Addr().String()
 }
 
-// post sends a JSON body and decodes the JSON answer into out.
-func post(t *testing.T, url string, body, out any) {
+// newClient is a protocol client of the gateway at base, closed when the
+// test ends.
+func newClient(t *testing.T, base string) *client.Client {
 	t.Helper()
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	c, err := client.New(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("POST %s: %d %s", url, resp.StatusCode, raw)
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		t.Fatalf("POST %s: %v in %s", url, err, raw)
-	}
+	t.Cleanup(c.Close)
+	return c
 }
 
-// tab is one WebSocket client on one thread: it checks that seqs follow
-// each other and keeps every frame.
+// bounded is a context that ends after waitLimit.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// createThread creates a thread through base's API.
+func createThread(t *testing.T, base string) chat.Snapshot {
+	t.Helper()
+	th, err := newClient(t, base).CreateThread(bounded(t), "")
+	if err != nil {
+		t.Fatalf("POST %s/api/threads: %v", base, err)
+	}
+	return th
+}
+
+// tab is one WebSocket client on one thread: the client hands it the
+// thread's events each seq once and in order, and the tab checks that the
+// server needed no repair for that (no reconnection, no duplicate, gap,
+// event of another thread, unanswered error or unreadable frame) and that
+// seqs follow each other.
 type tab struct {
-	t       *testing.T
-	conn    *websocket.Conn
-	thread  string
-	last    int64
-	pending [][]byte // lines of the last message not read yet (a message may carry several)
+	t      *testing.T
+	conn   *client.Conn
+	sub    *client.Subscription
+	thread string
+	last   int64
 }
 
 func openTab(t *testing.T, base, thread, tabID string) *tab {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(base, "http")+"/ws", nil)
+	conn, err := newClient(t, base).Connect(bounded(t), client.ConnOptions{TabID: tabID, ReadLimit: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.CloseNow() })
-	conn.SetReadLimit(1 << 20)
-	tb := &tab{t: t, conn: conn, thread: thread}
-	tb.send(map[string]any{"type": "hello", "id": "h", "tab_id": tabID})
-	tb.answer("h")
-	tb.send(map[string]any{"type": "subscribe", "id": "s", "thread_id": thread, "after_seq": 0})
-	tb.answer("s")
-	return tb
+	t.Cleanup(func() { conn.Close() })
+	sub, err := conn.Subscribe(bounded(t), thread, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tab{t: t, conn: conn, sub: sub, thread: thread}
 }
 
-func (tb *tab) send(cmd map[string]any) {
+// next reads the next event; events must be of the tab's thread and come
+// in seq order, with no gap, on the connection the tab opened.
+func (tb *tab) next() client.Event {
 	tb.t.Helper()
-	b, _ := json.Marshal(cmd)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if err := tb.conn.Write(ctx, websocket.MessageText, b); err != nil {
-		tb.t.Fatal(err)
+	ev, err := tb.sub.Next(ctx)
+	cancel()
+	if err != nil {
+		tb.t.Fatalf("read: %v", err)
 	}
-}
-
-// frame is one event or answer as the tab read it.
-type frame struct {
-	Type     string `json:"type"`
-	Re       string `json:"re"`
-	Seq      int64  `json:"seq"`
-	ThreadID string `json:"thread_id"`
-	RunID    string `json:"run_id"`
-	Text     string `json:"text"`
-	Message  string `json:"message_id"`
-	raw      []byte
-}
-
-// next reads the next frame; events must be of the tab's thread and come
-// in seq order, with no gap.
-func (tb *tab) next() frame {
-	tb.t.Helper()
-	for len(tb.pending) == 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-		_, msg, err := tb.conn.Read(ctx)
-		cancel()
-		if err != nil {
-			tb.t.Fatalf("read: %v", err)
-		}
-		for line := range bytes.SplitSeq(msg, []byte("\n")) {
-			if len(line) > 0 {
-				tb.pending = append(tb.pending, line)
-			}
-		}
+	switch st := tb.conn.Stats(); {
+	case st.Connects != 1:
+		tb.t.Fatalf("the connection dropped (%d connections)", st.Connects)
+	case st.Unanswered+st.Malformed != 0:
+		tb.t.Fatalf("error or unreadable frame: %s", st.LastAnomaly)
+	case st.Stray != 0:
+		tb.t.Fatalf("an event of another thread: %s", st.LastAnomaly)
+	case st.Duplicates+st.Jumps+st.Lagged != 0:
+		tb.t.Fatalf("a gap or a duplicate: %s", st.LastAnomaly)
 	}
-	data := tb.pending[0]
-	tb.pending = tb.pending[1:]
-	var f frame
-	if err := json.Unmarshal(data, &f); err != nil {
-		tb.t.Fatalf("unreadable frame %s: %v", data, err)
+	if ev.ThreadID != tb.thread {
+		tb.t.Fatalf("an event of another thread: %s", ev.Raw)
 	}
-	f.raw = data
-	if f.Type == "error" {
-		tb.t.Fatalf("error frame: %s", data)
+	if ev.Type != chat.EventThreadSnapshot && ev.Seq != tb.last+1 {
+		tb.t.Fatalf("seq %d after %d (%s): a gap or a duplicate", ev.Seq, tb.last, ev.Type)
 	}
-	if f.Seq > 0 && f.Type != "ack" {
-		if f.ThreadID != tb.thread {
-			tb.t.Fatalf("an event of another thread: %s", data)
-		}
-		if f.Type != "thread.snapshot" && f.Seq != tb.last+1 {
-			tb.t.Fatalf("seq %d after %d (%s): a gap or a duplicate", f.Seq, tb.last, f.Type)
-		}
-		tb.last = f.Seq
-	}
-	return f
-}
-
-// answer reads up to the ack of command id and returns it.
-func (tb *tab) answer(id string) frame {
-	tb.t.Helper()
-	for {
-		if f := tb.next(); f.Type == "ack" && f.Re == id {
-			return f
-		}
-	}
+	tb.last = ev.Seq
+	return ev
 }
 
 // until reads up to the first event of type typ for the run, and returns
 // the deltas of that run it read on the way.
-func (tb *tab) until(typ, runID string, deltas *[]string) frame {
+func (tb *tab) until(typ, runID string, deltas *[]string) client.Event {
 	tb.t.Helper()
 	for {
-		f := tb.next()
-		if f.RunID != runID {
+		ev := tb.next()
+		if ev.RunID != runID {
 			continue
 		}
-		if f.Type == "message.delta" {
-			*deltas = append(*deltas, f.Text)
+		if d := ev.Delta(); d != nil {
+			*deltas = append(*deltas, d.Text)
 		}
-		if f.Type == typ {
-			return f
+		if ev.Type == typ {
+			return ev
 		}
 	}
-}
-
-type snapshot struct {
-	ThreadID     string `json:"thread_id"`
-	StateVersion int64  `json:"state_version"`
-}
-
-type cancelled struct {
-	DiscardedStreamChars int     `json:"discarded_stream_chars"`
-	PublishedMessageID   *string `json:"published_message_id"`
-	ResumeCheckpointID   string  `json:"resume_checkpoint_id"`
 }
 
 // cancelMidReply starts a run through startOn, waits on the tab for its
@@ -224,42 +178,43 @@ type cancelled struct {
 // ends cancelled, nothing of it is published, and the discarded count
 // covers everything the tab was streamed (it may be more: what the server
 // received from the model and had not streamed yet when the cancel came).
-func cancelMidReply(t *testing.T, startOn string, tb *tab, thread snapshot) {
+func cancelMidReply(t *testing.T, startOn string, tb *tab, thread chat.Snapshot) {
 	t.Helper()
-	var run struct {
-		RunID string `json:"run_id"`
+	run, err := newClient(t, startOn).StartRun(bounded(t), client.StartRunRequest{
+		ThreadID:             thread.ThreadID,
+		ExpectedStateVersion: thread.StateVersion,
+		UserMessage:          "Compare desk lamps for reading: light colour, glare, brightness and price, step by step",
+	})
+	if err != nil {
+		t.Fatalf("POST %s/api/threads/%s/runs: %v", startOn, thread.ThreadID, err)
 	}
-	post(t, startOn+"/api/threads/"+thread.ThreadID+"/runs", map[string]any{
-		"expected_state_version": thread.StateVersion,
-		"user_message":           "Compare desk lamps for reading: light colour, glare, brightness and price, step by step",
-	}, &run)
 	var deltas []string
-	reply := tb.until("message.delta", run.RunID, &deltas).Message
-	tb.send(map[string]any{"type": "run.cancel", "id": "c", "run_id": run.RunID, "reason": "enough"})
+	reply := tb.until(chat.EventMessageDelta, run.RunID, &deltas).Delta().MessageID
+	ack, err := tb.conn.CancelRun(bounded(t), client.CancelRunRequest{RunID: run.RunID, Reason: "enough"})
+	if err != nil {
+		t.Fatalf("error frame: %v", err)
+	}
+	if ack.Status != chat.RunCancelRequested {
+		t.Fatalf("cancel ack %+v, want status cancel_requested", ack)
+	}
 	for {
-		f := tb.next()
-		if f.RunID == run.RunID && f.Type == "message.delta" {
-			deltas = append(deltas, f.Text)
+		ev := tb.next()
+		if ev.RunID == run.RunID && ev.Type == chat.EventMessageDelta {
+			deltas = append(deltas, ev.Delta().Text)
 		}
-		if f.RunID == run.RunID && f.Type == "message.published" && strings.Contains(string(f.raw), reply) {
-			t.Fatalf("the reply of the cancelled run was published: %s", f.raw)
+		if ev.RunID == run.RunID && ev.Type == chat.EventMessagePublished && strings.Contains(string(ev.Raw), reply) {
+			t.Fatalf("the reply of the cancelled run was published: %s", ev.Raw)
 		}
-		if f.Type == "ack" && f.Re == "c" && !strings.Contains(string(f.raw), "cancel_requested") {
-			t.Fatalf("cancel ack %s, want status cancel_requested", f.raw)
-		}
-		if f.RunID == run.RunID && f.Type == "run.cancelled" {
-			var body cancelled
-			if err := json.Unmarshal(f.raw, &body); err != nil {
-				t.Fatal(err)
-			}
-			seen := utf8.RuneCountInString(strings.Join(deltas, ""))
+		if ev.RunID == run.RunID && ev.Type == chat.EventRunCancelled {
+			body := ev.Cancelled()
+			seen := int64(utf8.RuneCountInString(strings.Join(deltas, "")))
 			if body.DiscardedStreamChars < seen || seen == 0 {
 				t.Fatalf("run.cancelled says %d characters discarded; the tab was streamed %d", body.DiscardedStreamChars, seen)
 			}
 			// The last message published before the cancel is the user's
 			// request, never the reply it stopped.
 			if body.PublishedMessageID == nil || *body.PublishedMessageID == reply || body.ResumeCheckpointID == "" {
-				t.Fatalf("run.cancelled %s: want the request as the last published message (not the reply %s) and a checkpoint to resume from", f.raw, reply)
+				t.Fatalf("run.cancelled %s: want the request as the last published message (not the reply %s) and a checkpoint to resume from", ev.Raw, reply)
 			}
 			return
 		}
@@ -291,8 +246,7 @@ func TestAppCancelsMidReply(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gateway.db")
 	t.Run("serve", func(t *testing.T) {
 		base := start(t, config(db))
-		var th snapshot
-		post(t, base+"/api/threads", map[string]any{}, &th)
+		th := createThread(t, base)
 		tb := openTab(t, base, th.ThreadID, "tab-a")
 		cancelMidReply(t, base, tb, th)
 	})
@@ -320,8 +274,7 @@ func TestAppsCancelAcrossInstances(t *testing.T) {
 			cfg.SQLiteSynchronous = ""
 			bases = append(bases, start(t, cfg))
 		}
-		var th snapshot
-		post(t, bases[0]+"/api/threads", map[string]any{}, &th)
+		th := createThread(t, bases[0])
 		tb := openTab(t, bases[1], th.ThreadID, "tab-b")
 		cancelMidReply(t, bases[0], tb, th)
 	})

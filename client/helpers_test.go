@@ -1,0 +1,323 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/honestcancel/gateway/app"
+	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/store"
+)
+
+// Every goroutine the client starts is owned and waited for: none may be
+// left once the tests closed their clients and gateways.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitLimit bounds every wait of these tests.
+const waitLimit = 30 * time.Second
+
+// config is an App's configuration with the command's defaults, on a
+// loopback port of the system's choosing, with a SQLite file.
+func config(db string) app.Config {
+	return app.Config{
+		Addr: "127.0.0.1:0", DB: db, SQLiteSynchronous: store.SynchronousNormal,
+		NATSSubject: "gateway", LeaseTTL: 15 * time.Second, ReconcileHorizon: time.Hour,
+		Model: "demo", DemoPace: 20 * time.Millisecond,
+		StreamTTL: 10 * time.Minute, Workers: 8,
+		SearchLatency: 50 * time.Millisecond, OutboxLatency: 50 * time.Millisecond, OutboxRecordDelay: time.Second,
+		AuthMode: auth.ModeNone, SessionTTL: time.Hour,
+		WSPing: 20 * time.Second, MaxConnAge: time.Hour,
+		UserConns: 32, UserSubs: 500, UserRate: 60,
+		Hosts:       gateway.LoopbackHosts(),
+		BodyTimeout: gateway.DefaultBodyTimeout, IdleTimeout: time.Minute,
+	}
+}
+
+// serve runs a gateway on a fresh SQLite file until stop is called (at
+// the latest when the test ends) and returns its base URL. stop waits for
+// the gateway to shut down and close.
+func serve(t *testing.T) (base string, stop func()) {
+	t.Helper()
+	return serveWith(t, config(filepath.Join(t.TempDir(), "gateway.db")))
+}
+
+// serveWith is serve with a configuration of the test's.
+func serveWith(t *testing.T, cfg app.Config) (base string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.New(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatalf("app.New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			a.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return "http://" + a.Addr().String(), stop
+}
+
+// newClient is client.New that fails the test on error and closes the
+// client at its end.
+func newClient(t *testing.T, base string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(base, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func connect(t *testing.T, c *client.Client, tab string) *client.Conn {
+	t.Helper()
+	conn, err := c.Connect(bounded(t), client.ConnOptions{TabID: tab})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func createThread(t *testing.T, c *client.Client, title string) chat.Snapshot {
+	t.Helper()
+	th, err := c.CreateThread(bounded(t), title)
+	if err != nil {
+		t.Fatalf("create thread: %v", err)
+	}
+	if !strings.HasPrefix(th.ThreadID, chat.PrefixThread) || th.StateVersion != 1 || th.HeadCheckpointID == "" {
+		t.Fatalf("new thread %+v: want thr_…, state_version 1, a head", th)
+	}
+	return th
+}
+
+// cutter is an HTTP client whose connections the test can cut, as a
+// failing network would: the client's event streams and WebSockets go
+// through it.
+type cutter struct {
+	mu    sync.Mutex
+	conns []net.Conn
+	tr    *http.Transport
+}
+
+func newCutter(t *testing.T) *cutter {
+	k := &cutter{}
+	k.tr = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			k.mu.Lock()
+			k.conns = append(k.conns, c)
+			k.mu.Unlock()
+		}
+		return c, err
+	}}
+	t.Cleanup(k.tr.CloseIdleConnections)
+	return k
+}
+
+func (k *cutter) client() *http.Client { return &http.Client{Transport: k.tr} }
+
+// cut closes every connection made so far and reports how many.
+func (k *cutter) cut() int {
+	k.mu.Lock()
+	conns := k.conns
+	k.conns = nil
+	k.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
+
+// source is what the tests read events from: a Subscription or a Stream.
+type source interface {
+	Next(ctx context.Context) (client.Event, error)
+}
+
+// reader reads one thread's events and checks what the client promises:
+// the thread's events only, each seq once and in order (a snapshot starts
+// over), state_version +1 on every durable event, and a published
+// message equal to its deltas.
+type reader struct {
+	t       *testing.T
+	src     source
+	thread  string
+	last    int64 // -1 until known
+	version int64 // -1 until known
+	events  []client.Event
+	deltas  map[string]*strings.Builder
+	started map[string]bool
+}
+
+func newReader(t *testing.T, src source, thread string, after int64) *reader {
+	r := &reader{t: t, src: src, thread: thread, last: after, version: -1,
+		deltas: map[string]*strings.Builder{}, started: map[string]bool{}}
+	if after == 0 {
+		r.version = 0
+	}
+	return r
+}
+
+// next returns the next event, failing the test after waitLimit.
+func (r *reader) next() client.Event {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	ev, err := r.src.Next(ctx)
+	if err != nil {
+		r.t.Fatalf("next event of %s after seq %d: %v", r.thread, r.last, err)
+	}
+	r.check(ev)
+	return ev
+}
+
+func (r *reader) check(ev client.Event) {
+	t := r.t
+	t.Helper()
+	r.events = append(r.events, ev)
+	if ev.ThreadID != r.thread {
+		t.Fatalf("event %v of thread %s, want %s", ev, ev.ThreadID, r.thread)
+	}
+	if ev.Type == chat.EventThreadSnapshot {
+		snap := ev.Snapshot()
+		if snap == nil || snap.LastSeq != ev.Seq {
+			t.Fatalf("snapshot %s: want its last_seq as its seq", ev.Raw)
+		}
+		r.last, r.version = ev.Seq, snap.StateVersion
+		r.deltas = map[string]*strings.Builder{}
+		return
+	}
+	if ev.Gap != nil {
+		t.Fatalf("event %v has a Gap: only snapshots do", ev)
+	}
+	if r.last >= 0 && ev.Seq != r.last+1 {
+		t.Fatalf("event %v after seq %d: a gap or a duplicate", ev, r.last)
+	}
+	r.last = ev.Seq
+	if ev.Durable() {
+		if r.version >= 0 && ev.StateVersion != r.version+1 {
+			t.Fatalf("durable event %v has state_version %d after %d", ev, ev.StateVersion, r.version)
+		}
+		r.version = ev.StateVersion
+	}
+	switch ev.Type {
+	case chat.EventRunStarted:
+		r.started[ev.RunID] = true
+	case chat.EventMessageDelta:
+		d := ev.Delta()
+		b := r.deltas[d.MessageID]
+		if b == nil {
+			b = &strings.Builder{}
+			r.deltas[d.MessageID] = b
+		}
+		b.WriteString(d.Text)
+	case chat.EventMessagePublished:
+		m := ev.Published().Message
+		if m.Kind != chat.KindFragment && m.Role == chat.RoleAssistant && m.RunID != nil && r.started[*m.RunID] {
+			if got := r.text(m.MessageID); got != m.Content {
+				t.Fatalf("published %s is %q; its deltas were %q", m.MessageID, m.Content, got)
+			}
+		}
+	}
+}
+
+func (r *reader) text(messageID string) string {
+	if b := r.deltas[messageID]; b != nil {
+		return b.String()
+	}
+	return ""
+}
+
+// until reads up to the first event for which match holds.
+func (r *reader) until(what string, match func(client.Event) bool) client.Event {
+	r.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for time.Now().Before(deadline) {
+		if ev := r.next(); match(ev) {
+			return ev
+		}
+	}
+	r.t.Fatalf("no %s within %v", what, waitLimit)
+	return client.Event{}
+}
+
+// runEvent reads up to the event of type typ of run runID; an end of the
+// run other than the one waited for fails the test.
+func (r *reader) runEvent(typ, runID string) client.Event {
+	r.t.Helper()
+	return r.until(typ+" of "+runID, func(ev client.Event) bool {
+		if ev.RunID != runID {
+			return false
+		}
+		switch ev.Type {
+		case typ:
+			return true
+		case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled:
+			r.t.Fatalf("run %s ended %s (%s) while waiting for %s", runID, ev.Type, ev.Raw, typ)
+		}
+		return false
+	})
+}
+
+// deltasOf reads until n deltas of the run came (counting from now) and
+// returns the message they stream and the seq of the last.
+func (r *reader) deltasOf(runID string, n int) (messageID string, lastSeq int64) {
+	r.t.Helper()
+	for i := 0; i < n; i++ {
+		ev := r.runEvent(chat.EventMessageDelta, runID)
+		messageID, lastSeq = ev.Delta().MessageID, ev.Seq
+	}
+	return messageID, lastSeq
+}
+
+// wantError requires err to be an *Error with code and status.
+func wantError(t *testing.T, err error, code string, status int) *client.Error {
+	t.Helper()
+	var e *client.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("error %v (%T), want a *client.Error %s", err, err, code)
+	}
+	if e.Code != code || e.Status != status || client.ErrorCode(err) != code || e.Message == "" {
+		t.Fatalf("error %+v, want %s with status %d and a message", e, code, status)
+	}
+	return e
+}
+
+// wantClean requires a Conn's or Stream's stats to show no anomaly.
+func wantClean(t *testing.T, st client.Stats) {
+	t.Helper()
+	if st.Duplicates+st.Jumps+st.Stray+st.Unanswered+st.Malformed+st.Lagged != 0 {
+		t.Fatalf("stats %+v: the server sent something out of protocol", st)
+	}
+}
+
+const longRequest = "Compare desk lamps for reading: light colour, glare, brightness and price, step by step"
