@@ -617,6 +617,21 @@ var (
 	mailArgs   = json.RawMessage(`{"to":"ann@example.com","subject":"Quote 483","body":"Here is revision 7."}`)
 )
 
+// emailDrafted starts an engine whose model asks to send the quote by
+// email through a fake mailer (mode; gated: its commits wait to be let go)
+// and waits until the run waits for the user to confirm the draft: the
+// environment, the mailer, the run, the prepared operation and the events
+// up to the wait.
+func emailDrafted(t *testing.T, mode string, gated bool) (*toolEnv, *fakeMailer, chat.RunStartAck, chat.Operation, []*chat.Event) {
+	t.Helper()
+	mail := newMailer(mode, gated)
+	e := newToolEnv(t, &toolModel{tool: "send_email", args: mailArgs}, mail)
+	e.start()
+	ack := e.ask("send the quote")
+	op, evs := e.waitConfirmation(ack.RunID)
+	return e, mail, ack, op, evs
+}
+
 // waitConfirmation runs a user request up to the prepared intent and
 // returns the operation.
 func (e *toolEnv) waitConfirmation(runID string) (chat.Operation, []*chat.Event) {
@@ -767,12 +782,7 @@ func TestCancellableToolCancelWhileRunningAbortsAndReruns(t *testing.T) {
 // Consequential tools.
 
 func TestConsequentialToolConfirmCommits(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newMailer(mailAccepts, false)
-	e := newToolEnv(t, m, mail)
-	e.start()
-	ack := e.ask("send the quote")
-	op, evs := e.waitConfirmation(ack.RunID)
+	e, mail, ack, op, evs := emailDrafted(t, mailAccepts, false)
 	if op.Phase != chat.PhasePrepared || op.Contract != tools.Consequential || op.IdempotencyKey == nil ||
 		!strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
 		t.Fatalf("prepared operation = %+v", op)
@@ -861,12 +871,7 @@ func TestCancelBeforeToolCallRecordsNoOperation(t *testing.T) {
 }
 
 func TestConsequentialCancelWhileWaitingVoids(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newMailer(mailAccepts, false)
-	e := newToolEnv(t, m, mail)
-	e.start()
-	ack := e.ask("send the quote")
-	op, _ := e.waitConfirmation(ack.RunID)
+	e, mail, ack, op, _ := emailDrafted(t, mailAccepts, false)
 	e.cancel(ack.RunID)
 	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
 	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseVoided}) {
@@ -910,12 +915,7 @@ func TestConsequentialCancelWhileWaitingVoids(t *testing.T) {
 
 func TestConsequentialDecisions(t *testing.T) {
 	t.Run("stale, unknown, foreign, then duplicate confirm", func(t *testing.T) {
-		m := &toolModel{tool: "send_email", args: mailArgs}
-		mail := newMailer(mailAccepts, true)
-		e := newToolEnv(t, m, mail)
-		e.start()
-		ack := e.ask("send the quote")
-		op, _ := e.waitConfirmation(ack.RunID)
+		e, mail, ack, op, _ := emailDrafted(t, mailAccepts, true)
 		ctx := context.Background()
 		v := e.version()
 
@@ -958,12 +958,7 @@ func TestConsequentialDecisions(t *testing.T) {
 	})
 
 	t.Run("reject", func(t *testing.T) {
-		m := &toolModel{tool: "send_email", args: mailArgs}
-		mail := newMailer(mailAccepts, false)
-		e := newToolEnv(t, m, mail)
-		e.start()
-		ack := e.ask("send the quote")
-		op, _ := e.waitConfirmation(ack.RunID)
+		e, mail, ack, op, _ := emailDrafted(t, mailAccepts, false)
 		ra, err := e.decide(op.OperationID, false)
 		if err != nil || ra.Phase != chat.PhaseRejected {
 			t.Fatalf("reject = %+v, %v", ra, err)
@@ -993,12 +988,7 @@ func TestConsequentialDecisions(t *testing.T) {
 }
 
 func TestConsequentialCancelDuringCommitWaitsForOutcome(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newMailer(mailAccepts, true)
-	e := newToolEnv(t, m, mail)
-	e.start()
-	ack := e.ask("send the quote")
-	op, _ := e.waitConfirmation(ack.RunID)
+	e, mail, ack, op, _ := emailDrafted(t, mailAccepts, true)
 	if _, err := e.decide(op.OperationID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -1027,12 +1017,7 @@ func TestConsequentialCancelDuringCommitWaitsForOutcome(t *testing.T) {
 }
 
 func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newMailer(mailAcceptTimeout, false)
-	e := newToolEnv(t, m, mail)
-	e.start()
-	ack := e.ask("send the quote")
-	op, _ := e.waitConfirmation(ack.RunID)
+	e, mail, ack, op, _ := emailDrafted(t, mailAcceptTimeout, false)
 	if _, err := e.decide(op.OperationID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -1060,12 +1045,7 @@ func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 }
 
 func TestConsequentialProviderRejects(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
-	mail := newMailer(mailRejects, false)
-	e := newToolEnv(t, m, mail)
-	e.start()
-	ack := e.ask("send the quote")
-	op, _ := e.waitConfirmation(ack.RunID)
+	e, mail, ack, op, _ := emailDrafted(t, mailRejects, false)
 	if _, err := e.decide(op.OperationID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -1201,12 +1181,7 @@ func TestCancelAfterConfirmBeforeCommitVoids(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			m := &toolModel{tool: "send_email", args: mailArgs}
-			mail := newMailer(mailAccepts, false)
-			e := newToolEnv(t, m, mail)
-			e.start()
-			ack := e.ask("send the quote")
-			op, _ := e.waitConfirmation(ack.RunID)
+			e, mail, ack, op, _ := emailDrafted(t, mailAccepts, false)
 			e.stop() // no worker between the confirm and the claim
 			if _, err := e.st.DecideOperation(ctx, chat.Decide{UserID: chat.LocalUserID, OperationID: op.OperationID, ExpectedStateVersion: e.version(), Confirm: true}); err != nil {
 				t.Fatal(err)
