@@ -617,6 +617,22 @@ var (
 	mailArgs   = json.RawMessage(`{"to":"ann@example.com","subject":"Quote 483","body":"Here is revision 7."}`)
 )
 
+// wantEmailed checks how an emailing run ended: completed, with the tool
+// message saying status after the model's call and its answer after it,
+// and the mailer's actions: sent times, by one commit call at the most.
+func (e *toolEnv) wantEmailed(mail *fakeMailer, runID string, op chat.Operation, status string, sent int) {
+	e.t.Helper()
+	msgs := e.wantHistory("user assistant tool assistant")
+	if toolResult(e.t, msgs[2])["status"] != status {
+		e.t.Fatalf("tool message = %s, want status %s", msgs[2].Content, status)
+	}
+	e.wantRun(runID, chat.RunCompleted)
+	mail.checkActions(e.t, sent)
+	if n := mail.commitCalls(*op.IdempotencyKey); sent > 0 && n != 1 {
+		e.t.Fatalf("Commit called %d times", n)
+	}
+}
+
 // emailDrafted starts an engine whose model asks to send the quote by
 // email through a fake mailer (mode; gated: its commits wait to be let go)
 // and waits until the run waits for the user to confirm the draft: the
@@ -811,15 +827,7 @@ func TestConsequentialToolConfirmCommits(t *testing.T) {
 		t.Fatalf("published after confirmation = %q", got)
 	}
 	wantOp(t, e.onlyOp(), chat.PhaseCommitted, chat.OutcomeCommitted)
-	msgs := e.wantHistory("user assistant tool assistant")
-	if toolResult(t, msgs[2])["status"] != "sent" {
-		t.Fatalf("tool message = %s", msgs[2].Content)
-	}
-	e.wantRun(ack.RunID, chat.RunCompleted)
-	mail.checkActions(t, 1)
-	if n := mail.commitCalls(*op.IdempotencyKey); n != 1 {
-		t.Fatalf("Commit called %d times", n)
-	}
+	e.wantEmailed(mail, ack.RunID, op, "sent", 1)
 }
 
 // A cancel while the model streams the text before its call: nothing is
@@ -1033,15 +1041,7 @@ func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 		}
 	}
 	wantOp(t, e.onlyOp(), chat.PhaseReconciled, chat.OutcomeCommitted)
-	msgs := e.wantHistory("user assistant tool assistant")
-	if toolResult(t, msgs[2])["status"] != "sent" {
-		t.Fatalf("tool message = %s", msgs[2].Content)
-	}
-	e.wantRun(ack.RunID, chat.RunCompleted)
-	mail.checkActions(t, 1)
-	if n := mail.commitCalls(*op.IdempotencyKey); n != 1 {
-		t.Fatalf("Commit called %d times: the key was known, reconcile must not send again", n)
-	}
+	e.wantEmailed(mail, ack.RunID, op, "sent", 1) // the key was known: reconcile must not send again
 }
 
 func TestConsequentialProviderRejects(t *testing.T) {
@@ -1054,12 +1054,7 @@ func TestConsequentialProviderRejects(t *testing.T) {
 		t.Fatalf("tool.updated phases = %v", got)
 	}
 	wantOp(t, e.onlyOp(), chat.PhaseFailed, chat.OutcomeFailed)
-	msgs := e.wantHistory("user assistant tool assistant")
-	if toolResult(t, msgs[2])["status"] != "failed" {
-		t.Fatalf("tool message = %s", msgs[2].Content)
-	}
-	e.wantRun(ack.RunID, chat.RunCompleted)
-	mail.checkActions(t, 0)
+	e.wantEmailed(mail, ack.RunID, op, "failed", 0)
 }
 
 // A worker died with a commit handed off (phase committing): the next
