@@ -151,15 +151,22 @@ func (l *userLimits) take(user string, cancel bool) error {
 // refuses it past MaxConnsPerUser. Every successful join is paired with
 // one leave.
 func (l *userLimits) join(user string) error {
+	return l.count(user, func(st *userState) *int { return &st.conns }, l.cfg.MaxConnsPerUser,
+		"your account already has %d open connections (WebSocket connections and event streams together, the most allowed): close a tab or stream you no longer need, then reconnect")
+}
+
+// count counts one more of what of points at in the user's entry, or
+// refuses with rate_limited (refusal, given the count) when most are
+// counted already.
+func (l *userLimits) count(user string, of func(*userState) *int, most int, refusal string) error {
 	now := l.cfg.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := l.entryLocked(user, now)
-	if st.conns >= l.cfg.MaxConnsPerUser {
-		n := st.conns
-		return chat.Errorf(chat.CodeRateLimited, "your account already has %d open connections (WebSocket connections and event streams together, the most allowed): close a tab or stream you no longer need, then reconnect", n)
+	n := of(l.entryLocked(user, now))
+	if *n >= most {
+		return chat.Errorf(chat.CodeRateLimited, refusal, *n)
 	}
-	st.conns++
+	*n++
 	return nil
 }
 
@@ -181,16 +188,8 @@ func (l *userLimits) leave(user string) {
 // MaxSubscriptionsPerUser. Every successful watch is paired with one
 // unwatch (counted in n).
 func (l *userLimits) watch(user string) error {
-	now := l.cfg.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := l.entryLocked(user, now)
-	if st.subs >= l.cfg.MaxSubscriptionsPerUser {
-		n := st.subs
-		return chat.Errorf(chat.CodeRateLimited, "your account already watches %d threads over all its connections (the most allowed): unsubscribe from one first", n)
-	}
-	st.subs++
-	return nil
+	return l.count(user, func(st *userState) *int { return &st.subs }, l.cfg.MaxSubscriptionsPerUser,
+		"your account already watches %d threads over all its connections (the most allowed): unsubscribe from one first")
 }
 
 // unwatch ends n watches.
