@@ -22,21 +22,53 @@ import (
 	"github.com/honestcancel/gateway/tools"
 )
 
-// Store is what the engine needs from persistence. Every method is one
-// transaction; the ones taking a lease refuse with *chat.ErrNotRunning
-// once the run no longer runs under that lease (Fenced: the lease is no
-// longer the run's current one), so an execution that lost its run stops
-// at its next write and publishes nothing.
+// Store is what the engine needs from persistence, by role. Every method
+// is one transaction; the ones taking a lease refuse with
+// *chat.ErrNotRunning once the run no longer runs under that lease
+// (Fenced: the lease is no longer the run's current one), so an execution
+// that lost its run stops at its next write and publishes nothing.
 type Store interface {
+	Commands
+	Leases
+	Execution
+	Reconciliation
+}
+
+// Commands is what the user's commands need (StartRun, CancelRun,
+// DeleteThread, DecideOperation), and the titler.
+type Commands interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
 	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
-	// FinishCancel with a nil lease finishes only a run no worker holds.
-	FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbufferedChars int64) (bool, error)
+	// DeleteThread deletes a thread none of whose runs goes on
+	// (run_already_active otherwise); Run reads a run of the user.
+	DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error)
+	Run(ctx context.Context, userID, runID string) (chat.Run, error)
+	DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error)
+	// Retitle gives the thread title to when its title is still from.
+	Retitle(ctx context.Context, threadID, from, to string) error
+}
+
+// Leases is what dispatch, the maintenance loop and recovery need: runs
+// claimed, held, taken back and cancelled.
+type Leases interface {
 	// ClaimBatch (up to max runs in one write), RenewLeases and Recover
 	// grant and judge leases by the store's lease clock (the database's,
 	// on PostgreSQL).
 	ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error)
 	RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error
+	Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error)
+	// FinishCancel with a nil lease finishes only a run no worker holds.
+	FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbufferedChars int64) (bool, error)
+	// CancelsRequested lists the runs owner leases whose cancel was
+	// accepted (by any instance) and not yet taken up.
+	CancelsRequested(ctx context.Context, owner string) ([]string, error)
+	// RunHolder is the lease owner of an active run ("" none), as last
+	// committed (it may change right after).
+	RunHolder(ctx context.Context, runID string) (string, error)
+}
+
+// Execution is what one execution of a run writes under its lease.
+type Execution interface {
 	RunInput(ctx context.Context, runID string) (chat.RunInput, error)
 	AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error
 	PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
@@ -49,25 +81,15 @@ type Store interface {
 	CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
 	Fail(ctx context.Context, lease chat.Lease, message string) error
 	Release(ctx context.Context, lease chat.Lease) error
-	Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error)
-	// DueReconciliations hands out unknown outcomes whose lookup by key is
-	// due; SettleReconciliation records what the lookup found.
+	AddUsage(ctx context.Context, runID string, u chat.Usage) error
+}
+
+// Reconciliation is what settling unknown tool outcomes needs:
+// DueReconciliations hands out unknown outcomes whose lookup by key is
+// due; SettleReconciliation records what the lookup found.
+type Reconciliation interface {
 	DueReconciliations(ctx context.Context, limit int) ([]chat.Operation, error)
 	SettleReconciliation(ctx context.Context, opID string, known bool) (chat.Operation, error)
-	// CancelsRequested lists the runs owner leases whose cancel was
-	// accepted (by any instance) and not yet taken up.
-	CancelsRequested(ctx context.Context, owner string) ([]string, error)
-	// Retitle gives the thread title to when its title is still from.
-	Retitle(ctx context.Context, threadID, from, to string) error
-	// DeleteThread deletes a thread none of whose runs goes on
-	// (run_already_active otherwise); Run reads a run of the user.
-	DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error)
-	Run(ctx context.Context, userID, runID string) (chat.Run, error)
-	DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error)
-	AddUsage(ctx context.Context, runID string, u chat.Usage) error
-	// RunHolder is the lease owner of an active run ("" none), as last
-	// committed (it may change right after).
-	RunHolder(ctx context.Context, runID string) (string, error)
 }
 
 // Retention is what the maintenance loop needs to age out each artifact
