@@ -315,7 +315,7 @@ func wantError(t *testing.T, err error, code string, status int) *client.Error {
 // wantClean requires a Conn's or Stream's stats to show no anomaly.
 func wantClean(t *testing.T, st client.Stats) {
 	t.Helper()
-	if st.Duplicates+st.Jumps+st.Stray+st.Unanswered+st.Malformed+st.Lagged != 0 {
+	if st.Duplicates+st.Jumps+st.Stray+st.Unanswered+st.Malformed+st.Lagged+st.Early != 0 {
 		t.Fatalf("stats %+v: the server sent something out of protocol", st)
 	}
 }

@@ -378,5 +378,6 @@ func (s *Stream) event(id, typ string, data []byte) (Event, error) {
 	if id != strconv.FormatInt(ev.Seq, 10) || (typ != "" && typ != ev.Type) {
 		s.stats.note(&s.stats.malformed, "SSE id %q / event %q do not match seq %d / type %s", id, typ, ev.Seq, ev.Type)
 	}
+	ev.Received = time.Now()
 	return ev, nil
 }

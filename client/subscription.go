@@ -43,6 +43,7 @@ type Subscription struct {
 	err       error // the end; Next returns it once the queue is read
 	delivered int64 // last seq Next returned
 	version   int64 // state_version of the last durable event or snapshot Next returned
+	replayTo  int64 // last_seq of the latest subscribe's ack: events up to it are Replayed
 }
 
 type subscribeBody struct {
@@ -150,6 +151,7 @@ func (c *Conn) subscribed(s *Subscription, gen uint64, a answer) {
 	}
 	if gen == s.gen {
 		s.lagging, s.syncing = false, false
+		s.replayTo = ack.LastSeq
 	}
 	if !s.acked {
 		s.ack, s.acked = ack, true
@@ -226,7 +228,9 @@ func (c *Conn) leave(thread string, done chan answer) {
 
 // offer queues ev (on the reader goroutine) under the seq rules; it
 // reports whether ev is the thread's last event (thread.deleted).
-func (s *Subscription) offer(ev Event) (last bool) {
+// leaving: an unsubscribe of the thread is in flight on the connection,
+// so events of the subscription it ends may still come.
+func (s *Subscription) offer(ev Event, leaving bool) (last bool) {
 	s.mu.Lock()
 	defer s.signal()
 	defer s.mu.Unlock()
@@ -234,6 +238,12 @@ func (s *Subscription) offer(ev Event) (last bool) {
 		return false
 	}
 	st := &s.conn.stats
+	if s.syncing && !leaving {
+		// Not lagging nor leaving, so no subscription of the thread was
+		// left on the server: this event came before the answer to the
+		// subscribe.
+		st.note(&st.early, "event %s of %s before the answer to its subscribe", ev, s.thread)
+	}
 	switch {
 	case ev.Type == chat.EventThreadSnapshot:
 		if s.pos >= 0 {
@@ -259,6 +269,7 @@ func (s *Subscription) offer(ev Event) (last bool) {
 		st.resyncs.Add(1)
 	}
 	s.pos = ev.Seq
+	ev.Replayed = ev.Seq <= s.replayTo
 	s.queue = append(s.queue, ev)
 	if ev.Type == chat.EventThreadDeleted {
 		s.err = ErrThreadDeleted

@@ -61,6 +61,18 @@ type Event struct {
 	Gap *Gap
 	// Raw is the event's JSON as the server sent it.
 	Raw json.RawMessage
+	// Received is when the client read the event: on a Subscription, when
+	// the Conn's reader goroutine read the WebSocket frame holding it
+	// (before it waited in the Subscription's queue for Next); on a
+	// Stream, when Next parsed it. Latency measured against it leaves out
+	// the time the caller took to call Next.
+	Received time.Time
+	// Replayed is set, on a Subscription's events, on one the server sent
+	// as the catch-up of a subscribe (the first one, or one the Conn made
+	// again after a reconnection or a lag): its seq is at most the last_seq
+	// of that subscribe's ack, so it happened before the (re)subscribe and
+	// arrives late. Events sent live leave it false, and so does a Stream.
+	Replayed bool
 }
 
 // Gap is a range of seqs replaced by a snapshot (see Event.Gap).
@@ -118,6 +130,11 @@ func decodeEvent(raw []byte) (Event, error) {
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return Event{}, fmt.Errorf("client: unreadable event: %w", err)
 	}
+	return decodeEventHead(raw, h)
+}
+
+// decodeEventHead is decodeEvent of an event whose head is decoded.
+func decodeEventHead(raw []byte, h eventHead) (Event, error) {
 	if h.Type == "" || h.ThreadID == "" {
 		return Event{}, fmt.Errorf("client: event without type or thread_id: %.200s", raw)
 	}
@@ -304,8 +321,14 @@ type Stats struct {
 	// Malformed counts server objects that were not readable JSON of the
 	// protocol (they were dropped).
 	Malformed int64
-	// LastAnomaly describes the last duplicate, jump, stray, unanswered or
-	// malformed object ("" when none), for logs and test failures.
+	// Early counts events of a thread a Conn received while the subscribe
+	// that asked for them was not answered yet: the server answers a
+	// subscribe before it sends the thread's events (PROTOCOL.md), so
+	// with a correct server it stays 0. They were delivered all the same.
+	Early int64
+	// LastAnomaly describes the last duplicate, jump, stray, unanswered,
+	// malformed or early object ("" when none), for logs and test
+	// failures.
 	LastAnomaly string
 }
 
@@ -313,6 +336,7 @@ type Stats struct {
 // anyone reads it).
 type stats struct {
 	connects, resyncs, duplicates, jumps, lagged, stray, unanswered, malformed atomic.Int64
+	early                                                                      atomic.Int64
 	anomaly                                                                    atomic.Pointer[string]
 }
 
@@ -326,7 +350,7 @@ func (s *stats) snapshot() Stats {
 	out := Stats{
 		Connects: s.connects.Load(), Resyncs: s.resyncs.Load(), Duplicates: s.duplicates.Load(),
 		Jumps: s.jumps.Load(), Lagged: s.lagged.Load(), Stray: s.stray.Load(),
-		Unanswered: s.unanswered.Load(), Malformed: s.malformed.Load(),
+		Unanswered: s.unanswered.Load(), Malformed: s.malformed.Load(), Early: s.early.Load(),
 	}
 	if p := s.anomaly.Load(); p != nil {
 		out.LastAnomaly = *p

@@ -101,8 +101,9 @@ type pending struct {
 }
 
 type answer struct {
-	raw []byte // the ack
-	err error  // an *Error, or the connection lost
+	raw []byte    // the ack
+	err error     // an *Error, or the connection lost
+	at  time.Time // when the frame holding it was read; zero when none was
 }
 
 // Connect opens a WebSocket connection (and says hello with
@@ -341,13 +342,17 @@ func (c *Conn) serve(ws *websocket.Conn) error {
 		c.idle = nil
 		ws.CloseNow()
 	}()
+	// Reads take no context (one registration per read is a cost per
+	// frame): the end of the Conn closes the connection instead.
+	defer context.AfterFunc(c.ctx, func() { ws.CloseNow() })()
 	for {
-		_, data, err := ws.Read(c.ctx)
+		_, data, err := ws.Read(context.Background())
 		if err != nil {
 			return err
 		}
 		c.idle.kick()
 		c.bo.reset()
+		now := time.Now()
 		for len(data) > 0 {
 			var obj []byte
 			if i := bytes.IndexByte(data, '\n'); i >= 0 {
@@ -356,18 +361,17 @@ func (c *Conn) serve(ws *websocket.Conn) error {
 				obj, data = data, nil
 			}
 			if obj = bytes.TrimSpace(obj); len(obj) > 0 {
-				c.object(obj)
+				c.object(obj, now)
 			}
 		}
 	}
 }
 
-// object handles one server object: an answer, or an event.
-func (c *Conn) object(obj []byte) {
+// object handles one server object, read at now: an answer, or an event.
+func (c *Conn) object(obj []byte, now time.Time) {
 	var h struct {
-		Type     string `json:"type"`
-		Re       string `json:"re"`
-		ThreadID string `json:"thread_id"`
+		eventHead
+		Re string `json:"re"`
 	}
 	if err := json.Unmarshal(obj, &h); err != nil || h.Type == "" {
 		c.stats.note(&c.stats.malformed, "unreadable server object: %.200s", obj)
@@ -382,7 +386,7 @@ func (c *Conn) object(obj []byte) {
 			c.stats.note(&c.stats.unanswered, "an answer to no command in flight: %.200s", obj)
 			return
 		}
-		var a answer
+		a := answer{at: now}
 		if h.Type == "error" {
 			a.err = parseError(0, nil, obj)
 		} else {
@@ -406,14 +410,15 @@ func (c *Conn) object(obj []byte) {
 		}
 		return
 	}
-	ev, err := decodeEvent(obj)
+	ev, err := decodeEventHead(obj, h.eventHead)
 	if err != nil {
 		// The seq it had is missing now: the next event is a jump, which
 		// resumes from the store.
 		c.stats.note(&c.stats.malformed, "%v", err)
 		return
 	}
-	if s.offer(ev) {
+	ev.Received = now
+	if s.offer(ev, leaving) {
 		// thread.deleted: nothing follows it. Give the server its
 		// subscription slot back; the Subscription ends once read.
 		c.mu.Lock()
@@ -553,6 +558,7 @@ func (c *Conn) forget(id string) {
 // is safe to repeat, so a connection lost before the answer sends it
 // again on the next one.
 func (c *Conn) do(ctx context.Context, typ string, body any, resend bool, out any) error {
+	timing, _ := ctx.Value(timingKey{}).(*CommandTiming)
 	var skip uint64
 	for {
 		p := &pending{typ: typ, ch: make(chan answer, 1)}
@@ -565,6 +571,9 @@ func (c *Conn) do(ctx context.Context, typ string, body any, resend bool, out an
 			c.forget(id)
 			return err
 		}
+		if timing != nil {
+			*timing = CommandTiming{Sent: time.Now()}
+		}
 		if err := c.write(ws, f); err != nil {
 			c.forget(id)
 			if ctx.Err() != nil {
@@ -575,6 +584,9 @@ func (c *Conn) do(ctx context.Context, typ string, body any, resend bool, out an
 		}
 		select {
 		case a := <-p.ch:
+			if timing != nil {
+				timing.Answered = a.at
+			}
 			if a.err != nil {
 				if resend && errors.Is(a.err, ErrConnectionLost) {
 					skip = epoch
@@ -593,6 +605,30 @@ func (c *Conn) do(ctx context.Context, typ string, body any, resend bool, out an
 			return ctx.Err()
 		}
 	}
+}
+
+// CommandTiming is when a command sent over a Conn left and when its
+// answer came, taken where they happen: Sent just before the command's
+// frame was written (its last attempt's, when it was resent), Answered by
+// the Conn's reader goroutine when it read the frame holding the ack or
+// error, before the caller is woken. Their difference is the command's
+// round trip without the caller's own scheduling delay, which a program
+// measuring latency under load (a load generator) wants left out.
+// Answered is zero when no answer came (ErrConnectionLost, ctx ended).
+type CommandTiming struct {
+	Sent     time.Time
+	Answered time.Time
+}
+
+type timingKey struct{}
+
+// WithCommandTiming returns a copy of ctx that makes the Conn command
+// given it (StartRun, CancelRun, … of a Conn; not Subscribe) fill in t,
+// on the caller's goroutine, before the command returns. One t per
+// command in flight. Commands sent over HTTP (the Client's) leave t
+// alone.
+func WithCommandTiming(ctx context.Context, t *CommandTiming) context.Context {
+	return context.WithValue(ctx, timingKey{}, t)
 }
 
 // StartRun sends run.start (see Client.StartRun). A request with a

@@ -1,21 +1,28 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
-	"strconv"
-	"strings"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
+
+// The generator drives the gateway through package client, as any
+// program would: a client.Client per simulated user for HTTP, and per tab
+// a client.Conn (its TabID, its own reader goroutine, reconnection and
+// replay by seq) with one Subscription. What the client checks (each seq
+// once and in order, the thread's events only, every answer to a command
+// in flight, the ack before the events) it counts in Conn.Stats; the
+// generator reports those counts as protocol errors, with its own checks
+// on what Next returns.
 
 // gwEnv is what every gateway client of one scenario shares.
 type gwEnv struct {
@@ -24,18 +31,38 @@ type gwEnv struct {
 	auth      string   // "header" (a user per thread) or "none"
 	scenario  string
 	errs      *errorLog
-	http      *http.Client
-	dialSem   chan struct{} // bounds concurrent dials
+	http      *http.Client  // the one transport of every client.Client of the scenario
+	dialSem   chan struct{} // bounds concurrent connects
 	measuring atomic.Bool   // latency samples are taken while true
 	start     time.Time     // monotonic base of spread measurements
 }
 
 func newGWEnv(base, auth, scenario string) *gwEnv {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 256, 64 // threads are created 8 at a time; each instance keeps a few
 	return &gwEnv{
 		base: base, bases: []string{base}, auth: auth, scenario: scenario, errs: newErrorLog(),
-		http:    &http.Client{Timeout: 30 * time.Second},
+		http:    &http.Client{Transport: tr, Timeout: 30 * time.Second},
 		dialSem: make(chan struct{}, 32), start: time.Now(),
 	}
+}
+
+// Reconnection backoff of the tabs: a planned drop is reconnected at once,
+// as the generator always did, and a server that refuses connections is
+// not hammered.
+const (
+	reconnectMin = 10 * time.Millisecond
+	reconnectMax = 2 * time.Second
+)
+
+// client is user's client of the instance at base: in -auth header mode
+// the gateway believes X-Forwarded-User from 127.0.0.1.
+func (e *gwEnv) client(base, user string) (*client.Client, error) {
+	opts := []client.Option{client.WithHTTPClient(e.http), client.WithBackoff(reconnectMin, reconnectMax)}
+	if e.auth == "header" {
+		opts = append(opts, client.WithProxyUser("", user))
+	}
+	return client.New(base, opts...)
 }
 
 // tabInstance is the instance (index into bases) that tab k of thread idx
@@ -48,53 +75,6 @@ func tabInstance(idx, k, instances int) int {
 	return (idx + k) % instances
 }
 
-// authHeader is how a client names its user: in -auth header mode the
-// gateway believes X-Forwarded-User from 127.0.0.1.
-func (e *gwEnv) header(user string) http.Header {
-	h := http.Header{}
-	if e.auth == "header" {
-		h.Set("X-Forwarded-User", user)
-	}
-	return h
-}
-
-// threadInfo is the part of a snapshot the generator needs.
-type threadInfo struct {
-	ThreadID     string `json:"thread_id"`
-	StateVersion int64  `json:"state_version"`
-	LastSeq      int64  `json:"last_seq"`
-}
-
-func (e *gwEnv) do(ctx context.Context, method, path, user string, body any, want int, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, e.base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header = e.header(user)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := e.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))
-	}
-	return json.Unmarshal(data, out)
-}
-
 // createThreads creates n threads over HTTP, one user per thread in header
 // mode, a few requests at a time.
 func (e *gwEnv) createThreads(ctx context.Context, n int) ([]*gwThread, error) {
@@ -102,6 +82,13 @@ func (e *gwEnv) createThreads(ctx context.Context, n int) ([]*gwThread, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
+	fail := func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}
 	next := atomic.Int64{}
 	for range min(n, 8) {
 		wg.Go(func() {
@@ -110,19 +97,22 @@ func (e *gwEnv) createThreads(ctx context.Context, n int) ([]*gwThread, error) {
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				user := fmt.Sprintf("bench-%s-%d", e.scenario, i)
-				var info threadInfo
-				err := e.do(ctx, http.MethodPost, "/api/threads", user, map[string]string{"title": fmt.Sprintf("bench %s %d", e.scenario, i)}, http.StatusCreated, &info)
-				if err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
+				th := &gwThread{env: e, idx: i, user: fmt.Sprintf("bench-%s-%d", e.scenario, i), notes: make(chan note, 256)}
+				for _, base := range e.bases {
+					c, err := e.client(base, th.user)
+					if err != nil {
+						fail(err)
+						return
 					}
-					mu.Unlock()
+					th.clients = append(th.clients, c)
+				}
+				snap, err := th.clients[0].CreateThread(ctx, fmt.Sprintf("bench %s %d", e.scenario, i))
+				if err != nil {
+					fail(err)
 					return
 				}
-				threads[i] = &gwThread{env: e, idx: i, id: info.ThreadID, user: user, version: info.StateVersion,
-					createdSeq: info.LastSeq, notes: make(chan note, 256)}
+				th.id, th.version, th.createdSeq = snap.ThreadID, snap.StateVersion, snap.LastSeq
+				threads[i] = th
 			}
 		})
 	}
@@ -135,9 +125,8 @@ func (e *gwEnv) createThreads(ctx context.Context, n int) ([]*gwThread, error) {
 
 // lastSeq asks the server for a thread's last seq.
 func (e *gwEnv) lastSeq(ctx context.Context, th *gwThread) (int64, error) {
-	var info threadInfo
-	err := e.do(ctx, http.MethodGet, "/api/threads/"+th.id, th.user, nil, http.StatusOK, &info)
-	return info.LastSeq, err
+	snap, err := th.clients[0].Thread(ctx, th.id)
+	return snap.LastSeq, err
 }
 
 // gwThread is one conversation and the tabs that watch it. Its driver
@@ -147,7 +136,8 @@ type gwThread struct {
 	env        *gwEnv
 	idx        int
 	id, user   string
-	version    int64 // the state_version the driver knows (driver-owned after setup)
+	clients    []*client.Client // the user's client of each instance (env.bases)
+	version    int64            // the state_version the driver knows (driver-owned after setup)
 	createdSeq int64
 	tabs       []*gwTab
 	notes      chan note
@@ -186,16 +176,17 @@ type note struct {
 	typ          string // an event type, or noteFirstDelta
 	runID        string
 	stateVersion int64
-	at           time.Time
+	at           time.Time // when the tab's connection read it
 }
 
 const noteFirstDelta = "first-delta"
 
-// gwTab is one WebSocket client watching one thread. Its goroutine (run)
-// dials, says hello, subscribes, and reads until the scenario ends; a tab
-// with a planned drop closes its connection once and resubscribes with
-// after_seq. Commands sent by the driver (do) are answered through the
-// pending map.
+// gwTab is one browser tab watching one thread: a client.Conn with its
+// TabID and one Subscription from the thread's last seq. Its goroutine
+// (run) connects, subscribes and reads the Subscription until the
+// scenario ends; the Conn reconnects and resumes by itself. A tab with a
+// planned drop has its TCP connection cut once, as a lost network would.
+// The driver sends commands on conn (set before ready is closed).
 type gwTab struct {
 	th    *gwThread
 	k     int  // index among the thread's tabs; tab 0 is the driver's
@@ -203,29 +194,19 @@ type gwTab struct {
 	notes bool // send run notes to the driver
 	tabID string
 
-	dropMu   sync.Mutex
-	dropConn *websocket.Conn // the connection drop ends
-	dropping atomic.Bool     // the current connection ends by drop
+	conn  *client.Conn
+	ready chan struct{} // closed once subscribed
 
-	conn    atomic.Pointer[websocket.Conn]
-	nextID  atomic.Int64
-	pmu     sync.Mutex
-	pending map[string]chan reply
+	netMu   sync.Mutex
+	netConn net.Conn     // the first connection's TCP connection, until drop cuts it
+	drops   atomic.Int64 // connections drop cut
 
-	ready     chan struct{} // closed at the first subscribe ack
-	readyOnce sync.Once
-
-	lastSeqA             atomic.Int64 // mirror of lastSeq for the scenario
-	deliveries, deltas   atomic.Int64 // events received
-	reconnects, resyncs  atomic.Int64
-	replayed, unexpected atomic.Int64
+	lastSeqA           atomic.Int64 // the seq of the last event read
+	deliveries, deltas atomic.Int64 // events received
+	replayed, resyncs  atomic.Int64 // events of a subscribe's catch-up; snapshots for a gap
+	reconnects         atomic.Int64 // planned (drop), counted when the tab closes
 
 	// owned by the tab's goroutine
-	lastSeq       int64
-	liveAfter     int64 // events with seq <= liveAfter are a replay
-	subID         string
-	helloID       string
-	subscribed    bool
 	cancelled     map[string]bool
 	lastDeltaRun  string
 	lastDeltaAt   time.Time
@@ -233,265 +214,187 @@ type gwTab struct {
 	publishUs     samples
 }
 
-type reply struct {
-	msg wireMsg
-	at  time.Time
-}
-
 func newGWTab(th *gwThread, k int) *gwTab {
 	t := &gwTab{th: th, k: k, inst: tabInstance(th.idx, k, len(th.env.bases)), tabID: fmt.Sprintf("bench.%s.%d.%d", th.env.scenario, th.idx, k),
-		pending: map[string]chan reply{}, ready: make(chan struct{}), cancelled: map[string]bool{},
-		lastSeq: th.createdSeq}
+		ready: make(chan struct{}), cancelled: map[string]bool{}}
 	t.lastSeqA.Store(th.createdSeq)
 	return t
 }
 
-// maxConnects bounds one tab's connections (the first, a planned drop,
-// and recoveries from unexpected closes).
+// maxConnects bounds the attempts at a tab's first connection.
 const maxConnects = 4
-
-// maxFrames bounds the frames one connection reads.
-const maxFrames = 50_000_000
 
 // run serves the tab until ctx ends.
 func (t *gwTab) run(ctx context.Context) {
 	e := t.th.env
-	for attempt := 0; attempt < maxConnects && ctx.Err() == nil; attempt++ {
-		planned, err := t.session(ctx, attempt)
-		if ctx.Err() != nil {
+	var sub *client.Subscription
+	for attempt := 0; sub == nil; attempt++ {
+		if attempt == maxConnects || ctx.Err() != nil {
 			return
 		}
-		if planned {
-			t.reconnects.Add(1)
-			continue
+		if attempt > 0 {
+			sleep(ctx, 100*time.Millisecond) // a short pause before trying again, as a page would
 		}
-		kind := "connection_lost"
-		if code := websocket.CloseStatus(err); code != -1 {
-			kind = "close_" + strconv.Itoa(int(code))
-		} else if strings.Contains(fmt.Sprint(err), "dial") {
-			kind = "dial"
+		var kind string
+		var err error
+		if sub, kind, err = t.open(ctx); err != nil && ctx.Err() == nil {
+			e.errs.add(kind, fmt.Sprintf("tab %s: %v", t.tabID, err))
 		}
-		e.errs.add(kind, fmt.Sprintf("tab %s: %v", t.tabID, err))
-		t.unexpected.Add(1)
-		select { // a short pause before resubscribing, as a client would
-		case <-ctx.Done():
+	}
+	defer t.close()
+	close(t.ready)
+	for {
+		ev, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.errs.add(errorKind("subscription_ended", err), fmt.Sprintf("tab %s: %v", t.tabID, err))
+			}
 			return
-		case <-time.After(100 * time.Millisecond):
 		}
+		t.handle(ev)
 	}
 }
 
-// session runs one connection. It reports planned = true when it ended
-// because of the tab's planned drop.
-func (t *gwTab) session(ctx context.Context, attempt int) (planned bool, err error) {
+// open connects the tab (hello with its TabID) and subscribes it after
+// the thread's last seq; kind names a failure.
+func (t *gwTab) open(ctx context.Context) (sub *client.Subscription, kind string, err error) {
 	e := t.th.env
 	select {
 	case e.dialSem <- struct{}{}:
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return nil, "", ctx.Err()
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	conn, _, err := websocket.Dial(dialCtx, "ws"+strings.TrimPrefix(e.bases[t.inst], "http")+"/ws", &websocket.DialOptions{
-		HTTPHeader: e.header(t.th.user), CompressionMode: websocket.CompressionDisabled,
-	})
+	// The TCP connection of the handshake (new or reused) carries the
+	// WebSocket: drop cuts it.
+	dialCtx = httptrace.WithClientTrace(dialCtx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		t.netMu.Lock()
+		t.netConn = i.Conn
+		t.netMu.Unlock()
+	}})
+	conn, err := t.th.clients[t.inst].Connect(dialCtx, client.ConnOptions{TabID: t.tabID})
 	cancel()
 	<-e.dialSem
 	if err != nil {
-		return false, fmt.Errorf("dial: %w", err)
+		return nil, errorKind("connect", err), err
 	}
-	defer conn.CloseNow()
-	conn.SetReadLimit(16 << 20)
-	t.conn.Store(conn)
-	defer t.conn.Store(nil)
-
-	t.subscribed = false
-	t.helloID, t.subID = fmt.Sprintf("h%d", attempt), fmt.Sprintf("s%d", attempt)
-	for _, cmd := range []map[string]any{
-		{"type": "hello", "id": t.helloID, "tab_id": t.tabID},
-		{"type": "subscribe", "id": t.subID, "thread_id": t.th.id, "after_seq": t.lastSeq},
-	} {
-		b, _ := json.Marshal(cmd)
-		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-			return false, err
-		}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	sub, err = conn.Subscribe(sctx, t.th.id, t.th.createdSeq)
+	if err != nil {
+		conn.Close()
+		return nil, errorKind("subscribe", err), err
 	}
-
-	// Reads take no context (one registration per read costs the generator
-	// CPU it shares with the server): the end of ctx, or a drop, closes the
-	// connection instead, which ends the read.
-	defer closeOnDone(ctx, conn)()
-	t.dropMu.Lock()
-	t.dropConn = conn
-	t.dropMu.Unlock()
-	defer func() {
-		t.dropMu.Lock()
-		t.dropConn = nil
-		t.dropMu.Unlock()
-	}()
-	var buf bytes.Buffer
-	for range maxFrames {
-		_, rd, err := conn.Reader(context.Background())
-		if err == nil {
-			buf.Reset()
-			_, err = buf.ReadFrom(rd)
-		}
-		if err != nil {
-			if t.dropping.Swap(false) && ctx.Err() == nil {
-				return true, nil
-			}
-			return false, err
-		}
-		now := time.Now()
-		splitFrame(buf.Bytes(), func(obj []byte) { t.handle(obj, now) })
-	}
-	return false, errors.New("frame bound reached")
+	t.conn = conn
+	return sub, "", nil
 }
 
-// drop ends the tab's connection abruptly, as a lost network would; the
-// tab reconnects and resubscribes with after_seq. It reports whether there
-// was a connection to drop.
+// close closes the tab's Conn and reports what its client counted: every
+// anomaly of the protocol is an error, and so is a reconnection the
+// generator did not cause.
+func (t *gwTab) close() {
+	t.conn.Close()
+	st := t.conn.Stats()
+	e := t.th.env
+	for _, c := range []struct {
+		kind string
+		n    int64
+	}{
+		{"seq_duplicate", st.Duplicates}, {"seq_gap", st.Jumps}, {"foreign_thread", st.Stray},
+		{"bad_json", st.Malformed}, {"unexpected_answer", st.Unanswered}, {"event_before_subscribe_ack", st.Early},
+		{"client_lagged", st.Lagged},
+	} {
+		if c.n > 0 {
+			e.errs.addN(c.kind, int(c.n), fmt.Sprintf("tab %s: %s", t.tabID, st.LastAnomaly))
+		}
+	}
+	planned := min(t.drops.Load(), st.Connects-1)
+	t.reconnects.Store(planned)
+	if n := st.Connects - 1 - planned; n > 0 {
+		e.errs.addN("reconnect_unexpected", int(n), fmt.Sprintf("tab %s: %d connections, %d drops", t.tabID, st.Connects, t.drops.Load()))
+	}
+}
+
+// errorKind names an error of op: op_<code> for the server's refusal.
+func errorKind(op string, err error) string {
+	if code := client.ErrorCode(err); code != "" {
+		return op + "_" + code
+	}
+	return op
+}
+
+// drop cuts the tab's TCP connection, as a lost network would; its Conn
+// reconnects and subscribes again after the last seq it received. It
+// reports whether there was a connection to cut.
 func (t *gwTab) drop() bool {
-	t.dropMu.Lock()
-	defer t.dropMu.Unlock()
-	if t.dropConn == nil {
+	t.netMu.Lock()
+	defer t.netMu.Unlock()
+	if t.netConn == nil {
 		return false
 	}
-	t.dropping.Store(true)
-	t.dropConn.CloseNow()
+	t.netConn.Close()
+	t.netConn = nil
+	t.drops.Add(1)
 	return true
 }
 
-// closeOnDone closes conn when ctx ends; the returned function stops that
-// and waits for a close already under way.
-func closeOnDone(ctx context.Context, conn *websocket.Conn) (stop func()) {
-	closed := make(chan struct{})
-	stopAfter := context.AfterFunc(ctx, func() {
-		defer close(closed)
-		conn.CloseNow()
-	})
-	return func() {
-		if !stopAfter() {
-			<-closed
-		}
-	}
-}
-
-// handle applies one server object.
-func (t *gwTab) handle(obj []byte, now time.Time) {
+// handle applies one event, at the time its frame was read.
+func (t *gwTab) handle(ev client.Event) {
 	e := t.th.env
-	var m wireMsg
-	if err := decodeMsg(obj, &m); err != nil {
-		e.errs.add("bad_json", fmt.Sprintf("%v: %.200s", err, obj))
-		return
-	}
-	switch m.Type {
-	case typeAck, typeError:
-		t.answer(&m, obj, now)
-		return
-	case typeSnapshot:
-		if m.ThreadID != t.th.id {
-			e.errs.add("foreign_thread", fmt.Sprintf("%.200s", obj))
-			return
-		}
-		t.lastSeq = m.Seq
-		t.lastSeqA.Store(m.Seq)
+	now := ev.Received
+	t.lastSeqA.Store(ev.Seq)
+	if ev.Type == chat.EventThreadSnapshot { // a gap the server could not replay
 		t.resyncs.Add(1)
 		return
 	}
-	if !t.subscribed {
-		e.errs.add("event_before_subscribe_ack", fmt.Sprintf("%.200s", obj))
-	}
-	if m.ThreadID != t.th.id {
-		e.errs.add("foreign_thread", fmt.Sprintf("%.200s", obj))
-		return
-	}
-	switch {
-	case m.Seq == t.lastSeq+1:
-	case m.Seq <= t.lastSeq:
-		e.errs.add("seq_duplicate", fmt.Sprintf("tab %s: seq %d after %d", t.tabID, m.Seq, t.lastSeq))
-		return
-	default:
-		e.errs.add("seq_gap", fmt.Sprintf("tab %s: seq %d after %d", t.tabID, m.Seq, t.lastSeq))
-	}
-	t.lastSeq = m.Seq
-	t.lastSeqA.Store(m.Seq)
 	t.deliveries.Add(1)
-	if m.RunID != "" && t.cancelled[m.RunID] && m.Type != typeToolUpdated {
-		e.errs.add("event_after_run_cancelled", fmt.Sprintf("tab %s: %s seq %d of %s", t.tabID, m.Type, m.Seq, m.RunID))
+	if ev.RunID != "" && t.cancelled[ev.RunID] && ev.Type != chat.EventToolUpdated {
+		e.errs.add("event_after_run_cancelled", fmt.Sprintf("tab %s: %s seq %d of %s", t.tabID, ev.Type, ev.Seq, ev.RunID))
 	}
-	live := m.Seq > t.liveAfter
+	live := !ev.Replayed
 	if !live {
 		t.replayed.Add(1)
 	}
-	switch m.Type {
-	case typeDelta:
+	switch ev.Type {
+	case chat.EventMessageDelta:
 		t.deltas.Add(1)
 		if live && e.measuring.Load() {
-			t.lat.add(now.UnixMicro() - m.TS*1000)
-			t.spreadUs.add(t.th.spread(m.Seq, now.Sub(e.start).Microseconds()))
+			t.lat.add(now.UnixMicro() - ev.TS*1000)
+			t.spreadUs.add(t.th.spread(ev.Seq, now.Sub(e.start).Microseconds()))
 			if t.k == 0 {
 				t.th.deltasProduced.Add(1)
-				t.th.deltaBytes.Add(int64(len(obj)))
+				t.th.deltaBytes.Add(int64(len(ev.Raw)))
 			}
 		}
 		if t.k == 0 {
-			if m.RunID != t.lastDeltaRun && t.notes {
-				t.note(note{tab: t.k, typ: noteFirstDelta, runID: m.RunID, at: now})
+			if ev.RunID != t.lastDeltaRun && t.notes {
+				t.note(note{tab: t.k, typ: noteFirstDelta, runID: ev.RunID, at: now})
 			}
-			t.lastDeltaRun, t.lastDeltaAt = m.RunID, now
+			t.lastDeltaRun, t.lastDeltaAt = ev.RunID, now
 		}
-	case typePublished:
-		if t.k == 0 && m.RunID != "" && m.RunID == t.lastDeltaRun && !t.lastDeltaAt.IsZero() {
+	case chat.EventMessagePublished:
+		if t.k == 0 && ev.RunID != "" && ev.RunID == t.lastDeltaRun && !t.lastDeltaAt.IsZero() {
 			if live && e.measuring.Load() {
 				t.publishUs.add(now.Sub(t.lastDeltaAt).Microseconds())
 			}
 			t.lastDeltaAt = time.Time{}
 		}
-	case typeRunCancelled:
-		t.cancelled[m.RunID] = true
-		if t.notes {
-			t.note(note{tab: t.k, typ: m.Type, runID: m.RunID, stateVersion: m.StateVersion, at: now})
-		}
-	case typeRunFailed:
-		e.errs.add("run_failed", fmt.Sprintf("%.300s", obj))
-		if t.notes {
-			t.note(note{tab: t.k, typ: m.Type, runID: m.RunID, stateVersion: m.StateVersion, at: now})
-		}
-	case typeRunCompleted:
-		if t.notes {
-			t.note(note{tab: t.k, typ: m.Type, runID: m.RunID, stateVersion: m.StateVersion, at: now})
-		}
+	case chat.EventRunCancelled:
+		t.cancelled[ev.RunID] = true
+		t.runNote(ev)
+	case chat.EventRunFailed:
+		e.errs.add("run_failed", fmt.Sprintf("%.300s", ev.Raw))
+		t.runNote(ev)
+	case chat.EventRunCompleted:
+		t.runNote(ev)
 	}
 }
 
-// answer routes an ack or error to its command.
-func (t *gwTab) answer(m *wireMsg, obj []byte, now time.Time) {
-	e := t.th.env
-	switch m.Re {
-	case t.helloID:
-		if m.Type == typeError {
-			e.errs.add("hello_"+m.Error, fmt.Sprintf("%.200s", obj))
-		}
-		return
-	case t.subID:
-		if m.Type == typeError {
-			e.errs.add("subscribe_"+m.Error, fmt.Sprintf("%.200s", obj))
-			return
-		}
-		t.subscribed = true
-		t.liveAfter = m.LastSeq
-		t.readyOnce.Do(func() { close(t.ready) })
-		return
+// runNote tells the driver that a run ended, if this tab reports to it.
+func (t *gwTab) runNote(ev client.Event) {
+	if t.notes {
+		t.note(note{tab: t.k, typ: ev.Type, runID: ev.RunID, stateVersion: ev.StateVersion, at: ev.Received})
 	}
-	t.pmu.Lock()
-	ch := t.pending[m.Re]
-	delete(t.pending, m.Re)
-	t.pmu.Unlock()
-	if ch != nil {
-		ch <- reply{msg: *m, at: now}
-		return
-	}
-	e.errs.add("unexpected_"+m.Type, fmt.Sprintf("%.200s", obj))
 }
 
 func (t *gwTab) note(n note) {
@@ -505,44 +408,20 @@ func (t *gwTab) note(n note) {
 // commandTimeout bounds the wait for one command's answer.
 const commandTimeout = 10 * time.Second
 
-// do sends a command on the tab's connection and waits for its answer. It
-// returns the answer, when the command was sent, and an error when none
-// came (an error frame is an answer: the caller judges it).
-func (t *gwTab) do(ctx context.Context, cmd map[string]any) (reply, time.Time, error) {
-	conn := t.conn.Load()
-	if conn == nil {
-		return reply{}, time.Time{}, errors.New("not connected")
-	}
-	id := "c" + strconv.FormatInt(t.nextID.Add(1), 10)
-	cmd["id"] = id
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return reply{}, time.Time{}, err
-	}
-	ch := make(chan reply, 1)
-	t.pmu.Lock()
-	t.pending[id] = ch
-	t.pmu.Unlock()
-	forget := func() {
-		t.pmu.Lock()
-		delete(t.pending, id)
-		t.pmu.Unlock()
-	}
-	sent := time.Now()
-	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-		forget()
-		return reply{}, sent, err
-	}
-	timer := time.NewTimer(commandTimeout)
-	defer timer.Stop()
-	select {
-	case r := <-ch:
-		return r, sent, nil
-	case <-timer.C:
-		forget()
-		return reply{}, sent, fmt.Errorf("%s: no answer within %s", cmd["type"], commandTimeout)
-	case <-ctx.Done():
-		forget()
-		return reply{}, sent, ctx.Err()
+// commandFailed records a command about subject (a thread or a run) that
+// got no answer (a timeout, the connection lost) or a refusal other than
+// the allowed ones; nothing when ctx ended.
+func (e *gwEnv) commandFailed(ctx context.Context, cmd, subject string, err error, allowed ...string) {
+	var ce *client.Error
+	switch {
+	case errors.As(err, &ce):
+		for _, code := range allowed {
+			if ce.Code == code {
+				return
+			}
+		}
+		e.errs.add(cmd+"_"+ce.Code, fmt.Sprintf("%s: %s", subject, ce.Message))
+	case ctx.Err() == nil:
+		e.errs.add("command_failed", fmt.Sprintf("%s %s: %v", cmd, subject, err))
 	}
 }

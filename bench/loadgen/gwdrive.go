@@ -2,10 +2,14 @@ package loadgen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // maxRunsPerThread bounds the runs one driver starts.
@@ -18,7 +22,7 @@ func longMessage(scenario string, thread, i int) string {
 }
 
 func terminal(typ string) bool {
-	return typ == typeRunCompleted || typ == typeRunFailed || typ == typeRunCancelled
+	return typ == chat.EventRunCompleted || typ == chat.EventRunFailed || typ == chat.EventRunCancelled
 }
 
 // connect makes tabsPer tabs for every thread, starts their goroutines in
@@ -54,21 +58,26 @@ func (e *gwEnv) connect(ctx context.Context, threads []*gwThread, tabsPer int, n
 
 // startRun starts a run from tab 0 with the driver's known state_version.
 func (th *gwThread) startRun(ctx context.Context, text string) (string, bool) {
-	e := th.env
-	r, _, err := th.tabs[0].do(ctx, map[string]any{"type": "run.start", "thread_id": th.id,
-		"expected_state_version": th.version, "user_message": text})
+	cctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	ack, err := th.tabs[0].conn.StartRun(cctx, client.StartRunRequest{ThreadID: th.id, ExpectedStateVersion: th.version, UserMessage: text})
 	if err != nil {
-		if ctx.Err() == nil {
-			e.errs.add("command_failed", fmt.Sprintf("run.start on %s: %v", th.id, err))
-		}
+		th.env.commandFailed(ctx, "run.start", th.id, err)
 		return "", false
 	}
-	if r.msg.Type == typeError {
-		e.errs.add("run.start_"+r.msg.Error, fmt.Sprintf("%s: %s", th.id, r.msg.text()))
-		return "", false
+	th.version = ack.StateVersion
+	return ack.RunID, true
+}
+
+// cancelRun sends run.cancel from tab k; timing, when not nil, gets when
+// it left and when its answer was read.
+func (th *gwThread) cancelRun(ctx context.Context, k int, r client.CancelRunRequest, timing *client.CommandTiming) (chat.CancelAck, error) {
+	if timing != nil {
+		ctx = client.WithCommandTiming(ctx, timing)
 	}
-	th.version = r.msg.StateVersion
-	return r.msg.RunID, true
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	return th.tabs[k].conn.CancelRun(ctx, r)
 }
 
 // runTimeout bounds the wait for one run's end.
@@ -91,15 +100,9 @@ func (th *gwThread) awaitEnd(ctx context.Context, runID string, stopAt time.Time
 				return true
 			}
 		case <-stop.C:
-			r, _, err := th.tabs[0].do(ctx, map[string]any{"type": "run.cancel", "run_id": runID, "reason": "bench phase ended"})
-			switch {
-			case err != nil:
-				if ctx.Err() == nil {
-					e.errs.add("command_failed", fmt.Sprintf("run.cancel %s: %v", runID, err))
-				}
-				return false
-			case r.msg.Type == typeError && r.msg.Error != codeRunNotActive:
-				e.errs.add("run.cancel_"+r.msg.Error, r.msg.text())
+			_, err := th.cancelRun(ctx, 0, client.CancelRunRequest{RunID: runID, Reason: "bench phase ended"}, nil)
+			if err != nil && client.ErrorCode(err) != chat.CodeRunNotActive {
+				e.commandFailed(ctx, "run.cancel", runID, err)
 				return false
 			}
 		case <-limit.C:
@@ -212,30 +215,31 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 			st.unsampled++
 		}
 		sampled := e.measuring.Load() && sample
-		r, sent, err := th.tabs[k].do(ctx, map[string]any{"type": "run.cancel", "run_id": runID})
+		var tm client.CommandTiming
+		ack, err := th.cancelRun(ctx, k, client.CancelRunRequest{RunID: runID}, &tm)
 		st.sent++
-		if err != nil {
-			if ctx.Err() == nil {
-				e.errs.add("command_failed", fmt.Sprintf("run.cancel %s: %v", runID, err))
-			}
-			return
-		}
-		if r.msg.Type == typeError {
-			if r.msg.Error == codeRunNotActive {
+		var refused *client.Error
+		switch {
+		case errors.As(err, &refused):
+			if refused.Code == chat.CodeRunNotActive {
 				st.missed++
 			} else {
-				e.errs.add("run.cancel_"+r.msg.Error, r.msg.text())
+				e.commandFailed(ctx, "run.cancel", runID, err)
 			}
-			if _, ok := th.awaitNote(ctx, runID, 0, typeRunCompleted, runTimeout(pace)); !ok {
+			if _, ok := th.awaitNote(ctx, runID, 0, chat.EventRunCompleted, runTimeout(pace)); !ok {
 				return
 			}
 			continue
+		case err != nil:
+			e.commandFailed(ctx, "run.cancel", runID, err)
+			return
 		}
-		if r.msg.AlreadyRequested {
+		if ack.AlreadyRequested {
 			e.errs.add("cancel_already_requested", runID)
 		}
+		sent := tm.Sent
 		if sampled {
-			st.ack.add(r.at.Sub(sent).Microseconds())
+			st.ack.add(tm.Answered.Sub(sent).Microseconds())
 		}
 		gotK, got0 := false, false
 		limit := time.NewTimer(runTimeout(pace))
@@ -246,7 +250,7 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 				if n.runID != runID || !terminal(n.typ) {
 					continue
 				}
-				if n.typ != typeRunCancelled {
+				if n.typ != chat.EventRunCancelled {
 					e.errs.add("accepted_cancel_ended_"+n.typ, runID)
 				}
 				if n.tab == k && !gotK {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/honestcancel/gateway/chat"
 )
 
 func TestSplitFrame(t *testing.T) {
@@ -25,23 +27,6 @@ func TestSplitFrame(t *testing.T) {
 		if n != len(c.want) || strings.Join(got, "|") != strings.Join(c.want, "|") {
 			t.Errorf("splitFrame(%q) = %d %q, want %q", c.frame, n, got, c.want)
 		}
-	}
-}
-
-func TestDecodeMsgMessageField(t *testing.T) {
-	var m wireMsg
-	if err := decodeMsg([]byte(`{"type":"error","re":"c1","error":"rate_limited","message":"slow down"}`), &m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Re != "c1" || m.Error != "rate_limited" || m.text() != "slow down" {
-		t.Errorf("error frame decoded as %+v (%q)", m, m.text())
-	}
-	// message.published carries an object under the same key.
-	if err := decodeMsg([]byte(`{"type":"message.published","thread_id":"thr_1","seq":7,"ts":5,"state_version":3,"run_id":"run_1","message":{"content":"hi"}}`), &m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Seq != 7 || m.StateVersion != 3 || m.RunID != "run_1" || m.Error != "" {
-		t.Errorf("event decoded as %+v", m)
 	}
 }
 
@@ -147,7 +132,7 @@ func TestFloorPayload(t *testing.T) {
 		if err := json.Unmarshal(p, &m); err != nil {
 			t.Fatalf("payload is not JSON: %v: %s", err, p)
 		}
-		if m.Type != typeDelta || m.ThreadID != "t3" || m.Seq != 42 || m.TS != 1700000000123 {
+		if m.Type != chat.EventMessageDelta || m.ThreadID != "t3" || m.Seq != 42 || m.TS != 1700000000123 {
 			t.Errorf("payload decoded as %+v", m)
 		}
 	}

@@ -82,10 +82,13 @@ func newErrorLog() *errorLog {
 
 const examplesPerKind = 3
 
-func (e *errorLog) add(kind, example string) {
+func (e *errorLog) add(kind, example string) { e.addN(kind, 1, example) }
+
+// addN counts n errors of kind at once (a tab's count of one anomaly).
+func (e *errorLog) addN(kind string, n int, example string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.counts[kind]++
+	e.counts[kind] += n
 	if len(e.examples[kind]) < examplesPerKind && example != "" {
 		e.examples[kind] = append(e.examples[kind], example)
 	}

@@ -2,13 +2,22 @@ package loadgen
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+
+	"github.com/coder/websocket"
 )
 
-// splitFrame calls fn with each object of a server frame: the gateway (and
-// the floor) send one or more JSON objects per text frame, separated by
-// "\n" (JSON text never holds a raw newline, so the split is exact). Empty
-// pieces are skipped. It returns how many objects it passed to fn.
+// The floor's wire (floorclient.go). The gateway is driven through package
+// client; the floor (bench/floor) is not the gateway, so its subscribers
+// read their frames themselves: "ok <topic>" once subscribed, then events
+// of the gateway's message.delta shape.
+
+// splitFrame calls fn with each object of a floor frame: the floor sends
+// one or more JSON objects per text frame, separated by "\n", as the
+// gateway does (JSON text never holds a raw newline, so the split is
+// exact). Empty pieces are skipped. It returns how many objects it passed
+// to fn.
 func splitFrame(frame []byte, fn func(obj []byte)) int {
 	n := 0
 	for len(frame) > 0 {
@@ -28,34 +37,12 @@ func splitFrame(frame []byte, fn func(obj []byte)) int {
 	return n
 }
 
-// wireMsg holds the top-level fields of any server object the generator
-// looks at: acks, errors, events (PROTOCOL.md). Nested objects (a snapshot's
-// messages, an event's message) are skipped.
+// wireMsg holds the fields of a floor event the subscribers look at.
 type wireMsg struct {
-	Type         string `json:"type"`
-	Re           string `json:"re"`
-	ThreadID     string `json:"thread_id"`
-	Seq          int64  `json:"seq"`
-	TS           int64  `json:"ts"`
-	StateVersion int64  `json:"state_version"`
-	RunID        string `json:"run_id"`
-
-	// acks and errors
-	Error            string          `json:"error"`
-	Message          json.RawMessage `json:"message"` // a string on errors, an object on message.published
-	Status           string          `json:"status"`
-	LastSeq          int64           `json:"last_seq"`
-	Recovered        bool            `json:"recovered"`
-	AlreadyRequested bool            `json:"already_requested"`
-}
-
-// text is an error's message.
-func (m *wireMsg) text() string {
-	var s string
-	if json.Unmarshal(m.Message, &s) != nil {
-		return string(m.Message)
-	}
-	return s
+	Type     string `json:"type"`
+	ThreadID string `json:"thread_id"`
+	Seq      int64  `json:"seq"`
+	TS       int64  `json:"ts"`
 }
 
 func decodeMsg(obj []byte, m *wireMsg) error {
@@ -63,18 +50,25 @@ func decodeMsg(obj []byte, m *wireMsg) error {
 	return json.Unmarshal(obj, m)
 }
 
-// Event and command types the generator uses.
-const (
-	typeAck            = "ack"
-	typeError          = "error"
-	typeDelta          = "message.delta"
-	typeSnapshot       = "thread.snapshot"
-	typePublished      = "message.published"
-	typeRunCompleted   = "run.completed"
-	typeRunFailed      = "run.failed"
-	typeRunCancelled   = "run.cancelled"
-	typeToolUpdated    = "tool.updated"
-	codeRunNotActive   = "run_not_active"
-	codeRateLimited    = "rate_limited"
-	floorSubscribedPfx = "ok "
-)
+// floorSubscribedPfx starts the floor's answer to "sub <topic>".
+const floorSubscribedPfx = "ok "
+
+// maxFrames bounds the frames one floor connection reads.
+const maxFrames = 50_000_000
+
+// closeOnDone closes conn when ctx ends; the returned function stops that
+// and waits for a close already under way. (Reads take no context: one
+// registration per read costs the generator CPU it shares with the
+// server.)
+func closeOnDone(ctx context.Context, conn *websocket.Conn) (stop func()) {
+	closed := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		conn.CloseNow()
+	})
+	return func() {
+		if !stopAfter() {
+			<-closed
+		}
+	}
+}

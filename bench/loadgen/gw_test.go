@@ -1,0 +1,83 @@
+package loadgen
+
+import (
+	"context"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The generator's gateway side against the real gateway, through package
+// client: tabs connect and subscribe, one thread streams runs back to back
+// and another cancels its runs from random tabs, a tab whose connection is
+// cut catches up by itself, every tab ends at the thread's last seq, and
+// nothing counts as a protocol error.
+func TestGatewayClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts the gateway")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{Repo: repo, Auth: "header"}, start: time.Now(), dir: t.TempDir()}
+	if r.gateway, err = build(ctx, repo, ".", r.dir, "gateway"); err != nil {
+		t.Fatal(err)
+	}
+	const pace = 10 * time.Millisecond
+	p, err := r.startGateway("test", pace, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s ScenarioReport
+	defer p.finish(ctx, &s)
+	if err := p.setup(ctx, 2, 3, true); err != nil {
+		t.Fatal(err)
+	}
+	streamer, canceller := p.threads[0], p.threads[1]
+	var cs cancelStats
+	rng := rand.New(rand.NewPCG(1, 2))
+	stopAt := time.Now().Add(3 * time.Second)
+	p.env.measuring.Store(true)
+	var drivers sync.WaitGroup
+	drivers.Go(func() { streamer.driveContinuous(ctx, stopAt, pace) })
+	drivers.Go(func() {
+		canceller.driveCancels(ctx, stopAt, 300*time.Millisecond, pace, rng, anyTab(canceller, rng), &cs)
+	})
+	sleep(ctx, time.Second)
+	dropped := streamer.tabs[1]
+	if !dropped.drop() {
+		t.Fatal("no connection to cut")
+	}
+	if dropped.drop() {
+		t.Fatal("a tab's connection was cut twice")
+	}
+	drivers.Wait()
+	p.env.measuring.Store(false)
+	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+	p.finish(ctx, &s)
+
+	if len(s.GatewayErrors) != 0 || s.Check == nil || !s.Check.OK {
+		t.Fatalf("errors %+v, check %+v", s.GatewayErrors, s.Check)
+	}
+	if got := dropped.reconnects.Load(); got != 1 {
+		t.Errorf("the cut tab reconnected %d times, want 1", got)
+	}
+	if cs.sent == 0 || len(cs.ack.v) == 0 || len(cs.cancelled.v) == 0 {
+		t.Errorf("cancels: %d sent, %d acks and %d run.cancelled measured", cs.sent, len(cs.ack.v), len(cs.cancelled.v))
+	}
+	for _, th := range p.threads {
+		for _, tab := range th.tabs {
+			if tab.deltas.Load() == 0 || len(tab.lat.v) == 0 {
+				t.Errorf("tab %s: %d deltas, %d latencies", tab.tabID, tab.deltas.Load(), len(tab.lat.v))
+			}
+		}
+	}
+	if streamer.deltasProduced.Load() == 0 {
+		t.Error("no delta counted as produced")
+	}
+}
