@@ -72,6 +72,9 @@ type feedSpy struct {
 	gateway.Feed
 	mu    sync.Mutex
 	sinks map[string][]chat.EventSink
+	// onAdd, when set (before the harness serves), runs after each Add, in
+	// the subscribing goroutine.
+	onAdd func(threadID string, sink chat.EventSink)
 }
 
 func (f *feedSpy) Add(threadID string, sink chat.EventSink) {
@@ -82,6 +85,9 @@ func (f *feedSpy) Add(threadID string, sink chat.EventSink) {
 	f.sinks[threadID] = append(f.sinks[threadID], sink)
 	f.mu.Unlock()
 	f.Feed.Add(threadID, sink)
+	if f.onAdd != nil {
+		f.onAdd(threadID, sink)
+	}
 }
 
 func (f *feedSpy) added(threadID string) []chat.EventSink {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -692,6 +693,35 @@ func TestWSLostEventsCloseTheConnection(t *testing.T) {
 	if lossAware.Lost(th, last+3) {
 		t.Error("a connection that misses seqs stays subscribed")
 	}
+	ce := a.closed()
+	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
+		t.Errorf("closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)
+	}
+}
+
+// A loss the bus reports while a subscribe is still catching up (another
+// instance gave seqs up between the connection's Add and its read of the
+// log) is judged by what the catch-up brings: a connection whose catch-up
+// reaches past the loss stays, one left short of it is closed like one
+// that missed an event.
+func TestWSLossDuringSubscribeIsJudgedByTheCatchUp(t *testing.T) {
+	t.Parallel()
+	spy := &feedSpy{}
+	var through atomic.Int64 // what the bus reports lost at the next Add
+	spy.onAdd = func(threadID string, sink chat.EventSink) {
+		if la, ok := sink.(bus.LossAware); ok && !la.Lost(threadID, through.Load()) {
+			t.Error("a subscribing connection was dropped before its catch-up said what it has")
+		}
+	}
+	h := newHarness(t, 0, withFeedSpy(spy))
+	th := h.createThread("").ThreadID
+	last := h.snapshot(th).LastSeq
+	through.Store(last)
+	a := h.dial(t)
+	a.subscribe(th, wsAfter(0)) // the catch-up brings every seq through last
+	a.subscribe(th, nil)        // still open: it answers
+	through.Store(last + 3)
+	a.post(map[string]any{"type": "subscribe", "thread_id": th, "after_seq": int64(0)})
 	ce := a.closed()
 	if ce.Code != websocket.StatusTryAgainLater || !strings.Contains(ce.Reason, "after_seq") {
 		t.Errorf("closed with %d %q, want 1013 and a reason naming after_seq", ce.Code, ce.Reason)

@@ -292,6 +292,7 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		c.mu.Lock()
 		_, watched := c.subs[*cmd.ThreadID]
 		delete(c.subs, *cmd.ThreadID)
+		delete(c.lostWhileSubscribing, *cmd.ThreadID)
 		c.mu.Unlock()
 		if watched {
 			s.limits.unwatch(c.user, 1)
@@ -368,6 +369,7 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 	if err != nil {
 		c.mu.Lock()
 		delete(c.subs, threadID)
+		delete(c.lostWhileSubscribing, threadID)
 		c.mu.Unlock()
 		s.limits.unwatch(c.user, 1)
 		s.feed.Remove(threadID, c)
@@ -383,6 +385,7 @@ func (c *wsConn) subscribe(threadID string, after *int64, extra *func()) (any, e
 		}
 		c.queueReplayLocked(frames)
 		c.subs[threadID] = got.lastSeq
+		c.settleLossLocked(threadID, got.lastSeq)
 	}
 	return subscribeAck{ThreadID: threadID, Recovered: got.recovered, StateVersion: got.stateVersion, LastSeq: got.lastSeq}, nil
 }

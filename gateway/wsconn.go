@@ -55,11 +55,15 @@ type wsConn struct {
 	// subs: thread -> last seq queued (-1 while subscribing). Only the
 	// reader adds or removes keys; each key holds one of its user's
 	// subscription slots (userLimits.watch), given back when it goes.
-	subs        map[string]int64
-	closeCode   websocket.StatusCode
-	closeReason string
-	closed      bool
-	limiter     tokenBucket // this connection's command budget (its user's is in hub.s.limits)
+	subs map[string]int64
+	// lostWhileSubscribing: thread -> the last seq a bus gave up as lost
+	// while the thread's subscribe was catching up (subs -1): judged once
+	// the catch-up says how far the connection got (settleLossLocked).
+	lostWhileSubscribing map[string]int64
+	closeCode            websocket.StatusCode
+	closeReason          string
+	closed               bool
+	limiter              tokenBucket // this connection's command budget (its user's is in hub.s.limits)
 }
 
 func newWSConn(h *wsHub, ws *websocket.Conn, p chat.Principal) *wsConn {
@@ -282,11 +286,34 @@ func (c *wsConn) Lost(threadID string, through int64) bool {
 	switch {
 	case !ok:
 		return false
+	case last == -1:
+		// Subscribing: what the catch-up brings decides (it may reach past
+		// the loss, from the log or another instance's recent events).
+		if c.lostWhileSubscribing == nil {
+			c.lostWhileSubscribing = map[string]int64{}
+		}
+		c.lostWhileSubscribing[threadID] = max(c.lostWhileSubscribing[threadID], through)
+		return true
 	case last >= through:
 		return true
 	}
 	c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
 	return false
+}
+
+// settleLossLocked judges a loss reported while the thread's subscribe was
+// catching up, now that the connection has everything through last: it
+// stays if that covers the loss, and is closed as having missed events
+// otherwise.
+func (c *wsConn) settleLossLocked(threadID string, last int64) {
+	through, ok := c.lostWhileSubscribing[threadID]
+	if !ok {
+		return
+	}
+	delete(c.lostWhileSubscribing, threadID)
+	if last < through {
+		c.slowLocked(slowMissed, "missed events: reconnect and subscribe with after_seq")
+	}
 }
 
 // queueEventLocked queues ev unless this connection already has it; a seq
