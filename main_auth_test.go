@@ -31,6 +31,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // ---------------------------------------------------------------------------
@@ -71,11 +73,12 @@ var noRedirects = &http.Client{
 }
 
 // who is the credential a request carries: a session cookie, a bearer
-// token, or nothing.
+// token, a trusted proxy's user header, or nothing.
 type who struct {
 	cookie string // value of gateway_session
 	bearer string
-	header http.Header // more headers (Origin, X-Forwarded-User…)
+	proxy  [2]string   // a proxy's user header: its name, the user
+	header http.Header // more headers (Origin, a __Host- cookie…)
 }
 
 func (w who) apply(h http.Header) {
@@ -85,12 +88,18 @@ func (w who) apply(h http.Header) {
 	if w.bearer != "" {
 		h.Set("Authorization", "Bearer "+w.bearer)
 	}
+	if w.proxy[0] != "" {
+		h.Set(w.proxy[0], w.proxy[1])
+	}
 	for k, v := range w.header {
 		h[k] = v
 	}
 }
 
-// send makes one request as w and returns the answer with its body read.
+// send makes one raw request as w and returns the answer with its body
+// read: for pages, forms, redirects and refusals whose answer on the wire
+// (status, headers, body) is what the test checks. Typed API calls go
+// through the protocol client (as).
 func (s *server) send(w who, method, path string, body any) (*http.Response, []byte) {
 	s.t.Helper()
 	var rd io.Reader
@@ -121,22 +130,26 @@ func (s *server) send(w who, method, path string, body any) (*http.Response, []b
 	return resp, raw
 }
 
-// as requires status and decodes the JSON answer into out (if not nil).
-func (s *server) as(w who, method, path string, body any, want int, out any) []byte {
-	s.t.Helper()
-	resp, raw := s.send(w, method, path, body)
-	if resp.StatusCode != want {
-		s.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, raw, want)
+// as is the server seen through a protocol client carrying w's
+// credential: its typed calls (snapshot, startRun, threads, connect, …)
+// are made as w.
+func (s *server) as(w who) *server {
+	var opts []client.Option
+	if w.cookie != "" {
+		opts = append(opts, client.WithSessionCookie(w.cookie))
 	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			s.t.Fatalf("%s %s: answer is not the expected JSON: %v\n%s", method, path, err, raw)
-		}
+	if w.bearer != "" {
+		opts = append(opts, client.WithBearerToken(w.bearer))
 	}
-	return raw
+	if w.proxy[0] != "" {
+		opts = append(opts, client.WithProxyUser(w.proxy[0], w.proxy[1]))
+	}
+	return &server{t: s.t, db: s.db, base: s.base, apiClient: newAPI(s.t, s.base, 15*time.Second, w.header, opts...)}
 }
 
 // wantUnauthorized requires the API's 401 in the protocol's error shape.
+// Raw: its subject is the answer on the wire (status, Content-Type, the
+// "type" field), which the client does not show.
 func (s *server) wantUnauthorized(w who, method, path, why string) {
 	s.t.Helper()
 	var body any
@@ -211,7 +224,11 @@ func (s *server) wantSignInRefused(name, password string, status int, why string
 	return resp
 }
 
-// wsClient is one WebSocket connection speaking the /ws protocol.
+// wsClient is one raw WebSocket connection speaking the /ws protocol, for
+// tests whose subject is how the server ends a connection (its close code)
+// or what it leaves unanswered, which client.Conn handles by itself (it
+// reconnects, or ends with an *Error). The others connect with the
+// protocol client (connect).
 type wsClient struct {
 	t    *testing.T
 	conn *websocket.Conn
@@ -253,7 +270,8 @@ func (s *server) mustDialWS(w who, why string) *wsClient {
 	return c
 }
 
-// wantWSRefused requires the upgrade to be answered 401 in JSON.
+// wantWSRefused requires the upgrade to be answered 401 in JSON. Raw: the
+// subject is the refusal's wire shape (the client's *Error drops "type").
 func (s *server) wantWSRefused(w who, why string) {
 	s.t.Helper()
 	c, resp, err := s.dialWS(w)
@@ -271,10 +289,6 @@ func (s *server) wantWSRefused(w who, why string) {
 		s.t.Fatalf("%s: /ws answered %d %s, want 401 {type:error, error:unauthorized}", why, resp.StatusCode, body)
 	}
 }
-
-// close ends the connection from the client side at once (so a graceful
-// server stop does not wait for a close handshake the test never reads).
-func (c *wsClient) close() { c.conn.CloseNow() }
 
 // cmd sends one command and returns its ack or error, skipping events.
 func (c *wsClient) cmd(m map[string]any) map[string]any {
@@ -308,17 +322,42 @@ func (c *wsClient) cmd(m map[string]any) map[string]any {
 	}
 }
 
-// waitRun polls GET /api/runs/{id} as w until the run is completed.
-func (s *server) waitRun(w who, runID string) {
+// connect opens a WebSocket connection with the protocol client, says
+// hello (a tab id) and requires its ack; it is closed when the test ends.
+func (s *server) connect(why string) *client.Conn {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := s.api().Connect(ctx, client.ConnOptions{TabID: "auth-test"})
+	if err != nil {
+		s.t.Fatalf("%s: /ws refused: %v", why, err)
+	}
+	s.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// subscribe subscribes conn to a thread from its start, requiring the ack.
+func subscribe(t *testing.T, conn *client.Conn, threadID string, why string) *client.Subscription {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub, err := conn.Subscribe(ctx, threadID, 0)
+	if err != nil {
+		t.Fatalf("%s: subscribe to %s: %v", why, threadID, err)
+	}
+	return sub
+}
+
+// waitRun polls the run until it is completed.
+func (s *server) waitRun(runID string) {
 	s.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var r runInfo
-		s.as(w, "GET", "/api/runs/"+runID, nil, http.StatusOK, &r)
+		r := s.run(runID)
 		switch r.Status {
-		case "completed":
+		case chat.RunCompleted:
 			return
-		case "failed", "cancelled":
+		case chat.RunFailed, chat.RunCancelled:
 			s.t.Fatalf("run %s ended %s", runID, r.Status)
 		}
 		if time.Now().After(deadline) {
@@ -328,17 +367,11 @@ func (s *server) waitRun(w who, runID string) {
 	}
 }
 
-// threadList is GET /api/threads as w.
+// threadList is the ids of GET /api/threads as w.
 func (s *server) threadList(w who) []string {
 	s.t.Helper()
-	var l struct {
-		Threads []struct {
-			ThreadID string `json:"thread_id"`
-		} `json:"threads"`
-	}
-	s.as(w, "GET", "/api/threads", nil, http.StatusOK, &l)
 	var ids []string
-	for _, th := range l.Threads {
+	for _, th := range s.as(w).threads() {
 		ids = append(ids, th.ThreadID)
 	}
 	return ids
@@ -380,6 +413,24 @@ func startOrRefuse(t *testing.T, env []string, args ...string) (code int, stderr
 	}
 	noRace(t, "gateway "+strings.Join(args, " "), strings.Join(lines, "\n"))
 	return cmd.ProcessState.ExitCode(), strings.Join(lines, "\n"), served
+}
+
+// unreachableAddr is an address of TEST-NET-1 (RFC 5737) that no
+// interface holds, for a non-loopback -addr whose configuration must pass
+// while nothing is ever reachable on it; it skips the test on a host that
+// holds the address.
+func unreachableAddr(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if strings.HasPrefix(a.String(), "192.0.2.1/") {
+			t.Skip("this host holds 192.0.2.1: listening on it could be reachable")
+		}
+	}
+	return "192.0.2.1:0"
 }
 
 func exists(path string) bool {
@@ -463,16 +514,7 @@ func TestAuthServeFlags(t *testing.T) {
 	})
 
 	t.Run("accepted on a non-loopback address that is never reachable", func(t *testing.T) {
-		const unreachable = "192.0.2.1:0"
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range addrs {
-			if strings.HasPrefix(a.String(), "192.0.2.1/") {
-				t.Skip("this host holds 192.0.2.1: listening on it could be reachable")
-			}
-		}
+		unreachable := unreachableAddr(t)
 		for _, tc := range []struct {
 			name string
 			env  []string
@@ -518,19 +560,20 @@ func TestAuthServeFlags(t *testing.T) {
 func TestAuthHeaderMode(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startServerWith(t, db, "5ms", "-auth", "header", "-trusted-proxies", "127.0.0.1/32", "-auth-header", "X-Test-User")
-	carol := who{header: http.Header{"X-Test-User": {"Carol"}}}
-	dave := who{header: http.Header{"X-Test-User": {"dave"}}}
+	carol := who{proxy: [2]string{"X-Test-User", "Carol"}}
+	dave := who{proxy: [2]string{"X-Test-User", "dave"}}
 	srv.wantUnauthorized(who{}, "GET", "/api/threads", "no proxy header")
 	srv.wantUnauthorized(who{header: http.Header{"X-Forwarded-User": {"carol"}}}, "GET", "/api/threads", "the default header when -auth-header names another")
-	var th snapshot
-	srv.as(carol, "POST", "/api/threads", map[string]any{"title": "carol's"}, http.StatusCreated, &th)
+	th := srv.as(carol).newThread("carol's")
 	if got := srv.threadList(carol); len(got) != 1 || got[0] != th.ThreadID {
 		t.Fatalf("carol lists %v, want [%s]", got, th.ThreadID)
 	}
 	if got := srv.threadList(dave); len(got) != 0 {
 		t.Fatalf("dave lists %v, want nothing", got)
 	}
-	srv.as(dave, "GET", "/api/threads/"+th.ThreadID, nil, http.StatusNotFound, nil)
+	if _, err := srv.as(dave).api().Thread(context.Background(), th.ThreadID); refusedStatus(err) != http.StatusNotFound {
+		t.Fatalf("dave reads carol's thread: %v, want 404", err)
+	}
 	// A name that is no user name is refused, not mapped to someone.
 	resp, raw := srv.send(who{header: http.Header{"X-Test-User": {"carol smith"}}}, "GET", "/api/threads", nil)
 	if resp.StatusCode != http.StatusForbidden {
@@ -689,8 +732,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 	if got := srv.threadList(alice); len(got) != 0 {
 		t.Fatalf("a new account lists %v", got)
 	}
-	var th snapshot
-	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "alice's first"}, http.StatusCreated, &th)
+	th := srv.as(alice).newThread("alice's first")
 	if got := srv.threadList(alice); len(got) != 1 || got[0] != th.ThreadID {
 		t.Fatalf("alice lists %v, want [%s]", got, th.ThreadID)
 	}
@@ -707,10 +749,8 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 
 	// The WebSocket: the cookie opens it and follows alice's thread; a
 	// foreign page's socket is refused even with the cookie.
-	ws := srv.mustDialWS(alice, "alice's cookie")
-	if ack := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); ack["type"] != "ack" {
-		t.Fatalf("subscribe to alice's thread with her cookie: %v", ack)
-	}
+	ws := srv.as(alice).connect("alice's cookie")
+	subscribe(t, ws, th.ThreadID, "subscribe to alice's thread with her cookie")
 	if _, resp, err := srv.dialWS(who{cookie: cookie, header: http.Header{"Origin": {"https://evil.example"}}}); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Errorf("/ws from a foreign origin with alice's cookie: %v (%v), want 403", err, resp)
 	}
@@ -751,7 +791,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 		t.Errorf("cross-site POST /logout: %d, want 403", resp.StatusCode)
 	}
 
-	ws.close()
+	ws.Close()
 	srv.stop()
 	checkDB(t, db)
 	for _, secret := range []string{pw, pw2, cookie, other} {
@@ -855,17 +895,13 @@ func TestTokenLifecycle(t *testing.T) {
 
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
 	alice := who{bearer: token}
-	var th snapshot
-	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "from a program"}, http.StatusCreated, &th)
-	got := srv.snapshotAs(alice, th.ThreadID)
+	th := srv.as(alice).newThread("from a program")
+	got := srv.as(alice).snapshot(th.ThreadID)
 	if got.ThreadID != th.ThreadID {
 		t.Fatalf("GET /api/threads/%s with the token: %+v", th.ThreadID, got)
 	}
-	var ack startAck
-	srv.as(alice, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
-		"expected_state_version": th.StateVersion, "user_message": "a short answer please",
-	}, http.StatusCreated, &ack)
-	srv.waitRun(alice, ack.RunID)
+	ack := srv.as(alice).startRun(th.ThreadID, th.StateVersion, "a short answer please")
+	srv.as(alice).waitRun(ack.RunID)
 	if ids := srv.threadList(alice); len(ids) != 1 || ids[0] != th.ThreadID {
 		t.Fatalf("the token lists %v, want [%s]", ids, th.ThreadID)
 	}
@@ -883,10 +919,8 @@ func TestTokenLifecycle(t *testing.T) {
 	}
 
 	// A WebSocket opened with the token works.
-	ws := srv.mustDialWS(alice, "alice's token")
-	if a := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); a["type"] != "ack" {
-		t.Fatalf("subscribe with the token: %v", a)
-	}
+	ws := srv.as(alice).connect("alice's token")
+	subscribe(t, ws, th.ThreadID, "subscribe with the token")
 
 	// Revoked while serving: refused at once on HTTP (revoking by the whole
 	// token names its id too); revoking twice is no error.
@@ -910,21 +944,13 @@ func TestTokenLifecycle(t *testing.T) {
 	}
 	// The open socket is closed by the server within one ping interval
 	// (20 s, not configurable): see TestTokenRevokeEndsWebSocket.
-	ws.close()
+	ws.Close()
 
 	srv.stop()
 	checkDB(t, db)
 	if strings.Contains(srv.stderr(), secret) {
 		t.Error("the server log contains a token secret")
 	}
-}
-
-// snapshotAs is GET /api/threads/{id} as w.
-func (s *server) snapshotAs(w who, threadID string) snapshot {
-	s.t.Helper()
-	var snap snapshot
-	s.as(w, "GET", "/api/threads/"+threadID, nil, http.StatusOK, &snap)
-	return snap
 }
 
 // An open WebSocket of a token revoked with the CLI (another process) is
@@ -938,8 +964,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	commander, commanderID := createToken(t, db, "alice")
 	keeper, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
-	var th snapshot
-	srv.as(who{bearer: keeper}, "POST", "/api/threads", map[string]any{}, http.StatusCreated, &th)
+	th := srv.as(who{bearer: keeper}).createThread()
 
 	closedWith1008 := func(ws *wsClient, what string, since time.Time) {
 		t.Helper()
@@ -989,7 +1014,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	closedWith1008(ws2, "commanding", revoked)
-	if after := srv.snapshotAs(who{bearer: keeper}, th.ThreadID); after.StateVersion != th.StateVersion {
+	if after := srv.as(who{bearer: keeper}).snapshot(th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
 	srv.stop()
@@ -1009,8 +1034,7 @@ func TestSignOutEndsWebSocketAtItsNextCommand(t *testing.T) {
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
 	alice := who{cookie: srv.signIn("alice", pw)}
 	other := who{cookie: srv.signIn("alice", pw)} // another browser: stays signed in
-	var th snapshot
-	srv.as(alice, "POST", "/api/threads", map[string]any{}, http.StatusCreated, &th)
+	th := srv.as(alice).createThread()
 	ws := srv.mustDialWS(alice, "alice's cookie")
 	if a := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); a["type"] != "ack" {
 		t.Fatalf("subscribe: %v", a)
@@ -1042,7 +1066,7 @@ func TestSignOutEndsWebSocketAtItsNextCommand(t *testing.T) {
 	if took := time.Since(checked); took >= auth.DefaultCredentialCache {
 		t.Logf("the close came %v after the last check, past the cache time: this run did not exercise the cache", took)
 	}
-	if after := srv.snapshotAs(other, th.ThreadID); after.StateVersion != th.StateVersion {
+	if after := srv.as(other).snapshot(th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a signed-out session's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
 	srv.stop()
@@ -1061,18 +1085,16 @@ func TestUsersSeeOnlyTheirOwn(t *testing.T) {
 	alice := who{bearer: aliceToken}
 	bob := who{cookie: srv.signIn("bob", "bobs password here")}
 
-	var th snapshot
-	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "alice's secret"}, http.StatusCreated, &th)
-	var ack startAck
-	srv.as(alice, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
-		"expected_state_version": th.StateVersion, "user_message": "keep it short: alice's private question",
-	}, http.StatusCreated, &ack)
-	srv.waitRun(alice, ack.RunID)
-	snap := srv.snapshotAs(alice, th.ThreadID)
+	th := srv.as(alice).newThread("alice's secret")
+	ack := srv.as(alice).startRun(th.ThreadID, th.StateVersion, "keep it short: alice's private question")
+	srv.as(alice).waitRun(ack.RunID)
+	snap := srv.as(alice).snapshot(th.ThreadID)
 
 	if got := srv.threadList(bob); len(got) != 0 {
 		t.Fatalf("bob lists %v, want nothing", got)
 	}
+	// Raw: besides the 404 not_found, the whole body must not leak
+	// alice's text, and the client keeps only parts of an error's body.
 	notFound := func(method, path string, body any) {
 		t.Helper()
 		resp, raw := srv.send(bob, method, path, body)
@@ -1101,21 +1123,23 @@ func TestUsersSeeOnlyTheirOwn(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || strings.Contains(string(raw), th.ThreadID) || strings.Contains(string(raw), "alice's secret") {
 		t.Errorf("bob's home page: %d lists alice's thread; body %.400s", resp.StatusCode, raw)
 	}
-	ws := srv.mustDialWS(bob, "bob's cookie")
-	if e := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": 0}); e["type"] != "error" || e["error"] != "not_found" {
-		t.Errorf("bob subscribes to alice's thread: %v, want error not_found", e)
+	ws := srv.as(bob).connect("bob's cookie")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ws.Subscribe(ctx, th.ThreadID, 0); client.ErrorCode(err) != chat.CodeNotFound {
+		t.Errorf("bob subscribes to alice's thread: %v, want error not_found", err)
 	}
-	if e := ws.cmd(map[string]any{"type": "run.start", "thread_id": th.ThreadID, "expected_state_version": snap.StateVersion, "user_message": "hijack"}); e["type"] != "error" || e["error"] != "not_found" {
-		t.Errorf("bob starts a run on alice's thread over /ws: %v, want error not_found", e)
+	if _, err := ws.StartRun(ctx, client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: "hijack"}); client.ErrorCode(err) != chat.CodeNotFound {
+		t.Errorf("bob starts a run on alice's thread over /ws: %v, want error not_found", err)
 	}
 	// Nothing bob tried changed alice's thread.
-	if after := srv.snapshotAs(alice, th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
+	if after := srv.as(alice).snapshot(th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
 		t.Errorf("alice's thread changed after bob's attempts: version %d→%d, %d→%d messages", snap.StateVersion, after.StateVersion, len(snap.Messages), len(after.Messages))
 	}
 	if got := srv.threadList(alice); len(got) != 1 {
 		t.Errorf("alice lists %v, want her one thread", got)
 	}
-	ws.close()
+	ws.Close()
 	srv.stop()
 	checkDB(t, db)
 }
@@ -1130,8 +1154,7 @@ func TestUserDeleteEndsAccess(t *testing.T) {
 	token, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
 	viaToken, viaCookie := who{bearer: token}, who{cookie: srv.signIn("alice", pw)}
-	var th snapshot
-	srv.as(viaCookie, "POST", "/api/threads", map[string]any{"title": "before deletion"}, http.StatusCreated, &th)
+	th := srv.as(viaCookie).newThread("before deletion")
 	srv.threadList(viaToken)
 
 	code, out, errOut := runCLI(t, nil, "user", "del", "alice", "-db", db)
@@ -1162,7 +1185,9 @@ func TestUserDeleteEndsAccess(t *testing.T) {
 	if got := srv.threadList(again); len(got) != 0 {
 		t.Errorf("the new alice lists %v, want nothing of the deleted account", got)
 	}
-	srv.as(again, "GET", "/api/threads/"+th.ThreadID, nil, http.StatusNotFound, nil)
+	if _, err := srv.as(again).api().Thread(context.Background(), th.ThreadID); refusedStatus(err) != http.StatusNotFound {
+		t.Fatalf("the new alice reads the old one's thread: %v, want 404", err)
+	}
 	srv.wantUnauthorized(viaToken, "GET", "/api/threads", "the deleted account's token after the name was reused")
 	srv.wantUnauthorized(viaCookie, "GET", "/api/threads", "the deleted account's session after the name was reused")
 	srv.stop()

@@ -1,11 +1,13 @@
 package main
 
 import (
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // A backup taken while a run streams is a consistent database: it opens
@@ -17,13 +19,7 @@ func TestBinaryBackupWhileServing(t *testing.T) {
 	th := srv.createThread()
 	evs := srv.events(th.ThreadID, 0)
 	defer evs.close()
-	var started struct {
-		RunID string `json:"run_id"`
-	}
-	srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
-		"expected_state_version": th.StateVersion,
-		"user_message":           "Tell me about backups taken while a server is busy",
-	}, http.StatusCreated, &started)
+	started := srv.startRun(th.ThreadID, th.StateVersion, "Tell me about backups taken while a server is busy")
 	evs.waitDeltas(time.Now().Add(20*time.Second), started.RunID, 3)
 
 	out := filepath.Join(dir, "backups", "copy.db")
@@ -39,8 +35,8 @@ func TestBinaryBackupWhileServing(t *testing.T) {
 		t.Fatalf("backup without a destination: exit %d, stderr %q", code, stderr)
 	}
 	// The served run goes on to its end.
-	evs.waitFor(time.Now().Add(30*time.Second), "run.completed", func(ev event) bool {
-		return ev.Type == "run.completed" && ev.RunID == started.RunID
+	evs.waitFor(time.Now().Add(30*time.Second), "run.completed", func(ev client.Event) bool {
+		return ev.Type == chat.EventRunCompleted && ev.RunID == started.RunID
 	})
 	srv.stop()
 	checkDB(t, db)

@@ -144,5 +144,5 @@ func TestCLIAttacksChangeNothing(t *testing.T) {
 	}
 	// The account still signs in as before: nothing above touched it.
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
-	srv.as(who{bearer: token}, "GET", "/api/threads", nil, 200, nil)
+	srv.as(who{bearer: token}).threads()
 }

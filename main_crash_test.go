@@ -22,22 +22,20 @@ package main
 // not, since it runs in another process).
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand"
 	"net/http"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 var (
@@ -62,65 +60,15 @@ var crashPrompts = []string{
 }
 
 // ---------------------------------------------------------------------------
-// An HTTP client that reports errors instead of failing the test: commands
-// race with the SIGKILL, and an unanswered command is simply not
-// acknowledged.
+// Commands race with the SIGKILL: the workers' protocol client reports
+// errors instead of failing the test, and an unanswered command is simply
+// not acknowledged.
 
-var crashHTTP = &http.Client{Timeout: 10 * time.Second}
-
-func crashCall(base, method, path string, body, out any) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return 0, nil, err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, base+path, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := crashHTTP.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, nil, err
-	}
-	if out != nil && resp.StatusCode/100 == 2 && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return resp.StatusCode, raw, fmt.Errorf("decode %s %s answer: %v: %s", method, path, err, raw)
-		}
-	}
-	return resp.StatusCode, raw, nil
-}
-
-func errorCode(raw []byte) string {
-	var e struct {
-		Error string `json:"error"`
-	}
-	_ = json.Unmarshal(raw, &e)
-	return e.Error
-}
-
-type crashSnapshot struct {
-	ThreadID     string `json:"thread_id"`
-	StateVersion int64  `json:"state_version"`
-	LastSeq      int64  `json:"last_seq"`
-	ActiveRun    *struct {
-		RunID  string `json:"run_id"`
-		Status string `json:"status"`
-	} `json:"active_run"`
-	LastRun *struct {
-		RunID  string `json:"run_id"`
-		Status string `json:"status"`
-	} `json:"last_run"`
+// crashAPI is the workers' protocol client of one server: each request
+// bounded by 10 s.
+func crashAPI(t *testing.T, base string) *client.Client {
+	t.Helper()
+	return newAPI(t, base, 10*time.Second, nil)
 }
 
 // ---------------------------------------------------------------------------
@@ -158,14 +106,14 @@ func (l *crashLedger) violate(format string, args ...any) {
 	l.violations = append(l.violations, fmt.Sprintf(format, args...))
 }
 
-func (l *crashLedger) refused(cmd string, status int, raw []byte) {
+func (l *crashLedger) refused(cmd string, e *client.Error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.codes[fmt.Sprintf("%s:%d:%s", cmd, status, errorCode(raw))]++
+	l.codes[fmt.Sprintf("%s:%d:%s", cmd, e.Status, e.Code)]++
 }
 
 // ---------------------------------------------------------------------------
-// A watcher: one SSE stream per thread per cycle, from after_seq=0. It
+// A watcher: one event stream per thread per cycle, from after_seq=0. It
 // checks the order of seqs, that a seq once seen (in any cycle) always
 // names the same event, and invariant 4 (nothing of a run after its
 // run.cancelled but tool.updated); it keeps the deltas for fragment saves
@@ -181,17 +129,17 @@ type threadHistory struct {
 	sigs map[int64]string // seq -> signature, across cycles
 }
 
-func eventSignature(ev map[string]any) string {
-	typ, _ := ev["type"].(string)
-	runID, _ := ev["run_id"].(string)
-	msgID, _ := ev["message_id"].(string)
-	text, _ := ev["text"].(string)
-	sv, _ := ev["state_version"].(float64)
-	if m, ok := ev["message"].(map[string]any); ok {
-		id, _ := m["message_id"].(string)
-		msgID += "/" + id
+func eventSignature(ev client.Event) string {
+	msgID, text := "", ""
+	switch b := ev.Body.(type) {
+	case *chat.MessageDeltaBody:
+		msgID, text = b.MessageID, b.Text
+	case *chat.MessageDeletedBody:
+		msgID = b.MessageID
+	case *chat.MessagePublishedBody:
+		msgID = "/" + b.Message.MessageID
 	}
-	return fmt.Sprintf("%s run=%s msg=%s sv=%d text=%q", typ, runID, msgID, int64(sv), text)
+	return fmt.Sprintf("%s run=%s msg=%s sv=%d text=%q", ev.Type, ev.RunID, msgID, ev.StateVersion, text)
 }
 
 type watcher struct {
@@ -209,130 +157,87 @@ type watcher struct {
 	events   int
 }
 
-func startWatcher(ctx context.Context, base, threadID string, hist *threadHistory, l *crashLedger) (*watcher, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", base+"/api/threads/"+threadID+"/events?after_seq=0", nil)
+func startWatcher(ctx context.Context, api *client.Client, threadID string, hist *threadHistory, l *crashLedger) (*watcher, error) {
+	es, err := api.Events(ctx, threadID, 0)
 	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return nil, fmt.Errorf("event stream of %s: %s %s", threadID, resp.Status, b)
+		return nil, fmt.Errorf("event stream of %s: %w", threadID, err)
 	}
 	w := &watcher{threadID: threadID, hist: hist, ledger: l, done: make(chan struct{}),
 		deltas: map[string][]seenDelta{}, notify: make(chan struct{})}
-	go w.read(resp.Body)
+	go w.read(ctx, es)
 	return w, nil
 }
 
-// readSSE calls fn with every event's data; it returns when the body ends
-// or fn returns false.
-func readSSE(body io.Reader, fn func(id, typ string, data []byte) bool) error {
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 8<<20)
-	var id, typ string
-	var data []string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if len(data) > 0 && !fn(id, typ, []byte(strings.Join(data, "\n"))) {
-				return nil
-			}
-			id, typ, data = "", "", nil
-		case strings.HasPrefix(line, ":"):
-		case strings.HasPrefix(line, "id:"):
-			id = strings.TrimSpace(strings.TrimPrefix(line, "id:"))
-		case strings.HasPrefix(line, "event:"):
-			typ = strings.TrimSpace(strings.TrimPrefix(line, "event:"))
-		case strings.HasPrefix(line, "data:"):
-			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
-		}
-	}
-	return sc.Err()
-}
-
 // checkEvent applies the per-event checks shared by the live watchers and
-// the final replay: SSE framing, +1 seqs (a snapshot may only come first),
-// a seq never renamed, invariant 4. prev is the last seq applied (-1 before
-// the first event); it returns the new one.
-// cancelled holds the runs whose run.cancelled this stream delivered.
-func checkEvent(l *crashLedger, hist *threadHistory, cancelled map[string]bool, where, threadID string, prev int64, id, typ string, data []byte) (map[string]any, int64) {
-	var ev map[string]any
-	if err := json.Unmarshal(data, &ev); err != nil {
-		l.violate("%s: event data is not JSON: %v: %s", where, err, data)
-		return nil, prev
-	}
-	evType, _ := ev["type"].(string)
-	seqF, _ := ev["seq"].(float64)
-	seq := int64(seqF)
-	if typ != evType || id != strconv.FormatInt(seq, 10) {
-		l.violate("%s: SSE frame id %q event %q, data seq %d type %q", where, id, typ, seq, evType)
-	}
-	if tid, _ := ev["thread_id"].(string); tid != threadID {
-		l.violate("%s: event %s seq %d has thread_id %q", where, evType, seq, tid)
-	}
-	if evType == "thread.snapshot" {
+// the final replay: a snapshot may only come first, a seq is never
+// renamed, invariant 4. (The client delivers every seq once and in order,
+// and counts what it had to repair: checkStream.) prev is the last seq
+// applied (-1 before the first event). cancelled holds the runs whose
+// run.cancelled this stream delivered.
+func checkEvent(l *crashLedger, hist *threadHistory, cancelled map[string]bool, where string, prev int64, ev client.Event) {
+	if ev.Type == chat.EventThreadSnapshot {
 		if prev != -1 {
-			l.violate("%s: thread.snapshot (seq %d) in the middle of the stream after seq %d", where, seq, prev)
+			l.violate("%s: thread.snapshot (seq %d) in the middle of the stream after seq %d", where, ev.Seq, prev)
 		}
-		return ev, seq
-	}
-	if want := prev + 1; prev == -1 && seq != 1 || prev != -1 && seq != want {
-		l.violate("%s: event %s has seq %d after seq %d: a gap or a duplicate", where, evType, seq, prev)
+		return
 	}
 	sig := eventSignature(ev)
-	runID, _ := ev["run_id"].(string)
 	hist.mu.Lock()
-	if old, ok := hist.sigs[seq]; ok && old != sig {
-		l.violate("%s: seq %d was %s, now %s: a seq a client saw was reused", where, seq, old, sig)
+	if old, ok := hist.sigs[ev.Seq]; ok && old != sig {
+		l.violate("%s: seq %d was %s, now %s: a seq a client saw was reused", where, ev.Seq, old, sig)
 	} else if !ok {
-		hist.sigs[seq] = sig
+		hist.sigs[ev.Seq] = sig
 	}
 	hist.mu.Unlock()
-	if runID != "" && cancelled[runID] && evType != "tool.updated" {
-		l.violate("%s: run %s emitted %s (seq %d) after its run.cancelled", where, runID, evType, seq)
+	if ev.RunID != "" && cancelled[ev.RunID] && ev.Type != chat.EventToolUpdated {
+		l.violate("%s: run %s emitted %s (seq %d) after its run.cancelled", where, ev.RunID, ev.Type, ev.Seq)
 	}
-	if evType == "run.cancelled" {
-		cancelled[runID] = true
+	if ev.Type == chat.EventRunCancelled {
+		cancelled[ev.RunID] = true
 	}
-	return ev, seq
 }
 
-func (w *watcher) read(body io.ReadCloser) {
+// checkStream records as violations what the client had to repair or drop
+// on an event stream: an SSE event whose id or event line disagrees with
+// its data (or unreadable data), a duplicate, a gap, an event of another
+// thread.
+func checkStream(l *crashLedger, where string, st client.Stats) {
+	if st.Malformed+st.Duplicates+st.Jumps+st.Stray > 0 {
+		l.violate("%s: %d malformed SSE events, %d duplicates, %d gaps, %d events of another thread; the last: %s",
+			where, st.Malformed, st.Duplicates, st.Jumps, st.Stray, st.LastAnomaly)
+	}
+}
+
+// read follows the stream until ctx ends (the cycle's end).
+func (w *watcher) read(ctx context.Context, es *client.Stream) {
 	defer close(w.done)
-	defer body.Close()
+	defer es.Close()
+	where := "live " + w.threadID
+	defer func() { checkStream(w.ledger, where, es.Stats()) }()
 	prev := int64(-1)
 	cancelled := map[string]bool{}
-	_ = readSSE(body, func(id, typ string, data []byte) bool {
-		ev, seq := checkEvent(w.ledger, w.hist, cancelled, "live "+w.threadID, w.threadID, prev, id, typ, data)
-		if ev == nil {
-			return false
+	for {
+		ev, err := es.Next(ctx)
+		if err != nil {
+			return
 		}
+		checkEvent(w.ledger, w.hist, cancelled, where, prev, ev)
 		w.mu.Lock()
-		if ev["type"] == "thread.snapshot" {
+		if ev.Type == chat.EventThreadSnapshot {
 			w.snapshot = true
 		}
-		if ev["type"] == "message.delta" {
-			msgID, _ := ev["message_id"].(string)
-			text, _ := ev["text"].(string)
-			if _, ok := w.deltas[msgID]; !ok {
-				w.order = append(w.order, msgID)
+		if d := ev.Delta(); d != nil {
+			if _, ok := w.deltas[d.MessageID]; !ok {
+				w.order = append(w.order, d.MessageID)
 			}
-			w.deltas[msgID] = append(w.deltas[msgID], seenDelta{seq: seq, text: text})
+			w.deltas[d.MessageID] = append(w.deltas[d.MessageID], seenDelta{seq: ev.Seq, text: d.Text})
 		}
-		prev, w.lastSeq = seq, seq
+		prev, w.lastSeq = ev.Seq, ev.Seq
 		w.events++
 		close(w.notify)
 		w.notify = make(chan struct{})
 		w.mu.Unlock()
-		return true
-	})
+	}
 }
 
 // waitEvents waits until n more events arrived, stop closed, or a safety
@@ -386,7 +291,7 @@ func (w *watcher) pickFragment(r *rand.Rand) (msgID string, lastSeq int64, conte
 // A worker drives one thread until stop is closed.
 
 type crashWorker struct {
-	base     string
+	api      *client.Client
 	threadID string
 	r        *rand.Rand
 	w        *watcher
@@ -403,31 +308,36 @@ func (cw *crashWorker) stopped() bool {
 	}
 }
 
-// call is crashCall; a transport error while the server should be alive is
-// a violation (it died on its own).
-func (cw *crashWorker) call(method, path string, body, out any) (int, []byte, bool) {
-	status, raw, err := crashCall(cw.base, method, path, body, out)
-	if err != nil {
+// answered sorts the outcome of a command: err nil (done), the server's
+// refusal (returned), or no answer (ok false). No answer while the server
+// should be alive is a violation (it died on its own), and so is a 5xx.
+func (cw *crashWorker) answered(what string, err error) (refused *client.Error, ok bool) {
+	if err == nil {
+		return nil, true
+	}
+	e := refusal(err)
+	if e == nil {
 		if !cw.stopped() {
-			cw.l.violate("%s %s failed while the server should be alive: %d %v", method, path, status, err)
+			cw.l.violate("%s failed while the server should be alive: %v", what, err)
 		}
-		return status, raw, false
+		return nil, false
 	}
-	if status >= 500 {
-		cw.l.violate("%s %s: %d %s", method, path, status, raw)
+	if e.Status >= 500 {
+		cw.l.violate("%s: %d %v", what, e.Status, e)
 	}
-	return status, raw, true
+	return e, true
 }
 
 func (cw *crashWorker) run() {
+	ctx := context.Background()
 	for !cw.stopped() {
-		var snap crashSnapshot
-		status, raw, ok := cw.call("GET", "/api/threads/"+cw.threadID, nil, &snap)
+		snap, err := cw.api.Thread(ctx, cw.threadID)
+		e, ok := cw.answered("GET thread "+cw.threadID, err)
 		if !ok {
 			return
 		}
-		if status != http.StatusOK {
-			cw.l.violate("GET thread %s: %d %s", cw.threadID, status, raw)
+		if e != nil {
+			cw.l.violate("GET thread %s: %d %v", cw.threadID, e.Status, e)
 			return
 		}
 		p := cw.r.Intn(100)
@@ -447,8 +357,8 @@ func (cw *crashWorker) run() {
 }
 
 // active picks what to do while the thread has a run in flight.
-func (cw *crashWorker) active(snap crashSnapshot, p int) {
-	waiting := snap.ActiveRun.Status == "waiting_confirmation"
+func (cw *crashWorker) active(snap chat.Snapshot, p int) {
+	waiting := snap.ActiveRun.Status == chat.RunWaitingConfirmation
 	switch {
 	case waiting && p < 45:
 		cw.decide(snap, true)
@@ -465,29 +375,29 @@ func (cw *crashWorker) active(snap crashSnapshot, p int) {
 	}
 }
 
-func (cw *crashWorker) start(snap crashSnapshot) {
-	body := map[string]any{"expected_state_version": snap.StateVersion}
-	continuing := snap.LastRun != nil && (snap.LastRun.Status == "cancelled" || snap.LastRun.Status == "failed") && cw.r.Intn(2) == 0
+func (cw *crashWorker) start(snap chat.Snapshot) {
+	req := client.StartRunRequest{ThreadID: cw.threadID, ExpectedStateVersion: snap.StateVersion}
+	continuing := snap.LastRun != nil && (snap.LastRun.Status == chat.RunCancelled || snap.LastRun.Status == chat.RunFailed) && cw.r.Intn(2) == 0
 	if !continuing {
-		body["user_message"] = crashPrompts[cw.r.Intn(len(crashPrompts))]
+		req.UserMessage = crashPrompts[cw.r.Intn(len(crashPrompts))]
 	}
-	var ack startAck
-	status, raw, ok := cw.call("POST", "/api/threads/"+cw.threadID+"/runs", body, &ack)
+	ack, err := cw.api.StartRun(context.Background(), req)
+	e, ok := cw.answered("run.start on "+cw.threadID, err)
 	if !ok {
 		return
 	}
-	if status != http.StatusCreated {
-		cw.l.refused("run.start", status, raw)
-		switch c := errorCode(raw); {
-		case c == "state_version_conflict", c == "run_already_active":
-		case c == "invalid_request" && continuing: // nothing pending to continue
+	if e != nil {
+		cw.l.refused("run.start", e)
+		switch c := e.Code; {
+		case c == chat.CodeStateVersionConflict, c == chat.CodeRunAlreadyActive:
+		case c == chat.CodeInvalidRequest && continuing: // nothing pending to continue
 		default:
-			cw.l.violate("run.start on %s at version %d: %d %s", cw.threadID, snap.StateVersion, status, raw)
+			cw.l.violate("run.start on %s at version %d: %d %v", cw.threadID, snap.StateVersion, e.Status, e)
 		}
 		return
 	}
 	if !strings.HasPrefix(ack.RunID, "run_") || ack.StateVersion <= snap.StateVersion {
-		cw.l.violate("run.start ack %s: want a run id and a state_version above %d", raw, snap.StateVersion)
+		cw.l.violate("run.start ack %+v: want a run id and a state_version above %d", ack, snap.StateVersion)
 	}
 	cw.l.mu.Lock()
 	cw.l.runs[ack.RunID] = cw.threadID
@@ -498,71 +408,66 @@ func (cw *crashWorker) start(snap crashSnapshot) {
 	cw.w.waitEvents(1+cw.r.Intn(8), cw.stop)
 }
 
-func (cw *crashWorker) cancel(runID string, snap crashSnapshot) {
-	body := map[string]any{}
+func (cw *crashWorker) cancel(runID string, snap chat.Snapshot) {
+	req := client.CancelRunRequest{RunID: runID}
 	if cw.r.Intn(3) == 0 {
-		body["expected_state_version"] = snap.StateVersion - 1 // a stale version never blocks a cancel
+		req.ExpectedStateVersion = snap.StateVersion - 1 // a stale version never blocks a cancel
 	}
-	var ack cancelAck
-	status, raw, ok := cw.call("POST", "/api/runs/"+runID+"/cancel", body, &ack)
+	ack, err := cw.api.CancelRun(context.Background(), req)
+	e, ok := cw.answered("cancel of "+runID, err)
 	if !ok {
 		return
 	}
-	if status != http.StatusAccepted {
-		cw.l.refused("run.cancel", status, raw)
-		if errorCode(raw) != "run_not_active" {
-			cw.l.violate("cancel of %s: %d %s, want 202 or run_not_active", runID, status, raw)
+	if e != nil {
+		cw.l.refused("run.cancel", e)
+		if e.Code != chat.CodeRunNotActive {
+			cw.l.violate("cancel of %s: %d %v, want 202 or run_not_active", runID, e.Status, e)
 		}
 		return
 	}
 	switch ack.Status {
-	case "cancel_requested", "cancelling", "cancelled":
+	case chat.RunCancelRequested, chat.RunCancelling, chat.RunCancelled:
 	default:
-		cw.l.violate("cancel ack of %s: status %q: %s", runID, ack.Status, raw)
+		cw.l.violate("cancel ack of %s: status %q: %+v", runID, ack.Status, ack)
 	}
 	cw.l.mu.Lock()
-	cw.l.cancels[runID] = ack.Status
+	cw.l.cancels[runID] = string(ack.Status)
 	cw.l.mu.Unlock()
 	cw.w.waitEvents(1+cw.r.Intn(4), cw.stop)
 }
 
-func (cw *crashWorker) decide(snap crashSnapshot, confirm bool) {
-	var ops struct {
-		Operations []operation `json:"operations"`
-	}
-	status, raw, ok := cw.call("GET", "/api/threads/"+cw.threadID+"/operations", nil, &ops)
+func (cw *crashWorker) decide(snap chat.Snapshot, confirm bool) {
+	ops, err := cw.api.Operations(context.Background(), cw.threadID)
+	e, ok := cw.answered("GET operations of "+cw.threadID, err)
 	if !ok {
 		return
 	}
-	if status != http.StatusOK {
-		cw.l.violate("GET operations of %s: %d %s", cw.threadID, status, raw)
+	if e != nil {
+		cw.l.violate("GET operations of %s: %d %v", cw.threadID, e.Status, e)
 		return
 	}
-	for _, op := range ops.Operations {
+	for _, op := range ops {
 		if op.Phase != "prepared" || op.RunID != snap.ActiveRun.RunID {
 			continue
 		}
-		verb := "reject"
+		verb, decide := "reject", cw.api.RejectTool
 		if confirm {
-			verb = "confirm"
+			verb, decide = "confirm", cw.api.ConfirmTool
 		}
-		var ack struct {
-			OperationID string `json:"operation_id"`
-			Phase       string `json:"phase"`
-		}
-		status, raw, ok := cw.call("POST", "/api/operations/"+op.OperationID+"/"+verb, map[string]any{"expected_state_version": snap.StateVersion}, &ack)
+		ack, err := decide(context.Background(), op.OperationID, snap.StateVersion)
+		e, ok := cw.answered(verb+" "+op.OperationID, err)
 		if !ok {
 			return
 		}
-		if status != http.StatusOK {
-			cw.l.refused("tool."+verb, status, raw)
-			if c := errorCode(raw); c != "state_version_conflict" && c != "operation_not_pending" {
-				cw.l.violate("%s %s: %d %s", verb, op.OperationID, status, raw)
+		if e != nil {
+			cw.l.refused("tool."+verb, e)
+			if c := e.Code; c != chat.CodeStateVersionConflict && c != chat.CodeOperationNotPending {
+				cw.l.violate("%s %s: %d %v", verb, op.OperationID, e.Status, e)
 			}
 			return
 		}
 		if ack.OperationID != op.OperationID || ack.Phase == "prepared" {
-			cw.l.violate("%s ack of %s: %s", verb, op.OperationID, raw)
+			cw.l.violate("%s ack of %s: %+v", verb, op.OperationID, ack)
 		}
 		cw.l.mu.Lock()
 		if confirm {
@@ -576,32 +481,27 @@ func (cw *crashWorker) decide(snap crashSnapshot, confirm bool) {
 	}
 }
 
-func (cw *crashWorker) fragment(snap crashSnapshot) {
+func (cw *crashWorker) fragment(snap chat.Snapshot) {
 	msgID, lastSeq, content, known, ok := cw.w.pickFragment(cw.r)
 	if !ok {
 		cw.w.waitEvents(1+cw.r.Intn(4), cw.stop)
 		return
 	}
-	var ack struct {
-		MessageID    string `json:"message_id"`
-		CheckpointID string `json:"checkpoint_id"`
-		StateVersion int64  `json:"state_version"`
-	}
-	status, raw, ok := cw.call("POST", "/api/threads/"+cw.threadID+"/fragments", map[string]any{
-		"message_id": msgID, "last_seq": lastSeq, "expected_state_version": snap.StateVersion,
-	}, &ack)
+	ack, err := cw.api.SaveFragment(context.Background(), client.SaveFragmentRequest{ThreadID: cw.threadID,
+		MessageID: msgID, LastSeq: lastSeq, ExpectedStateVersion: snap.StateVersion})
+	e, ok := cw.answered("fragment.save of "+msgID, err)
 	if !ok {
 		return
 	}
-	if status != http.StatusCreated {
-		cw.l.refused("fragment.save", status, raw)
-		if c := errorCode(raw); c != "state_version_conflict" && c != "fragment_unavailable" {
-			cw.l.violate("fragment.save of %s up to seq %d (seen by this client): %d %s", msgID, lastSeq, status, raw)
+	if e != nil {
+		cw.l.refused("fragment.save", e)
+		if c := e.Code; c != chat.CodeStateVersionConflict && c != chat.CodeFragmentUnavailable {
+			cw.l.violate("fragment.save of %s up to seq %d (seen by this client): %d %v", msgID, lastSeq, e.Status, e)
 		}
 		return
 	}
 	if !strings.HasPrefix(ack.MessageID, "msg_") || ack.MessageID == msgID {
-		cw.l.violate("fragment.save ack %s: want the fragment's own message id", raw)
+		cw.l.violate("fragment.save ack %+v: want the fragment's own message id", ack)
 	}
 	cw.l.mu.Lock()
 	cw.l.fragments[ack.MessageID] = fragmentRec{threadID: cw.threadID, streamed: msgID, lastSeq: lastSeq, content: content, contentKnown: known}
@@ -610,21 +510,28 @@ func (cw *crashWorker) fragment(snap crashSnapshot) {
 
 // staleCommand sends a command at a version older than the snapshot's: it
 // must be refused with 409 state_version_conflict and change nothing.
-func (cw *crashWorker) staleCommand(snap crashSnapshot) {
+func (cw *crashWorker) staleCommand(snap chat.Snapshot) {
 	if snap.StateVersion <= 1 {
 		return
 	}
 	stale := snap.StateVersion - 1 - int64(cw.r.Intn(int(min(snap.StateVersion-1, 3))))
-	path, body, cmd := "/api/threads/"+cw.threadID+"/runs", map[string]any{"expected_state_version": stale, "user_message": "stale tab says hi"}, "run.start"
-	if msgID, lastSeq, _, _, ok := cw.w.pickFragment(cw.r); ok && cw.r.Intn(2) == 0 {
-		path, body, cmd = "/api/threads/"+cw.threadID+"/fragments", map[string]any{"message_id": msgID, "last_seq": lastSeq, "expected_state_version": stale}, "fragment.save"
+	cmd, send := "run.start", func() error {
+		_, err := cw.api.StartRun(context.Background(), client.StartRunRequest{ThreadID: cw.threadID, ExpectedStateVersion: stale, UserMessage: "stale tab says hi"})
+		return err
 	}
-	status, raw, ok := cw.call("POST", path, body, nil)
+	if msgID, lastSeq, _, _, ok := cw.w.pickFragment(cw.r); ok && cw.r.Intn(2) == 0 {
+		cmd, send = "fragment.save", func() error {
+			_, err := cw.api.SaveFragment(context.Background(), client.SaveFragmentRequest{ThreadID: cw.threadID, MessageID: msgID, LastSeq: lastSeq, ExpectedStateVersion: stale})
+			return err
+		}
+	}
+	err := send()
+	e, ok := cw.answered("stale "+cmd, err)
 	if !ok {
 		return
 	}
-	if status != http.StatusConflict || errorCode(raw) != "state_version_conflict" {
-		cw.l.violate("stale %s (expected_state_version %d, thread at %d or later): %d %s, want 409 state_version_conflict", cmd, stale, snap.StateVersion, status, raw)
+	if e == nil || e.Status != http.StatusConflict || e.Code != chat.CodeStateVersionConflict {
+		cw.l.violate("stale %s (expected_state_version %d, thread at %d or later): %v, want 409 state_version_conflict", cmd, stale, snap.StateVersion, err)
 		return
 	}
 	cw.l.mu.Lock()
@@ -674,15 +581,16 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var watchers []*watcher
+		api := crashAPI(t, srv.base)
 		for _, tid := range threads {
-			w, err := startWatcher(ctx, srv.base, tid, hists[tid], l)
+			w, err := startWatcher(ctx, api, tid, hists[tid], l)
 			if err != nil {
 				cancelWatch()
 				t.Fatalf("cycle %d: %v", cycle, err)
 			}
 			watchers = append(watchers, w)
 			for range tabsPerThread {
-				cw := &crashWorker{base: srv.base, threadID: tid, r: rand.New(rand.NewSource(rng.Int63())), w: w, l: l, stop: stop}
+				cw := &crashWorker{api: api, threadID: tid, r: rand.New(rand.NewSource(rng.Int63())), w: w, l: l, stop: stop}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -714,6 +622,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 
 	// The last restart: no kill; recovery settles.
 	srv := startServerWith(t, db, pace(), flags...)
+	api := crashAPI(t, srv.base)
 	audit := auditDB(t, db)
 	defer audit.Close()
 	var allRuns []string
@@ -735,18 +644,18 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		}
 	}
 
-	status := map[string]runInfo{}
+	ctx := context.Background()
+	status := map[string]chat.Run{}
 	settle := func() {
 		deadline := time.Now().Add(45 * time.Second)
 		for _, id := range allRuns {
 			for {
-				var r runInfo
-				code, raw, err := crashCall(srv.base, "GET", "/api/runs/"+id, nil, &r)
-				if err != nil || code != http.StatusOK {
-					t.Fatalf("GET /api/runs/%s: %d %s %v", id, code, raw, err)
+				r, err := api.Run(ctx, id)
+				if err != nil {
+					t.Fatalf("GET /api/runs/%s: %v", id, err)
 				}
 				status[id] = r
-				if isTerminal(r.Status) || r.Status == "waiting_confirmation" {
+				if r.Status.Terminal() || r.Status == chat.RunWaitingConfirmation {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -759,9 +668,9 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	settledWaiting := 0
 	for round := 0; ; round++ {
 		settle()
-		var waiting []runInfo
+		var waiting []chat.Run
 		for _, id := range allRuns {
-			if r := status[id]; r.Status == "waiting_confirmation" {
+			if r := status[id]; r.Status == chat.RunWaitingConfirmation {
 				waiting = append(waiting, r)
 			}
 		}
@@ -774,25 +683,20 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		for _, r := range waiting {
 			settledWaiting++
 			if rng.Intn(2) == 0 {
-				if code, raw, err := crashCall(srv.base, "POST", "/api/runs/"+r.RunID+"/cancel", map[string]any{}, nil); err != nil || code != http.StatusAccepted {
-					t.Fatalf("cancel waiting run %s: %d %s %v", r.RunID, code, raw, err)
+				if _, err := api.CancelRun(ctx, client.CancelRunRequest{RunID: r.RunID}); err != nil {
+					t.Fatalf("cancel waiting run %s: %v", r.RunID, err)
 				}
 				l.mu.Lock()
 				l.cancels[r.RunID] = "settle"
 				l.mu.Unlock()
 				continue
 			}
-			var ops struct {
-				Operations []operation `json:"operations"`
-			}
-			var snap crashSnapshot
-			crashCall(srv.base, "GET", "/api/threads/"+r.ThreadID, nil, &snap)
-			crashCall(srv.base, "GET", "/api/threads/"+r.ThreadID+"/operations", nil, &ops)
-			for _, op := range ops.Operations {
+			snap, _ := api.Thread(ctx, r.ThreadID)
+			ops, _ := api.Operations(ctx, r.ThreadID)
+			for _, op := range ops {
 				if op.RunID == r.RunID && op.Phase == "prepared" {
-					code, raw, err := crashCall(srv.base, "POST", "/api/operations/"+op.OperationID+"/reject", map[string]any{"expected_state_version": snap.StateVersion}, nil)
-					if err != nil || code != http.StatusOK {
-						t.Fatalf("reject %s of waiting run %s: %d %s %v", op.OperationID, r.RunID, code, raw, err)
+					if _, err := api.RejectTool(ctx, op.OperationID, snap.StateVersion); err != nil {
+						t.Fatalf("reject %s of waiting run %s: %v", op.OperationID, r.RunID, err)
 					}
 					l.mu.Lock()
 					l.rejects[op.OperationID] = r.RunID
@@ -881,7 +785,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	// client saw, one terminal event per run, one message.published per
 	// message.
 	for _, tid := range threads {
-		replayThread(t, l, srv.base, tid, hists[tid])
+		replayThread(t, l, api, tid, hists[tid])
 	}
 
 	srv.stop()
@@ -904,10 +808,6 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	}
 }
 
-func isTerminal(status string) bool {
-	return status == "completed" || status == "failed" || status == "cancelled"
-}
-
 func containsStr(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -917,44 +817,41 @@ func containsStr(list []string, s string) bool {
 	return false
 }
 
-// replayThread reads GET /api/threads/{id}/events?after_seq=0 up to the
-// thread's last seq and checks it.
-func replayThread(t *testing.T, l *crashLedger, base, threadID string, hist *threadHistory) {
+// replayThread reads the thread's event stream from seq 0 up to its last
+// seq and checks it.
+func replayThread(t *testing.T, l *crashLedger, api *client.Client, threadID string, hist *threadHistory) {
 	t.Helper()
-	var snap crashSnapshot
-	if code, raw, err := crashCall(base, "GET", "/api/threads/"+threadID, nil, &snap); err != nil || code != http.StatusOK {
-		t.Fatalf("GET thread %s: %d %s %v", threadID, code, raw, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/threads/"+threadID+"/events?after_seq=0", nil)
-	resp, err := http.DefaultClient.Do(req)
+	snap, err := api.Thread(ctx, threadID)
+	if err != nil {
+		t.Fatalf("GET thread %s: %v", threadID, err)
+	}
+	es, err := api.Events(ctx, threadID, 0)
 	if err != nil {
 		t.Fatalf("replay %s: %v", threadID, err)
 	}
-	defer resp.Body.Close()
+	defer es.Close()
+	where := "replay " + threadID
 	cancelled := map[string]bool{}
 	prev := int64(-1)
 	terminal := map[string]int{}
 	published := map[string]int{}
-	_ = readSSE(resp.Body, func(id, typ string, data []byte) bool {
-		ev, seq := checkEvent(l, hist, cancelled, "replay "+threadID, threadID, prev, id, typ, data)
-		if ev == nil {
-			return false
+	for prev < snap.LastSeq {
+		ev, err := es.Next(ctx)
+		if err != nil {
+			break
 		}
-		prev = seq
-		runID, _ := ev["run_id"].(string)
-		switch ev["type"] {
-		case "run.completed", "run.failed", "run.cancelled":
-			terminal[runID]++
-		case "message.published":
-			if m, ok := ev["message"].(map[string]any); ok {
-				id, _ := m["message_id"].(string)
-				published[id]++
-			}
+		checkEvent(l, hist, cancelled, where, prev, ev)
+		prev = ev.Seq
+		switch ev.Type {
+		case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled:
+			terminal[ev.RunID]++
+		case chat.EventMessagePublished:
+			published[ev.Published().Message.MessageID]++
 		}
-		return seq < snap.LastSeq
-	})
+	}
+	checkStream(l, where, es.Stats())
 	if prev != snap.LastSeq {
 		l.violate("replay %s ended at seq %d, the thread's last_seq is %d", threadID, prev, snap.LastSeq)
 	}

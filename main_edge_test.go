@@ -24,11 +24,16 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // hostCall sends method path to base with the Host header host and the
 // extra headers; body "" sends none. It returns the answer's status,
-// headers and body.
+// headers and body. Raw: the subject of these tests is the request and
+// the answer on the wire (Host, Origin, Sec-Fetch-Site, security headers,
+// the exact status and error shape of a refusal).
 func hostCall(t *testing.T, base, method, path, host string, hdr map[string]string, body string) (int, http.Header, []byte) {
 	t.Helper()
 	var rd io.Reader
@@ -55,7 +60,8 @@ func hostCall(t *testing.T, base, method, path, host string, hdr map[string]stri
 	return resp.StatusCode, resp.Header, raw
 }
 
-// dialHost opens /ws of base with the Host header host and headers hdr.
+// dialHost opens /ws of base with the Host header host and headers hdr,
+// raw: for the refusal's wire shape (see wantForbidden).
 func dialHost(base, host string, hdr map[string]string) (*websocket.Conn, *http.Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -248,20 +254,17 @@ func TestHostAllowlistStopsDNSRebinding(t *testing.T) {
 		if status, _, raw := hostCall(t, srv.base, "GET", "/", host, nil, ""); status != http.StatusOK {
 			t.Errorf("GET / with Host %s: %d %.200s, want 200", host, status, raw)
 		}
-		c, resp, err := dialHost(srv.base, host, map[string]string{"Origin": "http://" + host})
+		// A tab of a page on that name: the protocol client sends the
+		// name as Host and the page's Origin, and says hello.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		conn, err := newAPI(t, srv.base, 15*time.Second, nil, client.WithHost(host), client.WithOrigin("http://"+host)).
+			Connect(ctx, client.ConnOptions{TabID: "edge"})
+		cancel()
 		if err != nil {
-			status := 0
-			if resp != nil {
-				status = resp.StatusCode
-			}
-			t.Errorf("GET /ws with Host %s: %d %v, want an upgrade", host, status, err)
+			t.Errorf("GET /ws with Host %s, then hello: %v, want an upgrade and an ack", host, err)
 			continue
 		}
-		ws := &wsClient{t: t, conn: c}
-		if ack := ws.cmd(map[string]any{"type": "hello", "tab_id": "edge"}); ack["type"] != "ack" {
-			t.Errorf("hello over /ws with Host %s: %v", host, ack)
-		}
-		c.CloseNow()
+		conn.Close()
 	}
 	srv.stop()
 	checkDB(t, db)
@@ -368,16 +371,7 @@ func TestAllowedHostsFlags(t *testing.T) {
 	})
 
 	t.Run("accepted on a non-loopback address that is never reachable", func(t *testing.T) {
-		const unreachable = "192.0.2.1:0"
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range addrs {
-			if strings.HasPrefix(a.String(), "192.0.2.1/") {
-				t.Skip("this host holds 192.0.2.1: listening on it could be reachable")
-			}
-		}
+		unreachable := unreachableAddr(t)
 		conf := writeConfig(t, "allowed-hosts = chat.example.test")
 		for _, tc := range []struct {
 			name string
@@ -544,14 +538,17 @@ func TestSlowBodyIsCutStreamsStay(t *testing.T) {
 	}
 	th := srv.createThread()
 	sse := srv.events(th.ThreadID, th.LastSeq)
-	c, _, err := dialHost(srv.base, strings.TrimPrefix(srv.base, "http://"), nil)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ws, err := srv.api().Connect(sctx, client.ConnOptions{})
 	if err != nil {
+		cancel()
 		t.Fatalf("open /ws: %v", err)
 	}
-	defer c.CloseNow()
-	ws := &wsClient{t: t, conn: c}
-	if ack := ws.cmd(map[string]any{"type": "subscribe", "thread_id": th.ThreadID, "after_seq": th.LastSeq}); ack["type"] != "ack" {
-		t.Fatalf("subscribe: %v", ack)
+	defer ws.Close()
+	sub, err := ws.Subscribe(sctx, th.ThreadID, th.LastSeq)
+	cancel()
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
 	}
 
 	addr := strings.TrimPrefix(srv.base, "http://")
@@ -626,21 +623,22 @@ func TestSlowBodyIsCutStreamsStay(t *testing.T) {
 
 	// The streams opened before the slow request outlived its deadline:
 	// a run's events reach both.
-	var run struct {
-		RunID string `json:"run_id"`
-	}
-	srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{"expected_state_version": th.StateVersion, "user_message": "short: still there?"}, http.StatusCreated, &run)
+	run := srv.startRun(th.ThreadID, th.StateVersion, "short: still there?")
 	deadline := time.Now().Add(20 * time.Second)
-	sse.waitFor(deadline, "run.completed on the event stream", func(ev event) bool { return ev.Type == "run.completed" && ev.RunID == run.RunID })
+	sse.waitFor(deadline, "run.completed on the event stream", func(ev client.Event) bool { return ev.Type == chat.EventRunCompleted && ev.RunID == run.RunID })
 	wsCtx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	for seen := false; !seen; {
-		_, frame, err := c.Read(wsCtx)
+		ev, err := sub.Next(wsCtx)
 		if err != nil {
 			t.Fatalf("the WebSocket ended before run.completed: %v", err)
 		}
-		seen = strings.Contains(string(frame), `"run.completed"`)
+		seen = ev.Type == chat.EventRunCompleted
+	}
+	// (The client would have reconnected a connection the server cut:
+	// one connection means it was not.)
+	if n := ws.Stats().Connects; n != 1 {
+		t.Errorf("the WebSocket was cut and reconnected (%d connections)", n)
 	}
 	sse.close()
-	c.Close(websocket.StatusNormalClosure, "")
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,10 +65,8 @@ func TestBinaryWarnsOfReadableDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startServer(t, db, "0s")
-	var list threadTitles
-	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
-	if len(list.Threads) != 1 {
-		t.Errorf("%d threads, want the 1 of the first start", len(list.Threads))
+	if list := srv.threads(); len(list) != 1 {
+		t.Errorf("%d threads, want the 1 of the first start", len(list))
 	}
 	const fileWarning = "other users of this machine may read the database, which holds every conversation and the password and token hashes: make it yours alone"
 	const dirWarning = "other users of this machine may list the database's folder: make it yours alone (or move the database into a folder of its own)"

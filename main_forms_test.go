@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"io/fs"
 	"net"
@@ -17,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
 )
 
 // generatedMultipart streams a multipart/form-data body of size bytes (a
@@ -126,13 +129,6 @@ func tempFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-type threadTitles struct {
-	Threads []struct {
-		ThreadID string `json:"thread_id"`
-		Title    string `json:"title"`
-	} `json:"threads"`
-}
-
 // Every page form refuses what a browser's form never sends, before
 // acting: a multipart body (150 MB of it, streamed, and a small one), a
 // URL-encoded body over 16 KiB, other content types. Each is answered 415
@@ -145,8 +141,7 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startServerEnv(t, []string{"TMPDIR=" + tmp}, filepath.Join(dir, "gw.db"), "0s")
-	var th snapshot
-	srv.mustCall("POST", "/api/threads", map[string]any{"title": "keep me"}, http.StatusCreated, &th)
+	th := srv.newThread("keep me")
 
 	big := url.Values{"title": {strings.Repeat("a", 17<<10)}}.Encode()
 	multipart := "multipart/form-data; boundary=" + formBoundary
@@ -172,10 +167,8 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 				if status != a.status || !strings.Contains(page, `data-testid="form-refused"`) {
 					t.Errorf("status %d, want %d with the refusal page: %.300s", status, a.status, page)
 				}
-				var list threadTitles
-				srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
-				if len(list.Threads) != 1 || list.Threads[0].Title != "keep me" {
-					t.Errorf("threads now %+v, want only %q", list.Threads, "keep me")
+				if list := srv.threads(); len(list) != 1 || list[0].Title != "keep me" {
+					t.Errorf("threads now %+v, want only %q", list, "keep me")
 				}
 				if left := tempFiles(t, tmp); len(left) > 0 {
 					t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
@@ -195,15 +188,13 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		if status != http.StatusBadRequest || !strings.Contains(page, `data-error="invalid_request"`) || !strings.Contains(page, "control character") {
 			t.Errorf("rename to %q: %d %.300s, want 400 invalid_request naming the control character", title, status, page)
 		}
-		var apiErr apiError
-		if code, raw := srv.call("POST", "/api/threads", map[string]any{"title": title}, &apiErr); code != http.StatusBadRequest || apiErr.Error != "invalid_request" || !strings.HasPrefix(apiErr.Message, "title ") {
-			t.Errorf("API title %q: %d %s, want 400 invalid_request naming title", title, code, raw)
+		_, err := srv.api().CreateThread(context.Background(), title)
+		if e := refusal(err); e == nil || e.Status != http.StatusBadRequest || e.Code != chat.CodeInvalidRequest || !strings.HasPrefix(e.Message, "title ") {
+			t.Errorf("API title %q: %v, want 400 invalid_request naming title", title, err)
 		}
 	}
-	var list threadTitles
-	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
-	if len(list.Threads) != 1 || list.Threads[0].Title != "renamed" {
-		t.Errorf("threads now %+v, want only %q", list.Threads, "renamed")
+	if list := srv.threads(); len(list) != 1 || list[0].Title != "renamed" {
+		t.Errorf("threads now %+v, want only %q", list, "renamed")
 	}
 	if left := tempFiles(t, tmp); len(left) > 0 {
 		t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
@@ -221,12 +212,11 @@ func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
 	if status, _, page := srv.formPost(t, "/threads", form, http.NoBody, 0); status != http.StatusSeeOther {
 		t.Fatalf("first new conversation: %d %.300s", status, page)
 	}
-	var list threadTitles
-	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
-	if len(list.Threads) != 1 {
-		t.Fatalf("%d threads after one form post", len(list.Threads))
+	list := srv.threads()
+	if len(list) != 1 {
+		t.Fatalf("%d threads after one form post", len(list))
 	}
-	id, title := list.Threads[0].ThreadID, list.Threads[0].Title
+	id, title := list[0].ThreadID, list[0].Title
 	for _, p := range []struct{ path, body string }{{"/threads", ""}, {"/t/" + id + "/rename", "title=over"}} {
 		status, retry, page := srv.formPost(t, p.path, form, strings.NewReader(p.body), int64(len(p.body)))
 		if secs, err := strconv.Atoi(retry); status != http.StatusTooManyRequests || err != nil || secs < 1 || !strings.Contains(page, `data-error="rate_limited"`) {
@@ -234,12 +224,12 @@ func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
 		}
 	}
 	// The API sees the same empty budget.
-	if code, raw := srv.call("POST", "/api/threads", map[string]any{}, nil); code != http.StatusTooManyRequests {
-		t.Errorf("API create after the forms spent the budget: %d %s, want 429", code, raw)
+	_, err := srv.api().CreateThread(context.Background(), "")
+	if refusedStatus(err) != http.StatusTooManyRequests {
+		t.Errorf("API create after the forms spent the budget: %v, want 429", err)
 	}
-	srv.mustCall("GET", "/api/threads", nil, http.StatusOK, &list)
-	if len(list.Threads) != 1 || list.Threads[0].Title != title {
-		t.Errorf("threads now %+v, want only the first, titled %q", list.Threads, title)
+	if list := srv.threads(); len(list) != 1 || list[0].Title != title {
+		t.Errorf("threads now %+v, want only the first, titled %q", list, title)
 	}
 	if status, _, _ := srv.formPost(t, "/logout", form, http.NoBody, 0); status != http.StatusSeeOther {
 		t.Errorf("sign-out over the budget: %d, want 303", status)

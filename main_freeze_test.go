@@ -32,7 +32,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -40,6 +39,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 	"github.com/honestcancel/gateway/internal/natstest"
 	"github.com/honestcancel/gateway/internal/pgtest"
 )
@@ -119,13 +120,15 @@ type heldRun struct {
 	streamed        string // the message it was streaming, not published ("" : none)
 }
 
-// sent is a command a tab sent; its answer is read at the end.
+// sent is a cancel a tab sent; its answer is read at the end.
 type sent struct {
 	tb    *tab
-	id    string
 	runID string
 	base  string // the instance the tab was connected to
 	when  string // for the log
+	done  chan struct{}
+	ack   chat.CancelAck // once done: the answer,
+	err   error          // or the error answering it (*client.Error), or why none came
 }
 
 func freezeRound(t *testing.T, seed int64) freezeFigures {
@@ -166,7 +169,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	if t.Failed() {
 		t.FailNow()
 	}
-	gw0 := c.node(victim)
+	gw0, api0 := c.node(victim), c.apiOf(victim)
 	db, err := sql.Open("pgx", schema)
 	if err != nil {
 		t.Fatalf("open the test schema: %v", err)
@@ -201,11 +204,11 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	}
 
 	var ids []string
+	ctx0 := context.Background()
 	for range prompts {
-		var snap snapshot
-		code, raw, err := crashCall(gw0.base, "POST", "/api/threads", map[string]any{}, &snap)
-		if err != nil || code != http.StatusCreated {
-			t.Fatalf("create thread: %d %s %v", code, raw, err)
+		snap, err := api0.CreateThread(ctx0, "")
+		if err != nil {
+			t.Fatalf("create thread: %v", err)
 		}
 		ids = append(ids, snap.ThreadID)
 	}
@@ -243,11 +246,10 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	t0 := time.Now()
 	for _, i := range rng.Perm(len(ids)) {
 		pause(context.Background(), time.Until(t0.Add(offsets[i])))
-		var ack startAck
-		code, raw, err := crashCall(gw0.base, "POST", "/api/threads/"+ids[i]+"/runs",
-			map[string]any{"expected_state_version": 1, "user_message": prompts[i], "client_request_id": fmt.Sprintf("first-%d", i)}, &ack)
-		if err != nil || code != http.StatusCreated || ack.RunID == "" {
-			t.Fatalf("run.start on %s: %d %s %v", ids[i], code, raw, err)
+		ack, err := api0.StartRun(ctx0, client.StartRunRequest{ThreadID: ids[i], ExpectedStateVersion: 1,
+			UserMessage: prompts[i], ClientRequestID: fmt.Sprintf("first-%d", i)})
+		if err != nil || ack.RunID == "" {
+			t.Fatalf("run.start on %s: %+v %v", ids[i], ack, err)
 		}
 		l.runs[ack.RunID] = ids[i]
 		runKind[ack.RunID] = kind(prompts[i])
@@ -317,14 +319,10 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	// Cancels while it is frozen: from tabs on the other instances (the
 	// run is executed nowhere, or by a taker), and from a tab on the
 	// frozen one (answered when it thaws).
-	var cancels []sent
-	cmdN := 0
+	var cancels []*sent
 	cancelFrom := func(tb *tab, runID, when string) {
-		cmdN++
-		id := fmt.Sprintf("cancel-%d", cmdN)
-		base, err := tb.send(context.Background(), map[string]any{"type": "run.cancel", "id": id, "run_id": runID})
-		if err == nil {
-			cancels = append(cancels, sent{tb: tb, id: id, runID: runID, base: base, when: when})
+		if s := tb.cancel(runID, when); s != nil {
+			cancels = append(cancels, s)
 		}
 	}
 	onNode := func(threadID string, frozen bool) *tab {
@@ -441,16 +439,13 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	// through it, each completed.
 	var final []string
 	for _, id := range ids {
-		var snap snapshot
-		code, raw, err := crashCall(gw0.base, "GET", "/api/threads/"+id, nil, &snap)
-		if err != nil || code != http.StatusOK {
-			t.Fatalf("GET thread %s from the thawed instance: %d %s %v", id, code, raw, err)
+		snap, err := api0.Thread(ctx0, id)
+		if err != nil {
+			t.Fatalf("GET thread %s from the thawed instance: %v", id, err)
 		}
-		var ack startAck
-		code, raw, err = crashCall(gw0.base, "POST", "/api/threads/"+id+"/runs",
-			map[string]any{"expected_state_version": snap.StateVersion, "user_message": "short: say hello"}, &ack)
-		if err != nil || code != http.StatusCreated {
-			t.Fatalf("run.start on the thawed instance: %d %s %v", code, raw, err)
+		ack, err := api0.StartRun(ctx0, client.StartRunRequest{ThreadID: id, ExpectedStateVersion: snap.StateVersion, UserMessage: "short: say hello"})
+		if err != nil {
+			t.Fatalf("run.start on the thawed instance: %v", err)
 		}
 		l.runs[ack.RunID] = id
 		runKind[ack.RunID] = "text"
@@ -458,16 +453,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	}
 	lastSeqs := settle("the last runs started")
 
-	catchUp := time.Now().Add(20 * time.Second)
-	for _, tb := range tabs {
-		for tb.last() < lastSeqs[tb.threadID] {
-			if time.Now().After(catchUp) {
-				t.Errorf("%s stopped at seq %d, the thread's last seq is %d", tb.name, tb.last(), lastSeqs[tb.threadID])
-				break
-			}
-			pause(context.Background(), 20*time.Millisecond)
-		}
-	}
+	catchUp(t, tabs, lastSeqs)
 	stopTabs()
 	tabsDone.Wait()
 
@@ -477,28 +463,23 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	// when it did not answer).
 	tabsAgree(t, db, tabs)
 
-	// The cancels' answers: an accepted one is honoured below.
+	// The cancels' answers: an accepted one is honoured below. (Every
+	// Conn is closed by now: a cancel without an answer has its error.)
 	for _, s := range cancels {
-		ans := s.tb.answer(s.id)
-		var a struct {
-			Type             string `json:"type"`
-			Error            string `json:"error"`
-			Status           string `json:"status"`
-			AlreadyRequested bool   `json:"already_requested"`
-		}
-		_ = json.Unmarshal([]byte(ans), &a)
+		<-s.done
+		e := refusal(s.err)
 		switch {
-		case ans == "":
-			t.Logf("cancel of %s sent %s (%s) got no answer: its connection was dropped first", s.runID, s.when, s.base)
-		case a.Type == "ack" && !a.AlreadyRequested:
-			if a.Status != "cancel_requested" {
-				t.Errorf("cancel of %s sent %s: ack status %q, want cancel_requested: %s", s.runID, s.when, a.Status, ans)
+		case s.err != nil && (e == nil || e.Re == ""):
+			t.Logf("cancel of %s sent %s (%s) got no answer: its connection was dropped first (%v)", s.runID, s.when, s.base, s.err)
+		case s.err == nil && !s.ack.AlreadyRequested:
+			if s.ack.Status != chat.RunCancelRequested {
+				t.Errorf("cancel of %s sent %s: ack status %q, want cancel_requested: %+v", s.runID, s.when, s.ack.Status, s.ack)
 			}
 			l.cancelled[s.runID] = true
-		case a.Type == "ack":
-		case a.Type == "error" && a.Error == "run_not_active":
+		case s.err == nil:
+		case e.Code == chat.CodeRunNotActive:
 		default:
-			t.Errorf("cancel of %s sent %s to %s: %s", s.runID, s.when, s.base, ans)
+			t.Errorf("cancel of %s sent %s to %s: %v", s.runID, s.when, s.base, s.err)
 		}
 	}
 	for _, e := range l.errs {
@@ -507,10 +488,9 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 
 	// Every run ended, and as it should.
 	for runID := range l.runs {
-		var run runInfo
-		code, raw, err := crashCall(gw0.base, "GET", "/api/runs/"+runID, nil, &run)
-		if err != nil || code != http.StatusOK {
-			t.Errorf("run %s: GET answered %d %s %v", runID, code, raw, err)
+		run, err := api0.Run(ctx0, runID)
+		if err != nil {
+			t.Errorf("run %s: GET answered %v", runID, err)
 			continue
 		}
 		switch {
@@ -524,9 +504,8 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 		if l.cancelled[runID] {
 			continue
 		}
-		var run runInfo
-		if code, raw, err := crashCall(gw0.base, "GET", "/api/runs/"+runID, nil, &run); err != nil || code != http.StatusOK || run.Status != "completed" {
-			t.Errorf("the run started on the thawed instance, %s: %d %s %v, want completed", runID, code, raw, err)
+		if run, err := api0.Run(ctx0, runID); err != nil || run.Status != chat.RunCompleted {
+			t.Errorf("the run started on the thawed instance, %s: %s %v, want completed", runID, run.Status, err)
 		}
 	}
 

@@ -1,12 +1,14 @@
 package main
 
 import (
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // Header values for the model endpoint are often credentials: they come
@@ -88,13 +90,12 @@ func TestBinaryOpenAIHeadersFromEnvAndFile(t *testing.T) {
 			th := srv.createThread()
 			evs := srv.events(th.ThreadID, th.LastSeq)
 			defer evs.close()
-			var ack startAck
-			srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{"expected_state_version": th.StateVersion, "user_message": "hello"}, http.StatusCreated, &ack)
-			evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev event) bool {
-				if ev.RunID == ack.RunID && ev.Type == "run.failed" {
-					t.Fatalf("run failed: %s", ev.raw)
+			ack := srv.startRun(th.ThreadID, th.StateVersion, "hello")
+			evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
+				if ev.RunID == ack.RunID && ev.Type == chat.EventRunFailed {
+					t.Fatalf("run failed: %s", ev.Raw)
 				}
-				return ev.Type == "run.completed" && ev.RunID == ack.RunID
+				return ev.Type == chat.EventRunCompleted && ev.RunID == ack.RunID
 			})
 			fake.mu.Lock()
 			seen := fake.headers

@@ -7,6 +7,7 @@ package main
 // auth mode.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // scrapeResult is one parsed /metrics answer and its text.
@@ -208,18 +212,15 @@ func TestBinaryMetrics(t *testing.T) {
 	}
 
 	// A WebSocket (counted open) and three conversations.
-	ws := srv.mustDialWS(who{}, "metrics test")
+	ws := srv.connect("metrics test")
 	waitMetrics(t, url, base, metricWant{name: "gateway_websocket_connections", delta: 1, exact: true})
 	const secretWord = "Quokkaxylophone"
-	threads := make([]snapshot, 4)
+	threads := make([]chat.Snapshot, 4)
 	for i := range threads {
 		threads[i] = srv.createThread()
 	}
-	start := func(th snapshot, text string) startAck {
-		var ack startAck
-		srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs",
-			map[string]any{"expected_state_version": th.StateVersion, "user_message": text}, http.StatusCreated, &ack)
-		return ack
+	start := func(th chat.Snapshot, text string) chat.RunStartAck {
+		return srv.startRun(th.ThreadID, th.StateVersion, text)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 
@@ -229,31 +230,28 @@ func TestBinaryMetrics(t *testing.T) {
 	completed := start(threads[0], "Explain goroutines to a "+secretWord)
 
 	// Thread 1: cancelled over the WebSocket once it streams.
-	if ack := ws.cmd(map[string]any{"type": "subscribe", "thread_id": threads[1].ThreadID, "after_seq": threads[1].LastSeq}); ack["type"] != "ack" {
-		t.Fatalf("subscribe: %v", ack)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if _, err := ws.Subscribe(ctx, threads[1].ThreadID, threads[1].LastSeq); err != nil {
+		t.Fatalf("subscribe: %v", err)
 	}
 	byWS := start(threads[1], "Tell me about channels, "+secretWord)
 	ev1 := srv.events(threads[1].ThreadID, threads[1].LastSeq)
 	ev1.waitDeltas(deadline, byWS.RunID, 3)
-	if ack := ws.cmd(map[string]any{"type": "run.cancel", "run_id": byWS.RunID}); ack["type"] != "ack" || ack["status"] != "cancel_requested" {
-		t.Fatalf("run.cancel over WebSocket: %v", ack)
+	if ack, err := ws.CancelRun(ctx, client.CancelRunRequest{RunID: byWS.RunID}); err != nil || ack.Status != chat.RunCancelRequested {
+		t.Fatalf("run.cancel over WebSocket: %+v %v", ack, err)
 	}
 
 	// Thread 2: cancelled over HTTP once it streams.
 	byHTTP := start(threads[2], "Tell me about mutexes, "+secretWord)
 	ev2 := srv.events(threads[2].ThreadID, threads[2].LastSeq)
 	ev2.waitDeltas(deadline, byHTTP.RunID, 3)
-	srv.mustCall("POST", "/api/runs/"+byHTTP.RunID+"/cancel", map[string]any{}, http.StatusAccepted, nil)
+	srv.cancelRun(byHTTP.RunID)
 
 	// Thread 3: a tool call (catalog_search), then the reply.
 	withTool := start(threads[3], "search the catalog for a hiking backpack")
 	ev3 := srv.events(threads[3].ThreadID, threads[3].LastSeq)
 
-	isEnd := func(runID string) func(event) bool {
-		return func(ev event) bool {
-			return ev.RunID == runID && (ev.Type == "run.completed" || ev.Type == "run.failed" || ev.Type == "run.cancelled")
-		}
-	}
 	if ev := sse.waitFor(deadline, "run.completed", isEnd(completed.RunID)); ev.Type != "run.completed" {
 		t.Fatalf("run %s ended %s", completed.RunID, ev.Type)
 	}
@@ -304,7 +302,11 @@ func TestBinaryMetrics(t *testing.T) {
 	ev1.close()
 	ev2.close()
 	ev3.close()
-	ws.close()
+	ws.Close()
+	// (Connected once: the gauges count that one connection.)
+	if n := ws.Stats().Connects; n != 1 {
+		t.Errorf("the WebSocket was cut and reconnected (%d connections)", n)
+	}
 	final := waitMetrics(t, url, base,
 		metricWant{name: "gateway_websocket_connections", delta: 0, exact: true},
 		metricWant{name: "gateway_sse_streams", delta: 0, exact: true},
@@ -346,13 +348,12 @@ func TestBinaryMetricsTokens(t *testing.T) {
 	base := scrape(t, url)
 	th := srv.createThread()
 	evs := srv.events(th.ThreadID, th.LastSeq)
-	var ack startAck
-	srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{"expected_state_version": 1, "user_message": "hello"}, http.StatusCreated, &ack)
-	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev event) bool {
-		if ev.RunID == ack.RunID && ev.Type == "run.failed" {
-			t.Fatalf("run failed: %s", ev.raw)
+	ack := srv.startRun(th.ThreadID, 1, "hello")
+	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
+		if ev.RunID == ack.RunID && ev.Type == chat.EventRunFailed {
+			t.Fatalf("run failed: %s", ev.Raw)
 		}
-		return ev.RunID == ack.RunID && ev.Type == "run.completed"
+		return ev.RunID == ack.RunID && ev.Type == chat.EventRunCompleted
 	})
 	// The fake reports 5 prompt and 3 completion tokens per request.
 	waitMetrics(t, url, base,
@@ -413,22 +414,23 @@ func TestBinaryMetricsExposure(t *testing.T) {
 	srv = startServerWith(t, db, "5ms", "-auth", "password", "-metrics-public", "-max-conns-per-user", "1")
 	url := srv.base + "/metrics"
 	base := scrape(t, url)
-	ws := srv.mustDialWS(who{bearer: token}, "first connection")
-	th := srv.as(who{bearer: token}, "POST", "/api/threads", map[string]any{}, http.StatusCreated, nil)
-	threadID := regexp.MustCompile(`"thread_id":"(thr_[^"]+)"`).FindStringSubmatch(string(th))
-	if threadID == nil {
-		t.Fatalf("no thread id in %s", th)
-	}
-	resp, _ := srv.send(who{bearer: token}, "GET", "/api/threads/"+threadID[1]+"/events", nil)
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("a second connection of the user: %d, want 429", resp.StatusCode)
+	alice := srv.as(who{bearer: token})
+	ws := alice.connect("first connection")
+	threadID := alice.createThread().ThreadID
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if es, err := alice.api().Events(ctx, threadID, client.FromSnapshot); refusedStatus(err) != http.StatusTooManyRequests {
+		if es != nil {
+			es.Close()
+		}
+		t.Fatalf("a second connection of the user: %v, want 429", err)
 	}
 	final := waitMetrics(t, url, base,
 		metricWant{name: "gateway_connections_refused_total", labels: []string{"transport", "sse"}, delta: 1, exact: true},
 		metricWant{name: "gateway_rate_limited_total", labels: []string{"kind", "connections"}, delta: 1, exact: true},
 		metricWant{name: "gateway_websocket_connections", delta: 1, exact: true},
 	)
-	checkNoIDsOrText(t, final, threadID[1], "alice", token)
-	ws.close()
+	checkNoIDsOrText(t, final, threadID, "alice", token)
+	ws.Close()
 	srv.stop()
 }

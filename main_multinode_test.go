@@ -1,8 +1,9 @@
 package main
 
 // The scale-out test: three gateway processes on one PostgreSQL and one
-// NATS, tabs (WebSocket connections) spread over them, a seeded random
-// workload of runs, cancels, confirms and rejects sent to random instances,
+// NATS, tabs (WebSocket connections of the protocol client, package
+// client) spread over them, a seeded random workload of runs, cancels,
+// confirms and rejects sent through the client to random instances,
 // tabs dropping and reconnecting with after_seq, one instance killed
 // (SIGKILL) and started again, and NATS itself restarted mid-way. Then it
 // checks what scale-out promises: every tab of a thread saw the same
@@ -26,10 +27,11 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand"
 	"net/http"
 	"slices"
@@ -41,6 +43,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 	"github.com/honestcancel/gateway/internal/natstest"
 	"github.com/honestcancel/gateway/internal/pgtest"
 )
@@ -62,8 +66,9 @@ type cluster struct {
 	extra [][]string // more flags for instance i (nil: none)
 
 	mu     sync.Mutex
-	nodes  []*server // nil while an instance is down
-	frozen []bool    // instance i is stopped (SIGSTOP): up, but pick skips it
+	nodes  []*server        // nil while an instance is down
+	apis   []*client.Client // the workload's protocol client of instance i (10 s a request)
+	frozen []bool           // instance i is stopped (SIGSTOP): up, but pick skips it
 }
 
 // startNode starts instance i (again).
@@ -78,8 +83,12 @@ func (c *cluster) startNode(i int) {
 		pace = "8ms"
 	}
 	s := startServerWith(c.t, c.dsn, pace, flags...)
+	api := newAPI(c.t, s.base, 10*time.Second, nil)
 	c.mu.Lock()
-	c.nodes[i] = s
+	if c.apis == nil {
+		c.apis = make([]*client.Client, len(c.nodes))
+	}
+	c.nodes[i], c.apis[i] = s, api
 	c.mu.Unlock()
 }
 
@@ -88,6 +97,13 @@ func (c *cluster) node(i int) *server {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[i]
+}
+
+// apiOf returns the workload's client of instance i.
+func (c *cluster) apiOf(i int) *client.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.apis[i]
 }
 
 // freezeNode stops instance i with SIGSTOP; thawNode lets it go on. While
@@ -150,7 +166,6 @@ func (c *cluster) busiest(db *sql.DB) (int, []string) {
 	return best, held[best]
 }
 
-// pick returns the base URL of a random instance that is up.
 // settle waits, at most 60 s, until no thread of ids has an active run,
 // cancelling a run left waiting for a confirmation (nobody would decide
 // it), and returns each thread's last seq then. what names the moment, for
@@ -161,17 +176,17 @@ func (c *cluster) settle(t *testing.T, l *ledger, rng *rand.Rand, ids []string, 
 	deadline := time.Now().Add(60 * time.Second)
 	for _, id := range ids {
 		for {
-			var snap snapshot
-			code, raw, err := crashCall(c.pick(rng), "GET", "/api/threads/"+id, nil, &snap)
-			if err == nil && code == http.StatusOK && snap.ActiveRun == nil {
+			_, api := c.pick(rng)
+			snap, err := api.Thread(context.Background(), id)
+			if err == nil && snap.ActiveRun == nil {
 				lastSeqs[id] = snap.LastSeq
 				break
 			}
-			if err == nil && code == http.StatusOK && snap.ActiveRun.Status == "waiting_confirmation" {
+			if err == nil && snap.ActiveRun.Status == chat.RunWaitingConfirmation {
 				l.cancel(c, rng, snap.ActiveRun.RunID)
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("thread %s still has an active run 60s after %s: %s %v", id, what, raw, err)
+				t.Fatalf("thread %s still has an active run 60s after %s: %+v %v", id, what, snap.ActiveRun, err)
 			}
 			pause(context.Background(), 50*time.Millisecond)
 		}
@@ -179,26 +194,35 @@ func (c *cluster) settle(t *testing.T, l *ledger, rng *rand.Rand, ids []string, 
 	return lastSeqs
 }
 
-func (c *cluster) pick(r *rand.Rand) string {
+// pick returns a random instance that is up: its base URL and the
+// workload's client of it.
+func (c *cluster) pick(r *rand.Rand) (base string, api *client.Client) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var up []string
+	var up []int
 	for i, s := range c.nodes {
 		if s != nil && (c.frozen == nil || !c.frozen[i]) {
-			up = append(up, s.base)
+			up = append(up, i)
 		}
 	}
-	return up[r.Intn(len(up))]
+	i := up[r.Intn(len(up))]
+	return c.nodes[i].base, c.apis[i]
 }
 
 // ---------------------------------------------------------------------------
-// Tabs: WebSocket connections that keep every event they receive, and
-// reconnect with after_seq to a random instance when their connection ends.
+// Tabs: WebSocket connections of the protocol client (client.Conn, one
+// Subscription each) that keep every event they receive. A tab's Conn
+// reconnects to its instance by itself, resubscribing after the last seq
+// it received; when that instance is gone (the Conn gives up after one
+// failed attempt) or the tab reloads (drop), the tab opens a new Conn to a
+// random instance that is up, subscribing after the last seq it has.
 
 type tabEvent struct {
-	seq int64
-	typ string
-	raw string
+	seq   int64
+	typ   string
+	runID string
+	ts    int64
+	raw   string
 }
 
 type tab struct {
@@ -208,12 +232,15 @@ type tab struct {
 	rng      *rand.Rand // used by the tab's goroutine only
 	first    string     // base URL of the first connection ("": a random instance)
 
-	mu         sync.Mutex
-	events     []tabEvent
-	lastSeq    int64
-	conn       *websocket.Conn
-	base       string            // the instance of conn
-	answers    map[string]string // command id -> its ack or error frame
+	mu      sync.Mutex
+	events  []tabEvent
+	lastSeq int64 // of the last event delivered
+	// wireSeq is the seq of the last event of the thread the current Conn
+	// received in order (where it resumes after a reconnection), as
+	// tabWire reads it.
+	wireSeq    int64
+	conn       *client.Conn
+	base       string // the instance of conn
 	violations []string
 	reconnects int
 	// resyncs are the times the tab could not be given every event after
@@ -235,32 +262,6 @@ func (tb *tab) resynced(after, to int64, how string) {
 	tb.resyncs = append(tb.resyncs, resync{after: after, to: to, how: how})
 }
 
-// send writes a command (a JSON object with its own "id") on the tab's
-// current connection; its ack or error is kept for answer. It fails when
-// the tab is between connections, and says to which instance it went.
-func (tb *tab) send(ctx context.Context, cmd map[string]any) (string, error) {
-	tb.mu.Lock()
-	conn, base := tb.conn, tb.base
-	tb.mu.Unlock()
-	if conn == nil {
-		return "", errors.New("not connected")
-	}
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return "", err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return base, conn.Write(wctx, websocket.MessageText, b)
-}
-
-// answer returns the ack or error frame of command id ("" : none yet).
-func (tb *tab) answer(id string) string {
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
-	return tb.answers[id]
-}
-
 // connectedTo returns the base URL of the tab's connection ("" : none).
 func (tb *tab) connectedTo() string {
 	tb.mu.Lock()
@@ -277,35 +278,27 @@ func (tb *tab) violate(format string, args ...any) {
 }
 
 // drop closes the tab's connection (a page reload, a network blip); the
-// tab's goroutine reconnects.
+// tab's goroutine connects again. It does not wait for the close.
 func (tb *tab) drop() {
 	tb.mu.Lock()
 	conn := tb.conn
 	tb.mu.Unlock()
 	if conn != nil {
-		conn.CloseNow()
+		go conn.Close()
 	}
 }
 
 // run connects, subscribes after the last seq it has, and reads until the
-// connection ends; then again, until ctx ends.
+// connection ends for good; then again, until ctx ends.
 func (tb *tab) run(ctx context.Context) {
 	for first := true; ctx.Err() == nil; first = false {
-		base := tb.c.pick(tb.rng)
+		base, _ := tb.c.pick(tb.rng)
 		if first && tb.first != "" {
 			base = tb.first
 		}
-		err := tb.session(ctx, base)
+		tb.session(ctx, base)
 		if ctx.Err() != nil {
 			return
-		}
-		var ce websocket.CloseError
-		if errors.As(err, &ce) && ce.Code == websocket.StatusTryAgainLater && strings.Contains(ce.Reason, "missed events") {
-			tb.resynced(tb.last(), 0, "closed as having missed events on "+base)
-		} else if errors.As(err, &ce) && ce.Code != websocket.StatusGoingAway && ce.Code != websocket.StatusNormalClosure {
-			// The server closed it on purpose: for this workload only a
-			// lost event (closeSlow "missed events") would do that.
-			tb.violate("server closed the connection to %s: %d %s", base, ce.Code, ce.Reason)
 		}
 		tb.mu.Lock()
 		tb.reconnects++
@@ -318,96 +311,70 @@ func (tb *tab) run(ctx context.Context) {
 	}
 }
 
-func (tb *tab) session(ctx context.Context, base string) error {
+// session reads the thread's events over one Conn to base until it ends:
+// the tab reloads, its instance is gone, or ctx ends.
+func (tb *tab) session(ctx context.Context, base string) {
+	cl, err := client.New(base, client.WithHTTPClient(&http.Client{Transport: &tabWire{tb: tb, base: base}}),
+		client.WithIdleTimeout(-1), client.WithBackoff(20*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		tb.violate("client of %s: %v", base, err)
+		return
+	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, _, err := websocket.Dial(dctx, "ws"+strings.TrimPrefix(base, "http")+"/ws", nil)
+	conn, err := cl.Connect(dctx, client.ConnOptions{ReadLimit: 16 << 20, Buffer: 1 << 16, MaxAttempts: 1})
 	cancel()
 	if err != nil {
-		return err
+		return // a dying instance: the next session picks again
 	}
-	defer conn.CloseNow()
-	conn.SetReadLimit(16 << 20)
 	tb.mu.Lock()
 	tb.conn, tb.base = conn, base
 	after := tb.lastSeq
+	tb.wireSeq = after
 	tb.mu.Unlock()
 	defer func() {
+		conn.Close()
+		// The client drops and repairs what a server must never send;
+		// with a correct one it has nothing to count.
+		if st := conn.Stats(); st.Duplicates+st.Jumps+st.Stray+st.Malformed+st.Unanswered > 0 {
+			tb.violate("on %s: %d duplicates, %d gaps, %d events of another thread, %d unreadable frames, %d answers to no command; the last: %s",
+				base, st.Duplicates, st.Jumps, st.Stray, st.Malformed, st.Unanswered, st.LastAnomaly)
+		}
 		tb.mu.Lock()
 		tb.conn, tb.base = nil, ""
+		tb.reconnects += int(conn.Stats().Connects) - 1
 		tb.mu.Unlock()
 	}()
-	sub, _ := json.Marshal(map[string]any{"type": "subscribe", "id": "s1", "thread_id": tb.threadID, "after_seq": after})
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err = conn.Write(wctx, websocket.MessageText, sub)
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	sub, err := conn.Subscribe(sctx, tb.threadID, after)
 	cancel()
 	if err != nil {
-		return err
+		if e := refusal(err); e != nil && e.Re != "" {
+			tb.violate("subscribe on %s refused: %v", base, err)
+		}
+		return
 	}
-	acked := false
+	if !sub.Ack().Recovered {
+		// A snapshot follows: checked there.
+		tb.resynced(after, -1, "subscribe after_seq not recovered on "+base)
+	}
 	for {
-		_, frame, err := conn.Read(ctx)
+		ev, err := sub.Next(ctx)
 		if err != nil {
-			return err
+			// An error frame answering the subscribe the Conn sent again
+			// after reconnecting (not the Conn giving up on its instance).
+			if e := refusal(err); e != nil && e.Re != "" {
+				tb.violate("error frame on %s: %v", base, err)
+			}
+			return
 		}
-		for _, line := range bytes.Split(frame, []byte("\n")) {
-			if len(line) == 0 {
-				continue
-			}
-			var head struct {
-				Type      string `json:"type"`
-				Re        string `json:"re"`
-				Seq       int64  `json:"seq"`
-				ThreadID  string `json:"thread_id"`
-				Recovered *bool  `json:"recovered"`
-				Error     string `json:"error"`
-			}
-			if err := json.Unmarshal(line, &head); err != nil {
-				tb.violate("unreadable frame %q: %v", line, err)
-				continue
-			}
-			switch {
-			case head.Type == "ack" && head.Re == "s1":
-				acked = true
-				if head.Recovered == nil || !*head.Recovered {
-					// A snapshot follows: checked there.
-					tb.resynced(after, -1, "subscribe after_seq not recovered on "+base)
-				}
-			case head.Re != "" && head.Re != "s1" && (head.Type == "ack" || head.Type == "error"):
-				// The answer to a command sent with send.
-				tb.mu.Lock()
-				if tb.answers == nil {
-					tb.answers = map[string]string{}
-				}
-				tb.answers[head.Re] = string(line)
-				tb.mu.Unlock()
-			case head.Type == "error":
-				tb.violate("error frame on %s: %s", base, line)
-			case !acked:
-				tb.violate("event before the subscribe ack: %s", line)
-			case head.Type == "thread.snapshot":
-				tb.mu.Lock()
-				last := tb.lastSeq
-				tb.lastSeq = head.Seq
-				tb.mu.Unlock()
-				tb.resynced(last, head.Seq, "snapshot on "+base)
-			default:
-				tb.mu.Lock()
-				switch {
-				case head.ThreadID != tb.threadID:
-					tb.mu.Unlock()
-					tb.violate("event of another thread: %s", line)
-					continue
-				case head.Seq != tb.lastSeq+1:
-					last := tb.lastSeq
-					tb.mu.Unlock()
-					tb.violate("seq %d after %d on %s (%s): a gap or a duplicate", head.Seq, last, base, head.Type)
-					continue
-				}
-				tb.lastSeq = head.Seq
-				tb.events = append(tb.events, tabEvent{seq: head.Seq, typ: head.Type, raw: string(line)})
-				tb.mu.Unlock()
-			}
+		tb.mu.Lock()
+		tb.lastSeq = ev.Seq
+		if ev.Gap != nil {
+			tb.resyncs = append(tb.resyncs, resync{after: ev.Gap.After, to: ev.Seq, how: "snapshot on " + base})
+		} else {
+			tb.events = append(tb.events, tabEvent{seq: ev.Seq, typ: ev.Type, runID: ev.RunID, ts: ev.TS, raw: string(ev.Raw)})
 		}
+		tb.mu.Unlock()
 	}
 }
 
@@ -415,6 +382,168 @@ func (tb *tab) last() int64 {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	return tb.lastSeq
+}
+
+// took notes an event of the thread the current Conn received.
+func (tb *tab) took(typ string, seq int64) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if typ == chat.EventThreadSnapshot || seq == tb.wireSeq+1 {
+		tb.wireSeq = seq
+	}
+}
+
+// tabWire is the transport of a tab's client. The Conn decides by itself
+// what a closed connection means (it reconnects and resumes) and shows
+// neither why the server closed it nor the order of a subscribe's answer
+// and its events, which the tab's checks need: so tabWire passes every
+// request on and reads, as they go by, the frames the server sends on the
+// tab's WebSocket connections (RFC 6455 framing: a server's frames are
+// not masked, and compression is off). It checks that no event of the
+// thread comes on a connection before its first ack (the subscribe's),
+// and sorts the server's close frames: 1013 "missed events" is a resync
+// (judged by the log's gaps), 1000 and 1001 are ordinary, anything else
+// is a violation.
+type tabWire struct {
+	tb   *tab
+	base string
+}
+
+func (w *tabWire) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		return resp, err
+	}
+	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
+		resp.Body = &wireConn{ReadWriteCloser: rwc, tb: w.tb, base: w.base}
+	}
+	return resp, nil
+}
+
+// wireConn is one connection's bytes from the server, read by the Conn's
+// reader goroutine only.
+type wireConn struct {
+	io.ReadWriteCloser
+	tb     *tab
+	base   string
+	buf    []byte // read, not a whole frame yet
+	text   []byte // a text message's payload so far
+	inText bool   // a text message is not finished
+	acked  bool   // an ack came on this connection
+}
+
+func (c *wireConn) Read(p []byte) (int, error) {
+	n, err := c.ReadWriteCloser.Read(p)
+	c.buf = append(c.buf, p[:n]...)
+	for c.frame() {
+	}
+	return n, err
+}
+
+// frame handles the first frame of buf if it is whole.
+func (c *wireConn) frame() bool {
+	b := c.buf
+	if len(b) < 2 {
+		return false
+	}
+	fin, op, h := b[0]&0x80 != 0, b[0]&0x0f, 2
+	n := uint64(b[1] & 0x7f)
+	switch n {
+	case 126:
+		if len(b) < 4 {
+			return false
+		}
+		n, h = uint64(binary.BigEndian.Uint16(b[2:])), 4
+	case 127:
+		if len(b) < 10 {
+			return false
+		}
+		n, h = binary.BigEndian.Uint64(b[2:]), 10
+	}
+	if uint64(len(b)-h) < n {
+		return false
+	}
+	payload := b[h : h+int(n)]
+	c.buf = b[h+int(n):]
+	switch {
+	case op == 0x8:
+		c.closed(payload)
+	case op == 0x1 || op == 0x0 && c.inText:
+		c.text = append(c.text, payload...)
+		c.inText = !fin
+		if fin {
+			c.message(c.text)
+			c.text = c.text[:0]
+		}
+	}
+	return true
+}
+
+// message reads the objects of a text message (one a line).
+func (c *wireConn) message(m []byte) {
+	for line := range bytes.SplitSeq(m, []byte("\n")) {
+		var h struct {
+			Type     string `json:"type"`
+			ThreadID string `json:"thread_id"`
+			Seq      int64  `json:"seq"`
+			Error    string `json:"error"`
+		}
+		if json.Unmarshal(line, &h) != nil {
+			continue // the client counts it (Malformed)
+		}
+		switch {
+		case h.Type == "ack":
+			c.acked = true
+		case h.Type == "error" && h.Error == chat.CodeRateLimited:
+			// (The Conn subscribes again later by itself.)
+			c.tb.violate("error frame on %s: %s", c.base, line)
+		case h.Type == "error" || h.ThreadID != c.tb.threadID:
+			// Another answer, or a stray event: the client reports them.
+		default:
+			if !c.acked {
+				c.tb.violate("event before the subscribe ack on %s: %s", c.base, line)
+			}
+			c.tb.took(h.Type, h.Seq)
+		}
+	}
+}
+
+// closed sorts the server's close frame.
+func (c *wireConn) closed(payload []byte) {
+	code, reason := websocket.StatusNoStatusRcvd, ""
+	if len(payload) >= 2 {
+		code, reason = websocket.StatusCode(binary.BigEndian.Uint16(payload)), string(payload[2:])
+	}
+	switch {
+	case code == websocket.StatusTryAgainLater && strings.Contains(reason, "missed events"):
+		c.tb.mu.Lock()
+		after := c.tb.wireSeq
+		c.tb.mu.Unlock()
+		c.tb.resynced(after, 0, "closed as having missed events on "+c.base)
+	case code != websocket.StatusGoingAway && code != websocket.StatusNormalClosure:
+		// The server closed it on purpose: for this workload only a
+		// lost event (closeSlow "missed events") would do that.
+		c.tb.violate("server closed the connection to %s: %d %s", c.base, code, reason)
+	}
+}
+
+// cancel sends run.cancel for runID over the tab's current connection
+// and returns at once (its instance may be frozen): the answer, or why
+// none came, is in the sent once its done is closed. nil: the tab is
+// between connections.
+func (tb *tab) cancel(runID, when string) *sent {
+	tb.mu.Lock()
+	conn, base := tb.conn, tb.base
+	tb.mu.Unlock()
+	if conn == nil {
+		return nil
+	}
+	s := &sent{tb: tb, runID: runID, base: base, when: when, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.ack, s.err = conn.CancelRun(context.Background(), client.CancelRunRequest{RunID: runID})
+	}()
+	return s
 }
 
 // ---------------------------------------------------------------------------
@@ -439,20 +568,19 @@ func (l *ledger) fail(format string, args ...any) {
 	}
 }
 
-func (l *ledger) refused(cmd string, status int, raw []byte) {
+func (l *ledger) refused(cmd string, e *client.Error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.refusals[fmt.Sprintf("%s %d %s", cmd, status, errorCode(raw))]++
+	l.refusals[fmt.Sprintf("%s %d %s", cmd, e.Status, e.Code)]++
 }
 
 // thread worker: one sequential user per thread, every command to a random
 // instance.
 func (l *ledger) work(ctx context.Context, c *cluster, r *rand.Rand, threadID string, prompts []string) {
 	for n := 0; n < 400 && ctx.Err() == nil; n++ {
-		base := c.pick(r)
-		var snap snapshot
-		code, _, err := crashCall(base, "GET", "/api/threads/"+threadID, nil, &snap)
-		if err != nil || code != http.StatusOK {
+		_, api := c.pick(r)
+		snap, err := api.Thread(context.Background(), threadID)
+		if err != nil {
 			continue // a dying instance; the next turn picks again
 		}
 		runID := ""
@@ -485,23 +613,24 @@ func pause(ctx context.Context, d time.Duration) {
 func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID string, version int64, prompt string) string {
 	crid := fmt.Sprintf("req-%d", r.Int63())
 	for try := 0; try < 5 && ctx.Err() == nil; try++ {
-		var ack startAck
-		code, raw, err := crashCall(c.pick(r), "POST", "/api/threads/"+threadID+"/runs",
-			map[string]any{"expected_state_version": version, "user_message": prompt, "client_request_id": crid}, &ack)
+		_, api := c.pick(r)
+		ack, err := api.StartRun(context.Background(), client.StartRunRequest{ThreadID: threadID,
+			ExpectedStateVersion: version, UserMessage: prompt, ClientRequestID: crid})
+		e := refusal(err)
 		switch {
-		case err != nil:
-			continue // maybe executed, maybe not: the retry with the same id tells
-		case code == http.StatusCreated:
+		case err == nil:
 			if ack.RunID == "" {
-				l.fail("run.start acked without a run id: %s", raw)
+				l.fail("run.start acked without a run id: %+v", ack)
 				return ""
 			}
 			l.mu.Lock()
 			l.runs[ack.RunID] = threadID
 			l.mu.Unlock()
 			return ack.RunID
+		case e == nil:
+			continue // maybe executed, maybe not: the retry with the same id tells
 		default:
-			l.refused("run.start", code, raw) // conflict, run already active: the next turn reloads
+			l.refused("run.start", e) // conflict, run already active: the next turn reloads
 			return ""
 		}
 	}
@@ -509,13 +638,13 @@ func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID s
 }
 
 func (l *ledger) cancel(c *cluster, r *rand.Rand, runID string) {
-	var ack cancelAck
-	code, raw, err := crashCall(c.pick(r), "POST", "/api/runs/"+runID+"/cancel", map[string]any{}, &ack)
-	if err != nil {
+	_, api := c.pick(r)
+	ack, err := api.CancelRun(context.Background(), client.CancelRunRequest{RunID: runID})
+	if e := refusal(err); e != nil {
+		l.refused("run.cancel", e) // run_not_active: it completed first
 		return
 	}
-	if code != http.StatusAccepted {
-		l.refused("run.cancel", code, raw) // run_not_active: it completed first
+	if err != nil {
 		return
 	}
 	l.mu.Lock()
@@ -534,10 +663,9 @@ func (l *ledger) cancel(c *cluster, r *rand.Rand, runID string) {
 func (l *ledger) follow(ctx context.Context, c *cluster, r *rand.Rand, threadID, runID string) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		base := c.pick(r)
-		var run runInfo
-		code, _, err := crashCall(base, "GET", "/api/runs/"+runID, nil, &run)
-		if err != nil || code != http.StatusOK {
+		_, api := c.pick(r)
+		run, err := api.Run(context.Background(), runID)
+		if err != nil {
 			pause(ctx, 50*time.Millisecond)
 			continue
 		}
@@ -552,33 +680,32 @@ func (l *ledger) follow(ctx context.Context, c *cluster, r *rand.Rand, threadID,
 }
 
 func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
-	base := c.pick(r)
-	var snap snapshot
-	if code, _, err := crashCall(base, "GET", "/api/threads/"+threadID, nil, &snap); err != nil || code != http.StatusOK {
+	ctx := context.Background()
+	_, api := c.pick(r)
+	snap, err := api.Thread(ctx, threadID)
+	if err != nil {
 		return
 	}
-	var ops struct {
-		Operations []operation `json:"operations"`
-	}
-	if code, _, err := crashCall(base, "GET", "/api/threads/"+threadID+"/operations", nil, &ops); err != nil || code != http.StatusOK {
+	ops, err := api.Operations(ctx, threadID)
+	if err != nil {
 		return
 	}
-	for _, op := range ops.Operations {
+	for _, op := range ops {
 		if op.RunID != runID || op.Phase != "prepared" {
 			continue
 		}
 		confirm := r.Intn(10) < 7
-		verb := "reject"
+		_, api := c.pick(r)
+		verb, decide := "reject", api.RejectTool
 		if confirm {
-			verb = "confirm"
+			verb, decide = "confirm", api.ConfirmTool
 		}
-		code, raw, err := crashCall(c.pick(r), "POST", "/api/operations/"+op.OperationID+"/"+verb,
-			map[string]any{"expected_state_version": snap.StateVersion}, nil)
-		if err != nil {
+		_, err := decide(ctx, op.OperationID, snap.StateVersion)
+		if e := refusal(err); e != nil {
+			l.refused("tool."+verb, e)
 			return
 		}
-		if code != http.StatusOK {
-			l.refused("tool."+verb, code, raw)
+		if err != nil {
 			return
 		}
 		l.mu.Lock()
@@ -615,10 +742,10 @@ func TestMultiNode(t *testing.T) {
 	const threads, tabsPerThread = 6, 3
 	var ids []string
 	for range threads {
-		var snap snapshot
-		code, raw, err := crashCall(c.pick(rng), "POST", "/api/threads", map[string]any{}, &snap)
-		if err != nil || code != http.StatusCreated {
-			t.Fatalf("create thread: %d %s %v", code, raw, err)
+		_, api := c.pick(rng)
+		snap, err := api.CreateThread(context.Background(), "")
+		if err != nil {
+			t.Fatalf("create thread: %v", err)
 		}
 		ids = append(ids, snap.ThreadID)
 	}
@@ -697,16 +824,7 @@ func TestMultiNode(t *testing.T) {
 	lastSeqs := c.settle(t, l, rng, ids, "the workload stopped")
 	// Every tab catches up with its thread's last seq (through NATS or, for
 	// what NATS lost, through the bus's recovery from the event log).
-	catchUp := time.Now().Add(20 * time.Second)
-	for _, tb := range tabs {
-		for tb.last() < lastSeqs[tb.threadID] {
-			if time.Now().After(catchUp) {
-				t.Errorf("%s stopped at seq %d, thread's last seq is %d", tb.name, tb.last(), lastSeqs[tb.threadID])
-				break
-			}
-			pause(context.Background(), 20*time.Millisecond)
-		}
-	}
+	catchUp(t, tabs, lastSeqs)
 	stopTabs()
 	tabsDone.Wait()
 
@@ -722,14 +840,13 @@ func TestMultiNode(t *testing.T) {
 	for _, e := range l.errs {
 		t.Error(e)
 	}
-	base := c.pick(rng)
-	statuses := map[string]int{}
+	_, api := c.pick(rng)
+	statuses := map[chat.RunStatus]int{}
 	var latencies []time.Duration
 	for runID := range l.runs {
-		var run runInfo
-		code, raw, err := crashCall(base, "GET", "/api/runs/"+runID, nil, &run)
-		if err != nil || code != http.StatusOK {
-			t.Errorf("acked run %s: GET answered %d %s %v", runID, code, raw, err)
+		run, err := api.Run(context.Background(), runID)
+		if err != nil {
+			t.Errorf("acked run %s: GET answered %v", runID, err)
 			continue
 		}
 		statuses[run.Status]++
@@ -749,30 +866,21 @@ func TestMultiNode(t *testing.T) {
 		}
 		measured[tb.threadID] = true
 		for _, ev := range tb.events {
-			if ev.typ != "run.cancelled" {
+			if ev.typ != chat.EventRunCancelled {
 				continue
 			}
-			var body struct {
-				RunID string `json:"run_id"`
-				TS    int64  `json:"ts"`
-			}
-			if json.Unmarshal([]byte(ev.raw), &body) == nil {
-				if at, ok := l.cancelAt[body.RunID]; ok {
-					latencies = append(latencies, time.UnixMilli(body.TS).Sub(at))
-				}
+			if at, ok := l.cancelAt[ev.runID]; ok {
+				latencies = append(latencies, time.UnixMilli(ev.ts).Sub(at))
 			}
 		}
 	}
 	phases := map[string]string{}
 	for _, id := range ids {
-		var ops struct {
-			Operations []operation `json:"operations"`
+		ops, err := api.Operations(context.Background(), id)
+		if err != nil {
+			t.Fatalf("operations of %s: %v", id, err)
 		}
-		code, raw, err := crashCall(base, "GET", "/api/threads/"+id+"/operations", nil, &ops)
-		if err != nil || code != http.StatusOK {
-			t.Fatalf("operations of %s: %d %s %v", id, code, raw, err)
-		}
-		for _, op := range ops.Operations {
+		for _, op := range ops {
 			phases[op.OperationID] = op.Phase
 		}
 	}
@@ -878,6 +986,22 @@ func TestMultiNode(t *testing.T) {
 		seqs/int64(len(ids)), recoveries, recovered, p(0.5), p(0.99), len(latencies), l.refusals)
 	if len(l.runs) < 2*threads || len(l.cancelled) == 0 {
 		t.Errorf("the workload did too little to prove anything: %d runs, %d cancels", len(l.runs), len(l.cancelled))
+	}
+}
+
+// catchUp waits, at most 20 s, until every tab has its thread's last seq
+// (lastSeqs, by thread).
+func catchUp(t *testing.T, tabs []*tab, lastSeqs map[string]int64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, tb := range tabs {
+		for tb.last() < lastSeqs[tb.threadID] {
+			if time.Now().After(deadline) {
+				t.Errorf("%s stopped at seq %d, the thread's last seq is %d", tb.name, tb.last(), lastSeqs[tb.threadID])
+				break
+			}
+			pause(context.Background(), 20*time.Millisecond)
+		}
 	}
 }
 

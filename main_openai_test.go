@@ -15,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 const fakeKey = "sk-binary-test-key"
@@ -106,23 +109,19 @@ func TestBinaryOpenAI(t *testing.T) {
 	thread := srv.createThread()
 	tid := thread.ThreadID
 	evs := srv.events(tid, thread.LastSeq)
-	start := func(version int64, text string) startAck {
-		var ack startAck
-		srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{"expected_state_version": version, "user_message": text}, http.StatusCreated, &ack)
-		return ack
-	}
+	start := func(version int64, text string) chat.RunStartAck { return srv.startRun(tid, version, text) }
 
 	// A streamed reply is published.
 	run1 := start(1, "hello")
-	var published *message
-	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev event) bool {
-		if ev.RunID == run1.RunID && ev.Type == "run.failed" {
-			t.Fatalf("run failed: %s", ev.raw)
+	var published *chat.Message
+	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
+		if ev.RunID == run1.RunID && ev.Type == chat.EventRunFailed {
+			t.Fatalf("run failed: %s", ev.Raw)
 		}
-		if ev.Type == "message.published" && ev.Message != nil && ev.Message.Role == "assistant" {
-			published = ev.Message
+		if p := ev.Published(); p != nil && p.Message.Role == "assistant" {
+			published = &p.Message
 		}
-		return ev.Type == "run.completed" && ev.RunID == run1.RunID
+		return ev.Type == chat.EventRunCompleted && ev.RunID == run1.RunID
 	})
 	if published == nil || published.Content != "Hello from the fake." {
 		t.Fatalf("published %+v, want the fake's reply", published)
@@ -131,29 +130,29 @@ func TestBinaryOpenAI(t *testing.T) {
 	// Cancel closes the upstream request; nothing of it is published.
 	run2 := start(srv.snapshot(tid).StateVersion, "stall")
 	evs.waitDeltas(time.Now().Add(20*time.Second), run2.RunID, 1)
-	srv.mustCall("POST", "/api/runs/"+run2.RunID+"/cancel", map[string]any{}, http.StatusAccepted, nil)
+	srv.cancelRun(run2.RunID)
 	select {
 	case <-fake.upstreamClosed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the fake did not see the upstream request end within 5s of the cancel")
 	}
-	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev event) bool {
-		if ev.RunID == run2.RunID && (ev.Type == "message.published" || ev.Type == "run.completed") {
-			t.Fatalf("the cancelled run emitted %s", ev.raw)
+	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev client.Event) bool {
+		if ev.RunID == run2.RunID && (ev.Type == chat.EventMessagePublished || ev.Type == chat.EventRunCompleted) {
+			t.Fatalf("the cancelled run emitted %s", ev.Raw)
 		}
-		return ev.Type == "run.cancelled" && ev.RunID == run2.RunID
+		return ev.Type == chat.EventRunCancelled && ev.RunID == run2.RunID
 	})
-	if cancelled.DiscardedStreamChars == nil || *cancelled.DiscardedStreamChars != int64(len("Once upon a time")) {
-		t.Errorf("run.cancelled %s, want discarded_stream_chars %d", cancelled.raw, len("Once upon a time"))
+	if cancelled.Cancelled().DiscardedStreamChars != int64(len("Once upon a time")) {
+		t.Errorf("run.cancelled %s, want discarded_stream_chars %d", cancelled.Raw, len("Once upon a time"))
 	}
 
 	// An upstream refusal fails the run with words a user understands.
 	run3 := start(srv.snapshot(tid).StateVersion, "fail")
-	failed := evs.waitFor(time.Now().Add(20*time.Second), "run.failed", func(ev event) bool {
-		return ev.Type == "run.failed" && ev.RunID == run3.RunID
+	failed := evs.waitFor(time.Now().Add(20*time.Second), "run.failed", func(ev client.Event) bool {
+		return ev.Type == chat.EventRunFailed && ev.RunID == run3.RunID
 	})
-	if !strings.Contains(failed.raw, "refused the API key (401)") || strings.Contains(failed.raw, fakeKey) {
-		t.Errorf("run.failed %s, want the 401 explained and no key", failed.raw)
+	if raw := string(failed.Raw); !strings.Contains(raw, "refused the API key (401)") || strings.Contains(raw, fakeKey) {
+		t.Errorf("run.failed %s, want the 401 explained and no key", raw)
 	}
 
 	fake.mu.Lock()

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/chat"
 )
 
 func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
@@ -26,18 +28,14 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	srv := startServer(t, db, pace)
 	const n = 4
 	type live struct {
-		thread snapshot
+		thread chat.Snapshot
 		runID  string
 		evs    *stream
 	}
 	runs := make([]live, n)
 	for i := range runs {
 		th := srv.createThread()
-		var ack startAck
-		srv.mustCall("POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
-			"expected_state_version": th.StateVersion,
-			"user_message":           "Tell me about graceful restarts of streaming servers, in detail",
-		}, http.StatusCreated, &ack)
+		ack := srv.startRun(th.ThreadID, th.StateVersion, "Tell me about graceful restarts of streaming servers, in detail")
 		runs[i] = live{thread: th, runID: ack.RunID, evs: srv.events(th.ThreadID, th.LastSeq)}
 	}
 	deadline := time.Now().Add(20 * time.Second)
@@ -46,6 +44,8 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	}
 
 	// A WebSocket tab watching the first thread must be told to go away.
+	// Raw: the subject is the close code, and the protocol client would
+	// take 1001 as a cue to reconnect, not show it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.base, "http")+"/ws", nil)
@@ -124,13 +124,11 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 		snap := srv.snapshot(r.thread.ThreadID)
 		evs := srv.events(r.thread.ThreadID, snap.LastSeq)
 		if snap.ActiveRun != nil {
-			evs.waitFor(time.Now().Add(30*time.Second), "the continued run's end", func(ev event) bool {
-				return ev.RunID == r.runID && (ev.Type == "run.completed" || ev.Type == "run.failed" || ev.Type == "run.cancelled")
-			})
+			evs.waitFor(time.Now().Add(30*time.Second), "the continued run's end", isEnd(r.runID))
 		}
 		evs.close()
 		got := srv.run(r.runID)
-		if got.Status != "completed" {
+		if got.Status != chat.RunCompleted {
 			t.Errorf("run %s after a graceful restart: %s (error %v), want completed", r.runID, got.Status, got.Error)
 		}
 		after := srv.snapshot(r.thread.ThreadID)

@@ -245,7 +245,7 @@ func TestSecureSessionCookieHasHostPrefix(t *testing.T) {
 	}
 	hostCookie := who{header: http.Header{"Cookie": {"__Host-gateway_session=" + session.Value}}}
 	srv.threadList(hostCookie)
-	srv.mustDialWS(hostCookie, "the __Host- cookie").close()
+	srv.as(hostCookie).connect("the __Host- cookie").Close()
 	srv.wantUnauthorized(who{cookie: session.Value}, "GET", "/api/threads", "the session under the plain name over a secure server")
 	resp, _ = srv.send(hostCookie, "POST", "/logout", nil)
 	if sc := resp.Header.Get("Set-Cookie"); resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(sc, "__Host-gateway_session=;") || !strings.Contains(sc, "Secure") {

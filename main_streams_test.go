@@ -17,7 +17,10 @@ import (
 )
 
 // openLines opens a thread's event stream as w and returns its lines as
-// they arrive; the channel closes when the server ends the response.
+// they arrive; the channel closes when the server ends the response. Raw,
+// not client.Stream: these tests' subject is how the server ends the
+// response (its last event and comment lines, the end of the body), which
+// the client turns into a reconnection or an error without showing it.
 func (s *server) openLines(w who, threadID, lastID string) (int, <-chan string) {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -97,8 +100,7 @@ func TestRevokedTokenEndsItsEventStream(t *testing.T) {
 	other, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
 	alice, alice2 := who{bearer: token}, who{bearer: other}
-	var th snapshot
-	srv.as(alice, "POST", "/api/threads", map[string]any{"title": "watched"}, http.StatusCreated, &th)
+	th := srv.as(alice).newThread("watched")
 	status, lines := srv.openLines(alice, th.ThreadID, "")
 	if status != http.StatusOK {
 		t.Fatalf("open the stream: %d", status)
@@ -116,11 +118,8 @@ func TestRevokedTokenEndsItsEventStream(t *testing.T) {
 	if last != "event: error" || !strings.Contains(strings.Join(got, "\n"), `"error":"unauthorized"`) {
 		t.Errorf("the stream ended without an unauthorized error event: %q", got[max(0, len(got)-6):])
 	}
-	var ack startAck
-	srv.as(alice2, "POST", "/api/threads/"+th.ThreadID+"/runs", map[string]any{
-		"expected_state_version": th.StateVersion, "user_message": "after the revoke",
-	}, http.StatusCreated, &ack)
-	srv.waitRun(alice2, ack.RunID)
+	ack := srv.as(alice2).startRun(th.ThreadID, th.StateVersion, "after the revoke")
+	srv.as(alice2).waitRun(ack.RunID)
 	if status, _ := srv.openLines(alice, th.ThreadID, ""); status != http.StatusUnauthorized {
 		t.Errorf("reopening the stream with the revoked token: %d, want 401", status)
 	}

@@ -1,15 +1,18 @@
 package main
 
 // End-to-end tests against the real binary: build it once, start it on a
-// free port with a temporary database, and drive it over HTTP and Server-Sent
-// Events the way a program using the API would. Every wait is bounded by a
-// deadline, so a bug fails the test instead of hanging it.
+// free port with a temporary database, and drive it the way a program
+// using the API would: through package client, the protocol's Go client
+// (typed HTTP, Server-Sent Events, WebSocket). Tests whose subject is the
+// wire itself (status lines, headers, raw bodies, malformed requests,
+// close codes, pages, the CLI, /livez, /readyz, /metrics) read it raw and
+// say so. Every wait is bounded by a deadline, so a bug fails the test
+// instead of hanging it.
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,13 +21,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
 // ---------------------------------------------------------------------------
@@ -140,6 +145,8 @@ type server struct {
 	logs  []string       // the last lines of stderr, for failure reports
 	msgs  map[string]int // msg="…" of every stderr line -> how many lines said it
 	races []string       // the lines of every race detector report, whole
+
+	apiClient *client.Client // see api
 
 	exited  chan struct{} // closed once the process was waited for
 	waitErr error
@@ -360,127 +367,129 @@ func (s *server) stop() {
 }
 
 // ---------------------------------------------------------------------------
-// HTTP.
+// The protocol client.
 
+// httpClient is for what the tests read raw: /readyz, /livez, /metrics,
+// pages and requests whose subject is the wire itself.
 var httpClient = &http.Client{Timeout: 15 * time.Second}
 
-// call sends a JSON request and decodes the JSON answer into out (if not
-// nil). It returns the status and the raw body.
-func (s *server) call(method, path string, body any, out any) (int, []byte) {
-	s.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			s.t.Fatalf("encode %s %s: %v", method, path, err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, s.base+path, rd)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		s.t.Fatalf("%s %s: read body: %v", method, path, err)
-	}
-	if out != nil && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			s.t.Fatalf("%s %s: %d answer is not the expected JSON: %v\n%s", method, path, resp.StatusCode, err, raw)
+// apiTransport is the transport of the tests' protocol clients. It holds
+// every successful answer under /api to the status PROTOCOL.md gives its
+// route (the client takes any 2xx as success; these tests always
+// required the exact one: 201 for a created thread, a started run, a
+// saved fragment and a fork, 202 for a cancel, 200 for the rest), and it
+// adds header, headers the client has no option for (a __Host- session
+// cookie over plain http, which a server with -secure-cookies names so).
+type apiTransport struct {
+	t      *testing.T
+	header http.Header
+}
+
+func (a apiTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(a.header) > 0 {
+		req = req.Clone(req.Context())
+		for k, v := range a.header {
+			req.Header[k] = v
 		}
 	}
-	return resp.StatusCode, raw
-}
-
-// mustCall is call that also requires the given status.
-func (s *server) mustCall(method, path string, body any, want int, out any) []byte {
-	s.t.Helper()
-	status, raw := s.call(method, path, body, out)
-	if status != want {
-		s.t.Fatalf("%s %s: status %d, want %d; body: %s", method, path, status, want, raw)
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && resp.StatusCode/100 == 2 && strings.HasPrefix(req.URL.Path, "/api/") {
+		if want := apiStatus(req.Method, req.URL.Path); resp.StatusCode != want {
+			a.t.Errorf("%s %s answered %d, want %d (PROTOCOL.md)", req.Method, req.URL.Path, resp.StatusCode, want)
+		}
 	}
-	return raw
+	return resp, err
 }
 
-type message struct {
-	MessageID string  `json:"message_id"`
-	ThreadID  string  `json:"thread_id"`
-	Role      string  `json:"role"`
-	Kind      string  `json:"kind"`
-	Content   string  `json:"content"`
-	RunID     *string `json:"run_id"`
+// apiStatus is the status PROTOCOL.md gives a successful answer of
+// method path.
+func apiStatus(method, path string) int {
+	if method != http.MethodPost {
+		return http.StatusOK
+	}
+	switch {
+	case path == "/api/threads",
+		strings.HasPrefix(path, "/api/threads/") && (strings.HasSuffix(path, "/runs") || strings.HasSuffix(path, "/fragments") || strings.HasSuffix(path, "/fork")):
+		return http.StatusCreated
+	case strings.HasPrefix(path, "/api/runs/") && strings.HasSuffix(path, "/cancel"):
+		return http.StatusAccepted
+	}
+	return http.StatusOK
 }
 
-type snapshot struct {
-	ThreadID         string    `json:"thread_id"`
-	StateVersion     int64     `json:"state_version"`
-	HeadCheckpointID string    `json:"head_checkpoint_id"`
-	LastSeq          int64     `json:"last_seq"`
-	Messages         []message `json:"messages"`
-	ActiveRun        *struct {
-		RunID  string `json:"run_id"`
-		Status string `json:"status"`
-	} `json:"active_run"`
+// newAPI is a protocol client of the gateway at base: each request
+// bounded by timeout, its event streams and connections by their
+// callers (no idle timer: a test may hold a stream it reads later),
+// header added to every request (see apiTransport).
+func newAPI(t *testing.T, base string, timeout time.Duration, header http.Header, opts ...client.Option) *client.Client {
+	t.Helper()
+	hc := &http.Client{Timeout: timeout, Transport: apiTransport{t: t, header: header}}
+	c, err := client.New(base, append([]client.Option{client.WithHTTPClient(hc), client.WithIdleTimeout(-1)}, opts...)...)
+	if err != nil {
+		t.Fatalf("protocol client of %s: %v", base, err)
+	}
+	return c
 }
 
-type runInfo struct {
-	RunID                string  `json:"run_id"`
-	ThreadID             string  `json:"thread_id"`
-	Status               string  `json:"status"`
-	DiscardedStreamChars int64   `json:"discarded_stream_chars"`
-	Error                *string `json:"error"`
-	Attempt              int     `json:"attempt"`
+// api is the server's protocol client, without credentials.
+func (s *server) api() *client.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.apiClient == nil {
+		s.apiClient = newAPI(s.t, s.base, 15*time.Second, nil)
+	}
+	return s.apiClient
 }
 
-type startAck struct {
-	RunID        string `json:"run_id"`
-	Status       string `json:"status"`
-	StateVersion int64  `json:"state_version"`
+// refusal is the server's refusal err holds (*client.Error), or nil: err
+// is none, or no answer came.
+func refusal(err error) *client.Error {
+	var e *client.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
 }
 
-type cancelAck struct {
-	RunID                string  `json:"run_id"`
-	Status               string  `json:"status"`
-	AcceptedStateVersion int64   `json:"accepted_state_version"`
-	ResumeCheckpointID   string  `json:"resume_checkpoint_id"`
-	PublishedMessageID   *string `json:"published_message_id"`
-	AlreadyRequested     bool    `json:"already_requested"`
+// refusedStatus is the HTTP status of the server's refusal err holds (0:
+// none).
+func refusedStatus(err error) int {
+	if e := refusal(err); e != nil {
+		return e.Status
+	}
+	return 0
 }
 
-type apiError struct {
-	Error               string   `json:"error"`
-	Message             string   `json:"message"`
-	CurrentStateVersion int64    `json:"current_state_version"`
-	CurrentCheckpointID string   `json:"current_checkpoint_id"`
-	AllowedActions      []string `json:"allowed_actions"`
-}
-
-func (s *server) snapshot(threadID string) snapshot {
+func (s *server) snapshot(threadID string) chat.Snapshot {
 	s.t.Helper()
-	var snap snapshot
-	s.mustCall("GET", "/api/threads/"+threadID, nil, http.StatusOK, &snap)
+	snap, err := s.api().Thread(context.Background(), threadID)
+	if err != nil {
+		s.t.Fatalf("GET /api/threads/%s: %v", threadID, err)
+	}
 	return snap
 }
 
-func (s *server) run(runID string) runInfo {
+func (s *server) run(runID string) chat.Run {
 	s.t.Helper()
-	var r runInfo
-	s.mustCall("GET", "/api/runs/"+runID, nil, http.StatusOK, &r)
+	r, err := s.api().Run(context.Background(), runID)
+	if err != nil {
+		s.t.Fatalf("GET /api/runs/%s: %v", runID, err)
+	}
 	return r
 }
 
-func (s *server) createThread() snapshot {
+func (s *server) createThread() chat.Snapshot {
 	s.t.Helper()
-	var snap snapshot
-	s.mustCall("POST", "/api/threads", map[string]any{}, http.StatusCreated, &snap)
+	return s.newThread("")
+}
+
+// newThread creates a thread titled title ("": none).
+func (s *server) newThread(title string) chat.Snapshot {
+	s.t.Helper()
+	snap, err := s.api().CreateThread(context.Background(), title)
+	if err != nil {
+		s.t.Fatalf("POST /api/threads: %v", err)
+	}
 	if !strings.HasPrefix(snap.ThreadID, "thr_") {
 		s.t.Fatalf("new thread id %q does not start with thr_", snap.ThreadID)
 	}
@@ -491,74 +500,70 @@ func (s *server) createThread() snapshot {
 	return snap
 }
 
+// startRun starts a run with text at the thread's version expected (text
+// "": continue from the saved point).
+func (s *server) startRun(threadID string, expected int64, text string) chat.RunStartAck {
+	s.t.Helper()
+	ack, err := s.api().StartRun(context.Background(), client.StartRunRequest{ThreadID: threadID, ExpectedStateVersion: expected, UserMessage: text})
+	if err != nil {
+		s.t.Fatalf("POST /api/threads/%s/runs: %v", threadID, err)
+	}
+	return ack
+}
+
+// cancelRun requests a run's cancel (an empty body).
+func (s *server) cancelRun(runID string) chat.CancelAck {
+	s.t.Helper()
+	ack, err := s.api().CancelRun(context.Background(), client.CancelRunRequest{RunID: runID})
+	if err != nil {
+		s.t.Fatalf("POST /api/runs/%s/cancel: %v", runID, err)
+	}
+	return ack
+}
+
+// threads is the first page of GET /api/threads.
+func (s *server) threads() []chat.Thread {
+	s.t.Helper()
+	page, err := s.api().ListThreads(context.Background(), client.ListThreadsOptions{})
+	if err != nil {
+		s.t.Fatalf("GET /api/threads: %v", err)
+	}
+	return page.Threads
+}
+
 // ---------------------------------------------------------------------------
 // Server-Sent Events.
 
-type event struct {
-	Type                 string   `json:"type"`
-	ThreadID             string   `json:"thread_id"`
-	Seq                  int64    `json:"seq"`
-	StateVersion         int64    `json:"state_version"`
-	RunID                string   `json:"run_id"`
-	MessageID            string   `json:"message_id"`
-	Text                 string   `json:"text"`
-	Message              *message `json:"message"`
-	DiscardedStreamChars *int64   `json:"discarded_stream_chars"`
-	ResumeCheckpointID   string   `json:"resume_checkpoint_id"`
-	ResumePolicy         string   `json:"resume_policy"`
-	Error                string   `json:"error"`
-
-	sseID, sseType string
-	raw            string
-}
-
-// stream is one SSE connection to a thread. Its reader goroutine parses
-// frames into events; the test goroutine consumes them with next/waitFor,
-// which also check that seqs arrive in order with no gap or duplicate and
-// keep the text of each streamed message.
+// stream is a thread's event stream (client.Stream), read by the test
+// goroutine with next/waitFor, which also require that the stream needed
+// no repair (one connection; no duplicate, no gap, no event of another
+// thread, no SSE id or event line that disagrees with its data: the
+// client's Stats) and keep the text of each streamed message.
 type stream struct {
-	t        *testing.T
-	threadID string
-	cancel   context.CancelFunc
-	ch       chan event
-	done     chan struct{}
-	err      error // why the reader stopped; read after done
+	t         *testing.T
+	threadID  string
+	es        *client.Stream
+	anomalies int64 // of es.Stats reported so far
 
 	lastSeq int64
 	deltas  map[string]*strings.Builder // message id -> concatenated delta text
-	seen    []event
+	seen    []client.Event
 	// afterCrash: the stream resumes from a position seen before the
 	// server was killed, so its first event may be a thread.snapshot
-	// (the deltas in memory at the kill are lost, and recorded lost);
-	// resynced says it was.
-	afterCrash, resynced bool
+	// standing for a gap (Event.Gap: the deltas in memory at the kill
+	// are lost, and recorded lost).
+	afterCrash bool
 }
 
 func (s *server) events(threadID string, after int64) *stream {
 	s.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/threads/%s/events?after_seq=%d", s.base, threadID, after), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	es, err := s.api().Events(ctx, threadID, after)
 	if err != nil {
-		cancel()
-		s.t.Fatal(err)
+		s.t.Fatalf("open the event stream of %s: %v", threadID, err)
 	}
-	req.Header.Set("Accept", "text/event-stream")
-	// No client timeout: the stream lives until cancelled; its reads are
-	// bounded by the callers' deadlines instead.
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		s.t.Fatalf("open event stream: %v", err)
-	}
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		cancel()
-		s.t.Fatalf("event stream: %s %q, want 200 text/event-stream; body: %s", resp.Status, resp.Header.Get("Content-Type"), b)
-	}
-	st := &stream{t: s.t, threadID: threadID, cancel: cancel, ch: make(chan event), done: make(chan struct{}),
-		lastSeq: after, deltas: map[string]*strings.Builder{}}
-	go st.read(ctx, resp.Body)
+	st := &stream{t: s.t, threadID: threadID, es: es, lastSeq: after, deltas: map[string]*strings.Builder{}}
 	s.t.Cleanup(st.close)
 	return st
 }
@@ -572,125 +577,61 @@ func (s *server) eventsAfterCrash(threadID string, after int64) *stream {
 	return st
 }
 
-func (st *stream) close() {
-	st.cancel()
-	<-st.done
-}
-
-func (st *stream) read(ctx context.Context, body io.ReadCloser) {
-	defer close(st.done)
-	defer body.Close()
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 8<<20)
-	var id, typ string
-	var data []string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if len(data) == 0 {
-				id, typ = "", ""
-				continue
-			}
-			raw := strings.Join(data, "\n")
-			ev := event{sseID: id, sseType: typ, raw: raw}
-			if err := json.Unmarshal([]byte(raw), &ev); err != nil {
-				st.err = fmt.Errorf("event data is not JSON: %v: %s", err, raw)
-				return
-			}
-			id, typ, data = "", "", nil
-			select {
-			case st.ch <- ev:
-			case <-ctx.Done():
-				st.err = ctx.Err()
-				return
-			}
-		case strings.HasPrefix(line, ":"):
-			// comment (keep-alive)
-		case strings.HasPrefix(line, "id:"):
-			id = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " ")
-		case strings.HasPrefix(line, "event:"):
-			typ = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " ")
-		case strings.HasPrefix(line, "data:"):
-			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
-		}
-	}
-	st.err = sc.Err()
-	if st.err == nil {
-		st.err = io.EOF
-	}
-}
+func (st *stream) close() { st.es.Close() }
 
 // next returns the next event, failing the test at the deadline or when
-// the stream ends. It checks the frame and the seq order.
-func (st *stream) next(deadline time.Time, what string) event {
+// the stream ends (or was cut and resumed).
+func (st *stream) next(deadline time.Time, what string) client.Event {
 	st.t.Helper()
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	var ev event
-	select {
-	case ev = <-st.ch:
-	case <-st.done:
-		st.t.Fatalf("event stream of %s ended (%v) while waiting for %s; last seq %d", st.threadID, st.err, what, st.lastSeq)
-	case <-timer.C:
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ev, err := st.es.Next(ctx)
+	cancel()
+	stats := st.es.Stats()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
 		st.t.Fatalf("timed out waiting for %s on thread %s; last seq %d; last events:\n%s", what, st.threadID, st.lastSeq, st.tail(8))
+	case err != nil:
+		st.t.Fatalf("event stream of %s ended (%v) while waiting for %s; last seq %d", st.threadID, err, what, st.lastSeq)
+	case stats.Connects != 1:
+		st.t.Fatalf("event stream of %s ended and was resumed (%d connections) while waiting for %s; last seq %d", st.threadID, stats.Connects, what, st.lastSeq)
 	}
-	if ev.sseType != ev.Type {
-		st.t.Errorf("SSE event: line %q but data type %q", ev.sseType, ev.Type)
+	if n := stats.Malformed + stats.Duplicates + stats.Jumps + stats.Stray; n > st.anomalies {
+		st.anomalies = n
+		st.t.Errorf("event stream of %s: %d SSE events whose id or event line disagrees with the data (or unreadable), %d duplicates, %d gaps, %d events of another thread; the last: %s",
+			st.threadID, stats.Malformed, stats.Duplicates, stats.Jumps, stats.Stray, stats.LastAnomaly)
 	}
-	if ev.sseID != strconv.FormatInt(ev.Seq, 10) {
-		st.t.Errorf("SSE id: line %q but data seq %d (%s)", ev.sseID, ev.Seq, ev.Type)
-	}
-	if ev.Type == "thread.snapshot" && st.afterCrash && len(st.seen) == 0 {
+	if ev.Gap != nil {
+		if !st.afterCrash || len(st.seen) > 0 {
+			st.t.Fatalf("event stream of %s answered after_seq=%d with a thread.snapshot, but every event after it should still be held: %s",
+				st.threadID, ev.Gap.After, ev.Raw)
+		}
 		// Seqs never repeat across a crash: the snapshot ends past
 		// everything the tab saw before it.
-		if ev.Seq <= st.lastSeq {
-			st.t.Fatalf("after the crash, event stream of %s resynced with a snapshot at seq %d, not past seq %d seen before it: %s", st.threadID, ev.Seq, st.lastSeq, ev.raw)
-		}
-		var snap struct {
-			ActiveRun *struct {
-				MessageID   *string `json:"message_id"`
-				PartialText string  `json:"partial_text"`
-			} `json:"active_run"`
-		}
-		if err := json.Unmarshal([]byte(ev.raw), &snap); err != nil {
-			st.t.Fatalf("snapshot: %v", err)
+		if ev.Gap.Through <= ev.Gap.After {
+			st.t.Fatalf("after the crash, event stream of %s resynced with a snapshot at seq %d, not past seq %d seen before it: %s", st.threadID, ev.Gap.Through, ev.Gap.After, ev.Raw)
 		}
 		st.deltas = map[string]*strings.Builder{}
-		if a := snap.ActiveRun; a != nil && a.MessageID != nil {
+		if a := ev.Snapshot().ActiveRun; a != nil && a.MessageID != nil {
 			b := &strings.Builder{}
 			b.WriteString(a.PartialText)
 			st.deltas[*a.MessageID] = b
 		}
-		st.lastSeq, st.resynced = ev.Seq, true
-		st.seen = append(st.seen, ev)
-		return ev
-	}
-	if ev.Type == "thread.snapshot" {
-		st.t.Fatalf("event stream of %s answered after_seq=%d with a thread.snapshot, but every event after it should still be held: %s",
-			st.threadID, st.lastSeq, ev.raw)
-	}
-	if ev.ThreadID != st.threadID {
-		st.t.Errorf("event %s seq %d has thread_id %q, want %q", ev.Type, ev.Seq, ev.ThreadID, st.threadID)
-	}
-	if ev.Seq != st.lastSeq+1 {
-		st.t.Errorf("event %s has seq %d right after seq %d: a gap or a duplicate", ev.Type, ev.Seq, st.lastSeq)
 	}
 	st.lastSeq = ev.Seq
-	if ev.Type == "message.delta" {
-		b := st.deltas[ev.MessageID]
+	if d := ev.Delta(); d != nil {
+		b := st.deltas[d.MessageID]
 		if b == nil {
 			b = &strings.Builder{}
-			st.deltas[ev.MessageID] = b
+			st.deltas[d.MessageID] = b
 		}
-		b.WriteString(ev.Text)
+		b.WriteString(d.Text)
 	}
 	st.seen = append(st.seen, ev)
 	return ev
 }
 
 // waitFor consumes events until one matches.
-func (st *stream) waitFor(deadline time.Time, what string, match func(event) bool) event {
+func (st *stream) waitFor(deadline time.Time, what string, match func(client.Event) bool) client.Event {
 	st.t.Helper()
 	for {
 		if ev := st.next(deadline, what); match(ev) {
@@ -710,7 +651,7 @@ func (st *stream) tail(n int) string {
 	from := max(0, len(st.seen)-n)
 	var b strings.Builder
 	for _, ev := range st.seen[from:] {
-		raw := ev.raw
+		raw := string(ev.Raw)
 		if len(raw) > 300 {
 			raw = raw[:300] + "…"
 		}
@@ -730,13 +671,13 @@ func (st *stream) waitDeltas(deadline time.Time, runID string, n int) string {
 			continue
 		}
 		switch ev.Type {
-		case "message.delta":
-			if messageID != "" && ev.MessageID != messageID {
-				st.t.Fatalf("deltas of run %s switched message from %s to %s", runID, messageID, ev.MessageID)
+		case chat.EventMessageDelta:
+			if d := ev.Delta(); messageID != "" && d.MessageID != messageID {
+				st.t.Fatalf("deltas of run %s switched message from %s to %s", runID, messageID, d.MessageID)
 			}
-			messageID = ev.MessageID
+			messageID = ev.Delta().MessageID
 			got++
-		case "run.completed", "run.failed", "run.cancelled", "message.published":
+		case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled, chat.EventMessagePublished:
 			st.t.Fatalf("run %s reached %s after only %d deltas (wanted %d first): raise the demo pace", runID, ev.Type, got, n)
 		}
 	}
@@ -744,6 +685,13 @@ func (st *stream) waitDeltas(deadline time.Time, runID string, n int) string {
 		st.t.Fatalf("delta message_id %q does not start with msg_", messageID)
 	}
 	return messageID
+}
+
+// isEnd reports whether ev ends run runID (completed, failed, cancelled).
+func isEnd(runID string) func(client.Event) bool {
+	return func(ev client.Event) bool {
+		return ev.RunID == runID && (ev.Type == chat.EventRunCompleted || ev.Type == chat.EventRunFailed || ev.Type == chat.EventRunCancelled)
+	}
 }
 
 // ---------------------------------------------------------------------------
@@ -799,11 +747,7 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 	tid := thread.ThreadID
 	evs := srv.events(tid, thread.LastSeq)
 
-	var started startAck
-	srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
-		"expected_state_version": 1,
-		"user_message":           "Explain how honest cancellation works in streaming chat gateways",
-	}, http.StatusCreated, &started)
+	started := srv.startRun(tid, 1, "Explain how honest cancellation works in streaming chat gateways")
 	if !strings.HasPrefix(started.RunID, "run_") || started.StateVersion <= 1 {
 		t.Fatalf("run.start ack %+v: want a run_ id and a state_version above 1", started)
 	}
@@ -814,8 +758,7 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 
 	// Cancel: accepted at once, before the worker settles anything.
 	t0 := time.Now()
-	var ack cancelAck
-	srv.mustCall("POST", "/api/runs/"+runID+"/cancel", map[string]any{}, http.StatusAccepted, &ack)
+	ack := srv.cancelRun(runID)
 	if took := time.Since(t0); took > 2*time.Second {
 		t.Errorf("cancel answered after %v; it must answer at once", took)
 	}
@@ -829,28 +772,28 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 		t.Errorf("cancel ack names the unpublished streamed message %s as published", streamed)
 	}
 
-	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev event) bool {
-		if ev.RunID == runID && (ev.Type == "message.published" || ev.Type == "run.completed" || ev.Type == "run.failed") {
-			t.Fatalf("after its cancel was accepted, run %s emitted %s: %s", runID, ev.Type, ev.raw)
+	cancelledEv := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev client.Event) bool {
+		if ev.RunID == runID && (ev.Type == chat.EventMessagePublished || ev.Type == chat.EventRunCompleted || ev.Type == chat.EventRunFailed) {
+			t.Fatalf("after its cancel was accepted, run %s emitted %s: %s", runID, ev.Type, ev.Raw)
 		}
-		return ev.Type == "run.cancelled" && ev.RunID == runID
+		return ev.Type == chat.EventRunCancelled && ev.RunID == runID
 	})
+	cancelled := cancelledEv.Cancelled()
 	partial := evs.text(streamed)
-	if cancelled.DiscardedStreamChars == nil || *cancelled.DiscardedStreamChars <= 0 {
-		t.Fatalf("run.cancelled lacks a positive discarded_stream_chars: %s", cancelled.raw)
+	if cancelled.DiscardedStreamChars <= 0 {
+		t.Fatalf("run.cancelled lacks a positive discarded_stream_chars: %s", cancelledEv.Raw)
 	}
-	if n := int64(utf8.RuneCountInString(partial)); *cancelled.DiscardedStreamChars < n {
-		t.Errorf("run.cancelled discarded_stream_chars %d, but %d code points were streamed for the discarded message", *cancelled.DiscardedStreamChars, n)
+	if n := int64(utf8.RuneCountInString(partial)); cancelled.DiscardedStreamChars < n {
+		t.Errorf("run.cancelled discarded_stream_chars %d, but %d code points were streamed for the discarded message", cancelled.DiscardedStreamChars, n)
 	}
 	if cancelled.ResumePolicy != "regenerate_pending_step" || cancelled.ResumeCheckpointID == "" {
 		t.Errorf("run.cancelled: resume_policy %q, resume_checkpoint_id %q", cancelled.ResumePolicy, cancelled.ResumeCheckpointID)
 	}
-	if r := srv.run(runID); r.Status != "cancelled" || r.DiscardedStreamChars != *cancelled.DiscardedStreamChars {
-		t.Errorf("GET /api/runs/%s after run.cancelled: %+v, want status cancelled with discarded_stream_chars %d", runID, r, *cancelled.DiscardedStreamChars)
+	if r := srv.run(runID); r.Status != chat.RunCancelled || r.DiscardedStreamChars != cancelled.DiscardedStreamChars {
+		t.Errorf("GET /api/runs/%s after run.cancelled: %+v, want status cancelled with discarded_stream_chars %d", runID, r, cancelled.DiscardedStreamChars)
 	}
 	// A second cancel changes nothing.
-	var again cancelAck
-	srv.mustCall("POST", "/api/runs/"+runID+"/cancel", map[string]any{}, http.StatusAccepted, &again)
+	again := srv.cancelRun(runID)
 	if !again.AlreadyRequested || again.Status != "cancelled" {
 		t.Errorf("second cancel ack %+v: want already_requested true, status cancelled", again)
 	}
@@ -867,30 +810,27 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 	if snap.ActiveRun != nil {
 		t.Errorf("active_run after run.cancelled: %+v, want null", snap.ActiveRun)
 	}
-	if snap.StateVersion != cancelled.StateVersion {
-		t.Errorf("snapshot state_version %d, but the last durable event (run.cancelled) carried %d", snap.StateVersion, cancelled.StateVersion)
+	if snap.StateVersion != cancelledEv.StateVersion {
+		t.Errorf("snapshot state_version %d, but the last durable event (run.cancelled) carried %d", snap.StateVersion, cancelledEv.StateVersion)
 	}
 
 	// Continue from the saved point: no user_message, the current version.
-	var resumed startAck
-	srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
-		"expected_state_version": snap.StateVersion,
-	}, http.StatusCreated, &resumed)
+	resumed := srv.startRun(tid, snap.StateVersion, "")
 	if resumed.RunID == runID {
 		t.Fatalf("continue returned the cancelled run %s", runID)
 	}
-	var published *message
-	evs.waitFor(time.Now().Add(30*time.Second), "run.completed of the continued run", func(ev event) bool {
+	var published *chat.Message
+	evs.waitFor(time.Now().Add(30*time.Second), "run.completed of the continued run", func(ev client.Event) bool {
 		if ev.RunID == runID {
-			t.Errorf("the cancelled run %s emitted %s after run.cancelled: %s", runID, ev.Type, ev.raw)
+			t.Errorf("the cancelled run %s emitted %s after run.cancelled: %s", runID, ev.Type, ev.Raw)
 		}
-		if ev.Type == "message.published" && ev.RunID == resumed.RunID {
-			published = ev.Message
+		if p := ev.Published(); p != nil && ev.RunID == resumed.RunID {
+			published = &p.Message
 		}
-		if ev.RunID == resumed.RunID && (ev.Type == "run.failed" || ev.Type == "run.cancelled") {
-			t.Fatalf("continued run ended %s: %s", ev.Type, ev.raw)
+		if ev.RunID == resumed.RunID && (ev.Type == chat.EventRunFailed || ev.Type == chat.EventRunCancelled) {
+			t.Fatalf("continued run ended %s: %s", ev.Type, ev.Raw)
 		}
-		return ev.Type == "run.completed" && ev.RunID == resumed.RunID
+		return ev.Type == chat.EventRunCompleted && ev.RunID == resumed.RunID
 	})
 	if published == nil {
 		t.Fatalf("run.completed without a message.published of run %s", resumed.RunID)
@@ -918,12 +858,10 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 	}
 
 	// A tab still at the old version tries to continue: refused honestly.
-	var conflict apiError
-	status, raw := srv.call("POST", "/api/threads/"+tid+"/runs", map[string]any{
-		"expected_state_version": snap.StateVersion,
-	}, &conflict)
-	if status != http.StatusConflict || conflict.Error != "state_version_conflict" {
-		t.Fatalf("stale continue: %d %s, want 409 state_version_conflict", status, raw)
+	_, err := srv.api().StartRun(context.Background(), client.StartRunRequest{ThreadID: tid, ExpectedStateVersion: snap.StateVersion})
+	conflict := refusal(err)
+	if conflict == nil || conflict.Status != http.StatusConflict || conflict.Code != chat.CodeStateVersionConflict {
+		t.Fatalf("stale continue: %v, want 409 state_version_conflict", err)
 	}
 	hasReload, fork := false, ""
 	for _, a := range conflict.AllowedActions {
@@ -975,11 +913,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 			t.Fatalf("round %d: history has %d messages, want %d", i, len(snap.Messages), want)
 		}
 		evs := srv.events(tid, snap.LastSeq)
-		var started startAck
-		srv.mustCall("POST", "/api/threads/"+tid+"/runs", map[string]any{
-			"expected_state_version": snap.StateVersion,
-			"user_message":           fmt.Sprintf("Round %d: describe durable checkpoints, leases and recovery after crashes", i+1),
-		}, http.StatusCreated, &started)
+		started := srv.startRun(tid, snap.StateVersion, fmt.Sprintf("Round %d: describe durable checkpoints, leases and recovery after crashes", i+1))
 		runID := started.RunID
 		runs = append(runs, runID)
 
@@ -993,20 +927,20 @@ func TestBinaryCrashRecovery(t *testing.T) {
 
 		srv = startServer(t, db, pace)
 		evs = srv.eventsAfterCrash(tid, seenSeq)
-		var published *message
-		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev event) bool {
+		var published *chat.Message
+		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev client.Event) bool {
 			if ev.RunID == runID {
 				switch ev.Type {
-				case "message.published":
+				case chat.EventMessagePublished:
 					if published != nil {
-						t.Errorf("run %s published twice: %s and %s", runID, published.MessageID, ev.Message.MessageID)
+						t.Errorf("run %s published twice: %s and %s", runID, published.MessageID, ev.Published().Message.MessageID)
 					}
-					published = ev.Message
-				case "run.failed", "run.cancelled":
-					t.Fatalf("round %d: run %s ended %s after the restart: %s", i, runID, ev.Type, ev.raw)
+					published = &ev.Published().Message
+				case chat.EventRunFailed, chat.EventRunCancelled:
+					t.Fatalf("round %d: run %s ended %s after the restart: %s", i, runID, ev.Type, ev.Raw)
 				}
 			}
-			return ev.Type == "run.completed" && ev.RunID == runID
+			return ev.Type == chat.EventRunCompleted && ev.RunID == runID
 		})
 		if published == nil {
 			t.Fatalf("round %d: run %s completed without message.published", i, runID)
@@ -1028,7 +962,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		if want := 2 * (i + 1); len(snap.Messages) != want {
 			t.Fatalf("round %d: history has %d messages after recovery, want %d: %+v", i, len(snap.Messages), want, snap.Messages)
 		}
-		var ofRun []message
+		var ofRun []chat.Message
 		for _, m := range snap.Messages {
 			if m.MessageID == lost {
 				t.Errorf("round %d: history holds the interrupted message %s (%q)", i, lost, m.Content)

@@ -7,9 +7,9 @@ package main
 // committed, and the run completes.
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
-	"net/http"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -18,56 +18,41 @@ import (
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // read the database as an auditor would
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/client"
 )
 
-type operation struct {
-	OperationID    string          `json:"operation_id"`
-	RunID          string          `json:"run_id"`
-	ThreadID       string          `json:"thread_id"`
-	Tool           string          `json:"tool"`
-	Contract       string          `json:"contract"`
-	Phase          string          `json:"phase"`
-	Preview        json.RawMessage `json:"preview"`
-	IdempotencyKey *string         `json:"idempotency_key"`
-	Outcome        *string         `json:"outcome"`
-	ResultRef      *string         `json:"result_ref"`
-}
-
-// eventOperation decodes the operation of a tool.* event.
-func eventOperation(t *testing.T, ev event) operation {
+// eventOperation is the operation of a tool.* event.
+func eventOperation(t *testing.T, ev client.Event) chat.Operation {
 	t.Helper()
-	var b struct {
-		Operation *operation `json:"operation"`
+	b, ok := ev.Body.(*chat.ToolBody)
+	if !ok || b.Operation.OperationID == "" {
+		t.Fatalf("%s without an operation: %s", ev.Type, ev.Raw)
 	}
-	if err := json.Unmarshal([]byte(ev.raw), &b); err != nil || b.Operation == nil {
-		t.Fatalf("%s without an operation: %s", ev.Type, ev.raw)
-	}
-	return *b.Operation
+	return b.Operation
 }
 
 // askEmail starts a run asking for an email and waits until it waits for
 // the decision; it returns the run id and the prepared operation.
-func (s *server) askEmail(evs *stream, threadID string, expected int64, text string) (string, operation) {
+func (s *server) askEmail(evs *stream, threadID string, expected int64, text string) (string, chat.Operation) {
 	s.t.Helper()
 	t := s.t
-	var started startAck
-	s.mustCall("POST", "/api/threads/"+threadID+"/runs", map[string]any{
-		"expected_state_version": expected, "user_message": text,
-	}, http.StatusCreated, &started)
+	started := s.startRun(threadID, expected, text)
 	deadline := time.Now().Add(20 * time.Second)
-	var op *operation
-	evs.waitFor(deadline, "run.waiting_confirmation", func(ev event) bool {
+	var op *chat.Operation
+	evs.waitFor(deadline, "run.waiting_confirmation", func(ev client.Event) bool {
 		if ev.RunID != started.RunID {
 			return false
 		}
 		switch ev.Type {
-		case "tool.prepared":
+		case chat.EventToolPrepared:
 			o := eventOperation(t, ev)
 			op = &o
-		case "run.completed", "run.failed", "run.cancelled":
-			t.Fatalf("run %s ended before asking for a confirmation: %s", started.RunID, ev.raw)
+		case chat.EventRunCompleted, chat.EventRunFailed, chat.EventRunCancelled:
+			t.Fatalf("run %s ended before asking for a confirmation: %s", started.RunID, ev.Raw)
 		}
-		return ev.Type == "run.waiting_confirmation"
+		return ev.Type == chat.EventRunWaitingConfirmation
 	})
 	if op == nil {
 		t.Fatalf("run.waiting_confirmation without a tool.prepared")
@@ -83,12 +68,10 @@ func (s *server) askEmail(evs *stream, threadID string, expected int64, text str
 func (s *server) confirm(threadID, opID string) {
 	s.t.Helper()
 	v := s.snapshot(threadID).StateVersion
-	var ack struct {
-		OperationID  string `json:"operation_id"`
-		Phase        string `json:"phase"`
-		StateVersion int64  `json:"state_version"`
+	ack, err := s.api().ConfirmTool(context.Background(), opID, v)
+	if err != nil {
+		s.t.Fatalf("POST /api/operations/%s/confirm: %v", opID, err)
 	}
-	s.mustCall("POST", "/api/operations/"+opID+"/confirm", map[string]any{"expected_state_version": v}, http.StatusOK, &ack)
 	if ack.OperationID != opID || ack.Phase != "confirmed" || ack.StateVersion != v+1 {
 		s.t.Fatalf("confirm ack %+v, want %s confirmed at version %d", ack, opID, v+1)
 	}
@@ -96,10 +79,10 @@ func (s *server) confirm(threadID, opID string) {
 
 // settled is what the stream showed of a run after its confirmation.
 type settled struct {
-	phases   []string    // of the operation's tool.updated events
-	last     operation   // the operation as the last tool.updated reported it
-	messages []message   // published by the run
-	unknown  []operation // tool.updated events in phase unknown
+	phases   []string         // of the operation's tool.updated events
+	last     chat.Operation   // the operation as the last tool.updated reported it
+	messages []chat.Message   // published by the run
+	unknown  []chat.Operation // tool.updated events in phase unknown
 }
 
 // waitCompleted reads until run.completed of runID, failing on any other
@@ -107,9 +90,9 @@ type settled struct {
 func waitCompleted(t *testing.T, evs *stream, runID, opID string) settled {
 	t.Helper()
 	var out settled
-	evs.waitFor(time.Now().Add(30*time.Second), "run.completed "+runID, func(ev event) bool {
+	evs.waitFor(time.Now().Add(30*time.Second), "run.completed "+runID, func(ev client.Event) bool {
 		switch {
-		case ev.Type == "tool.updated":
+		case ev.Type == chat.EventToolUpdated:
 			if op := eventOperation(t, ev); op.OperationID == opID {
 				out.phases = append(out.phases, op.Phase)
 				out.last = op
@@ -117,12 +100,12 @@ func waitCompleted(t *testing.T, evs *stream, runID, opID string) settled {
 					out.unknown = append(out.unknown, op)
 				}
 			}
-		case ev.Type == "message.published" && ev.RunID == runID:
-			out.messages = append(out.messages, *ev.Message)
-		case ev.RunID == runID && (ev.Type == "run.failed" || ev.Type == "run.cancelled"):
-			t.Fatalf("run %s ended %s: %s", runID, ev.Type, ev.raw)
+		case ev.Type == chat.EventMessagePublished && ev.RunID == runID:
+			out.messages = append(out.messages, ev.Published().Message)
+		case ev.RunID == runID && (ev.Type == chat.EventRunFailed || ev.Type == chat.EventRunCancelled):
+			t.Fatalf("run %s ended %s: %s", runID, ev.Type, ev.Raw)
 		}
-		return ev.Type == "run.completed" && ev.RunID == runID
+		return ev.Type == chat.EventRunCompleted && ev.RunID == runID
 	})
 	return out
 }
@@ -130,7 +113,7 @@ func waitCompleted(t *testing.T, evs *stream, runID, opID string) settled {
 // checkSent checks the end of a sent email: the operation reconciled as
 // committed, the provider's result published as a tool message naming the
 // key, then the model's answer; and the stored state says the same.
-func checkSent(t *testing.T, srv *server, got settled, threadID, runID string, op operation) {
+func checkSent(t *testing.T, srv *server, got settled, threadID, runID string, op chat.Operation) {
 	t.Helper()
 	if got.last.Phase != "reconciled" || got.last.Outcome == nil || *got.last.Outcome != "committed" || got.last.ResultRef == nil {
 		t.Fatalf("operation after the restart/reconciliation: %+v, want reconciled with outcome committed", got.last)
@@ -162,12 +145,12 @@ func checkSent(t *testing.T, srv *server, got settled, threadID, runID string, o
 	if answer := got.messages[1].Content; !strings.Contains(answer, "handed to the provider") || !strings.Contains(answer, rec.Result.ProviderID) {
 		t.Errorf("the model's answer %q does not report the send", answer)
 	}
-	var ops struct {
-		Operations []operation `json:"operations"`
+	ops, err := srv.api().Operations(context.Background(), threadID)
+	if err != nil {
+		t.Fatalf("GET /api/threads/%s/operations: %v", threadID, err)
 	}
-	srv.mustCall("GET", "/api/threads/"+threadID+"/operations", nil, http.StatusOK, &ops)
-	if len(ops.Operations) != 1 || ops.Operations[0].Phase != "reconciled" || ops.Operations[0].Outcome == nil || *ops.Operations[0].Outcome != "committed" {
-		t.Errorf("GET operations %+v, want the one operation reconciled / committed", ops.Operations)
+	if len(ops) != 1 || ops[0].Phase != "reconciled" || ops[0].Outcome == nil || *ops[0].Outcome != "committed" {
+		t.Errorf("GET operations %+v, want the one operation reconciled / committed", ops)
 	}
 	if r := srv.run(runID); r.Status != "completed" {
 		t.Errorf("run %+v, want completed", r)
