@@ -569,7 +569,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	kills := 0
 
 	for cycle := range cycles {
-		srv := startServerWith(t, db, pace(), flags...)
+		srv := startProcess(t, db, pace(), flags...)
 		if cycle == 0 {
 			for range nThreads {
 				id := srv.createThread().ThreadID
@@ -621,7 +621,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	}
 
 	// The last restart: no kill; recovery settles.
-	srv := startServerWith(t, db, pace(), flags...)
+	srv := startProcess(t, db, pace(), flags...)
 	api := crashAPI(t, srv.base)
 	audit := auditDB(t, db)
 	defer audit.Close()

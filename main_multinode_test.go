@@ -82,7 +82,7 @@ func (c *cluster) startNode(i int) {
 	if pace == "" {
 		pace = "8ms"
 	}
-	s := startServerWith(c.t, c.dsn, pace, flags...)
+	s := startProcess(c.t, c.dsn, pace, flags...)
 	api := newAPI(c.t, s.base, 10*time.Second, nil)
 	c.mu.Lock()
 	if c.apis == nil {

@@ -25,7 +25,7 @@ import (
 func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "60ms"
-	srv := startServer(t, db, pace)
+	srv := startProcess(t, db, pace)
 	const n = 4
 	type live struct {
 		thread chat.Snapshot
@@ -119,7 +119,7 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	checkDB(t, db) // nothing half-written
 
 	// Restarted on the same database: every run continues.
-	srv = startServer(t, db, "5ms")
+	srv = startProcess(t, db, "5ms")
 	for _, r := range runs {
 		snap := srv.snapshot(r.thread.ThreadID)
 		evs := srv.events(r.thread.ThreadID, snap.LastSeq)

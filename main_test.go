@@ -138,8 +138,12 @@ var servingLine = regexp.MustCompile(`msg="gateway serving" addr=(http://127\.0\
 type server struct {
 	t    *testing.T
 	db   string
-	cmd  *exec.Cmd
+	cmd  *exec.Cmd // nil: the server runs in the test's process
 	base string
+	// In the test's process: cancel ends serving (as SIGTERM does), code
+	// is serveWith's exit code once exited is closed.
+	cancel context.CancelFunc
+	code   int
 
 	mu    sync.Mutex
 	logs  []string       // the last lines of stderr, for failure reports
@@ -154,17 +158,45 @@ type server struct {
 
 const keepLogLines = 300
 
-// startServer runs the binary on a free port with db and demo pace, waits
-// until it logs its address and answers /readyz 200, and kills it when the
-// test ends (whatever happened).
+// startServer serves the gateway in the test's process (serveWith: the
+// serve subcommand, flags parsed as the binary parses them) on a free port
+// with db and demo pace, waits until it logs its address and answers
+// /readyz 200, and stops it when the test ends (whatever happened). A
+// test whose subject needs a process boundary (a kill, a signal, a frozen
+// process, a restart after a crash, the process's environment or exit)
+// uses startProcess: the binary, built with -race.
 func startServer(t *testing.T, db, pace string) *server {
 	t.Helper()
 	return startServerWith(t, db, pace)
 }
 
-// startServerWith is startServer with extra flags (e.g. "-outbox-fault",
-// "crash").
+// startServerWith is startServer with extra flags (e.g. "-auth",
+// "password").
 func startServerWith(t *testing.T, db, pace string, flags ...string) *server {
+	t.Helper()
+	s := &server{t: t, db: db, exited: make(chan struct{}), msgs: map[string]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	logsR, logsW := io.Pipe()
+	addr := make(chan string, 1)
+	done := make(chan struct{})
+	go func() {
+		s.readLogs(logsR, addr)
+		close(done)
+	}()
+	go func() {
+		s.code = serveWith(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace}, flags...), logsW, nil)
+		logsW.Close()
+		<-done
+		close(s.exited)
+	}()
+	s.started(addr)
+	return s
+}
+
+// startProcess runs the binary (built with -race) on a free port with db
+// and demo pace, as startServer does, and kills it when the test ends.
+func startProcess(t *testing.T, db, pace string, flags ...string) *server {
 	t.Helper()
 	return startServerEnv(t, nil, db, pace, flags...)
 }
@@ -199,64 +231,110 @@ func startBinary(t *testing.T, bin string, env []string, db, pace string, flags 
 	go func() {
 		// Keep reading after the address line so the pipe never blocks the
 		// server; Wait only after the last read, as os/exec requires.
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		sent := false
-		inRace := false
-		for sc.Scan() {
-			line := sc.Text()
-			s.mu.Lock()
-			switch {
-			case strings.Contains(line, raceMark):
-				inRace = true
-				s.races = append(s.races, line)
-			case inRace:
-				s.races = append(s.races, line)
-				inRace = !strings.HasPrefix(line, "==================") // the report's end
-			}
-			s.logs = append(s.logs, line)
-			if len(s.logs) > keepLogLines {
-				s.logs = s.logs[len(s.logs)-keepLogLines:]
-			}
-			if _, rest, ok := strings.Cut(line, ` msg="`); ok {
-				if msg, _, ok := strings.Cut(rest, `"`); ok {
-					s.msgs[msg]++
-				}
-			}
-			s.mu.Unlock()
-			if m := servingLine.FindStringSubmatch(line); m != nil && !sent {
-				addr <- m[1]
-				sent = true
-			}
-		}
-		io.Copy(io.Discard, stderr)
+		s.readLogs(stderr, addr)
 		s.waitErr = s.cmd.Wait()
 		close(s.exited)
 	}()
+	s.started(addr)
+	return s
+}
+
+// readLogs reads the server's log lines until r ends: kept for failure
+// reports, counted by msg, race reports collected, and the address sent
+// on addr once it is logged.
+func (s *server) readLogs(r io.Reader, addr chan<- string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sent := false
+	inRace := false
+	for sc.Scan() {
+		line := sc.Text()
+		s.mu.Lock()
+		switch {
+		case strings.Contains(line, raceMark):
+			inRace = true
+			s.races = append(s.races, line)
+		case inRace:
+			s.races = append(s.races, line)
+			inRace = !strings.HasPrefix(line, "==================") // the report's end
+		}
+		s.logs = append(s.logs, line)
+		if len(s.logs) > keepLogLines {
+			s.logs = s.logs[len(s.logs)-keepLogLines:]
+		}
+		if _, rest, ok := strings.Cut(line, ` msg="`); ok {
+			if msg, _, ok := strings.Cut(rest, `"`); ok {
+				s.msgs[msg]++
+			}
+		}
+		s.mu.Unlock()
+		if m := servingLine.FindStringSubmatch(line); m != nil && !sent {
+			addr <- m[1]
+			sent = true
+		}
+	}
+	io.Copy(io.Discard, r)
+}
+
+// started registers the server's end at the test's end and waits until
+// it serves (its address on addr) and is ready.
+func (s *server) started(addr <-chan string) {
+	t := s.t
+	t.Helper()
 	t.Cleanup(func() {
-		s.kill()
+		s.end()
 		s.mu.Lock()
 		races := strings.Join(s.races, "\n")
 		s.mu.Unlock()
 		if races != "" {
-			t.Errorf("the gateway (db %s) reported a data race:\n%s", db, races)
+			t.Errorf("the gateway (db %s) reported a data race:\n%s", s.db, races)
 		}
 		if t.Failed() {
-			t.Logf("server stderr (db %s), last lines:\n%s", db, s.stderr())
+			t.Logf("server stderr (db %s), last lines:\n%s", s.db, s.stderr())
 		}
 	})
-
 	deadline := time.NewTimer(30 * time.Second)
 	defer deadline.Stop()
 	select {
 	case s.base = <-addr:
 	case <-s.exited:
-		t.Fatalf("gateway exited before serving (%v); stderr:\n%s", s.waitErr, s.stderr())
+		t.Fatalf("gateway exited before serving (%s); log:\n%s", s.exitReport(), s.stderr())
 	case <-deadline.C:
-		t.Fatalf("gateway did not log %q within 30s; stderr:\n%s", "gateway serving", s.stderr())
+		t.Fatalf("gateway did not log %q within 30s; log:\n%s", "gateway serving", s.stderr())
 	}
 	s.waitReady()
-	return s
+}
+
+// exitReport says how the server ended (once exited is closed).
+func (s *server) exitReport() string {
+	if s.cmd == nil {
+		return fmt.Sprintf("serve returned %d", s.code)
+	}
+	return fmt.Sprint(s.waitErr)
+}
+
+// needProcess fails a test that asks a server in its own process for what
+// only a process can do.
+func (s *server) needProcess(what string) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatalf("%s needs the gateway in a process of its own: start it with startProcess", what)
+	}
+}
+
+// end stops the server whatever state it is in: a process is killed, a
+// server in the test's process is cancelled and waited for.
+func (s *server) end() {
+	if s.cmd != nil {
+		s.kill()
+		return
+	}
+	s.cancel()
+	select {
+	case <-s.exited:
+	case <-time.After(20 * time.Second):
+		s.t.Errorf("the in-process gateway (db %s) did not stop within 20s", s.db)
+	}
 }
 
 func (s *server) stderr() string {
@@ -297,13 +375,14 @@ func (s *server) waitReady() {
 		select {
 		case <-tick.C:
 		case <-s.exited:
-			s.t.Fatalf("gateway exited while waiting for /readyz (%v)", s.waitErr)
+			s.t.Fatalf("gateway exited while waiting for /readyz (%s)", s.exitReport())
 		}
 	}
 }
 
 // kill sends SIGKILL (if the process still runs) and waits for it.
 func (s *server) kill() {
+	s.needProcess("kill")
 	select {
 	case <-s.exited:
 		return
@@ -324,6 +403,7 @@ func (s *server) kill() {
 // stopped process.
 func (s *server) freeze() {
 	s.t.Helper()
+	s.needProcess("freeze")
 	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		s.t.Fatalf("SIGSTOP gateway pid %d: %v", s.cmd.Process.Pid, err)
 	}
@@ -333,6 +413,7 @@ func (s *server) freeze() {
 // thaw lets a frozen process go on (SIGCONT).
 func (s *server) thaw() {
 	s.t.Helper()
+	s.needProcess("thaw")
 	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		s.t.Fatalf("SIGCONT gateway pid %d: %v", s.cmd.Process.Pid, err)
 	}
@@ -342,6 +423,14 @@ func (s *server) thaw() {
 // its exit code.
 func (s *server) waitExit(timeout time.Duration) int {
 	s.t.Helper()
+	if s.cmd == nil {
+		select {
+		case <-s.exited:
+		case <-time.After(timeout):
+			s.t.Fatalf("the in-process gateway still serves %v later, want it to have ended", timeout)
+		}
+		return s.code
+	}
 	select {
 	case <-s.exited:
 	case <-time.After(timeout):
@@ -350,9 +439,22 @@ func (s *server) waitExit(timeout time.Duration) int {
 	return s.cmd.ProcessState.ExitCode()
 }
 
-// stop asks for a graceful shutdown (SIGTERM) and expects exit status 0.
+// stop asks for a graceful shutdown (SIGTERM; in the test's process, the
+// end of serve's context, as SIGTERM ends it) and expects exit status 0.
 func (s *server) stop() {
 	s.t.Helper()
+	if s.cmd == nil {
+		s.cancel()
+		select {
+		case <-s.exited:
+		case <-time.After(20 * time.Second):
+			s.t.Fatalf("gateway did not stop within 20s of the end of its context")
+		}
+		if s.code != 0 {
+			s.t.Fatalf("serve returned %d after the end of its context, want 0", s.code)
+		}
+		return
+	}
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		s.t.Fatalf("SIGTERM: %v", err)
 	}
@@ -901,7 +1003,7 @@ func TestBinaryCancelAndContinue(t *testing.T) {
 func TestBinaryCrashRecovery(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "50ms"
-	srv := startServer(t, db, pace)
+	srv := startProcess(t, db, pace)
 	tid := srv.createThread().ThreadID
 
 	var runs []string
@@ -925,7 +1027,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		evs.close()
 		checkDB(t, db) // the invariants hold even mid-run
 
-		srv = startServer(t, db, pace)
+		srv = startProcess(t, db, pace)
 		evs = srv.eventsAfterCrash(tid, seenSeq)
 		var published *chat.Message
 		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev client.Event) bool {

@@ -218,7 +218,7 @@ func wantOneAcceptance(t *testing.T, path, key string, calls int) {
 func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "5ms"
-	srv := startServerWith(t, db, pace, "-outbox-fault", "crash", "-outbox-latency", "50ms")
+	srv := startProcess(t, db, pace, "-outbox-fault", "crash", "-outbox-latency", "50ms")
 	thread := srv.createThread()
 	tid := thread.ThreadID
 	evs := srv.events(tid, thread.LastSeq)
@@ -251,7 +251,7 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	}()
 	checkDB(t, db) // the invariants hold even mid-commit
 
-	srv = startServerWith(t, db, pace, "-log-level", "debug") // no fault any more
+	srv = startProcess(t, db, pace, "-log-level", "debug") // no fault any more
 	evs = srv.events(tid, seen)
 	got := waitCompleted(t, evs, runID, op.OperationID)
 	if !slices.Equal(got.phases, []string{"confirmed", "committing", "reconciled"}) {
