@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,13 +12,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/honestcancel/gateway/app"
-	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
-	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/internal/pgtest"
-	"github.com/honestcancel/gateway/store"
 )
 
 // These tests drive whole gateways in this process, through their real
@@ -30,44 +26,6 @@ import (
 
 // waitLimit bounds every wait of these tests.
 const waitLimit = 20 * time.Second
-
-// config is an App's configuration with the command's defaults, on a
-// loopback port of the system's choosing.
-func config(db string) app.Config {
-	return app.Config{
-		Addr: "127.0.0.1:0", DB: db, SQLiteSynchronous: store.SynchronousNormal,
-		NATSSubject: "gateway", LeaseTTL: 15 * time.Second, ReconcileHorizon: time.Hour,
-		Model: "demo", DemoPace: 20 * time.Millisecond,
-		StreamTTL: 10 * time.Minute, Workers: 8,
-		SearchLatency: 50 * time.Millisecond, OutboxLatency: 50 * time.Millisecond, OutboxRecordDelay: time.Second,
-		AuthMode: auth.ModeNone, SessionTTL: time.Hour,
-		WSPing: 20 * time.Second, MaxConnAge: time.Hour,
-		UserConns: 32, UserSubs: 500, UserRate: 60,
-		Hosts:       gateway.LoopbackHosts(),
-		BodyTimeout: gateway.DefaultBodyTimeout, IdleTimeout: time.Minute,
-	}
-}
-
-// start runs an App until the test ends, and returns its base URL.
-func start(t *testing.T, cfg app.Config) string {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		cancel()
-		t.Fatalf("app.New: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		a.Close()
-	})
-	return "http://" + a.Addr().String()
-}
 
 // newClient is a protocol client of the gateway at base, closed when the
 // test ends.
@@ -221,36 +179,17 @@ func cancelMidReply(t *testing.T, startOn string, tb *tab, thread chat.Snapshot)
 	}
 }
 
-// checkClean audits the database after the apps closed.
-func checkClean(t *testing.T, db string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	st, err := store.Open(ctx, db, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	v, err := st.Check(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range v {
-		t.Errorf("invariant violated: %+v", x)
-	}
-}
-
 // One gateway on SQLite: a tab cancels a reply mid-stream and is told the
 // truth about it; the database then passes every invariant.
 func TestAppCancelsMidReply(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gateway.db")
 	t.Run("serve", func(t *testing.T) {
-		base := start(t, config(db))
+		base, _ := apptest.Serve(t, apptest.Config(db))
 		th := createThread(t, base)
 		tb := openTab(t, base, th.ThreadID, "tab-a")
 		cancelMidReply(t, base, tb, th)
 	})
-	checkClean(t, db)
+	apptest.CheckClean(t, db)
 }
 
 // Two gateways on one PostgreSQL database and NATS, in this process: a
@@ -269,14 +208,15 @@ func TestAppsCancelAcrossInstances(t *testing.T) {
 	t.Run("serve", func(t *testing.T) {
 		var bases []string
 		for i := range 2 {
-			cfg := config(db)
+			cfg := apptest.Config(db)
 			cfg.NATS, cfg.NATSSubject, cfg.InstanceID = natsURL, subject, fmt.Sprintf("gw%d", i)
 			cfg.SQLiteSynchronous = ""
-			bases = append(bases, start(t, cfg))
+			base, _ := apptest.Serve(t, cfg)
+			bases = append(bases, base)
 		}
 		th := createThread(t, bases[0])
 		tb := openTab(t, bases[1], th.ThreadID, "tab-b")
 		cancelMidReply(t, bases[0], tb, th)
 	})
-	checkClean(t, db)
+	apptest.CheckClean(t, db)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/store"
 )
 
@@ -24,9 +25,9 @@ func TestAuthentication(t *testing.T) {
 	t.Run("password", func(t *testing.T) {
 		db := filepath.Join(t.TempDir(), "gateway.db")
 		token := makeToken(t, db, "ann")
-		cfg := config(db)
+		cfg := apptest.Config(db)
 		cfg.AuthMode = auth.ModePassword
-		base, _ := serveWith(t, cfg)
+		base, _ := apptest.Serve(t, cfg)
 		ctx := bounded(t)
 
 		anon := newClient(t, base)
@@ -62,10 +63,10 @@ func TestAuthentication(t *testing.T) {
 		}
 	})
 	t.Run("header", func(t *testing.T) {
-		cfg := config(filepath.Join(t.TempDir(), "gateway.db"))
+		cfg := apptest.Config(filepath.Join(t.TempDir(), "gateway.db"))
 		cfg.AuthMode = auth.ModeHeader
 		cfg.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-		base, _ := serveWith(t, cfg)
+		base, _ := apptest.Serve(t, cfg)
 		ctx := bounded(t)
 		_, err := newClient(t, base).CreateThread(ctx, "")
 		wantError(t, err, chat.CodeUnauthorized, http.StatusUnauthorized)

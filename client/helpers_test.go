@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -14,12 +13,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/honestcancel/gateway/app"
-	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
-	"github.com/honestcancel/gateway/gateway"
-	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // Every goroutine the client starts is owned and waited for: none may be
@@ -29,54 +25,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waitLimit bounds every wait of these tests.
 const waitLimit = 30 * time.Second
 
-// config is an App's configuration with the command's defaults, on a
-// loopback port of the system's choosing, with a SQLite file.
-func config(db string) app.Config {
-	return app.Config{
-		Addr: "127.0.0.1:0", DB: db, SQLiteSynchronous: store.SynchronousNormal,
-		NATSSubject: "gateway", LeaseTTL: 15 * time.Second, ReconcileHorizon: time.Hour,
-		Model: "demo", DemoPace: 20 * time.Millisecond,
-		StreamTTL: 10 * time.Minute, Workers: 8,
-		SearchLatency: 50 * time.Millisecond, OutboxLatency: 50 * time.Millisecond, OutboxRecordDelay: time.Second,
-		AuthMode: auth.ModeNone, SessionTTL: time.Hour,
-		WSPing: 20 * time.Second, MaxConnAge: time.Hour,
-		UserConns: 32, UserSubs: 500, UserRate: 60,
-		Hosts:       gateway.LoopbackHosts(),
-		BodyTimeout: gateway.DefaultBodyTimeout, IdleTimeout: time.Minute,
-	}
-}
-
 // serve runs a gateway on a fresh SQLite file until stop is called (at
-// the latest when the test ends) and returns its base URL. stop waits for
-// the gateway to shut down and close.
+// the latest when the test ends) and returns its base URL.
 func serve(t *testing.T) (base string, stop func()) {
 	t.Helper()
-	return serveWith(t, config(filepath.Join(t.TempDir(), "gateway.db")))
-}
-
-// serveWith is serve with a configuration of the test's.
-func serveWith(t *testing.T, cfg app.Config) (base string, stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.New(ctx, cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		cancel()
-		t.Fatalf("app.New: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-			a.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return "http://" + a.Addr().String(), stop
+	return apptest.Serve(t, apptest.Config(filepath.Join(t.TempDir(), "gateway.db")))
 }
 
 // newClient is client.New that fails the test on error and closes the

@@ -1,0 +1,83 @@
+// Package apptest runs whole gateways (app.App) in a test's process, on a
+// loopback port, for the black-box tests of packages app and client. For
+// tests only.
+package apptest
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/app"
+	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/store"
+)
+
+// Config is an App's configuration with the command's defaults, on a
+// loopback port of the system's choosing, over the database db (a SQLite
+// file or a PostgreSQL URL), the demo model at 20 ms a word.
+func Config(db string) app.Config {
+	return app.Config{
+		Addr: "127.0.0.1:0", DB: db, SQLiteSynchronous: store.SynchronousNormal,
+		NATSSubject: "gateway", LeaseTTL: 15 * time.Second, ReconcileHorizon: time.Hour,
+		Model: "demo", DemoPace: 20 * time.Millisecond,
+		StreamTTL: 10 * time.Minute, Workers: 8,
+		SearchLatency: 50 * time.Millisecond, OutboxLatency: 50 * time.Millisecond, OutboxRecordDelay: time.Second,
+		AuthMode: auth.ModeNone, SessionTTL: time.Hour,
+		WSPing: 20 * time.Second, MaxConnAge: time.Hour,
+		UserConns: 32, UserSubs: 500, UserRate: 60,
+		Hosts:       gateway.LoopbackHosts(),
+		BodyTimeout: gateway.DefaultBodyTimeout, IdleTimeout: time.Minute,
+	}
+}
+
+// Serve runs an App of cfg until stop is called, at the latest when the
+// test ends, and returns its base URL. stop ends its context, waits for
+// Run to return (an error of Run fails the test) and closes the App; it
+// may be called more than once.
+func Serve(t testing.TB, cfg app.Config) (base string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.New(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatalf("app.New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			a.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return "http://" + a.Addr().String(), stop
+}
+
+// CheckClean audits the database db (every invariant of the protocol)
+// once the apps on it have closed, failing the test for each violation.
+func CheckClean(t testing.TB, db string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := store.Open(ctx, db, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	v, err := st.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range v {
+		t.Errorf("invariant violated: %+v", x)
+	}
+}
