@@ -305,9 +305,7 @@ func (c *Client) CreateThread(ctx context.Context, title string) (chat.Snapshot,
 	if title != "" {
 		body["title"] = title
 	}
-	var snap chat.Snapshot
-	err := c.call(ctx, http.MethodPost, "/api/threads", nil, body, &snap)
-	return snap, err
+	return callFor[chat.Snapshot](ctx, c, http.MethodPost, "/api/threads", body)
 }
 
 // ListThreads returns one page of the caller's threads (GET
@@ -341,16 +339,12 @@ func (c *Client) ListThreads(ctx context.Context, o ListThreadsOptions) (ThreadP
 // history, the run in flight with its partial text, the last run's
 // outcome.
 func (c *Client) Thread(ctx context.Context, threadID string) (chat.Snapshot, error) {
-	var snap chat.Snapshot
-	err := c.call(ctx, http.MethodGet, "/api/threads/"+esc(threadID), nil, nil, &snap)
-	return snap, err
+	return callFor[chat.Snapshot](ctx, c, http.MethodGet, "/api/threads/"+esc(threadID), nil)
 }
 
 // Run returns a run (GET /api/runs/{id}).
 func (c *Client) Run(ctx context.Context, runID string) (chat.Run, error) {
-	var r chat.Run
-	err := c.call(ctx, http.MethodGet, "/api/runs/"+esc(runID), nil, nil, &r)
-	return r, err
+	return callFor[chat.Run](ctx, c, http.MethodGet, "/api/runs/"+esc(runID), nil)
 }
 
 // Operations returns a thread's tool calls, oldest first (GET
@@ -366,9 +360,7 @@ func (c *Client) Operations(ctx context.Context, threadID string) ([]chat.Operat
 // Checkpoints returns a thread's checkpoints, oldest first, and its head
 // (GET /api/threads/{id}/checkpoints).
 func (c *Client) Checkpoints(ctx context.Context, threadID string) (Checkpoints, error) {
-	var out Checkpoints
-	err := c.call(ctx, http.MethodGet, "/api/threads/"+esc(threadID)+"/checkpoints", nil, nil, &out)
-	return out, err
+	return callFor[Checkpoints](ctx, c, http.MethodGet, "/api/threads/"+esc(threadID)+"/checkpoints", nil)
 }
 
 // The bodies of the commands, shared by HTTP (where the ids in the path
@@ -454,9 +446,7 @@ type decideBody struct {
 // user message, if any, is accepted and a run queued. It answers at once;
 // follow the run on the thread's events.
 func (c *Client) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStartAck, error) {
-	var ack chat.RunStartAck
-	err := c.call(ctx, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/runs", nil, r.body(false), &ack)
-	return ack, err
+	return callFor[chat.RunStartAck](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/runs", r.body(false))
 }
 
 // CancelRun requests a run's cancel (POST /api/runs/{id}/cancel). The
@@ -464,43 +454,31 @@ func (c *Client) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStart
 // to resume from; run.cancelled follows on the thread's events once the
 // run stopped, with the receipt.
 func (c *Client) CancelRun(ctx context.Context, r CancelRunRequest) (chat.CancelAck, error) {
-	var ack chat.CancelAck
-	err := c.call(ctx, http.MethodPost, "/api/runs/"+esc(r.RunID)+"/cancel", nil, r.body(false), &ack)
-	return ack, err
+	return callFor[chat.CancelAck](ctx, c, http.MethodPost, "/api/runs/"+esc(r.RunID)+"/cancel", r.body(false))
 }
 
 // SaveFragment saves the streamed text of a message up to a delta seq as
 // a fragment message (POST /api/threads/{id}/fragments).
 func (c *Client) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.FragmentSaved, error) {
-	var ack chat.FragmentSaved
-	err := c.call(ctx, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", nil, r.body(false), &ack)
-	return ack, err
+	return callFor[chat.FragmentSaved](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", r.body(false))
 }
 
 // DeleteDraft removes a fragment from the thread's history (POST
 // /api/threads/{id}/drafts/{message_id}/delete).
 func (c *Client) DeleteDraft(ctx context.Context, r DeleteDraftRequest) (chat.DraftDeleted, error) {
-	var ack chat.DraftDeleted
-	err := c.call(ctx, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/drafts/"+esc(r.MessageID)+"/delete", nil,
-		draftBody{ExpectedStateVersion: r.ExpectedStateVersion}, &ack)
-	return ack, err
+	return callFor[chat.DraftDeleted](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/drafts/"+esc(r.MessageID)+"/delete", draftBody{ExpectedStateVersion: r.ExpectedStateVersion})
 }
 
 // Fork copies a thread's state at one of its checkpoints into a new
 // thread (POST /api/threads/{id}/fork); the original is untouched.
 func (c *Client) Fork(ctx context.Context, threadID, fromCheckpointID string) (chat.ForkAck, error) {
-	var ack chat.ForkAck
-	err := c.call(ctx, http.MethodPost, "/api/threads/"+esc(threadID)+"/fork", nil, forkBody{FromCheckpointID: fromCheckpointID}, &ack)
-	return ack, err
+	return callFor[chat.ForkAck](ctx, c, http.MethodPost, "/api/threads/"+esc(threadID)+"/fork", forkBody{FromCheckpointID: fromCheckpointID})
 }
 
 // Checkout moves a thread's head to another of its checkpoints (POST
 // /api/threads/{id}/head): switching branch.
 func (c *Client) Checkout(ctx context.Context, r CheckoutRequest) (chat.CheckoutAck, error) {
-	var ack chat.CheckoutAck
-	err := c.call(ctx, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/head", nil,
-		checkoutBody{CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion}, &ack)
-	return ack, err
+	return callFor[chat.CheckoutAck](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/head", checkoutBody{CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion})
 }
 
 // DeleteThread deletes a thread (DELETE /api/threads/{id}), cancelling
@@ -510,9 +488,7 @@ func (c *Client) DeleteThread(ctx context.Context, r DeleteThreadRequest) (chat.
 	if r.ExpectedStateVersion != 0 {
 		body = deleteThreadBody{ExpectedStateVersion: r.ExpectedStateVersion}
 	}
-	var ack chat.ThreadDeletedAck
-	err := c.call(ctx, http.MethodDelete, "/api/threads/"+esc(r.ThreadID), nil, body, &ack)
-	return ack, err
+	return callFor[chat.ThreadDeletedAck](ctx, c, http.MethodDelete, "/api/threads/"+esc(r.ThreadID), body)
 }
 
 // ConfirmTool confirms a prepared consequential tool call (POST
@@ -528,7 +504,12 @@ func (c *Client) RejectTool(ctx context.Context, operationID string, expectedSta
 }
 
 func (c *Client) decide(ctx context.Context, verb, operationID string, expected int64) (chat.ConfirmAck, error) {
-	var ack chat.ConfirmAck
-	err := c.call(ctx, http.MethodPost, "/api/operations/"+esc(operationID)+"/"+verb, nil, decideBody{ExpectedStateVersion: expected}, &ack)
-	return ack, err
+	return callFor[chat.ConfirmAck](ctx, c, http.MethodPost, "/api/operations/"+esc(operationID)+"/"+verb, decideBody{ExpectedStateVersion: expected})
+}
+
+// callFor is c.call of a request whose answer is one T.
+func callFor[T any](ctx context.Context, c *Client, method, path string, body any) (T, error) {
+	var out T
+	err := c.call(ctx, method, path, nil, body, &out)
+	return out, err
 }
