@@ -1,22 +1,14 @@
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AxeBuilder } from "@axe-core/playwright";
-import { startServer, launch, newPage, newThread, send, runStatus, eventually, interceptSocket, messageTexts, shot } from "./harness.mjs";
+import { serveForFile, newPage, newThread, send, runStatus, eventually, interceptSocket, messageTexts, shot } from "./harness.mjs";
 
 // axe-core on every state of the page a user meets, light and dark, wide
 // and narrow: no serious or critical violation. (axe finds what rules can
 // find — names, roles, contrast, structure — not whether the page makes
 // sense read aloud.)
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "40ms", args: ["-outbox-latency", "1500ms"] });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  assert.match(server.check(), /^ok/);
-  await server?.close();
-});
+serveForFile({ pace: "40ms", args: ["-outbox-latency", "1500ms"] }, (s, b) => ([server, browser] = [s, b]));
 
 async function audit(page, state) {
   const found = [];

@@ -3,41 +3,34 @@
 // under the user's name, a conversation works as without accounts, and
 // signing out ends the session. A browser without the cookie never sees a
 // conversation, even with its address.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { binary, startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
+import { serveForFile, binary, startServer, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
 
 const PASSWORD = "correct horse battery";
 let dir, server, browser;
 
-before(async () => {
-  dir = mkdtempSync(join(tmpdir(), "gateway-e2e-auth-"));
-  const db = join(dir, "gw.db");
-  // The account is made as an administrator would: the binary, the password
-  // on one line of stdin.
-  const out = execFileSync(binary(), ["user", "add", "alice", "-db", db], {
-    input: PASSWORD + "\n",
-    encoding: "utf8",
-    env: { PATH: process.env.PATH, HOME: process.env.HOME },
-  });
-  assert.match(out, /^created user alice /);
-  server = await startServer({ pace: "20ms", db, args: ["-auth", "password", "-ws-ping-interval", "300ms"] });
-  browser = await launch();
-});
-
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-    if (dir) rmSync(dir, { recursive: true, force: true });
-  }
-});
+serveForFile(
+  async () => {
+    dir = mkdtempSync(join(tmpdir(), "gateway-e2e-auth-"));
+    const db = join(dir, "gw.db");
+    // The account is made as an administrator would: the binary, the
+    // password on one line of stdin.
+    const out = execFileSync(binary(), ["user", "add", "alice", "-db", db], {
+      input: PASSWORD + "\n",
+      encoding: "utf8",
+      env: { PATH: process.env.PATH, HOME: process.env.HOME },
+    });
+    assert.match(out, /^created user alice /);
+    return { pace: "20ms", db, args: ["-auth", "password", "-ws-ping-interval", "300ms"] };
+  },
+  (s, b) => ([server, browser] = [s, b]),
+  { cleanup: () => dir && rmSync(dir, { recursive: true, force: true }) },
+);
 
 // A refused sign-in is answered 401 (429 when locked), and Chromium reports
 // every 4xx document as a console error. That is the browser logging the

@@ -1,11 +1,10 @@
 // One conversation in one tab: stream, cancel (button and Esc), the receipt,
 // fragments and drafts, editing the request, the checkpoint tree, renaming,
 // and the phone layout. Every test opens its own page on a fresh thread.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  startServer,
-  launch,
+  serveForFile,
   newPage,
   shot,
   newThread,
@@ -17,19 +16,7 @@ import {
 } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "40ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    // Every invariant of the protocol holds after all of the file's tests.
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
 
 // A question whose demo reply is long (80+ words, several seconds at 40ms a
 // word), so there is time to cancel it mid-stream.

@@ -1,7 +1,7 @@
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AxeBuilder } from "@axe-core/playwright";
-import { startServer, launch, newPage, shot, eventually } from "./harness.mjs";
+import { serveForFile, startServer, newPage, shot, eventually } from "./harness.mjs";
 
 // serious lists axe's serious and critical violations on the page as it is.
 async function serious(page, state) {
@@ -13,17 +13,9 @@ async function serious(page, state) {
 
 // The conversation list past its first page.
 let server, browser;
-before(async () => {
-  // (104 conversations made over the API in a moment: more than the
-  // per-user command budget lets through by default.)
-  server = await startServer({ pace: "1ms", args: ["-user-command-rate", "1000"] });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  assert.match(server.check(), /^ok/);
-  await server?.close();
-});
+// (104 conversations made over the API in a moment: more than the
+// per-user command budget lets through by default.)
+serveForFile({ pace: "1ms", args: ["-user-command-rate", "1000"] }, (s, b) => ([server, browser] = [s, b]));
 
 // api calls the HTTP API as a program would (auth none: the local user).
 async function api(method, path, body) {

@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
+import { before, after } from "node:test";
 import { chromium } from "playwright-core";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -93,6 +94,30 @@ export async function startServer({ pace = "40ms", db, args = [], env = {} } = {
   server.check = () => execFileSync(binary(), ["check", "-db", dbPath], { encoding: "utf8" });
   await server.start();
   return server;
+}
+
+// serveForFile starts, before a test file's tests, a gateway (startServer's
+// options, or what options() resolves to when it is a function: it may
+// prepare a database first) and a browser, and hands both to ready. After
+// the file's tests it closes the browser, asserts that every invariant of
+// the protocol holds (gateway check), stops the server, then runs cleanup,
+// whatever failed before.
+export function serveForFile(options, ready, { cleanup } = {}) {
+  let server, browser;
+  before(async () => {
+    server = await startServer(typeof options === "function" ? await options() : options);
+    browser = await launch();
+    ready(server, browser);
+  });
+  after(async () => {
+    try {
+      await browser?.close();
+      assert.match(server?.check() ?? "ok", /^ok/);
+    } finally {
+      await server?.close();
+      await cleanup?.();
+    }
+  });
 }
 
 export async function launch() {

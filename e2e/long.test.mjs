@@ -2,23 +2,12 @@
 // client would) at a desktop and two phone sizes: it opens at its latest
 // message, a stale tab's conflict banner shows where the user looks, and
 // the checkpoints timeline opens in view and stays readable.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, send, runStatus, messageTexts, interceptSocket, eventually, apiExchange } from "./harness.mjs";
+import { serveForFile, newPage, shot, send, runStatus, messageTexts, interceptSocket, eventually, apiExchange } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "2ms", args: ["-search-latency", "50ms"] });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "2ms", args: ["-search-latency", "50ms"] }, (s, b) => ([server, browser] = [s, b]));
 
 const plants = ["tomatoes", "basil", "roses", "ferns", "tulips", "lavender", "pumpkins", "apple trees"];
 const viewports = [

@@ -1,21 +1,13 @@
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
 
 // Model output is Markdown: rendered safely, the same way in history, the
 // live stream, fragments and after a reload. The demo model answers in
 // Markdown when asked for "markdown" or "code", and "repeat after me:"
 // makes it stream any text, hostile text included.
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "5ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  assert.match(server.check(), /^ok/);
-  await server?.close();
-});
+serveForFile({ pace: "5ms" }, (s, b) => ([server, browser] = [s, b]));
 
 const lastReply = (page) => page.locator("[data-testid=messages] > [data-testid=message][data-role=assistant]").last();
 

@@ -3,23 +3,12 @@
 // or the cancel's HTTP request fails too. A Cancel the user pressed is never
 // lost: it goes over whatever path answers, or waits for one, and the page
 // shows only what the server answered.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, send, newThread, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
+import { serveForFile, newPage, shot, send, newThread, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "250ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "250ms" }, (s, b) => ([server, browser] = [s, b]));
 
 // The cancel request the test makes fail is reported by Chromium as a
 // failed resource load; every other console error fails the test.

@@ -2,13 +2,13 @@
 // nobody here wrote: @dwmkerr/mock-llm (it echoes the last user message,
 // streamed in small chunks). The real binary runs with -model openai; the
 // browser drives a full reply and a cancel mid-stream.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -24,34 +24,35 @@ function freePort() {
 }
 
 let mock, mockURL, server, browser;
-before(async () => {
-  const port = await freePort();
-  mock = spawn(process.execPath, [join(here, "..", "node_modules", "@dwmkerr", "mock-llm", "dist", "main.js"), "--config", join(here, "fixtures", "mock-llm.yaml")], {
-    env: { PATH: process.env.PATH, HOST: "127.0.0.1", PORT: String(port) },
-    stdio: ["ignore", "ignore", "inherit"],
-  });
-  mockURL = `http://127.0.0.1:${port}`;
-  await eventually(async () => {
-    const r = await fetch(mockURL + "/health");
-    assert.equal(r.status, 200);
-  }, { timeout: 20000, interval: 100 });
-  server = await startServer({
-    pace: "40ms",
-    args: ["-model", "openai", "-openai-base-url", mockURL + "/v1", "-openai-model", "gpt-4"],
-    env: { GATEWAY_OPENAI_API_KEY: "sk-test-not-a-secret" },
-  });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  if (server) assert.match(server.check(), /^ok/);
-  await server?.close();
-  if (mock && mock.exitCode === null) {
-    const exited = new Promise((r) => mock.once("exit", r));
-    mock.kill("SIGTERM");
-    await exited;
-  }
-});
+serveForFile(
+  async () => {
+    const port = await freePort();
+    mock = spawn(process.execPath, [join(here, "..", "node_modules", "@dwmkerr", "mock-llm", "dist", "main.js"), "--config", join(here, "fixtures", "mock-llm.yaml")], {
+      env: { PATH: process.env.PATH, HOST: "127.0.0.1", PORT: String(port) },
+      stdio: ["ignore", "ignore", "inherit"],
+    });
+    mockURL = `http://127.0.0.1:${port}`;
+    await eventually(async () => {
+      const r = await fetch(mockURL + "/health");
+      assert.equal(r.status, 200);
+    }, { timeout: 20000, interval: 100 });
+    return {
+      pace: "40ms",
+      args: ["-model", "openai", "-openai-base-url", mockURL + "/v1", "-openai-model", "gpt-4"],
+      env: { GATEWAY_OPENAI_API_KEY: "sk-test-not-a-secret" },
+    };
+  },
+  (s, b) => ([server, browser] = [s, b]),
+  {
+    cleanup: async () => {
+      if (mock && mock.exitCode === null) {
+        const exited = new Promise((r) => mock.once("exit", r));
+        mock.kill("SIGTERM");
+        await exited;
+      }
+    },
+  },
+);
 
 test("a reply streams from an OpenAI-compatible server and is published whole", async () => {
   const errors = [];

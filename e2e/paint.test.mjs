@@ -2,23 +2,12 @@
 // same way: every kind of message (a request, a Markdown reply, a card, a
 // tool step, a saved fragment) rendered by the tab that watched it arrive
 // is, node for node, what a fresh load of the same address renders.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "5ms", args: ["-search-latency", "200ms"] });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "5ms", args: ["-search-latency", "200ms"] }, (s, b) => ([server, browser] = [s, b]));
 
 // listDOM is the rendered message list, normalised: attributes that say
 // when the page last drew it (the list's change key, a Copy button's

@@ -7,9 +7,9 @@
 // once the provider confirms, that the email was sent — live, in the same
 // receipt, and the same after a reload. After the horizon the page says to
 // check the provider's records for the key.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
+import { serveForFile, startServer, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
 
 // The provider answers nothing and records a key 6 s after taking it: the
 // worker's own retries and lookups (about 3 s) and the first background
@@ -17,18 +17,7 @@ import { startServer, launch, newPage, shot, newThread, send, runStatus, message
 const lateFlags = ["-outbox-fault", "record-late", "-outbox-latency", "300ms", "-outbox-record-delay", "6s"];
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "10ms", args: lateFlags });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "10ms", args: lateFlags }, (s, b) => ([server, browser] = [s, b]));
 
 const threadOf = (url) => new URL(url).pathname.split("/").pop();
 const neverDenies = /not started|nothing was sent|was not sent/i;

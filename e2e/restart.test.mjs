@@ -5,25 +5,14 @@
 // it continues and its reply is published once. A Cancel pressed while the
 // server is away is kept (across a reload too) and sent first thing on the
 // new connection, before the run handed back to the queue streams on.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  // Slow enough that a short reply (10 words) is still streaming when the
-  // server is stopped, fast enough that the retried reply ends in seconds.
-  server = await startServer({ pace: "250ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+// Slow enough that a short reply (10 words) is still streaming when the
+// server is stopped, fast enough that the retried reply ends in seconds.
+serveForFile({ pace: "250ms" }, (s, b) => ([server, browser] = [s, b]));
 
 // While the server is down, Chromium itself logs each refused reconnect
 // attempt of the page's WebSocket as a console error. That is the browser

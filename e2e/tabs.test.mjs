@@ -3,23 +3,12 @@
 // without any test hook in the product: the test sits on B's WebSocket and
 // drops the server's events (acks and errors still pass) while tab A moves
 // the thread on, so B's next run.start carries an old expected_state_version.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts, interceptSocket, eventually } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, interceptSocket, eventually } from "./harness.mjs";
 
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "40ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  try {
-    assert.match(server?.check() ?? "ok", /^ok/);
-  } finally {
-    await server?.close();
-  }
-});
+serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
 
 // twoTabs opens A on a new thread and B (whose socket the test controls) on
 // the same thread, in one browser context.

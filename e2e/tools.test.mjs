@@ -1,19 +1,11 @@
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
 
 // A slow provider and a slow search, so the moments in between can be
 // acted on by a person (and by these tests).
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "15ms", args: ["-outbox-latency", "2500ms", "-search-latency", "1500ms"] });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  assert.match(server.check(), /^ok/);
-  await server?.close();
-});
+serveForFile({ pace: "15ms", args: ["-outbox-latency", "2500ms", "-search-latency", "1500ms"] }, (s, b) => ([server, browser] = [s, b]));
 
 // The protocol's own words, which the operation log keeps under Details and
 // never shows as its text.

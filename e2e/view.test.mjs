@@ -1,18 +1,10 @@
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, launch, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
+import { serveForFile, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
 
 // Where the user looks, what the user typed, and who said what.
 let server, browser;
-before(async () => {
-  server = await startServer({ pace: "3ms" });
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  assert.match(server.check(), /^ok/);
-  await server?.close();
-});
+serveForFile({ pace: "3ms" }, (s, b) => ([server, browser] = [s, b]));
 
 const atBottom = (page) => page.evaluate(() => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40);
 const assistants = (page) => page.locator("[data-testid=messages] > [data-testid=message][data-role=assistant]");
