@@ -28,23 +28,15 @@ import (
 const waitLimit = 20 * time.Second
 
 // newClient is a protocol client of the gateway at base, closed when the
+// newClient is a protocol client of the gateway at base, closed when the
 // test ends.
-func newClient(t *testing.T, base string) *client.Client {
+func newClient(t *testing.T, base string, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.New(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return apptest.Client(t, base, opts...)
 }
 
 // bounded is a context that ends after waitLimit.
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t *testing.T) context.Context { return apptest.Bounded(t, waitLimit) }
 
 // createThread creates a thread through base's API.
 func createThread(t *testing.T, base string) chat.Snapshot {

@@ -33,22 +33,15 @@ func serve(t *testing.T) (base string, stop func()) {
 }
 
 // newClient is client.New that fails the test on error and closes the
-// client at its end.
+// newClient is a protocol client of the gateway at base, closed when the
+// test ends.
 func newClient(t *testing.T, base string, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.New(base, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return apptest.Client(t, base, opts...)
 }
 
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+// bounded is a context that ends after waitLimit.
+func bounded(t *testing.T) context.Context { return apptest.Bounded(t, waitLimit) }
 
 func connect(t *testing.T, c *client.Client, tab string) *client.Conn {
 	t.Helper()

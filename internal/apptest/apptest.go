@@ -12,6 +12,7 @@ import (
 
 	"github.com/honestcancel/gateway/app"
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/client"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/store"
 )
@@ -80,4 +81,23 @@ func CheckClean(t testing.TB, db string) {
 	for _, x := range v {
 		t.Errorf("invariant violated: %+v", x)
 	}
+}
+
+// Client is a protocol client of the gateway at base, closed when the
+// test ends.
+func Client(t testing.TB, base string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(base, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Bounded is a context that ends after limit, or when the test ends.
+func Bounded(t testing.TB, limit time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	return ctx
 }
