@@ -369,6 +369,16 @@ func (m *fakeMailer) checkActions(t *testing.T, want int) {
 	}
 }
 
+// wantCommits checks the provider's actions over every key (each at most
+// once) and how often Commit was called with key.
+func (m *fakeMailer) wantCommits(t *testing.T, key string, actions, calls int) {
+	t.Helper()
+	m.checkActions(t, actions)
+	if n := m.commitCalls(key); n != calls {
+		t.Fatalf("Commit called %d times with %s, want %d", n, key, calls)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // Harness for tool runs.
 
@@ -450,6 +460,14 @@ func (e *toolEnv) cancel(runID string) chat.CancelAck {
 		e.t.Fatalf("cancel ack = %+v", ack)
 	}
 	return ack
+}
+
+// confirm confirms the operation, failing the test if it is refused.
+func (e *toolEnv) confirm(opID string) {
+	e.t.Helper()
+	if _, err := e.decide(opID, true); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 func (e *toolEnv) decide(opID string, confirm bool) (chat.ConfirmAck, error) {
@@ -902,10 +920,7 @@ func TestConsequentialCancelWhileWaitingVoids(t *testing.T) {
 		t.Fatal("a refused decision moved state_version")
 	}
 	wantOp(t, e.onlyOp(), chat.PhaseVoided, chat.OutcomeNotStarted)
-	mail.checkActions(t, 0)
-	if n := mail.commitCalls(*op.IdempotencyKey); n != 0 {
-		t.Fatalf("Commit called %d times for a voided intent", n)
-	}
+	mail.wantCommits(t, *op.IdempotencyKey, 0, 0) // for a voided intent
 
 	// Continue: the intent is prepared again and waits for a new decision.
 	next := e.resume()
@@ -959,10 +974,7 @@ func TestConsequentialDecisions(t *testing.T) {
 		if ce := wantCode(t, err, chat.CodeOperationNotPending); ce.Fields["phase"] != chat.PhaseCommitted {
 			t.Fatalf("confirm after commit fields = %v", ce.Fields)
 		}
-		mail.checkActions(t, 1)
-		if n := mail.commitCalls(*op.IdempotencyKey); n != 1 {
-			t.Fatalf("Commit called %d times", n)
-		}
+		mail.wantCommits(t, *op.IdempotencyKey, 1, 1)
 	})
 
 	t.Run("reject", func(t *testing.T) {
@@ -988,18 +1000,13 @@ func TestConsequentialDecisions(t *testing.T) {
 		if ce := wantCode(t, err, chat.CodeOperationNotPending); ce.Fields["phase"] != chat.PhaseRejected {
 			t.Fatalf("confirm after reject fields = %v", ce.Fields)
 		}
-		mail.checkActions(t, 0)
-		if n := mail.commitCalls(*op.IdempotencyKey); n != 0 {
-			t.Fatalf("Commit called %d times for a rejected intent", n)
-		}
+		mail.wantCommits(t, *op.IdempotencyKey, 0, 0) // for a rejected intent
 	})
 }
 
 func TestConsequentialCancelDuringCommitWaitsForOutcome(t *testing.T) {
 	e, mail, ack, op, _ := emailDrafted(t, mailAccepts, true)
-	if _, err := e.decide(op.OperationID, true); err != nil {
-		t.Fatal(err)
-	}
+	e.confirm(op.OperationID)
 	recv(t, mail.entered, "the commit")
 	e.cancel(ack.RunID)
 	ev := waitFor(t, e.sub, "run.cancelling", isType(chat.EventRunCancelling, ack.RunID))
@@ -1018,17 +1025,12 @@ func TestConsequentialCancelDuringCommitWaitsForOutcome(t *testing.T) {
 	wantOp(t, e.onlyOp(), chat.PhaseCommitted, chat.OutcomeCommitted)
 	e.wantRun(ack.RunID, chat.RunCancelled)
 	e.wantHistory("user assistant tool") // what was sent is on record; no answer after the cancel
-	mail.checkActions(t, 1)
-	if n := mail.commitCalls(*op.IdempotencyKey); n != 1 {
-		t.Fatalf("Commit called %d times", n)
-	}
+	mail.wantCommits(t, *op.IdempotencyKey, 1, 1)
 }
 
 func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 	e, mail, ack, op, _ := emailDrafted(t, mailAcceptTimeout, false)
-	if _, err := e.decide(op.OperationID, true); err != nil {
-		t.Fatal(err)
-	}
+	e.confirm(op.OperationID)
 	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
 	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseConfirmed, chat.PhaseCommitting, chat.PhaseUnknown, chat.PhaseReconciled}) {
 		t.Fatalf("tool.updated phases = %v", got)
@@ -1046,9 +1048,7 @@ func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 
 func TestConsequentialProviderRejects(t *testing.T) {
 	e, mail, ack, op, _ := emailDrafted(t, mailRejects, false)
-	if _, err := e.decide(op.OperationID, true); err != nil {
-		t.Fatal(err)
-	}
+	e.confirm(op.OperationID)
 	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
 	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseConfirmed, chat.PhaseCommitting, chat.PhaseFailed}) {
 		t.Fatalf("tool.updated phases = %v", got)
@@ -1202,10 +1202,7 @@ func TestCancelAfterConfirmBeforeCommitVoids(t *testing.T) {
 			wantOp(t, e.onlyOp(), chat.PhaseVoided, chat.OutcomeNotStarted)
 			e.wantRun(ack.RunID, chat.RunCancelled)
 			e.wantHistory("user assistant")
-			mail.checkActions(t, 0)
-			if n := mail.commitCalls(*op.IdempotencyKey); n != 0 {
-				t.Fatalf("Commit called %d times", n)
-			}
+			mail.wantCommits(t, *op.IdempotencyKey, 0, 0)
 		})
 	}
 }
@@ -1353,9 +1350,7 @@ func TestCancelAtSafePointBeforeCommitVoids(t *testing.T) {
 	runID = e.startRun(e.thr.ThreadID, e.thr.StateVersion, ptr("send the quote")).RunID
 	e.startHooked(hs)
 	op, _ := e.waitConfirmation(runID)
-	if _, err := e.decide(op.OperationID, true); err != nil {
-		t.Fatal(err)
-	}
+	e.confirm(op.OperationID)
 	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, runID))
 	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseConfirmed, chat.PhaseVoided}) {
 		t.Fatalf("tool.updated phases = %v", got)
@@ -1366,10 +1361,7 @@ func TestCancelAtSafePointBeforeCommitVoids(t *testing.T) {
 	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
 	e.wantRun(runID, chat.RunCancelled)
 	e.wantHistory("user assistant")
-	mail.checkActions(t, 0)
-	if n := mail.commitCalls(*op.IdempotencyKey); n != 0 {
-		t.Fatalf("Commit called %d times", n)
-	}
+	mail.wantCommits(t, *op.IdempotencyKey, 0, 0)
 }
 
 // A cancel right after a runner call is recorded, before the tool started:
