@@ -225,6 +225,19 @@ type quiet struct {
 	accepted map[string]bool
 }
 
+// wantDecided checks that a decision on the operation, confirm and reject,
+// at the thread's current version, is refused as not pending in phase and
+// changes nothing on the watched threads.
+func (h *toolHarness) wantDecided(t *testing.T, opID, thread, phase, when string, watched ...string) {
+	t.Helper()
+	qt := h.quiet(watched...)
+	for _, confirm := range []bool{true, false} {
+		r := h.decide(opID, confirm, map[string]any{"expected_state_version": h.snapshot(thread).StateVersion})
+		h.wantNotPending(t, r, opID, phase)
+		qt.check(t, fmt.Sprintf("decision (confirm %v) %s", confirm, when))
+	}
+}
+
 func (h *toolHarness) quiet(threadIDs ...string) *quiet {
 	h.t.Helper()
 	q := &quiet{h: h, snaps: map[string]string{}, ops: map[string]string{}}
@@ -577,12 +590,7 @@ func TestToolsDecisionErrors(t *testing.T) {
 		t.Errorf("rejected operation %+v", op)
 	}
 	h.wantNothingSent(t, *opA.IdempotencyKey)
-	qt = h.quiet(a, b)
-	for _, confirm := range []bool{true, false} {
-		r := h.decide(opA.OperationID, confirm, map[string]any{"expected_state_version": h.snapshot(a).StateVersion})
-		h.wantNotPending(t, r, opA.OperationID, chat.PhaseRejected)
-		qt.check(t, fmt.Sprintf("decision (confirm %v) after the reject", confirm))
-	}
+	h.wantDecided(t, opA.OperationID, a, chat.PhaseRejected, "after the reject", a, b)
 
 	// Confirm B at its current version; a second click at once is refused
 	// (by version while the commit moves the thread, then as not pending),
@@ -608,12 +616,7 @@ func TestToolsDecisionErrors(t *testing.T) {
 		t.Errorf("tool.updated phases of B %v", got)
 	}
 	h.wantSentOnce(t, *opB.IdempotencyKey)
-	qt = h.quiet(a, b)
-	for _, confirm := range []bool{true, false} {
-		r := h.decide(opB.OperationID, confirm, map[string]any{"expected_state_version": h.snapshot(b).StateVersion})
-		h.wantNotPending(t, r, opB.OperationID, chat.PhaseCommitted)
-		qt.check(t, fmt.Sprintf("decision (confirm %v) after the commit", confirm))
-	}
+	h.wantDecided(t, opB.OperationID, b, chat.PhaseCommitted, "after the commit", a, b)
 	h.wantSentOnce(t, *opB.IdempotencyKey)
 
 	// Cancel while waiting: the intent is voided; a late decision finds
@@ -633,12 +636,7 @@ func TestToolsDecisionErrors(t *testing.T) {
 	if n := len(published(evs)); n != 0 {
 		t.Errorf("the cancel published %d messages", n)
 	}
-	qt = h.quiet(a, b, c)
-	for _, confirm := range []bool{true, false} {
-		r := h.decide(opC.OperationID, confirm, map[string]any{"expected_state_version": h.snapshot(c).StateVersion})
-		h.wantNotPending(t, r, opC.OperationID, chat.PhaseVoided)
-		qt.check(t, fmt.Sprintf("decision (confirm %v) after the cancel", confirm))
-	}
+	h.wantDecided(t, opC.OperationID, c, chat.PhaseVoided, "after the cancel", a, b, c)
 	if r := h.run(ackC.RunID); r.Status != chat.RunCancelled {
 		t.Errorf("run C %s, want cancelled", r.Status)
 	}
