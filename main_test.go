@@ -408,6 +408,37 @@ func (s *server) freeze() {
 		s.t.Fatalf("SIGSTOP gateway pid %d: %v", s.cmd.Process.Pid, err)
 	}
 	s.t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+	// kill(2) returns once the signal is queued; each thread stops when the
+	// kernel next runs it. Return only when every thread is stopped, so
+	// that what the test counts as after the freeze really is.
+	deadline := time.Now().Add(5 * time.Second)
+	for !allThreadsStopped(s.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("gateway pid %d: not every thread stopped 5s after SIGSTOP", s.cmd.Process.Pid)
+		}
+		time.Sleep(time.Millisecond) // polling the kernel's view of the threads, bounded by the deadline
+	}
+}
+
+// allThreadsStopped reports whether every thread of process pid is in
+// the stopped state (T in /proc/PID/task/TID/stat).
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// pid (comm) state …: the state follows the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || (stat[i+2] != 'T' && stat[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
 
 // thaw lets a frozen process go on (SIGCONT).
