@@ -464,9 +464,6 @@ func (e *Engine) waitEnded(ctx context.Context, userID, runID string, deadline t
 // DecideOperation performs tool.confirm or tool.reject and wakes a worker
 // to commit the call (or to continue from the refusal).
 func (e *Engine) DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error) {
-	if err := p.Validate(); err != nil {
-		return chat.ConfirmAck{}, err
-	}
 	ack, err := e.store.DecideOperation(ctx, p)
 	if err == nil {
 		e.poke()
