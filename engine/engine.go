@@ -486,20 +486,12 @@ func (e *Engine) WakeCancels() {
 // was lost (the bus is best effort; the store is the truth). Only the
 // store's word cancels a run: a wake-up itself carries no authority.
 func (e *Engine) watchCancels() {
-	poll := time.NewTicker(e.cfg.CancelPoll)
-	defer poll.Stop()
-	for {
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-e.cancelWake:
-		case <-poll.C:
-		}
+	e.onTicks(e.cfg.CancelPoll, e.cancelWake, func() {
 		e.mu.Lock()
 		idle := len(e.running) == 0
 		e.mu.Unlock()
 		if idle {
-			continue
+			return
 		}
 		look, stop := context.WithTimeout(e.ctx, storeTimeout)
 		ids, err := e.store.CancelsRequested(look, e.cfg.InstanceID)
@@ -508,7 +500,7 @@ func (e *Engine) watchCancels() {
 			if e.ctx.Err() == nil {
 				e.log.Warn("look up cancels accepted elsewhere", "err", err)
 			}
-			continue
+			return
 		}
 		e.mu.Lock()
 		for _, id := range ids {
@@ -517,6 +509,22 @@ func (e *Engine) watchCancels() {
 			}
 		}
 		e.mu.Unlock()
+	})
+}
+
+// onTicks calls pass every period and at every wake-up (a nil wake: none),
+// one pass at a time, until the engine closes.
+func (e *Engine) onTicks(period time.Duration, wake <-chan struct{}, pass func()) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-wake:
+		case <-tick.C:
+		}
+		pass()
 	}
 }
 

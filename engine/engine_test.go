@@ -66,14 +66,9 @@ func (s *scriptedStream) Next(ctx context.Context) (model.Chunk, error) {
 		return model.Chunk{}, model.EOF
 	}
 	if s.m.gate != nil {
-		select {
-		case <-s.m.gate:
-		case <-ctx.Done():
+		if err := waitGate(ctx, s.ctx, nil, s.m.gate, nil); err != nil {
 			s.m.stopOnce.Do(func() { close(s.m.stopped) })
-			return model.Chunk{}, ctx.Err()
-		case <-s.ctx.Done():
-			s.m.stopOnce.Do(func() { close(s.m.stopped) })
-			return model.Chunk{}, s.ctx.Err()
+			return model.Chunk{}, err
 		}
 	}
 	w := s.m.words[s.i]
@@ -89,12 +84,38 @@ func (s *scriptedStream) Close() error { return nil }
 // release lets n more chunks through a gated model.
 func (m *scripted) release(t *testing.T, n int) {
 	t.Helper()
+	sendTokens(t, m.gate, n)
+}
+
+// sendTokens hands n tokens to a model waiting on gate, one per chunk,
+// failing t when the model stops asking for them.
+func sendTokens(t *testing.T, gate chan<- struct{}, n int) {
+	t.Helper()
 	for range n {
 		select {
-		case m.gate <- struct{}{}:
+		case gate <- struct{}{}:
 		case <-time.After(10 * time.Second):
-			t.Fatal("model was never asked for the next chunk")
+			t.Fatal("the model was never asked for its next chunk")
 		}
+	}
+}
+
+// waitGate waits, for a model stream's next chunk, for a token on a or b
+// (nil: never), and answers the error that ends the chunk instead: the
+// call's context, the stream's context, or the stream closed (closed; nil:
+// never closed).
+func waitGate(ctx, stream context.Context, closed, a, b <-chan struct{}) error {
+	select {
+	case <-a:
+		return nil
+	case <-b:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stream.Done():
+		return stream.Err()
+	case <-closed:
+		return errors.New("stream closed")
 	}
 }
 
@@ -134,10 +155,7 @@ func (h *harness) open() {
 
 func (h *harness) start() {
 	h.t.Helper()
-	h.eng = engine.New(h.config())
-	if err := h.eng.Start(context.Background()); err != nil {
-		h.t.Fatal(err)
-	}
+	h.startWith(func(*engine.Config) {})
 }
 
 // config is the engine configuration start uses.
@@ -167,40 +185,47 @@ func (h *harness) check() {
 	}
 }
 
+// must returns v, failing t first when err is not nil.
+func must[T any](t *testing.T, v T, err error) T {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func (h *harness) thread() chat.Snapshot {
 	h.t.Helper()
 	snap, err := h.st.CreateThread(context.Background(), chat.LocalUserID, "t")
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return snap
+	return must(h.t, snap, err)
+}
+
+// watchedThread creates a thread and subscribes to its live events; the
+// subscription is closed when the test ends.
+func (h *harness) watchedThread() (chat.Snapshot, *bus.Subscription) {
+	h.t.Helper()
+	snap := h.thread()
+	sub := h.feed.Subscribe(snap.ThreadID, 4096)
+	h.t.Cleanup(sub.Close)
+	return snap, sub
 }
 
 func (h *harness) snapshot(threadID string) chat.Snapshot {
 	h.t.Helper()
 	snap, err := h.st.Snapshot(context.Background(), chat.LocalUserID, threadID)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return snap
+	return must(h.t, snap, err)
 }
 
 func (h *harness) startRun(threadID string, version int64, text *string) chat.RunStartAck {
 	h.t.Helper()
 	ack, err := h.st.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID, ThreadID: threadID, ExpectedStateVersion: version, UserMessage: text})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return ack
+	return must(h.t, ack, err)
 }
 
 func (h *harness) run(runID string) chat.Run {
 	h.t.Helper()
 	r, err := h.st.Run(context.Background(), chat.LocalUserID, runID)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return r
+	return must(h.t, r, err)
 }
 
 // pending is the step the run's thread waits on, as a worker reads it.
@@ -238,15 +263,22 @@ func isType(typ, runID string) func(*chat.Event) bool {
 
 func ptr(s string) *string { return &s }
 
+// runningHello starts an engine over the scripted words (gated: each chunk
+// waits for the test to release it) and queues a run of "hello" on a new
+// thread whose live events sub receives.
+func runningHello(t *testing.T, gated bool) (*harness, *scripted, chat.Snapshot, *bus.Subscription, chat.RunStartAck) {
+	t.Helper()
+	m := newScripted(words, gated)
+	h := newHarness(t, m)
+	snap, sub := h.watchedThread()
+	h.start()
+	return h, m, snap, sub, h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+}
+
 var words = strings.Fields("one two three four five six seven eight nine ten")
 
 func TestRunStreamsPublishesAndCompletes(t *testing.T) {
-	h := newHarness(t, newScripted(words, false))
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
-	h.start()
-	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	h, _, snap, sub, ack := runningHello(t, false)
 
 	var deltas strings.Builder
 	var published *chat.Event
@@ -276,13 +308,7 @@ func TestRunStreamsPublishesAndCompletes(t *testing.T) {
 }
 
 func TestCancelMidStreamStopsModelAndPublishesNothing(t *testing.T) {
-	m := newScripted(words, true)
-	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
-	h.start()
-	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	h, m, snap, sub, ack := runningHello(t, true)
 	m.release(t, 3)
 	var seen int
 	waitFor(t, sub, "three deltas", func(ev *chat.Event) bool {
@@ -334,13 +360,7 @@ func TestCancelMidStreamStopsModelAndPublishesNothing(t *testing.T) {
 }
 
 func TestContinueAfterCancelRegeneratesWithNote(t *testing.T) {
-	m := newScripted(words, true)
-	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
-	h.start()
-	first := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	h, m, snap, sub, first := runningHello(t, true)
 	m.release(t, 2)
 	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, first.RunID))
 	if _, err := h.eng.CancelRun(context.Background(), chat.CancelRun{UserID: chat.LocalUserID, RunID: first.RunID, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
@@ -370,9 +390,7 @@ func TestContinueAfterCancelRegeneratesWithNote(t *testing.T) {
 
 func TestCancelOfQueuedRunFinishesWithoutWorker(t *testing.T) {
 	h := newHarness(t, newScripted(words, false))
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
+	snap, sub := h.watchedThread()
 	// Not started: nothing claims the run.
 	h.eng = engine.New(engine.Config{Store: h.st, Model: h.model, SingleInstance: true})
 	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
@@ -390,13 +408,7 @@ func TestCancelOfQueuedRunFinishesWithoutWorker(t *testing.T) {
 }
 
 func TestShutdownHandsRunBackIntact(t *testing.T) {
-	m := newScripted(words, true)
-	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
-	h.start()
-	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	h, m, snap, sub, ack := runningHello(t, true)
 	m.release(t, 2)
 	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, ack.RunID))
 	h.stop()
@@ -411,20 +423,31 @@ func TestShutdownHandsRunBackIntact(t *testing.T) {
 	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
 }
 
+// streamedByDeadWorker queues a run of "hello" on a new thread (the engine
+// not started) and has owner claim it and stream texts as messageID under
+// its lease, and nothing more: what a worker leaves when its process dies
+// mid-stream.
+func streamedByDeadWorker(t *testing.T, owner, messageID string, texts ...string) (*harness, chat.Snapshot, chat.RunStartAck, *chat.Claim) {
+	t.Helper()
+	ctx := context.Background()
+	h := newHarness(t, newScripted(words, false))
+	snap := h.thread()
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	run, err := h.st.Claim(ctx, owner, time.Hour)
+	if err != nil || run == nil || run.Run.RunID != ack.RunID {
+		t.Fatalf("claim = %+v, %v", run, err)
+	}
+	if err := h.st.AppendDeltas(ctx, run.Lease, messageID, texts); err != nil {
+		t.Fatal(err)
+	}
+	return h, snap, ack, run
+}
+
 func TestRecoveryAfterCrash(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("interrupted stream is re-queued and completes", func(t *testing.T) {
-		h := newHarness(t, newScripted(words, false))
-		snap := h.thread()
-		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
-		if err != nil || run == nil || run.Run.RunID != ack.RunID {
-			t.Fatalf("claim = %+v, %v", run, err)
-		}
-		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_dead", []string{"half", " a"}); err != nil {
-			t.Fatal(err)
-		}
+		h, snap, ack, _ := streamedByDeadWorker(t, "dead-process", "msg_dead", "half", " a")
 		sub := h.feed.Subscribe(snap.ThreadID, 1024)
 		defer sub.Close()
 		h.start()
@@ -443,16 +466,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 	})
 
 	t.Run("published but not finished ends completed without re-running", func(t *testing.T) {
-		h := newHarness(t, newScripted(words, false))
-		snap := h.thread()
-		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_done", []string{"all", " of it"}); err != nil {
-			t.Fatal(err)
-		}
+		h, snap, ack, run := streamedByDeadWorker(t, "dead-process", "msg_done", "all", " of it")
 		if err := h.st.PublishStep(ctx, run.Lease, chat.StepOutput{Step: h.pending(ack.RunID), MessageID: "msg_done", Kind: chat.KindText, Content: "all of it"}); err != nil {
 			t.Fatal(err)
 		}
@@ -470,16 +484,7 @@ func TestRecoveryAfterCrash(t *testing.T) {
 	})
 
 	t.Run("cancel recorded before the crash ends cancelled", func(t *testing.T) {
-		h := newHarness(t, newScripted(words, false))
-		snap := h.thread()
-		ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-		run, err := h.st.Claim(ctx, "dead-process", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.st.AppendDeltas(ctx, run.Lease, "msg_x", []string{"abc"}); err != nil {
-			t.Fatal(err)
-		}
+		h, _, ack, _ := streamedByDeadWorker(t, "dead-process", "msg_x", "abc")
 		if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:x"}); err != nil {
 			t.Fatal(err)
 		}
@@ -513,22 +518,13 @@ func TestRecoveryAfterCrash(t *testing.T) {
 
 func TestPublishLosesToRecordedCancel(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t, newScripted(words, false))
-	snap := h.thread()
-	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
-	run, err := h.st.Claim(ctx, "w", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.st.AppendDeltas(ctx, run.Lease, "msg_late", []string{"late", " text"}); err != nil {
-		t.Fatal(err)
-	}
+	h, snap, ack, run := streamedByDeadWorker(t, "w", "msg_late", "late", " text")
 	// The cancel commits while the last delta is "on the wire": the worker's
 	// publish must lose.
 	if _, _, err := h.st.RequestCancel(ctx, chat.CancelRun{UserID: chat.LocalUserID, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	err = h.st.PublishStep(ctx, run.Lease, chat.StepOutput{Step: h.pending(ack.RunID), MessageID: "msg_late", Kind: chat.KindText, Content: "late text"})
+	err := h.st.PublishStep(ctx, run.Lease, chat.StepOutput{Step: h.pending(ack.RunID), MessageID: "msg_late", Kind: chat.KindText, Content: "late text"})
 	var lost *chat.ErrNotRunning
 	if !errors.As(err, &lost) || lost.Status != chat.RunCancelRequested {
 		t.Fatalf("publish after cancel = %v", err)
@@ -550,13 +546,7 @@ func TestPublishLosesToRecordedCancel(t *testing.T) {
 // While a model streams (here: blocked before its next chunk), no write
 // transaction is held: other writes commit at once.
 func TestNoWriteTransactionHeldWhileModelStreams(t *testing.T) {
-	m := newScripted(words, true)
-	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
-	h.start()
-	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
+	h, m, _, sub, ack := runningHello(t, true)
 	m.release(t, 1)
 	waitFor(t, sub, "a delta", isType(chat.EventMessageDelta, ack.RunID))
 	// The worker is now inside the model's Next, waiting for the gate.
@@ -592,9 +582,7 @@ func TestTokenUsageIsRecordedPerRun(t *testing.T) {
 	m := newScripted(words, false)
 	h := newHarness(t, m)
 	h.backend = usageModel{m}
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
+	snap, sub := h.watchedThread()
 	h.start()
 	ack := h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
 	waitFor(t, sub, "run.completed", isType(chat.EventRunCompleted, ack.RunID))
@@ -623,12 +611,9 @@ func TestDispatchClaimsABurstOnePerTransaction(t *testing.T) {
 		snap := h.thread()
 		h.startRun(snap.ThreadID, snap.StateVersion, ptr("hello"))
 	}
-	cfg := h.config()
-	cfg.Store, cfg.ClaimBatch, cfg.ClaimPoll = onePerClaim{h.st}, 1, time.Hour
-	h.eng = engine.New(cfg)
-	if err := h.eng.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.startWith(func(cfg *engine.Config) {
+		cfg.Store, cfg.ClaimBatch, cfg.ClaimPoll = onePerClaim{h.st}, 1, time.Hour
+	})
 	for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d queued runs reached the model: the others wait for a wake-up", m.streams.Load(), n)

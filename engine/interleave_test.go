@@ -121,14 +121,8 @@ func (s *ilStream) Next(ctx context.Context) (model.Chunk, error) {
 	case <-s.ctx.Done():
 		return model.Chunk{}, s.ctx.Err()
 	}
-	select {
-	case <-s.m.gate:
-	case <-ctx.Done():
-		return model.Chunk{}, ctx.Err()
-	case <-s.ctx.Done():
-		return model.Chunk{}, s.ctx.Err()
-	case <-s.closed:
-		return model.Chunk{}, fmt.Errorf("stream closed")
+	if err := waitGate(ctx, s.ctx, s.closed, s.m.gate, nil); err != nil {
+		return model.Chunk{}, err
 	}
 	c := s.chunks[s.i]
 	s.i++

@@ -39,6 +39,24 @@ func (s *raceStore) dead() error {
 	return nil
 }
 
+// unlessDead returns what call returns, or errCrashed without calling it
+// once the process is dead.
+func (s *raceStore) unlessDead(call func() error) error {
+	if err := s.dead(); err != nil {
+		return err
+	}
+	return call()
+}
+
+// valueUnlessDead is unlessDead for a call that also returns a value.
+func valueUnlessDead[T any](s *raceStore, call func() (T, error)) (T, error) {
+	if err := s.dead(); err != nil {
+		var zero T
+		return zero, err
+	}
+	return call()
+}
+
 func (s *raceStore) PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
 	runID := lease.RunID
 	if err := s.dead(); err != nil {
@@ -66,87 +84,51 @@ func (s *raceStore) CompleteWith(ctx context.Context, lease chat.Lease, out chat
 }
 
 func (s *raceStore) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
-	if err := s.dead(); err != nil {
-		return nil, err
-	}
-	return s.Store.ClaimBatch(ctx, owner, ttl, max)
+	return valueUnlessDead(s, func() ([]*chat.Claim, error) { return s.Store.ClaimBatch(ctx, owner, ttl, max) })
 }
 
 func (s *raceStore) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.RenewLeases(ctx, leases, ttl)
+	return s.unlessDead(func() error { return s.Store.RenewLeases(ctx, leases, ttl) })
 }
 
 func (s *raceStore) RunInput(ctx context.Context, runID string) (chat.RunInput, error) {
-	if err := s.dead(); err != nil {
-		return chat.RunInput{}, err
-	}
-	return s.Store.RunInput(ctx, runID)
+	return valueUnlessDead(s, func() (chat.RunInput, error) { return s.Store.RunInput(ctx, runID) })
 }
 
 func (s *raceStore) AppendDeltas(ctx context.Context, lease chat.Lease, messageID string, texts []string) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.AppendDeltas(ctx, lease, messageID, texts)
+	return s.unlessDead(func() error { return s.Store.AppendDeltas(ctx, lease, messageID, texts) })
 }
 
 func (s *raceStore) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.SetOperationPhase(ctx, lease, opID, phase, outcome, needRunning)
+	return s.unlessDead(func() error { return s.Store.SetOperationPhase(ctx, lease, opID, phase, outcome, needRunning) })
 }
 
 func (s *raceStore) RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.RecordToolResult(ctx, lease, opID, out)
+	return s.unlessDead(func() error { return s.Store.RecordToolResult(ctx, lease, opID, out) })
 }
 
 func (s *raceStore) MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.MarkCancelling(ctx, lease, active)
+	return s.unlessDead(func() error { return s.Store.MarkCancelling(ctx, lease, active) })
 }
 
 func (s *raceStore) Complete(ctx context.Context, lease chat.Lease) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.Complete(ctx, lease)
+	return s.unlessDead(func() error { return s.Store.Complete(ctx, lease) })
 }
 
 func (s *raceStore) Fail(ctx context.Context, lease chat.Lease, message string) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.Fail(ctx, lease, message)
+	return s.unlessDead(func() error { return s.Store.Fail(ctx, lease, message) })
 }
 
 func (s *raceStore) Release(ctx context.Context, lease chat.Lease) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.Release(ctx, lease)
+	return s.unlessDead(func() error { return s.Store.Release(ctx, lease) })
 }
 
 func (s *raceStore) FinishCancel(ctx context.Context, runID string, lease *chat.Lease, unbuffered int64) (bool, error) {
-	if err := s.dead(); err != nil {
-		return false, err
-	}
-	return s.Store.FinishCancel(ctx, runID, lease, unbuffered)
+	return valueUnlessDead(s, func() (bool, error) { return s.Store.FinishCancel(ctx, runID, lease, unbuffered) })
 }
 
 func (s *raceStore) Recover(ctx context.Context, owner string, foreign bool, maxAttempts int) ([]chat.Recovered, error) {
-	if err := s.dead(); err != nil {
-		return nil, err
-	}
-	return s.Store.Recover(ctx, owner, foreign, maxAttempts)
+	return valueUnlessDead(s, func() ([]chat.Recovered, error) { return s.Store.Recover(ctx, owner, foreign, maxAttempts) })
 }
 
 // raceRetention is the store's retention behind a raceStore's crash
@@ -157,45 +139,27 @@ type raceRetention struct {
 }
 
 func (r raceRetention) PurgeStream(ctx context.Context, before time.Time) (int64, error) {
-	if err := r.rs.dead(); err != nil {
-		return 0, err
-	}
-	return r.Retention.PurgeStream(ctx, before)
+	return valueUnlessDead(r.rs, func() (int64, error) { return r.Retention.PurgeStream(ctx, before) })
 }
 
 func (r raceRetention) PurgeEvents(ctx context.Context, before time.Time) (int64, error) {
-	if err := r.rs.dead(); err != nil {
-		return 0, err
-	}
-	return r.Retention.PurgeEvents(ctx, before)
+	return valueUnlessDead(r.rs, func() (int64, error) { return r.Retention.PurgeEvents(ctx, before) })
 }
 
 func (r raceRetention) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
-	if err := r.rs.dead(); err != nil {
-		return 0, err
-	}
-	return r.Retention.PurgeCancelAudit(ctx, before)
+	return valueUnlessDead(r.rs, func() (int64, error) { return r.Retention.PurgeCancelAudit(ctx, before) })
 }
 
 func (r raceRetention) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
-	if err := r.rs.dead(); err != nil {
-		return 0, err
-	}
-	return r.Retention.RedactDeletedDrafts(ctx, before)
+	return valueUnlessDead(r.rs, func() (int64, error) { return r.Retention.RedactDeletedDrafts(ctx, before) })
 }
 
 func (r raceRetention) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
-	if err := r.rs.dead(); err != nil {
-		return 0, err
-	}
-	return r.Retention.RedactDeletedThreads(ctx, before)
+	return valueUnlessDead(r.rs, func() (int64, error) { return r.Retention.RedactDeletedThreads(ctx, before) })
 }
 
 func (s *raceStore) AddUsage(ctx context.Context, runID string, u chat.Usage) error {
-	if err := s.dead(); err != nil {
-		return err
-	}
-	return s.Store.AddUsage(ctx, runID, u)
+	return s.unlessDead(func() error { return s.Store.AddUsage(ctx, runID, u) })
 }
 
 // startOver starts the harness's engine over store (nil: the real store)
@@ -203,18 +167,15 @@ func (s *raceStore) AddUsage(ctx context.Context, runID string, u chat.Usage) er
 // test: the worker, the cancel or the startup recovery must.
 func (h *harness) startOver(store engine.Store) {
 	h.t.Helper()
-	cfg := h.config()
-	if store != nil {
-		cfg.Store = store
-	}
-	if rs, ok := store.(*raceStore); ok {
-		cfg.Retention = raceRetention{Retention: cfg.Retention, rs: rs}
-	}
-	cfg.LeaseTTL = time.Hour
-	h.eng = engine.New(cfg)
-	if err := h.eng.Start(context.Background()); err != nil {
-		h.t.Fatal(err)
-	}
+	h.startWith(func(cfg *engine.Config) {
+		if store != nil {
+			cfg.Store = store
+		}
+		if rs, ok := store.(*raceStore); ok {
+			cfg.Retention = raceRetention{Retention: cfg.Retention, rs: rs}
+		}
+		cfg.LeaseTTL = time.Hour
+	})
 }
 
 // allEvents reads the thread's whole committed event log.
@@ -252,9 +213,7 @@ func typesOf(evs []*chat.Event) []string {
 func TestRaceScenario1_LastDeltaOnTheWire(t *testing.T) {
 	m := newScripted(words, true)
 	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 4096)
-	defer sub.Close()
+	snap, sub := h.watchedThread()
 	var cancelled atomic.Bool
 	rs := &raceStore{Store: h.st}
 	rs.beforePublish = func(runID string, out chat.StepOutput) {
@@ -338,9 +297,7 @@ func TestRaceScenario1_LastDeltaOnTheWire(t *testing.T) {
 func TestRaceScenario2_ToolFinishesBeforeFlagRead(t *testing.T) {
 	for _, contract := range []string{tools.Cancellable, tools.Idempotent} {
 		t.Run(contract, func(t *testing.T) {
-			m := &toolModel{tool: "lookup", args: lookupArgs}
-			r := newRunner("lookup", contract, true)
-			e := newToolEnv(t, m, r)
+			m, r, e := newRunnerEnv(t, "lookup", contract, true)
 			e.startOver(nil)
 			ack := e.ask("what is the weather?")
 			key := recv(t, r.started, "the tool call")
@@ -395,9 +352,7 @@ func TestRaceScenario2_ToolFinishesBeforeFlagRead(t *testing.T) {
 func TestRaceScenario3_TwoTabsContinueSameCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t, newScripted(words, false))
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 4096)
-	defer sub.Close()
+	snap, sub := h.watchedThread()
 	h.start()
 	first, err := h.eng.StartRun(ctx, chat.StartRun{UserID: chat.LocalUserID, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
 	if err != nil {
@@ -574,9 +529,7 @@ func TestRaceScenario5_CrashAfterPublishBeforeStatus(t *testing.T) {
 		m := &toolModel{}
 		h := newHarness(t, nil)
 		h.backend = m
-		snap := h.thread()
-		sub := h.feed.Subscribe(snap.ThreadID, 4096)
-		defer sub.Close()
+		snap, sub := h.watchedThread()
 		rs := &raceStore{Store: h.st}
 		var texts atomic.Int32
 		rs.afterPublish = func(_ string, out chat.StepOutput) {
@@ -632,9 +585,7 @@ func TestRaceScenario5_CrashAfterPublishBeforeStatus(t *testing.T) {
 	})
 
 	t.Run("tool call step: resume from the checkpoint", func(t *testing.T) {
-		m := &toolModel{tool: "lookup", args: lookupArgs}
-		r := newRunner("lookup", tools.Idempotent, false)
-		e := newToolEnv(t, m, r)
+		m, r, e := newRunnerEnv(t, "lookup", tools.Idempotent, false)
 		rs := &raceStore{Store: e.st}
 		rs.afterPublish = func(_ string, out chat.StepOutput) {
 			if out.Call != nil {

@@ -22,20 +22,13 @@ const lookupTimeout = 10 * time.Second
 // tool.updated). It runs on its own goroutine, so a slow provider never
 // holds up lease renewal.
 func (e *Engine) reconcile() {
-	poll := time.NewTicker(e.cfg.ReconcilePoll)
-	defer poll.Stop()
-	for {
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-poll.C:
-		}
+	e.onTicks(e.cfg.ReconcilePoll, nil, func() {
 		ops, err := e.store.DueReconciliations(e.ctx, reconcileBatch)
 		if err != nil {
 			if e.ctx.Err() == nil {
 				e.log.Warn("list outcomes to reconcile", "err", err)
 			}
-			continue
+			return
 		}
 		for _, op := range ops {
 			if e.ctx.Err() != nil {
@@ -56,7 +49,7 @@ func (e *Engine) reconcile() {
 				e.log.Warn("gave up reconciling an unknown outcome: only its provider can tell", "operation_id", op.OperationID, "run_id", op.RunID, "tool", op.Tool)
 			}
 		}
-	}
+	})
 }
 
 // lookUp asks op's provider whether its key acted; a lookup that fails

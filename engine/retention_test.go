@@ -39,20 +39,15 @@ func (l *lockedBuffer) String() string {
 func TestMaintainAppliesRetention(t *testing.T) {
 	m := newScripted(words, true)
 	h := newHarness(t, m)
-	snap := h.thread()
-	sub := h.feed.Subscribe(snap.ThreadID, 1024)
-	defer sub.Close()
+	snap, sub := h.watchedThread()
 	logs := &lockedBuffer{}
-	cfg := h.config()
-	cfg.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg.PurgeEvery = 10 * time.Millisecond
-	cfg.EventTTL = 50 * time.Millisecond
-	cfg.AuditTTL = 50 * time.Millisecond
-	cfg.DraftTTL = 50 * time.Millisecond
-	h.eng = engine.New(cfg)
-	if err := h.eng.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.startWith(func(cfg *engine.Config) {
+		cfg.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		cfg.PurgeEvery = 10 * time.Millisecond
+		cfg.EventTTL = 50 * time.Millisecond
+		cfg.AuditTTL = 50 * time.Millisecond
+		cfg.DraftTTL = 50 * time.Millisecond
+	})
 
 	// A run cancelled mid-stream; what the tab saw is saved as a draft,
 	// then deleted.

@@ -96,15 +96,8 @@ func (s *toolStream) Next(ctx context.Context) (model.Chunk, error) {
 		return model.Chunk{}, model.EOF
 	}
 	if s.gate != nil {
-		select {
-		case <-s.gate.tokens:
-		case <-s.gate.free:
-		case <-ctx.Done():
-			return model.Chunk{}, ctx.Err()
-		case <-s.ctx.Done():
-			return model.Chunk{}, s.ctx.Err()
-		case <-s.closed:
-			return model.Chunk{}, errors.New("stream closed")
+		if err := waitGate(ctx, s.ctx, s.closed, s.gate.tokens, s.gate.free); err != nil {
+			return model.Chunk{}, err
 		}
 	}
 	c := s.chunks[0]
@@ -130,13 +123,7 @@ func newChunkGate() *chunkGate {
 
 func (g *chunkGate) release(t *testing.T, n int) {
 	t.Helper()
-	for range n {
-		select {
-		case g.tokens <- struct{}{}:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the model was never asked for its next chunk")
-		}
-	}
+	sendTokens(t, g.tokens, n)
 }
 
 func (g *chunkGate) open() { g.freeOnce.Do(func() { close(g.free) }) }
@@ -666,6 +653,20 @@ func emailDrafted(t *testing.T, mode string, gated bool) (*toolEnv, *fakeMailer,
 	return e, mail, ack, op, evs
 }
 
+// wantEmailCancelled waits for the run's run.cancelled and checks how it
+// left op: the one phase reported after the cancel, the receipt, the
+// operation's phase and outcome, and the run cancelled.
+func (e *toolEnv) wantEmailCancelled(runID string, op chat.Operation, phase, outcome string) {
+	e.t.Helper()
+	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, runID))
+	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{phase}) {
+		e.t.Fatalf("tool.updated phases after the cancel = %v", got)
+	}
+	wantReceipt(e.t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: phase, Outcome: outcome})
+	wantOp(e.t, e.onlyOp(), phase, outcome)
+	e.wantRun(runID, chat.RunCancelled)
+}
+
 // waitConfirmation runs a user request up to the prepared intent and
 // returns the operation.
 func (e *toolEnv) waitConfirmation(runID string) (chat.Operation, []*chat.Event) {
@@ -683,10 +684,27 @@ func (e *toolEnv) waitConfirmation(runID string) (chat.Operation, []*chat.Event)
 // ---------------------------------------------------------------------------
 // Runner tools.
 
+// newRunnerEnv is a tool environment (engine not started) whose model calls
+// a runner tool, name with contract, with lookupArgs; gated: each call
+// waits for r.gate.
+func newRunnerEnv(t *testing.T, name, contract string, gated bool) (*toolModel, *fakeRunner, *toolEnv) {
+	t.Helper()
+	m := &toolModel{tool: name, args: lookupArgs}
+	r := newRunner(name, contract, gated)
+	return m, r, newToolEnv(t, m, r)
+}
+
+// askUntilCall starts the engine, asks text and waits until r's call
+// starts: the run and the call's key.
+func (e *toolEnv) askUntilCall(r *fakeRunner, text string) (chat.RunStartAck, string) {
+	e.t.Helper()
+	e.start()
+	ack := e.ask(text)
+	return ack, recv(e.t, r.started, "the tool call")
+}
+
 func TestIdempotentToolHappyPath(t *testing.T) {
-	m := &toolModel{tool: "lookup", args: lookupArgs}
-	r := newRunner("lookup", tools.Idempotent, false)
-	e := newToolEnv(t, m, r)
+	m, r, e := newRunnerEnv(t, "lookup", tools.Idempotent, false)
 	e.start()
 	ack := e.ask("what is the weather?")
 	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
@@ -723,12 +741,8 @@ func TestIdempotentToolHappyPath(t *testing.T) {
 }
 
 func TestIdempotentToolCancelWhileRunningKeepsResult(t *testing.T) {
-	m := &toolModel{tool: "lookup", args: lookupArgs}
-	r := newRunner("lookup", tools.Idempotent, true)
-	e := newToolEnv(t, m, r)
-	e.start()
-	ack := e.ask("what is the weather?")
-	key := recv(t, r.started, "the tool call")
+	_, r, e := newRunnerEnv(t, "lookup", tools.Idempotent, true)
+	ack, key := e.askUntilCall(r, "what is the weather?")
 	e.cancel(ack.RunID)
 
 	ev := waitFor(t, e.sub, "run.cancelling", isType(chat.EventRunCancelling, ack.RunID))
@@ -762,12 +776,8 @@ func TestIdempotentToolCancelWhileRunningKeepsResult(t *testing.T) {
 }
 
 func TestCancellableToolCancelWhileRunningAbortsAndReruns(t *testing.T) {
-	m := &toolModel{tool: "search", args: lookupArgs}
-	r := newRunner("search", tools.Cancellable, true)
-	e := newToolEnv(t, m, r)
-	e.start()
-	ack := e.ask("search for it")
-	first := recv(t, r.started, "the tool call")
+	m, r, e := newRunnerEnv(t, "search", tools.Cancellable, true)
+	ack, first := e.askUntilCall(r, "search for it")
 	e.cancel(ack.RunID)
 	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
 	if n := countType(evs, chat.EventRunCancelling); n != 0 {
@@ -899,13 +909,7 @@ func TestCancelBeforeToolCallRecordsNoOperation(t *testing.T) {
 func TestConsequentialCancelWhileWaitingVoids(t *testing.T) {
 	e, mail, ack, op, _ := emailDrafted(t, mailAccepts, false)
 	e.cancel(ack.RunID)
-	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
-	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseVoided}) {
-		t.Fatalf("tool.updated phases after the cancel = %v", got)
-	}
-	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
-	wantOp(t, e.onlyOp(), chat.PhaseVoided, chat.OutcomeNotStarted)
-	e.wantRun(ack.RunID, chat.RunCancelled)
+	e.wantEmailCancelled(ack.RunID, op, chat.PhaseVoided, chat.OutcomeNotStarted)
 	e.wantHistory("user assistant")
 
 	// A late confirm (or reject) finds nothing to decide, and changes nothing.
@@ -1017,13 +1021,7 @@ func TestConsequentialCancelDuringCommitWaitsForOutcome(t *testing.T) {
 		t.Fatalf("run = %s while the commit is out", r.Status)
 	}
 	mail.gate.open()
-	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
-	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseCommitted}) {
-		t.Fatalf("tool.updated phases after the cancel = %v", got)
-	}
-	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseCommitted, Outcome: chat.OutcomeCommitted})
-	wantOp(t, e.onlyOp(), chat.PhaseCommitted, chat.OutcomeCommitted)
-	e.wantRun(ack.RunID, chat.RunCancelled)
+	e.wantEmailCancelled(ack.RunID, op, chat.PhaseCommitted, chat.OutcomeCommitted)
 	e.wantHistory("user assistant tool") // what was sent is on record; no answer after the cancel
 	mail.wantCommits(t, *op.IdempotencyKey, 1, 1)
 }
@@ -1305,12 +1303,7 @@ func (e *toolEnv) cancelFromWorker(runID string) {
 func (e *toolEnv) startHooked(hs *hookStore) {
 	e.t.Helper()
 	hs.Store = e.st
-	cfg := e.config()
-	cfg.Store, cfg.LeaseTTL = hs, time.Hour
-	e.eng = engine.New(cfg)
-	if err := e.eng.Start(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
+	e.startWith(func(cfg *engine.Config) { cfg.Store, cfg.LeaseTTL = hs, time.Hour })
 }
 
 // A cancel that lands as the worker hands the run over to wait for a
@@ -1369,9 +1362,7 @@ func TestCancelAtSafePointBeforeCommitVoids(t *testing.T) {
 func TestCancelBeforeRunnerStarts(t *testing.T) {
 	for _, contract := range []string{tools.Cancellable, tools.Idempotent} {
 		t.Run(contract, func(t *testing.T) {
-			m := &toolModel{tool: "lookup", args: lookupArgs}
-			r := newRunner("lookup", contract, false)
-			e := newToolEnv(t, m, r)
+			_, r, e := newRunnerEnv(t, "lookup", contract, false)
 			var runID string
 			hs := &hookStore{afterPublish: func(out chat.StepOutput) {
 				if out.Call != nil && out.Content != "" {
@@ -1408,12 +1399,8 @@ func TestCancelBeforeRunnerStarts(t *testing.T) {
 // runs once. Either way the run completes.
 func TestShutdownDuringToolCall(t *testing.T) {
 	t.Run("cancellable", func(t *testing.T) {
-		m := &toolModel{tool: "search", args: lookupArgs}
-		r := newRunner("search", tools.Cancellable, true)
-		e := newToolEnv(t, m, r)
-		e.start()
-		ack := e.ask("search for it")
-		first := recv(t, r.started, "the tool call")
+		_, r, e := newRunnerEnv(t, "search", tools.Cancellable, true)
+		ack, first := e.askUntilCall(r, "search for it")
 		e.stop()
 		e.wantRun(ack.RunID, chat.RunQueued)
 		wantOp(t, e.onlyOp(), chat.PhaseAborted, chat.OutcomeAborted)
@@ -1431,12 +1418,8 @@ func TestShutdownDuringToolCall(t *testing.T) {
 		}
 	})
 	t.Run("idempotent", func(t *testing.T) {
-		m := &toolModel{tool: "lookup", args: lookupArgs}
-		r := newRunner("lookup", tools.Idempotent, true)
-		e := newToolEnv(t, m, r)
-		e.start()
-		ack := e.ask("look it up")
-		key := recv(t, r.started, "the tool call")
+		_, r, e := newRunnerEnv(t, "lookup", tools.Idempotent, true)
+		ack, key := e.askUntilCall(r, "look it up")
 		stopped := make(chan struct{})
 		go func() { e.stop(); close(stopped) }()
 		r.gate.open() // shutdown waits for the call, whichever comes first
