@@ -70,10 +70,18 @@ func (p StartRun) Validate() error {
 
 // Validate checks run.cancel's fields: the run's id and the reason.
 func (p CancelRun) Validate() error {
-	if err := CheckID("run_id", p.RunID); err != nil {
-		return err
+	return firstError(CheckID("run_id", p.RunID), CheckText("reason", p.Reason, 1, MaxReasonBytes))
+}
+
+// firstError is the first of errs that is not nil: a command's checks, in
+// the order its fields are reported.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
-	return CheckText("reason", p.Reason, 1, MaxReasonBytes)
+	return nil
 }
 
 // CheckVersion refuses a negative expected_state_version (a tab that has
@@ -99,32 +107,17 @@ func (p SaveFragment) Validate() error {
 
 // Validate checks draft.delete's fields.
 func (p DeleteDraft) Validate() error {
-	if err := CheckID("thread_id", p.ThreadID); err != nil {
-		return err
-	}
-	if err := CheckID("message_id", p.MessageID); err != nil {
-		return err
-	}
-	return CheckVersion(p.ExpectedStateVersion)
+	return firstError(CheckID("thread_id", p.ThreadID), CheckID("message_id", p.MessageID), CheckVersion(p.ExpectedStateVersion))
 }
 
 // Validate checks thread.fork's fields.
 func (p Fork) Validate() error {
-	if err := CheckID("thread_id", p.ThreadID); err != nil {
-		return err
-	}
-	return CheckID("from_checkpoint_id", p.FromCheckpointID)
+	return firstError(CheckID("thread_id", p.ThreadID), CheckID("from_checkpoint_id", p.FromCheckpointID))
 }
 
 // Validate checks thread.checkout's fields.
 func (p Checkout) Validate() error {
-	if err := CheckID("thread_id", p.ThreadID); err != nil {
-		return err
-	}
-	if err := CheckID("checkpoint_id", p.CheckpointID); err != nil {
-		return err
-	}
-	return CheckVersion(p.ExpectedStateVersion)
+	return firstError(CheckID("thread_id", p.ThreadID), CheckID("checkpoint_id", p.CheckpointID), CheckVersion(p.ExpectedStateVersion))
 }
 
 // Validate checks thread.delete's fields: the version is optional
@@ -143,8 +136,5 @@ func (p DeleteThread) Validate() error {
 
 // Validate checks tool.confirm's and tool.reject's fields.
 func (p Decide) Validate() error {
-	if err := CheckID("operation_id", p.OperationID); err != nil {
-		return err
-	}
-	return CheckVersion(p.ExpectedStateVersion)
+	return firstError(CheckID("operation_id", p.OperationID), CheckVersion(p.ExpectedStateVersion))
 }

@@ -119,13 +119,8 @@ func (a Accounts) SetPassword(ctx context.Context, name, passwordHash string) er
 // live API token of the account, in the same transaction; it returns how
 // many it revoked.
 func (a Accounts) ResetPassword(ctx context.Context, name, passwordHash string, revokeTokens bool) (int, error) {
-	s := a.s
 	var revoked int
-	err := s.write(ctx, func(t *txn) error {
-		id, err := t.activeUser(name)
-		if err != nil {
-			return err
-		}
+	err := a.writeForUser(ctx, name, func(t *txn, id string) error {
 		if _, err := t.exec(`UPDATE users SET password_hash = ? WHERE user_id = ?`, passwordHash, id); err != nil {
 			return fmt.Errorf("set password: %w", err)
 		}
@@ -134,9 +129,11 @@ func (a Accounts) ResetPassword(ctx context.Context, name, passwordHash string, 
 		}
 		revoked = 0
 		if revokeTokens {
-			if revoked, err = t.revokeTokens(id); err != nil {
+			n, err := t.revokeTokens(id)
+			if err != nil {
 				return err
 			}
+			revoked = n
 		}
 		return nil
 	})
@@ -183,13 +180,8 @@ func (a Accounts) Sessions(ctx context.Context, name string, now time.Time) ([]c
 // EndSessions ends every session of the active account name at once (its
 // API tokens stay) and says how many were unexpired.
 func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
-	s := a.s
 	var ended int
-	err := s.write(ctx, func(t *txn) error {
-		id, err := t.activeUser(name)
-		if err != nil {
-			return err
-		}
+	err := a.writeForUser(ctx, name, func(t *txn, id string) error {
 		var live int
 		if err := t.get(&live, `SELECT COUNT(*) FROM sessions WHERE user_id = ? AND expires_at > ?`, id, ms(t.now)); err != nil {
 			return fmt.Errorf("count sessions: %w", err)
@@ -207,12 +199,7 @@ func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
 // tokens go at once. Its threads stay (unreachable) until retention purges
 // them; its name is free for a new account, which does not see them.
 func (a Accounts) DeleteUser(ctx context.Context, name string) error {
-	s := a.s
-	return s.write(ctx, func(t *txn) error {
-		id, err := t.activeUser(name)
-		if err != nil {
-			return err
-		}
+	return a.writeForUser(ctx, name, func(t *txn, id string) error {
 		if _, err := t.exec(`UPDATE users SET deleted_at = ?, password_hash = NULL WHERE user_id = ?`, ms(t.now), id); err != nil {
 			return fmt.Errorf("delete user: %w", err)
 		}
@@ -223,6 +210,18 @@ func (a Accounts) DeleteUser(ctx context.Context, name string) error {
 			return fmt.Errorf("revoke tokens: %w", err)
 		}
 		return nil
+	})
+}
+
+// writeForUser runs do in a write transaction with the id of the active
+// account name; without one it answers activeUser's error.
+func (a Accounts) writeForUser(ctx context.Context, name string, do func(t *txn, id string) error) error {
+	return a.s.write(ctx, func(t *txn) error {
+		id, err := t.activeUser(name)
+		if err != nil {
+			return err
+		}
+		return do(t, id)
 	})
 }
 
@@ -311,12 +310,7 @@ func (r tokenRow) token() chat.APIToken {
 // hash of its secret. tok.TokenID must be set; a zero ExpiresAt never
 // expires.
 func (a Accounts) CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error) {
-	s := a.s
-	err := s.write(ctx, func(t *txn) error {
-		id, err := t.activeUser(userName)
-		if err != nil {
-			return err
-		}
+	err := a.writeForUser(ctx, userName, func(t *txn, id string) error {
 		tok.UserID, tok.CreatedAt = id, t.now.Truncate(time.Millisecond).UTC()
 		var expires sql.NullInt64
 		if tok.ExpiresAt != nil {

@@ -35,15 +35,7 @@ func benchAppendWith(b *testing.B, per int, opts store.Options) {
 	const runs = 200
 	ids := make([]string, runs)
 	for i := range ids {
-		snap, err := st.CreateThread(ctx, user, "t")
-		if err != nil {
-			b.Fatal(err)
-		}
-		ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
-		if err != nil {
-			b.Fatal(err)
-		}
-		ids[i] = ack.RunID
+		_, ids[i] = newThreadWithRun(b, st, "go")
 		if _, err := st.Claim(ctx, "w", time.Hour); err != nil {
 			b.Fatal(err)
 		}

@@ -244,42 +244,29 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 	if err := sel(&cpRows, "checkpoints", `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id IN (?) ORDER BY thread_id, state_version, checkpoint_id`); err != nil {
 		return nil, err
 	}
-	for _, r := range cpRows {
-		cp, err := r.checkpoint()
-		if err != nil {
-			a.add(0, "%v", err)
-			continue
-		}
+	decodeEach(a, 0, cpRows, checkpointRow.checkpoint, func(_ checkpointRow, cp chat.Checkpoint) {
 		th := byID[cp.ThreadID]
-		th.cps = append(th.cps, cp)
-		th.cpByID[cp.CheckpointID] = cp
-	}
-	var msgs []messageRow
-	if err := sel(&msgs, "messages", `SELECT `+messageCols+` FROM messages WHERE thread_id IN (?) ORDER BY thread_id, state_version, message_id`); err != nil {
-		return nil, err
-	}
-	for _, m := range msgs {
-		th := byID[m.ThreadID]
-		th.msgs = append(th.msgs, m)
-		th.msgByID[m.MessageID] = m
-	}
-	var runs []runRow
-	if err := sel(&runs, "runs", `SELECT `+runCols+` FROM runs WHERE thread_id IN (?) ORDER BY thread_id, created_at, run_id`); err != nil {
-		return nil, err
-	}
-	for _, r := range runs {
-		th := byID[r.ThreadID]
-		th.runs = append(th.runs, r)
-		th.runByID[r.RunID] = r
-	}
-	var ops []operationRow
-	if err := sel(&ops, "operations", `SELECT `+operationCols+` FROM operations WHERE thread_id IN (?) ORDER BY thread_id, created_at, operation_id`); err != nil {
-		return nil, err
-	}
-	for _, o := range ops {
-		th := byID[o.ThreadID]
-		th.ops = append(th.ops, o)
-		th.opByID[o.OperationID] = o
+		th.cps = addByID(th.cps, th.cpByID, cp.CheckpointID, cp)
+	})
+	// Messages, runs and operations: each in its thread's list, in the
+	// query's order, and in its map by id.
+	for _, load := range []func() error{
+		func() error {
+			return selectEach(sel, "messages", `SELECT `+messageCols+` FROM messages WHERE thread_id IN (?) ORDER BY thread_id, state_version, message_id`,
+				func(m messageRow) { th := byID[m.ThreadID]; th.msgs = addByID(th.msgs, th.msgByID, m.MessageID, m) })
+		},
+		func() error {
+			return selectEach(sel, "runs", `SELECT `+runCols+` FROM runs WHERE thread_id IN (?) ORDER BY thread_id, created_at, run_id`,
+				func(r runRow) { th := byID[r.ThreadID]; th.runs = addByID(th.runs, th.runByID, r.RunID, r) })
+		},
+		func() error {
+			return selectEach(sel, "operations", `SELECT `+operationCols+` FROM operations WHERE thread_id IN (?) ORDER BY thread_id, created_at, operation_id`,
+				func(o operationRow) { th := byID[o.ThreadID]; th.ops = addByID(th.ops, th.opByID, o.OperationID, o) })
+		},
+	} {
+		if err := load(); err != nil {
+			return nil, err
+		}
 	}
 	var events []auditEvent
 	if err := sel(&events, "events", `SELECT thread_id, seq, type, run_id, message_id, state_version, ts, payload
@@ -306,17 +293,12 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		return nil, err
 	}
 	var deltas []auditDelta
-	for _, b := range batches {
-		ds, err := b.deltas()
-		if err != nil {
-			// A damaged batch holds seqs nobody can replay.
-			a.add(8, "%v", err)
-			continue
-		}
+	// A damaged batch holds seqs nobody can replay (invariant 8).
+	decodeEach(a, 8, batches, deltaBatch.deltas, func(b deltaBatch, ds []auditDelta) {
 		th := byID[b.ThreadID]
 		th.deltas = append(th.deltas, ds...)
 		deltas = append(deltas, ds...)
-	}
+	})
 	var lost []lostSeqs
 	if err := sel(&lost, "lost stream seqs", `SELECT thread_id, first_seq, last_seq FROM stream_gaps WHERE thread_id IN (?) ORDER BY thread_id, first_seq`); err != nil {
 		return nil, err
@@ -337,11 +319,47 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		byID[m.ThreadID].parts[m.MessageID] = m.Parts
 	}
 	a.out.Threads += len(rows)
-	a.out.Runs += len(runs)
-	a.out.Operations += len(ops)
+	for _, th := range out {
+		a.out.Runs += len(th.runs)
+		a.out.Operations += len(th.ops)
+	}
 	a.out.Events += len(events)
 	a.out.Deltas += len(deltas)
 	return out, nil
+}
+
+// selectEach runs query through sel (what names it in an error) into rows
+// of type R and hands each row to file, in the query's order.
+func selectEach[R any](sel func(dest any, what, query string) error, what, query string, file func(R)) error {
+	var rows []R
+	if err := sel(&rows, what, query); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		file(r)
+	}
+	return nil
+}
+
+// decodeEach decodes each of rows, in order: a row that does not decode is
+// a violation of invariant inv (its error says which row and why) and is
+// left out; file gets each other row with what it decoded to.
+func decodeEach[R, V any](a *auditor, inv int, rows []R, decode func(R) (V, error), file func(R, V)) {
+	for _, r := range rows {
+		v, err := decode(r)
+		if err != nil {
+			a.add(inv, "%v", err)
+			continue
+		}
+		file(r, v)
+	}
+}
+
+// addByID appends v to list, files it under id in byID, and returns the
+// list.
+func addByID[R any](list []R, byID map[string]R, id string, v R) []R {
+	byID[id] = v
+	return append(list, v)
 }
 
 // Retention (see retention.go): the event log is purged per thread as a

@@ -41,16 +41,12 @@ func wantFenced(t *testing.T, what string, err error) {
 // published twice.
 func TestClaimsFenceEachOther(t *testing.T) {
 	st, _ := open(t)
-	th := newThread(t, st)
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("hi")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	th, runID := newThreadWithRun(t, st, "hi")
+	old := claimOnly(t, st, "w", runID, time.Hour)
 	if old.Lease.Epoch != 1 {
 		t.Fatalf("a run's first claim has epoch %d, want 1 (leaseW relies on it)", old.Lease.Epoch)
 	}
-	step := pendingStep(t, st, ack.RunID)
+	step := pendingStep(t, st, runID)
 	if err := st.AppendDeltas(ctx, old.Lease, "msg_old", []string{"stale "}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +59,7 @@ func TestClaimsFenceEachOther(t *testing.T) {
 	if got, err := st.Recover(ctx, "w", false, 3); err != nil || len(got) != 1 || got[0].Action != "requeued" {
 		t.Fatalf("recover = %+v, %v; want the run re-queued", got, err)
 	}
-	cur := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	cur := claimOnly(t, st, "w", runID, time.Hour)
 	if cur.Lease.Epoch <= old.Lease.Epoch || cur.Lease.Owner != old.Lease.Owner {
 		t.Fatalf("leases %+v then %+v: the new claim must take a higher epoch", old.Lease, cur.Lease)
 	}
@@ -75,7 +71,7 @@ func TestClaimsFenceEachOther(t *testing.T) {
 	wantFenced(t, "Fail", st.Fail(ctx, old.Lease, "x"))
 	wantFenced(t, "Release", st.Release(ctx, old.Lease))
 	wantFenced(t, "MarkCancelling", st.MarkCancelling(ctx, old.Lease, chat.ActiveOperation{Kind: "model_generation"}))
-	_, err = st.FinishCancel(ctx, ack.RunID, &old.Lease, 0)
+	_, err := st.FinishCancel(ctx, runID, &old.Lease, 0)
 	wantFenced(t, "FinishCancel", err)
 	// Renewing the old lease renews nothing: it never comes back.
 	if err := st.RenewLeases(ctx, []chat.Lease{old.Lease}, 10*time.Hour); err != nil {
@@ -106,14 +102,10 @@ func TestClaimsFenceEachOther(t *testing.T) {
 // neither move an operation nor record its result.
 func TestOperationWritesAreFenced(t *testing.T) {
 	st, _ := open(t)
-	th := newThread(t, st)
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("search")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	_, runID := newThreadWithRun(t, st, "search")
+	first := claimOnly(t, st, "w", runID, time.Hour)
 	opID := chat.NewID(chat.PrefixOperation)
-	if err := st.PublishStep(ctx, first.Lease, chat.StepOutput{Step: pendingStep(t, st, ack.RunID),
+	if err := st.PublishStep(ctx, first.Lease, chat.StepOutput{Step: pendingStep(t, st, runID),
 		Call: &chat.ToolCall{OperationID: opID, Tool: "catalog_search", Contract: "idempotent", Args: json.RawMessage(`{}`), IdempotencyKey: opID}}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +113,7 @@ func TestOperationWritesAreFenced(t *testing.T) {
 	if err := st.Release(ctx, first.Lease); err != nil {
 		t.Fatal(err)
 	}
-	second := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	second := claimOnly(t, st, "w", runID, time.Hour)
 	result := chat.ToolOutcome{Phase: chat.PhaseCompleted, Outcome: chat.OutcomeCompleted, Result: json.RawMessage(`{"items":[]}`)}
 	wantFenced(t, "SetOperationPhase", st.SetOperationPhase(ctx, first.Lease, opID, chat.PhaseAborted, chat.OutcomeAborted, false))
 	wantFenced(t, "RecordToolResult", st.RecordToolResult(ctx, first.Lease, opID, result))
@@ -142,13 +134,9 @@ func TestOperationWritesAreFenced(t *testing.T) {
 // waits on, is refused, so no step is published twice (invariant 9).
 func TestPublishStepRefusesAStepNoLongerPending(t *testing.T) {
 	st, _ := open(t)
-	th := newThread(t, st)
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("hi")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := claimOnly(t, st, "w", ack.RunID, time.Hour)
-	step := pendingStep(t, st, ack.RunID)
+	_, runID := newThreadWithRun(t, st, "hi")
+	c := claimOnly(t, st, "w", runID, time.Hour)
+	step := pendingStep(t, st, runID)
 	// A tool call: the thread then waits on the tool step, not on this
 	// generate step.
 	opID := chat.NewID(chat.PrefixOperation)
@@ -184,16 +172,13 @@ func TestRecoveryReadsTheRunsOwnRecords(t *testing.T) {
 			_ = runA
 			draft := saveDraft(t, st, th.ThreadID, streamed, lastDelta)
 
-			ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: version(t, st, th.ThreadID), UserMessage: text("again")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := claimOnly(t, st, "dead", ack.RunID, time.Hour)
+			runID := startRun(t, st, th.ThreadID, version(t, st, th.ThreadID), "again")
+			c := claimOnly(t, st, "dead", runID, time.Hour)
 			msgID := chat.NewID(chat.PrefixMessage)
 			if err := st.AppendDeltas(ctx, c.Lease, msgID, []string{"the", " answer"}); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.PublishStep(ctx, c.Lease, chat.StepOutput{Step: pendingStep(t, st, ack.RunID), MessageID: msgID, Kind: chat.KindText, Content: "the answer"}); err != nil {
+			if err := st.PublishStep(ctx, c.Lease, chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: msgID, Kind: chat.KindText, Content: "the answer"}); err != nil {
 				t.Fatal(err)
 			}
 			// The process dies before Complete; meanwhile a user checkpoint
@@ -212,10 +197,10 @@ func TestRecoveryReadsTheRunsOwnRecords(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 1 || got[0].RunID != ack.RunID || got[0].Action != "completed" {
-				t.Fatalf("recover = %+v; want run %s completed (its last step was published)", got, ack.RunID)
+			if len(got) != 1 || got[0].RunID != runID || got[0].Action != "completed" {
+				t.Fatalf("recover = %+v; want run %s completed (its last step was published)", got, runID)
 			}
-			r, err := st.Run(ctx, user, ack.RunID)
+			r, err := st.Run(ctx, user, runID)
 			if err != nil || r.Status != chat.RunCompleted || r.Attempt != 1 {
 				t.Fatalf("run = %+v, %v; want completed at attempt 1", r, err)
 			}
@@ -239,15 +224,8 @@ func TestLeasesFollowTheDatabaseClock(t *testing.T) {
 		return st
 	}
 	owner, ahead, behind := open(0), open(30*time.Second), open(-30*time.Second)
-	th, err := owner.CreateThread(ctx, user, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ack, err := owner.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("hi")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := claimOnly(t, owner, "alive", ack.RunID, 15*time.Second)
+	_, runID := newThreadWithRun(t, owner, "hi")
+	c := claimOnly(t, owner, "alive", runID, 15*time.Second)
 	if got, err := ahead.Recover(ctx, "ahead", false, 3); err != nil || len(got) != 0 {
 		t.Fatalf("an instance 30 s ahead recovered %+v, %v: it took a live run", got, err)
 	}
@@ -302,12 +280,8 @@ func TestClaimBatchTakesTheOldestOnce(t *testing.T) {
 	st, _ := open(t)
 	var runs []string
 	for range 5 {
-		snap := newThread(t, st)
-		ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runs = append(runs, ack.RunID)
+		_, runID := newThreadWithRun(t, st, "go")
+		runs = append(runs, runID)
 	}
 	// On PostgreSQL a batch is one run (see ClaimBatch).
 	per := 3

@@ -1,7 +1,6 @@
 package store_test
 
 import (
-	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -26,6 +25,21 @@ func wantMode(t *testing.T, path string, mode fs.FileMode) {
 	}
 }
 
+// openWithAThread opens the database at path exclusively (until the test
+// ends) and creates a thread in it, so that it writes its files.
+func openWithAThread(t *testing.T, path string) *store.Store {
+	t.Helper()
+	st, err := store.Open(ctx, path, store.Options{Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.CreateThread(ctx, chat.LocalUserID, "t"); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // A SQLite database the store creates is its owner's alone: the folder
 // (and a missing parent) 0700; the file, its -wal and -shm (which SQLite
 // creates itself), the .lock and a backup 0600. It holds when the umask
@@ -33,17 +47,9 @@ func wantMode(t *testing.T, path string, mode fs.FileMode) {
 func TestNewDatabaseFilesArePrivate(t *testing.T) {
 	old := syscall.Umask(0) // the loosest: whatever is created gets its mode as asked
 	t.Cleanup(func() { syscall.Umask(old) })
-	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "data", "gw")
 	db := filepath.Join(dir, "gateway.db")
-	st, err := store.Open(ctx, db, store.Options{Exclusive: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.CreateThread(ctx, chat.LocalUserID, "t"); err != nil {
-		t.Fatal(err)
-	}
+	st := openWithAThread(t, db)
 	// A second connection's read makes SQLite open the -shm too.
 	if _, _, err := st.ListThreads(ctx, chat.LocalUserID, 10, "", ""); err != nil {
 		t.Fatal(err)
@@ -80,7 +86,6 @@ func TestNewDatabaseFilesArePrivate(t *testing.T) {
 // those others may read: the database (and the -wal and -shm SQLite gives
 // its mode), and the folder.
 func TestExposedDatabase(t *testing.T) {
-	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "shared")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -95,14 +100,7 @@ func TestExposedDatabase(t *testing.T) {
 	if err := os.Chmod(db, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, db, store.Options{Exclusive: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.CreateThread(ctx, chat.LocalUserID, "t"); err != nil {
-		t.Fatal(err)
-	}
+	openWithAThread(t, db)
 	wantMode(t, db, 0o644)
 	wantMode(t, dir, 0o755)
 	e, err := store.Exposed(db)

@@ -49,35 +49,63 @@ func waitUntil(t testing.TB, cond func() bool, release func(), failure string) {
 	}
 }
 
-// deltasIn counts the deltas a thread's replay from the start holds.
-func deltasIn(t *testing.T, st *store.Store, threadID string) int {
+// answerWithin waits up to d for a caller's answer on answer and returns
+// it; past d it calls release (when not nil: a writer the test holds) and
+// fails with what went wrong.
+func answerWithin(t testing.TB, answer <-chan error, d time.Duration, release func(), failure string) error {
+	t.Helper()
+	select {
+	case err := <-answer:
+		return err
+	case <-time.After(d):
+		if release != nil {
+			release()
+		}
+		t.Fatal(failure)
+		return nil
+	}
+}
+
+// replayedDeltas is the deltas a thread's replay from the start holds, in
+// seq order.
+func replayedDeltas(t *testing.T, st *store.Store, threadID string) []*chat.Event {
 	t.Helper()
 	rep, err := st.Events(ctx, user, threadID, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var deltas []*chat.Event
 	for _, ev := range rep.Events {
 		if ev.Type == chat.EventMessageDelta {
-			n++
+			deltas = append(deltas, ev)
 		}
 	}
-	return n
+	return deltas
+}
+
+// deltasIn counts the deltas a thread's replay from the start holds.
+func deltasIn(t *testing.T, st *store.Store, threadID string) int {
+	t.Helper()
+	return len(replayedDeltas(t, st, threadID))
+}
+
+// bufferedText is the text of the deltas a thread's replay from the start
+// holds, in seq order.
+func bufferedText(t *testing.T, st *store.Store, threadID string) string {
+	t.Helper()
+	var out strings.Builder
+	for _, ev := range replayedDeltas(t, st, threadID) {
+		out.WriteString(ev.Body.(chat.MessageDeltaBody).Text)
+	}
+	return out.String()
 }
 
 // startRuns creates n threads, each with a run claimed by worker "w".
 func startRuns(t *testing.T, st *store.Store, n int) (runs, threads []string) {
 	t.Helper()
 	for range n {
-		snap, err := st.CreateThread(ctx, user, "t")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runs, threads = append(runs, ack.RunID), append(threads, snap.ThreadID)
+		snap, runID := newThreadWithRun(t, st, "go")
+		runs, threads = append(runs, runID), append(threads, snap.ThreadID)
 	}
 	for range n {
 		if r, err := st.Claim(ctx, "w", time.Hour); err != nil || r == nil {
@@ -133,22 +161,12 @@ func TestGroupCommitSharesOneTransactionAndIsolatesFailures(t *testing.T) {
 		t.Fatalf("%d commits after the writer was free (events: %v), want one with 15 deltas", len(commits), len(commits))
 	}
 	for i, th := range threads {
-		rep, err := st.Events(ctx, user, th, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got strings.Builder
-		for _, ev := range rep.Events {
-			if ev.Type == chat.EventMessageDelta {
-				got.WriteString(ev.Body.(chat.MessageDeltaBody).Text)
-			}
-		}
 		want := "abc"
 		if i == 3 {
 			want = ""
 		}
-		if got.String() != want {
-			t.Errorf("thread %d buffered %q, want %q", i, got.String(), want)
+		if got := bufferedText(t, st, th); got != want {
+			t.Errorf("thread %d buffered %q, want %q", i, got, want)
 		}
 	}
 }
@@ -204,18 +222,8 @@ func TestGroupCommitUnderConcurrency(t *testing.T) {
 	}
 	log.mu.Unlock()
 	for i, th := range threads {
-		rep, err := st.Events(ctx, user, th, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got strings.Builder
-		for _, ev := range rep.Events {
-			if ev.Type == chat.EventMessageDelta {
-				got.WriteString(ev.Body.(chat.MessageDeltaBody).Text)
-			}
-		}
-		if got.String() != acked[i].String() {
-			t.Errorf("run %d buffered %q, acknowledged %q", i, got.String(), acked[i].String())
+		if got := bufferedText(t, st, th); got != acked[i].String() {
+			t.Errorf("run %d buffered %q, acknowledged %q", i, got, acked[i].String())
 		}
 	}
 	t.Logf("%d appends in %d commits", len(runs)*batches, ncommits)
@@ -371,14 +379,8 @@ func TestQueuedWriteIsWithdrawnWhenItsCallerStops(t *testing.T) {
 	wg.Go(func() { errKept = st.AppendDeltas(ctx, leaseW(runs[2]), "msg_w2", []string{"kept"}) })
 	waitUntil(t, func() bool { return st.QueuedWrites() == 3 }, release, "the writes never queued")
 	stop()
-	select {
-	case err := <-withdrawn:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("the withdrawn write answered %v, want context.Canceled", err)
-		}
-	case <-time.After(10 * time.Second):
-		release()
-		t.Fatal("a cancelled caller still waited for the writer")
+	if err := answerWithin(t, withdrawn, 10*time.Second, release, "a cancelled caller still waited for the writer"); !errors.Is(err, context.Canceled) {
+		t.Errorf("the withdrawn write answered %v, want context.Canceled", err)
 	}
 	if n := st.QueuedWrites(); n != 2 {
 		t.Errorf("%d writes queued after the withdrawal, want 2", n)
@@ -412,23 +414,13 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 	stop()
 	waitUntil(t, func() bool { return st.LateWithdrawals() == 1 }, nil, "the stopped caller never noticed its request was taken")
 	handBack()
-	select {
-	case err := <-answer:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("the stopped caller answered %v, want context.Canceled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stopped caller never answered: the lead it was handed is lost")
+	if err := answerWithin(t, answer, 10*time.Second, nil, "the stopped caller never answered: the lead it was handed is lost"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped caller answered %v, want context.Canceled", err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- st.AppendDeltas(ctx, leaseW(runs[1]), "msg_next", []string{"next"}) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a later write never committed: nobody leads the queue")
+	if err := answerWithin(t, done, 10*time.Second, nil, "a later write never committed: nobody leads the queue"); err != nil {
+		t.Fatal(err)
 	}
 	for i, th := range threads {
 		n := deltasIn(t, st, th)

@@ -88,11 +88,7 @@ func streamingOnA(t *testing.T) *sharedPair {
 
 	snap := newThread(t, p.b)
 	p.threadID = snap.ThreadID
-	ack, err := p.b.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: p.threadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("hello")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.runID = ack.RunID
+	p.runID = startRun(t, p.b, p.threadID, snap.StateVersion, "hello")
 	claim, err := p.a.Claim(ctx, p.holderA, time.Hour)
 	if err != nil || claim == nil || claim.Run.RunID != p.runID {
 		t.Fatalf("claim on A = %+v, %v", claim, err)
@@ -108,6 +104,26 @@ func streamingOnA(t *testing.T) *sharedPair {
 		t.Fatalf("A fanned out deltas %v, want 3", got)
 	}
 	return p
+}
+
+// cancelThroughB requests the cancel of p's run through instance B (a tab
+// connected to B) and returns how long the request took.
+func (p *sharedPair) cancelThroughB(t *testing.T) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
+		t.Fatalf("cancel through B: %v", err)
+	}
+	return time.Since(start)
+}
+
+// finishCancelOnA finishes the cancelled run on A, under A's lease, as A's
+// execution would at its next safe point.
+func (p *sharedPair) finishCancelOnA(t *testing.T) {
+	t.Helper()
+	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (p *sharedPair) lastDelta(t *testing.T) int64 {
@@ -179,9 +195,7 @@ func TestSharedWriteWaitsForTheHoldersDeltas(t *testing.T) {
 	if reserved != 0 || holder != "" {
 		t.Fatalf("after the yield the thread is reserved up to %d by %q, want nothing reserved", reserved, holder)
 	}
-	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
-		t.Fatal(err)
-	}
+	p.cancelThroughB(t)
 	if got := p.b.StreamStats().Yields; got != 1 {
 		t.Fatalf("B asked %d times, want still 1: nothing was reserved any more", got)
 	}
@@ -208,9 +222,7 @@ func TestSharedCancelOfAnotherInstancesRun(t *testing.T) {
 	if err := p.a.AppendDeltas(ctx, p.lease, p.message, []string{"late"}); !errors.As(err, &nr) {
 		t.Fatalf("A's batch after the cancel: %v, want ErrNotRunning", err)
 	}
-	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
-		t.Fatal(err)
-	}
+	p.finishCancelOnA(t)
 	mustCheck(t, p.a, "after the cancel")
 }
 
@@ -226,11 +238,7 @@ func TestSharedWritePastAHolderThatDoesNotAnswer(t *testing.T) {
 	p.net.mu.Unlock()
 	seqs := deltaSeqs(p.recA)
 	last := seqs[len(seqs)-1]
-	start := time.Now()
-	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
-		t.Fatal(err)
-	}
-	if waited := time.Since(start); waited > 5*time.Second {
+	if waited := p.cancelThroughB(t); waited > 5*time.Second {
 		t.Fatalf("the cancel waited %v for a mute holder", waited)
 	}
 	b := p.b.StreamStats()
@@ -272,9 +280,7 @@ func TestSharedWritePastAHolderThatDoesNotAnswer(t *testing.T) {
 			t.Fatalf("A replays delta %d inside the recorded gap", ev.Seq)
 		}
 	}
-	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
-		t.Fatal(err)
-	}
+	p.finishCancelOnA(t)
 	mustCheck(t, p.a, "after writing past")
 }
 
@@ -283,19 +289,13 @@ func TestSharedWritePastAHolderThatDoesNotAnswer(t *testing.T) {
 func TestSharedWritePastWithoutPeers(t *testing.T) {
 	p := streamingOnA(t)
 	p.b.SetStreamPeers(nil)
-	start := time.Now()
-	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
-		t.Fatal(err)
-	}
-	if waited := time.Since(start); waited > time.Second/2 {
+	if waited := p.cancelThroughB(t); waited > time.Second/2 {
 		t.Fatalf("the cancel waited %v with nobody to ask", waited)
 	}
 	if b := p.b.StreamStats(); b.WrittenPast != 1 || b.Yields != 0 {
 		t.Fatalf("B %+v: want the reservation written past without asking", b)
 	}
-	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
-		t.Fatal(err)
-	}
+	p.finishCancelOnA(t)
 	mustCheck(t, p.b, "after writing past")
 }
 
@@ -316,15 +316,11 @@ func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	snap := newThread(t, b)
-	ack, err := b.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("hello")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, runID := newThreadWithRun(t, b, "hello")
 	// A lease of 1 ms: expired (by the database's clock) by the time
 	// anything reads it, and past what the fast path trusts at once.
 	claim, err := a.Claim(ctx, "gwA.p1", time.Millisecond)
-	if err != nil || claim == nil || claim.Run.RunID != ack.RunID {
+	if err != nil || claim == nil || claim.Run.RunID != runID {
 		t.Fatalf("claim on A = %+v, %v", claim, err)
 	}
 	for i := 0; ; i++ {
@@ -341,7 +337,7 @@ func TestSharedStalledExecutionFansOutNothingAfterTakeover(t *testing.T) {
 		time.Sleep(time.Millisecond) // the database's clock has not passed the 1 ms lease yet
 	}
 	taken, err := b.Claim(ctx, "gwB.p1", time.Hour)
-	if err != nil || taken == nil || taken.Run.RunID != ack.RunID {
+	if err != nil || taken == nil || taken.Run.RunID != runID {
 		t.Fatalf("takeover claim on B = %+v, %v", taken, err)
 	}
 	var nr *chat.ErrNotRunning
@@ -361,14 +357,10 @@ func TestSharedWritePastAHolderThatAnswersButKeeps(t *testing.T) {
 	p.net.mu.Lock()
 	p.net.confused[p.holderA] = true
 	p.net.mu.Unlock()
-	if _, _, err := p.b.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: p.runID, Reason: "user_requested", RequestedBy: "tab:b"}); err != nil {
-		t.Fatalf("cancel through B: %v", err)
-	}
+	p.cancelThroughB(t)
 	if b := p.b.StreamStats(); b.Yields != 1 || b.WrittenPast != 1 {
 		t.Fatalf("B %+v: want one answered request, then the reservation written past", b)
 	}
-	if _, err := p.a.FinishCancel(ctx, p.runID, &p.lease, 0); err != nil {
-		t.Fatal(err)
-	}
+	p.finishCancelOnA(t)
 	mustCheck(t, p.b, "after writing past")
 }

@@ -80,15 +80,8 @@ func TestInstancesClaimEachRunOnce(t *testing.T) {
 	const runs = 30
 	queued := map[string]bool{}
 	for range runs {
-		snap, err := sts[0].CreateThread(ctx, user, "t")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ack, err := sts[0].StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		queued[ack.RunID] = true
+		_, runID := newThreadWithRun(t, sts[0], "go")
+		queued[runID] = true
 	}
 	claimed := make([][]string, len(sts))
 	var total atomic.Int64
@@ -145,14 +138,7 @@ func TestInstancesClaimEachRunOnce(t *testing.T) {
 // one gap-free sequence holding exactly what each was acknowledged.
 func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 	sts := openInstances(t, postgresDSN(t), 2)
-	snap, err := sts[0].CreateThread(ctx, user, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ack, err := sts[0].StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap, runID := newThreadWithRun(t, sts[0], "go")
 	if r, err := sts[1].Claim(ctx, "w", time.Hour); err != nil || r == nil {
 		t.Fatalf("claim: %v, %v", r, err)
 	}
@@ -163,14 +149,14 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 		wg.Go(func() {
 			for b := range batches {
 				parts := []string{fmt.Sprintf("<%d.%d ", i, b), "x>"}
-				if err := st.AppendDeltas(ctx, leaseW(ack.RunID), fmt.Sprintf("msg_inst%d", i), parts); err != nil {
+				if err := st.AppendDeltas(ctx, leaseW(runID), fmt.Sprintf("msg_inst%d", i), parts); err != nil {
 					t.Errorf("instance %d batch %d: %v", i, b, err)
 					return
 				}
 				acked[i].WriteString(strings.Join(parts, ""))
 				if b%10 == 0 {
 					// A write of its own transaction, not grouped.
-					if err := st.AddUsage(ctx, ack.RunID, chat.Usage{PromptTokens: 1}); err != nil {
+					if err := st.AddUsage(ctx, runID, chat.Usage{PromptTokens: 1}); err != nil {
 						t.Errorf("instance %d usage: %v", i, err)
 						return
 					}

@@ -14,13 +14,10 @@ import (
 // (committing) under the returned lease.
 func committingRun(t *testing.T, st *store.Store, threadID string) (chat.Lease, string) {
 	t.Helper()
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: version(t, st, threadID), UserMessage: text("send it")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := claimOnly(t, st, "w", ack.RunID, time.Hour)
+	runID := startRun(t, st, threadID, version(t, st, threadID), "send it")
+	c := claimOnly(t, st, "w", runID, time.Hour)
 	opID := chat.NewID(chat.PrefixOperation)
-	if err := st.PublishStep(ctx, c.Lease, chat.StepOutput{Step: pendingStep(t, st, ack.RunID), MessageID: chat.NewID(chat.PrefixMessage),
+	if err := st.PublishStep(ctx, c.Lease, chat.StepOutput{Step: pendingStep(t, st, runID), MessageID: chat.NewID(chat.PrefixMessage),
 		Kind: chat.KindText, Content: "I will send this.",
 		Call: &chat.ToolCall{OperationID: opID, Tool: "send_email", Contract: "consequential", Args: json.RawMessage(`{"to":"a@example.com"}`),
 			Preview: json.RawMessage(`{"to":"a@example.com"}`), IdempotencyKey: "email:" + opID}}); err != nil {
@@ -29,11 +26,27 @@ func committingRun(t *testing.T, st *store.Store, threadID string) (chat.Lease, 
 	if _, err := st.DecideOperation(ctx, chat.Decide{UserID: user, OperationID: opID, ExpectedStateVersion: version(t, st, threadID), Confirm: true}); err != nil {
 		t.Fatal(err)
 	}
-	c = claimOnly(t, st, "w", ack.RunID, time.Hour)
+	c = claimOnly(t, st, "w", runID, time.Hour)
 	if err := st.SetOperationPhase(ctx, c.Lease, opID, chat.PhaseCommitting, "", true); err != nil {
 		t.Fatal(err)
 	}
 	return c.Lease, opID
+}
+
+// openWithClock opens a store (checked at the end) whose clock is the
+// returned one, in milliseconds since the epoch, starting now: the test
+// moves it. The store appends every event it commits to events; horizon is
+// its ReconcileHorizon (0: the default).
+func openWithClock(t *testing.T, horizon time.Duration, events *[]*chat.Event) (*store.Store, *atomic.Int64) {
+	t.Helper()
+	clock := new(atomic.Int64)
+	clock.Store(time.Now().UnixMilli())
+	st, _ := openStoreWith(t, true, store.Options{
+		Clock:            func() time.Time { return time.UnixMilli(clock.Load()) },
+		ReconcileHorizon: horizon,
+		OnCommit:         func(evs []*chat.Event) { *events = append(*events, evs...) },
+	})
+	return st, clock
 }
 
 func operation(t *testing.T, st *store.Store, opID string) chat.Operation {
@@ -99,14 +112,8 @@ func TestCancelWithACommitNobodySettledEnds(t *testing.T) {
 // is asked again later, with backoff, until the horizon — then the
 // gateway stops asking and says so.
 func TestReconciliationSchedule(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMilli())
 	var events []*chat.Event
-	st, _ := openStoreWith(t, true, store.Options{
-		Clock:            func() time.Time { return time.UnixMilli(clock.Load()) },
-		ReconcileHorizon: time.Minute,
-		OnCommit:         func(evs []*chat.Event) { events = append(events, evs...) },
-	})
+	st, clock := openWithClock(t, time.Minute, &events)
 	th := newThread(t, st).ThreadID
 	lease, opID := committingRun(t, st, th)
 	if err := st.Fail(ctx, lease, "stopped"); err != nil {
@@ -166,13 +173,8 @@ func TestReconciliationSchedule(t *testing.T) {
 // A key the provider knows settles the outcome, reported after the run
 // ended.
 func TestReconciliationFindsTheKey(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMilli())
 	var events []*chat.Event
-	st, _ := openStoreWith(t, true, store.Options{
-		Clock:    func() time.Time { return time.UnixMilli(clock.Load()) },
-		OnCommit: func(evs []*chat.Event) { events = append(events, evs...) },
-	})
+	st, clock := openWithClock(t, 0, &events)
 	th := newThread(t, st).ThreadID
 	lease, opID := committingRun(t, st, th)
 	if err := st.Fail(ctx, lease, "stopped"); err != nil {

@@ -282,11 +282,9 @@ func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, boo
 // PurgeCancelAudit deletes cancel audit rows requested before before whose
 // run is finished, and reports how many went.
 func (r Retention) PurgeCancelAudit(ctx context.Context, before time.Time) (int64, error) {
-	s := r.s
-	var total int64
-	for range purgeMaxBatches {
+	return inPurgeBatches(func() (int64, bool, error) {
 		var n int64
-		err := s.write(ctx, func(t *txn) error {
+		err := r.s.write(ctx, func(t *txn) error {
 			res, err := t.exec(`DELETE FROM cancel_audit WHERE audit_id IN (SELECT a.audit_id FROM cancel_audit a
 				JOIN runs r ON r.run_id = a.run_id
 				WHERE a.requested_at < ? AND r.status IN `+terminalStatuses+` ORDER BY a.requested_at LIMIT ?)`,
@@ -297,11 +295,23 @@ func (r Retention) PurgeCancelAudit(ctx context.Context, before time.Time) (int6
 			n, err = res.RowsAffected()
 			return err
 		})
+		return n, n < int64(purgeBatch), err
+	})
+}
+
+// inPurgeBatches calls batch (one short write transaction) until it
+// reports that it was the last or purgeMaxBatches have run, and returns
+// the sum of what each counted; on an error, what the batches before it
+// counted.
+func inPurgeBatches(batch func() (n int64, last bool, err error)) (int64, error) {
+	var total int64
+	for range purgeMaxBatches {
+		n, last, err := batch()
 		if err != nil {
 			return total, err
 		}
 		total += n
-		if n < int64(purgeBatch) {
+		if last {
 			break
 		}
 	}
@@ -315,14 +325,12 @@ func (r Retention) PurgeCancelAudit(ctx context.Context, before time.Time) (int6
 // thread or of a fork of it is history again and keeps its text. It reports
 // how many drafts were redacted.
 func (r Retention) RedactDeletedDrafts(ctx context.Context, before time.Time) (int64, error) {
-	s := r.s
-	var total int64
 	var afterAt int64 = -1 << 62
 	afterID := ""
-	for range purgeMaxBatches {
+	return inPurgeBatches(func() (int64, bool, error) {
 		var n, seen int
 		fromAt, fromID := afterAt, afterID
-		err := s.write(ctx, func(t *txn) error {
+		err := r.s.write(ctx, func(t *txn) error {
 			n, seen, afterAt, afterID = 0, 0, fromAt, fromID // from scratch when run again
 			var drafts []struct {
 				MessageID string `db:"message_id"`
@@ -356,15 +364,8 @@ func (r Retention) RedactDeletedDrafts(ctx context.Context, before time.Time) (i
 			}
 			return nil
 		})
-		if err != nil {
-			return total, err
-		}
-		total += int64(n)
-		if seen < purgeBatch {
-			break
-		}
-	}
-	return total, nil
+		return int64(n), seen < purgeBatch, err
+	})
 }
 
 // inSomeHead reports whether a message of threadID is in the head
@@ -463,11 +464,9 @@ func headsHold(heads []string, messageID string) (bool, error) {
 // keeps its text. Deltas go with the stream buffer's own TTL. It reports
 // how many threads were redacted.
 func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (int64, error) {
-	s := r.s
-	var total int64
-	for range purgeMaxBatches {
+	return inPurgeBatches(func() (int64, bool, error) {
 		var n int
-		err := s.write(ctx, func(t *txn) error {
+		err := r.s.write(ctx, func(t *txn) error {
 			n = 0
 			var threads []string
 			if err := t.sel(&threads, `SELECT thread_id FROM threads WHERE deleted_at IS NOT NULL AND redacted_at IS NULL
@@ -507,15 +506,8 @@ func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (
 			}
 			return nil
 		})
-		if err != nil {
-			return total, err
-		}
-		total += int64(n)
-		if n == 0 {
-			break
-		}
-	}
-	return total, nil
+		return int64(n), n == 0, err
+	})
 }
 
 // deletedTitle replaces a deleted thread's title when its text is emptied.

@@ -29,15 +29,12 @@ func version(t *testing.T, st *store.Store, threadID string) int64 {
 // startAndClaim starts a run with a user message and claims it as worker w.
 func startAndClaim(t *testing.T, st *store.Store, threadID, question string) string {
 	t.Helper()
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: version(t, st, threadID), UserMessage: text(question)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	runID := startRun(t, st, threadID, version(t, st, threadID), question)
 	run, err := st.Claim(ctx, "w", time.Hour)
-	if err != nil || run == nil || run.Run.RunID != ack.RunID {
-		t.Fatalf("claim = %+v, %v; want %s", run, err, ack.RunID)
+	if err != nil || run == nil || run.Run.RunID != runID {
+		t.Fatalf("claim = %+v, %v; want %s", run, err, runID)
 	}
-	return ack.RunID
+	return runID
 }
 
 // completeRun runs one run to completion; it returns the run and its message.

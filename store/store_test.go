@@ -65,7 +65,7 @@ func code(err error) string { return chat.ErrorCode(err) }
 
 func text(s string) *string { return &s }
 
-func newThread(t *testing.T, st *store.Store) chat.Snapshot {
+func newThread(t testing.TB, st *store.Store) chat.Snapshot {
 	t.Helper()
 	snap, err := st.CreateThread(ctx, user, "t")
 	if err != nil {
@@ -74,33 +74,49 @@ func newThread(t *testing.T, st *store.Store) chat.Snapshot {
 	return snap
 }
 
+// startRun starts a run on threadID, expecting the thread at state version
+// expected, with the user message question; it returns the run.
+func startRun(t testing.TB, st *store.Store, threadID string, expected int64, question string) string {
+	t.Helper()
+	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: expected, UserMessage: text(question)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.RunID
+}
+
+// newThreadWithRun creates a thread and starts a run on it with the user
+// message question; it returns the thread as created and the run.
+func newThreadWithRun(t testing.TB, st *store.Store, question string) (chat.Snapshot, string) {
+	t.Helper()
+	th := newThread(t, st)
+	return th, startRun(t, st, th.ThreadID, th.StateVersion, question)
+}
+
 // streamAndCancel runs one run by hand as a worker would (claim, deltas)
 // and cancels it; it returns the run, the streamed message id and the seq of
 // its last delta.
 func streamAndCancel(t *testing.T, st *store.Store, threadID string, version int64, deltas ...string) (string, string, int64) {
 	t.Helper()
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: threadID, ExpectedStateVersion: version, UserMessage: text("hi")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	runID := startRun(t, st, threadID, version, "hi")
 	if _, err := st.Claim(ctx, "w", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	msgID := chat.NewID(chat.PrefixMessage)
-	if err := st.AppendDeltas(ctx, leaseW(ack.RunID), msgID, deltas); err != nil {
+	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, deltas); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: ack.RunID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runID, Reason: "user_requested", RequestedBy: "tab:a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.FinishCancel(ctx, ack.RunID, ptr(leaseW(ack.RunID)), 0); err != nil {
+	if _, err := st.FinishCancel(ctx, runID, ptr(leaseW(runID)), 0); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := st.Snapshot(ctx, user, threadID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ack.RunID, msgID, snap.LastSeq - 2 // run.cancel_requested and run.cancelled follow the deltas
+	return runID, msgID, snap.LastSeq - 2 // run.cancel_requested and run.cancelled follow the deltas
 }
 
 func TestCreateThreadStartsAtVersionOne(t *testing.T) {

@@ -47,6 +47,20 @@ func openExclusive(t *testing.T, path string, tap *feedTap) *store.Store {
 	return st
 }
 
+// openBufferedSQLite opens a new SQLite database exclusively with its
+// commits tapped; it returns the store, the database's path and the tap.
+// It skips the test on PostgreSQL, where deltas are written before they
+// are fanned out.
+func openBufferedSQLite(t *testing.T) (*store.Store, string, *feedTap) {
+	t.Helper()
+	if pgtest.OnPostgres() {
+		t.Skip("on PostgreSQL deltas are written before they are fanned out")
+	}
+	path := filepath.Join(t.TempDir(), "gw.db")
+	tap := &feedTap{}
+	return openExclusive(t, path, tap), path, tap
+}
+
 // startStreaming starts a run on a new thread, claims it and writes its
 // first batch (which confirms the run live); it returns the thread, the
 // run and the message.
@@ -64,15 +78,11 @@ func startStreaming(t *testing.T, st *store.Store) (chat.Snapshot, string, strin
 // it live); it returns the thread and the run.
 func startClaimed(t *testing.T, st *store.Store) (chat.Snapshot, string) {
 	t.Helper()
-	th := newThread(t, st)
-	ack, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text("hi")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	th, runID := newThreadWithRun(t, st, "hi")
 	if _, err := st.Claim(ctx, "w", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	return th, ack.RunID
+	return th, runID
 }
 
 // With the writer held by a long transaction, a claimed run's deltas —
@@ -80,12 +90,7 @@ func startClaimed(t *testing.T, st *store.Store) (chat.Snapshot, string) {
 // once, in seq order; replay and the snapshot see them; they are written
 // when the writer frees, and Close writes the rest.
 func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
-	if pgtest.OnPostgres() {
-		t.Skip("on PostgreSQL deltas are written before they are fanned out")
-	}
-	path := filepath.Join(t.TempDir(), "gw.db")
-	tap := &feedTap{}
-	st := openExclusive(t, path, tap)
+	st, path, tap := openBufferedSQLite(t)
 	th, runID := startClaimed(t, st)
 	msgID := chat.NewID(chat.PrefixMessage)
 
@@ -101,14 +106,8 @@ func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
 		}
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		release()
-		t.Fatal("AppendDeltas waited for the writer held by another transaction")
+	if err := answerWithin(t, done, 20*time.Second, release, "AppendDeltas waited for the writer held by another transaction"); err != nil {
+		t.Fatal(err)
 	}
 	ds := tap.deltas()
 	if len(ds) != 101 {
@@ -160,12 +159,7 @@ func TestDeltasFanOutBeforeTheyAreWritten(t *testing.T) {
 // again, a replay across them is a snapshot, a fragment naming them is
 // refused saying what is still known, and check is clean.
 func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
-	if pgtest.OnPostgres() {
-		t.Skip("on PostgreSQL deltas are written before they are fanned out")
-	}
-	path := filepath.Join(t.TempDir(), "gw.db")
-	tap := &feedTap{}
-	st := openExclusive(t, path, tap)
+	st, path, tap := openBufferedSQLite(t)
 	whole, wholeRun := startClaimed(t, st) // its message is lost whole
 	th, runID, msgID := startStreaming(t, st)
 	if err := st.FlushStream(ctx); err != nil { // th's first delta is written
@@ -231,12 +225,7 @@ func TestCrashLosesOnlyTheStreamBufferAndRecordsIt(t *testing.T) {
 // and then loads the thread takes the thread's pending deltas along, as
 // any transaction that loads a thread does: none is dropped.
 func TestRunChangedThenThreadLoadedKeepsPendingDeltas(t *testing.T) {
-	if pgtest.OnPostgres() {
-		t.Skip("on PostgreSQL deltas are written before they are fanned out")
-	}
-	path := filepath.Join(t.TempDir(), "gw.db")
-	tap := &feedTap{}
-	st := openExclusive(t, path, tap)
+	st, path, _ := openBufferedSQLite(t)
 	defer st.Close()
 	th, runID, msgID := startStreaming(t, st)
 	if err := st.AppendDeltas(ctx, leaseW(runID), msgID, []string{"still ", "pending"}); err != nil {

@@ -122,6 +122,20 @@ func (t *txn) checkpoint(threadID, checkpointID string) (chat.Checkpoint, error)
 	return loadCheckpoint(t.ctx, t.tx, threadID, checkpointID)
 }
 
+// threadAt loads userID's thread threadID and its checkpoint checkpointID
+// (a command that names a point of the thread: checkout, fork).
+func (t *txn) threadAt(userID, threadID, checkpointID string) (*threadCursor, chat.Checkpoint, error) {
+	c, err := t.thread(userID, threadID)
+	if err != nil {
+		return nil, chat.Checkpoint{}, err
+	}
+	cp, err := t.checkpoint(threadID, checkpointID)
+	if err != nil {
+		return nil, chat.Checkpoint{}, err
+	}
+	return c, cp, nil
+}
+
 func loadCheckpoint(ctx context.Context, q *sqlx.Tx, threadID, checkpointID string) (chat.Checkpoint, error) {
 	var row checkpointRow
 	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`), checkpointID, threadID)
@@ -488,11 +502,7 @@ func (s *Store) Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck
 	userID, threadID, checkpointID, expected := p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion
 	var out chat.CheckoutAck
 	err := s.write(ctx, func(t *txn) error {
-		c, err := t.thread(userID, threadID)
-		if err != nil {
-			return err
-		}
-		cp, err := t.checkpoint(threadID, checkpointID)
+		c, cp, err := t.threadAt(userID, threadID, checkpointID)
 		if err != nil {
 			return err
 		}
@@ -543,11 +553,7 @@ func (s *Store) Fork(ctx context.Context, p chat.Fork) (chat.Thread, error) {
 	userID, threadID, fromCheckpointID := p.UserID, p.ThreadID, p.FromCheckpointID
 	newID := chat.NewID(chat.PrefixThread)
 	err := s.write(ctx, func(t *txn) error {
-		src, err := t.thread(userID, threadID)
-		if err != nil {
-			return err
-		}
-		cp, err := t.checkpoint(threadID, fromCheckpointID)
+		src, cp, err := t.threadAt(userID, threadID, fromCheckpointID)
 		if err != nil {
 			return err
 		}
