@@ -62,7 +62,9 @@ func (e *Event) Durable() bool {
 	return e.Type != EventMessageDelta && e.Type != EventThreadSnapshot
 }
 
-type eventHeader struct {
+// EventHeader is what every event carries on the wire before its body's
+// fields. Decoding an event into it reads those fields and ignores the body.
+type EventHeader struct {
 	Type         string `json:"type"`
 	ThreadID     string `json:"thread_id"`
 	Seq          int64  `json:"seq"`
@@ -71,10 +73,15 @@ type eventHeader struct {
 	RunID        string `json:"run_id,omitempty"`
 }
 
+// Event returns the event of header h with body (Raw left empty).
+func (h EventHeader) Event(body any) Event {
+	return Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Body: body}
+}
+
 // Encode fills Raw with the event's JSON: the common fields followed by the
 // body's fields at the top level.
 func (e *Event) Encode() error {
-	head, err := json.Marshal(eventHeader{e.Type, e.ThreadID, e.Seq, e.TS, e.StateVersion, e.RunID})
+	head, err := json.Marshal(EventHeader{e.Type, e.ThreadID, e.Seq, e.TS, e.StateVersion, e.RunID})
 	if err != nil {
 		return err
 	}

@@ -555,18 +555,12 @@ func redactPublished(payload []byte) ([]byte, error) {
 	msg["content"] = ""
 
 	var p struct {
-		Type         string `json:"type"`
-		ThreadID     string `json:"thread_id"`
-		Seq          int64  `json:"seq"`
-		TS           int64  `json:"ts"`
-		StateVersion int64  `json:"state_version"`
-		RunID        string `json:"run_id"`
+		chat.EventHeader
 		chat.MessagePublishedBody
 	}
 	if err := json.Unmarshal(payload, &p); err == nil {
 		p.Message.Content = ""
-		ev := chat.Event{Type: p.Type, ThreadID: p.ThreadID, Seq: p.Seq, TS: p.TS, StateVersion: p.StateVersion,
-			RunID: p.RunID, Body: p.MessagePublishedBody}
+		ev := p.EventHeader.Event(p.MessagePublishedBody)
 		if err := ev.Encode(); err == nil {
 			var got map[string]any
 			if json.Unmarshal(ev.Raw, &got) == nil && reflect.DeepEqual(got, want) {
