@@ -4,7 +4,6 @@ package main
 // credential and against -max-conn-age.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net/http"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // openLines opens a thread's event stream as w and returns its lines as
@@ -23,69 +24,22 @@ import (
 // the client turns into a reconnection or an error without showing it.
 func (s *server) openLines(w who, threadID, lastID string) (int, <-chan string) {
 	s.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/api/threads/"+threadID+"/events?after_seq=0", nil)
-	if err != nil {
-		cancel()
-		s.t.Fatal(err)
-	}
-	w.apply(req.Header)
-	if lastID != "" {
-		req.Header.Set("Last-Event-ID", lastID)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		s.t.Fatalf("open event stream: %v", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		cancel()
-		return resp.StatusCode, nil
-	}
-	lines := make(chan string, 4096)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(lines)
-		defer resp.Body.Close()
-		r := bufio.NewReader(resp.Body)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			select {
-			case lines <- strings.TrimSuffix(line, "\n"):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	s.t.Cleanup(func() { cancel(); <-done })
-	return http.StatusOK, lines
+	header := http.Header{}
+	w.apply(header)
+	status, lines, _ := apptest.OpenEventLines(s.t, http.DefaultClient, s.base+"/api/threads/"+threadID+"/events?after_seq=0", header, lastID)
+	return status, lines
 }
 
 // readToEnd collects lines until the server ends the stream, failing the
 // test after limit.
 func readToEnd(t *testing.T, lines <-chan string, limit time.Duration) []string {
 	t.Helper()
-	timer := time.NewTimer(limit)
-	defer timer.Stop()
-	var got []string
-	for {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				return got
-			}
-			got = append(got, l)
-		case <-timer.C:
-			n := len(got)
-			t.Fatalf("event stream still open after %v (%d lines, last %q)", limit, n, got[max(0, n-4):])
-			return nil
-		}
+	got, ended := apptest.ReadLinesToEnd(lines, limit)
+	if !ended {
+		n := len(got)
+		t.Fatalf("event stream still open after %v (%d lines, last %q)", limit, n, got[max(0, n-4):])
 	}
+	return got
 }
 
 // A token revoked with `gateway token revoke` while its event stream is

@@ -317,11 +317,17 @@ func (h *harness) createThread(title string) chat.Snapshot {
 	return snap
 }
 
+// getJSON is the answer to GET path, which must be 200, decoded as a T.
+func getJSON[T any](h *harness, path string) T {
+	h.t.Helper()
+	var v T
+	h.call(http.MethodGet, path, nil, http.StatusOK, &v)
+	return v
+}
+
 func (h *harness) snapshot(threadID string) chat.Snapshot {
 	h.t.Helper()
-	var snap chat.Snapshot
-	h.call(http.MethodGet, "/api/threads/"+threadID, nil, http.StatusOK, &snap)
-	return snap
+	return getJSON[chat.Snapshot](h, "/api/threads/"+threadID)
 }
 
 // snapshotBytes is the raw snapshot, to compare states byte for byte.
@@ -339,6 +345,17 @@ func (h *harness) requireUnchanged(snap chat.Snapshot) {
 		h.t.Errorf("thread %s changed: v%d seq %d head %s -> v%d seq %d head %s", snap.ThreadID,
 			snap.StateVersion, snap.LastSeq, snap.HeadCheckpointID, now.StateVersion, now.LastSeq, now.HeadCheckpointID)
 	}
+}
+
+// runUntilDeltas creates a thread, opens its event stream from seq 0,
+// starts a run on it with userMessage and returns once the stream has
+// delivered n of the run's deltas, with those deltas.
+func (h *harness) runUntilDeltas(userMessage string, n int) (chat.Snapshot, *sseStream, chat.RunStartAck, []*wireEvent) {
+	h.t.Helper()
+	snap := h.createThread("")
+	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, userMessage)
+	return snap, s, ack, s.waitDeltas(ack.RunID, n)
 }
 
 func (h *harness) startRun(threadID string, expected int64, userMessage string) chat.RunStartAck {
@@ -370,9 +387,7 @@ func (h *harness) cancel(runID string, body any, hdr ...string) chat.CancelAck {
 
 func (h *harness) run(runID string) chat.Run {
 	h.t.Helper()
-	var run chat.Run
-	h.call(http.MethodGet, "/api/runs/"+runID, nil, http.StatusOK, &run)
-	return run
+	return getJSON[chat.Run](h, "/api/runs/"+runID)
 }
 
 // runUnwatched is runToEnd without a stream: it polls the run (bounded)
@@ -414,9 +429,7 @@ type checkpointList struct {
 
 func (h *harness) checkpoints(threadID string) checkpointList {
 	h.t.Helper()
-	var out checkpointList
-	h.call(http.MethodGet, "/api/threads/"+threadID+"/checkpoints", nil, http.StatusOK, &out)
-	return out
+	return getJSON[checkpointList](h, "/api/threads/"+threadID+"/checkpoints")
 }
 
 type threadPage struct {
@@ -720,10 +733,7 @@ func TestRunHappyPath(t *testing.T) {
 func TestCancelMidStream(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
-	snap := h.createThread("")
-	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
-	ack := h.startRun(snap.ThreadID, 1, "Explain the CAP theorem with examples")
-	deltas := s.waitDeltas(ack.RunID, 3)
+	snap, s, ack, deltas := h.runUntilDeltas("Explain the CAP theorem with examples", 3)
 	before := h.snapshot(snap.ThreadID)
 	if before.ActiveRun == nil || before.ActiveRun.RunID != ack.RunID {
 		t.Fatalf("no active run in %+v", before)
@@ -824,10 +834,7 @@ func TestCancelMidStream(t *testing.T) {
 func TestConcurrentCancels(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
-	snap := h.createThread("")
-	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
-	ack := h.startRun(snap.ThreadID, 1, "Compare Raft and Paxos")
-	s.waitDeltas(ack.RunID, 1)
+	_, s, ack, _ := h.runUntilDeltas("Compare Raft and Paxos", 1)
 	const n = 6
 	acks := make([]chat.CancelAck, n)
 	var wg sync.WaitGroup
@@ -861,10 +868,7 @@ func TestContinueFromSavedPoint(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
 	const question = "What is a write ahead log?"
-	snap := h.createThread("")
-	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
-	ack := h.startRun(snap.ThreadID, 1, question)
-	s.waitDeltas(ack.RunID, 2)
+	snap, s, ack, _ := h.runUntilDeltas(question, 2)
 
 	// While it runs: a second run.start is refused with the active run.
 	cur := h.snapshot(snap.ThreadID)
@@ -991,10 +995,7 @@ func TestConcurrentStarts(t *testing.T) {
 func TestFragments(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
-	snap := h.createThread("")
-	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
-	ack := h.startRun(snap.ThreadID, 1, "Explain vector clocks")
-	deltas := s.waitDeltas(ack.RunID, 4)
+	snap, s, ack, deltas := h.runUntilDeltas("Explain vector clocks", 4)
 	msgID, upTo := deltas[0].MessageID, deltas[2].Seq
 	version := s.lastVersion
 	fragPath := "/api/threads/" + snap.ThreadID + "/fragments"
@@ -1209,9 +1210,8 @@ func TestFork(t *testing.T) {
 	if got := h.snapshotBytes(snap.ThreadID); got != orig {
 		t.Errorf("a refused fork changed the original")
 	}
-	h.call(http.MethodGet, "/api/threads", nil, http.StatusOK, &list)
-	if len(list.Threads) != 2 {
-		t.Errorf("%d threads after refused forks, want 2", len(list.Threads))
+	if n := h.threadCount(""); n != 2 {
+		t.Errorf("%d threads after refused forks, want 2", n)
 	}
 }
 
@@ -1334,12 +1334,7 @@ func TestBadInput(t *testing.T) {
 		{"list with bad limit", "GET", "/api/threads?limit=0", nil, bad, inv},
 	}
 
-	threadsBefore := func() int {
-		var p threadPage
-		h.call(http.MethodGet, "/api/threads?limit=200", nil, http.StatusOK, &p)
-		return len(p.Threads)
-	}
-	nThreads := threadsBefore()
+	nThreads := h.threadCount("")
 	mainBefore, otherBefore := h.snapshotBytes(snap.ThreadID), h.snapshotBytes(other.ThreadID)
 	runBefore := string(h.call(http.MethodGet, "/api/runs/"+runAck.RunID, nil, http.StatusOK, nil).body)
 	for _, c := range cases {
@@ -1357,7 +1352,7 @@ func TestBadInput(t *testing.T) {
 			if got := string(h.call(http.MethodGet, "/api/runs/"+runAck.RunID, nil, http.StatusOK, nil).body); got != runBefore {
 				t.Errorf("the run changed:\n%s\n%s", runBefore, got)
 			}
-			if n := threadsBefore(); n != nThreads {
+			if n := h.threadCount(""); n != nThreads {
 				t.Errorf("%d threads, want %d", n, nThreads)
 			}
 		})
@@ -1551,10 +1546,7 @@ func TestPurgedStream(t *testing.T) {
 func TestShutdownHandsRunBack(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
-	snap := h.createThread("")
-	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
-	ack := h.startRun(snap.ThreadID, 1, "Explain consistent hashing")
-	s.waitDeltas(ack.RunID, 2)
+	snap, s, ack, _ := h.runUntilDeltas("Explain consistent hashing", 2)
 	h.eng.Close() // the harness closes it again, which is harmless
 	run := h.run(ack.RunID)
 	if run.Status != chat.RunQueued || run.FinishedAt != nil || run.CancelRequestedAt != nil {

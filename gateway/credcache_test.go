@@ -73,6 +73,23 @@ func snapshotOf(t *testing.T, h *authHarness, name, threadID string) string {
 	return string(jsonOf(t, s))
 }
 
+// wantRefusedByClose sends a run.start on conn, whose credential has ended
+// (when says how): the connection must close before the command runs
+// (closedBefore), the command must have read the credential from the store
+// once since st's count was last reset, and name's thread th must still be
+// before.
+func wantRefusedByClose(t *testing.T, h *authHarness, st *readCountingStore, conn *wsClient, name, th string, v int64, before, when string) {
+	t.Helper()
+	id := conn.post(runStart(th, v))
+	closedBefore(t, conn, id, "the first command "+when)
+	if n := st.reads.Load(); n != 1 {
+		t.Errorf("the command %s read the credential %d times, want 1", when, n)
+	}
+	if after := snapshotOf(t, h, name, th); after != before {
+		t.Errorf("the thread changed:\n%s\n%s", before, after)
+	}
+}
+
 // runStart is a run.start command on threadID at version v.
 func runStart(threadID string, v int64) map[string]any {
 	return map[string]any{"type": "run.start", "thread_id": threadID, "expected_state_version": v,
@@ -107,14 +124,7 @@ func TestCredentialCacheSignOutEndsWebSocketAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.reads.Store(0)
-	id := conn.post(runStart(th, v))
-	closedBefore(t, conn, id, "the first command after the sign-out")
-	if n := st.reads.Load(); n != 1 {
-		t.Errorf("the command after the sign-out read the credential %d times, want 1", n)
-	}
-	if after := snapshotOf(t, h, "dora", th); after != before {
-		t.Errorf("the thread changed:\n%s\n%s", before, after)
-	}
+	wantRefusedByClose(t, h, st, conn, "dora", th, v, before, "after the sign-out")
 }
 
 // TestCredentialCacheStoreEndIsSeenAfterTheCacheTime: a token revoked in
@@ -132,11 +142,8 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 	token := func(t *testing.T, a *auth.Authenticator, srv *httptest.Server, name string) (apiCaller, string) {
 		t.Helper()
 		signIn(t, h, a, name) // the account
-		tok, secret, err := auth.CreateToken(ctx, h.st.Accounts(), name, "test", 0, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return apiCaller{name: name, srv: srv, hdr: []string{"Authorization", "Bearer " + secret}}, tok.TokenID
+		who, tok := tokenCaller(t, h, srv, name)
+		return who, tok.TokenID
 	}
 
 	t.Run("a command after the cache time", func(t *testing.T) {
@@ -158,14 +165,7 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 			t.Errorf("a command within the cache time read the credential %d times, want 0", n)
 		}
 		clk.advance(time.Millisecond)
-		id := conn.post(runStart(th, v))
-		closedBefore(t, conn, id, "the first command after the cache time")
-		if n := st.reads.Load(); n != 1 {
-			t.Errorf("the command after the cache time read the credential %d times, want 1", n)
-		}
-		if after := snapshotOf(t, h, "erin", th); after != before {
-			t.Errorf("the thread changed:\n%s\n%s", before, after)
-		}
+		wantRefusedByClose(t, h, st, conn, "erin", th, v, before, "after the cache time")
 	})
 
 	t.Run("the keep-alive re-check", func(t *testing.T) {

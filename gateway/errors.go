@@ -38,8 +38,6 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 	return chat.HTTPStatus(ce.Code), body
 }
 
-// reply writes a command's answer with status, or err in the protocol's
-// error shape.
 // Whether a command's body may be empty (decode's allowEmpty).
 const (
 	mustHaveBody = false
@@ -72,6 +70,30 @@ func serveCommand[Req, Cmd, Ack any](s *Server, w http.ResponseWriter, r *http.R
 	s.reply(w, status, ack, err)
 }
 
+// inCallersName adapts the decoder of a command that records who asked for
+// it (requested_by) to serveCommand's build, naming the HTTP caller
+// api:<client> (clientName).
+func inCallersName[Req, Cmd any](r *http.Request, command func(req Req, userID, id, requestedBy string) (Cmd, error)) func(req Req, userID, id string) (Cmd, error) {
+	return func(req Req, userID, id string) (Cmd, error) {
+		return command(req, userID, id, "api:"+clientName(r))
+	}
+}
+
+// serveLookup serves a read of one object over HTTP: its id read from the
+// path's {id} (checked as field), what lookup finds under it for the
+// caller written with 200, or the first error in the protocol's shape.
+func serveLookup[T any](s *Server, w http.ResponseWriter, r *http.Request, field string, lookup func(ctx context.Context, userID, id string) (T, error)) {
+	id, err := pathID(r, "id", field)
+	if err != nil {
+		writeError(w, s.log, err)
+		return
+	}
+	answer, err := lookup(r.Context(), userID(r), id)
+	s.reply(w, http.StatusOK, answer, err)
+}
+
+// reply writes a command's answer with status, or err in the protocol's
+// error shape.
 func (s *Server) reply(w http.ResponseWriter, status int, answer any, err error) {
 	if err != nil {
 		writeError(w, s.log, err)

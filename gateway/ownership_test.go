@@ -1119,11 +1119,7 @@ func TestOwnershipForeignIDsAreNotFound(t *testing.T) {
 	if _, err := h.st.Accounts().CreateUser(ctx, "carol", ""); err != nil {
 		t.Fatal(err)
 	}
-	_, token, err := auth.CreateToken(ctx, h.st.Accounts(), "carol", "test", 0, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	carol := apiCaller{name: "carol", srv: h.srv, hdr: []string{"Authorization", "Bearer " + token}}
+	carol, _ := tokenCaller(t, h, h.srv, "carol")
 	pwSrv, pwAuth := h.passwordServer(t)
 	dave := apiCaller{name: "dave", srv: pwSrv, hdr: []string{"Cookie", signIn(t, h, pwAuth, "dave")}}
 
@@ -1193,6 +1189,17 @@ func TestOwnershipForeignIDsAreNotFound(t *testing.T) {
 	if r3Waiting {
 		waitRunEnd(t, s2, w.r3, chat.EventRunCancelled) // the control's cancel of r3, finished before cleanup
 	}
+}
+
+// tokenCaller creates an API token of the account name and returns a
+// caller on srv presenting it, and the token.
+func tokenCaller(t *testing.T, h *authHarness, srv *httptest.Server, name string) (apiCaller, chat.APIToken) {
+	t.Helper()
+	tok, secret, err := auth.CreateToken(context.Background(), h.st.Accounts(), name, "test", 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return apiCaller{name: name, srv: srv, hdr: []string{"Authorization", "Bearer " + secret}}, tok
 }
 
 // signIn creates a password account and signs it in; it returns the
@@ -1299,11 +1306,7 @@ func TestOwnershipRevokedTokenIsUnauthorized(t *testing.T) {
 	if _, err := h.st.Accounts().CreateUser(ctx, "carol", ""); err != nil {
 		t.Fatal(err)
 	}
-	tok, token, err := auth.CreateToken(ctx, h.st.Accounts(), "carol", "test", 0, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	carol := apiCaller{name: "carol", srv: h.srv, hdr: []string{"Authorization", "Bearer " + token}}
+	carol, tok := tokenCaller(t, h, h.srv, "carol")
 	th, v := createOwnThread(t, carol)
 	c := carol.dial(t, h.harness)
 	c.subscribe(th, wsAfter(0))

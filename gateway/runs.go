@@ -42,13 +42,7 @@ func (req startRunRequest) command(userID, threadID string) (chat.StartRun, erro
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r, "id", "run_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	run, err := s.store.Run(r.Context(), userID(r), id)
-	s.reply(w, http.StatusOK, run, err)
+	serveLookup(s, w, r, "run_id", s.store.Run)
 }
 
 type cancelRequest struct {
@@ -57,9 +51,7 @@ type cancelRequest struct {
 }
 
 func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
-	serveCommand(s, w, r, http.StatusAccepted, mayBeEmpty, "run_id", func(req cancelRequest, userID, runID string) (chat.CancelRun, error) {
-		return req.command(userID, runID, "api:"+clientName(r))
-	}, s.runs.CancelRun)
+	serveCommand(s, w, r, http.StatusAccepted, mayBeEmpty, "run_id", inCallersName(r, cancelRequest.command), s.runs.CancelRun)
 }
 
 // command decodes run.cancel's fields (the reason defaults to

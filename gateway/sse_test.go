@@ -31,12 +31,7 @@ type wireEvent struct {
 	Event string          `json:"-"` // the "event:" line
 	Data  json.RawMessage `json:"-"` // the "data:" line, verbatim
 
-	Type         string `json:"type"`
-	ThreadID     string `json:"thread_id"`
-	Seq          int64  `json:"seq"`
-	TS           int64  `json:"ts"`
-	StateVersion int64  `json:"state_version"`
-	RunID        string `json:"run_id"`
+	chat.EventHeader
 
 	// message.delta, message.deleted
 	MessageID string `json:"message_id"`
@@ -97,6 +92,14 @@ type sseStream struct {
 type sseItem struct {
 	ev  *wireEvent
 	err error
+}
+
+// threadWithStream creates a thread titled title and opens its event
+// stream from seq 0.
+func (h *harness) threadWithStream(title string) (string, *sseStream) {
+	h.t.Helper()
+	th := h.createThread(title).ThreadID
+	return th, h.openSSE(th, "after_seq=0", "")
 }
 
 // openSSE opens GET /api/threads/{id}/events with the given query (e.g.

@@ -6,11 +6,9 @@ package gateway_test
 // connection of any mode ends at MaxConnAge.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,13 +19,14 @@ import (
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // rawStream is an event stream read line by line, comments and error
 // events included, until the server ends it.
 type rawStream struct {
-	lines chan string // closed when the server ends the response
-	stop  context.CancelFunc
+	lines <-chan string // closed when the server ends the response
+	stop  func()        // cancels the request and waits for the reader
 }
 
 // openRawStream opens thread's event stream as who with Last-Event-ID
@@ -35,68 +34,22 @@ type rawStream struct {
 // read into the returned stream, closed at the end of the test.
 func openRawStream(t *testing.T, who apiCaller, threadID, lastID string) (int, *rawStream) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, who.srv.URL+"/api/threads/"+threadID+"/events?after_seq=0", nil)
-	if err != nil {
-		t.Fatal(err)
+	status, lines, stop := apptest.OpenEventLines(t, who.srv.Client(), who.srv.URL+"/api/threads/"+threadID+"/events?after_seq=0", who.header(), lastID)
+	if status != http.StatusOK {
+		return status, nil
 	}
-	req.Header = who.header()
-	if lastID != "" {
-		req.Header.Set("Last-Event-ID", lastID)
-	}
-	resp, err := who.srv.Client().Do(req)
-	if err != nil {
-		cancel()
-		t.Fatalf("open event stream: %v", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		cancel()
-		return resp.StatusCode, nil
-	}
-	s := &rawStream{lines: make(chan string, 1024), stop: cancel}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(s.lines)
-		defer resp.Body.Close()
-		r := bufio.NewReader(resp.Body)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			select {
-			case s.lines <- strings.TrimSuffix(line, "\n"):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return http.StatusOK, s
+	return status, &rawStream{lines: lines, stop: stop}
 }
 
 // untilEnd reads the stream until the server ends it and returns every
 // line; it fails the test if the stream is still open after waitTimeout.
 func (s *rawStream) untilEnd(t *testing.T) []string {
 	t.Helper()
-	timer := time.NewTimer(waitTimeout)
-	defer timer.Stop()
-	var got []string
-	for {
-		select {
-		case line, ok := <-s.lines:
-			if !ok {
-				return got
-			}
-			got = append(got, line)
-		case <-timer.C:
-			t.Fatalf("event stream still open after %v; read %s", waitTimeout, summary(got))
-			return nil
-		}
+	got, ended := apptest.ReadLinesToEnd(s.lines, waitTimeout)
+	if !ended {
+		t.Fatalf("event stream still open after %v; read %s", waitTimeout, summary(got))
 	}
+	return got
 }
 
 // summary shows the first and last lines of a stream read, and how many
@@ -176,12 +129,9 @@ func TestStreamsEndWhenTheirCredentialEnds(t *testing.T) {
 			who := apiCaller{name: name, srv: srv, hdr: []string{"Cookie", cookie}}
 			tokenID := ""
 			if c.cred == token {
-				tok, secret, err := auth.CreateToken(ctx, h.st.Accounts(), name, "test", 0, time.Now())
-				if err != nil {
-					t.Fatal(err)
-				}
+				var tok chat.APIToken
+				who, tok = tokenCaller(t, h, srv, name)
 				tokenID = tok.TokenID
-				who.hdr = []string{"Authorization", "Bearer " + secret}
 			}
 			th, _ := createOwnThread(t, who)
 			status, stream := openRawStream(t, who, th, "")

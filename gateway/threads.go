@@ -94,13 +94,7 @@ func checkSearch(q string) error {
 }
 
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r, "id", "thread_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	snap, err := s.store.Snapshot(r.Context(), userID(r), id)
-	s.reply(w, http.StatusOK, snap, err)
+	serveLookup(s, w, r, "thread_id", s.store.Snapshot)
 }
 
 type forkRequest struct {
@@ -153,31 +147,17 @@ func (req checkoutRequest) command(userID, threadID string) (chat.Checkout, erro
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r, "id", "thread_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	head, cps, err := s.store.Checkpoints(r.Context(), userID(r), id)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"head_checkpoint_id": head, "checkpoints": cps})
+	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (map[string]any, error) {
+		head, cps, err := s.store.Checkpoints(ctx, userID, threadID)
+		return map[string]any{"head_checkpoint_id": head, "checkpoints": cps}, err
+	})
 }
 
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r, "id", "thread_id")
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	ops, err := s.store.Operations(r.Context(), userID(r), id)
-	if err != nil {
-		writeError(w, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"operations": ops})
+	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (map[string]any, error) {
+		ops, err := s.store.Operations(ctx, userID, threadID)
+		return map[string]any{"operations": ops}, err
+	})
 }
 
 // pathID reads the id in path segment name, checked as field.
@@ -211,9 +191,7 @@ type deleteThreadRequest struct {
 // body {expected_state_version}); a run in flight is cancelled first, in
 // the caller's name (api:<client>).
 func (s *Server) deleteThread(w http.ResponseWriter, r *http.Request) {
-	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", func(req deleteThreadRequest, userID, threadID string) (chat.DeleteThread, error) {
-		return req.command(userID, threadID, "api:"+clientName(r))
-	}, s.runs.DeleteThread)
+	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", inCallersName(r, deleteThreadRequest.command), s.runs.DeleteThread)
 }
 
 // command is thread.delete from the decoded fields (expected_state_version

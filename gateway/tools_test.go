@@ -238,6 +238,22 @@ func (h *toolHarness) wantDecided(t *testing.T, opID, thread, phase, when string
 	}
 }
 
+// wsWantDecided is wantDecided over the WebSocket connection c: tool.confirm
+// and tool.reject of the operation, at the thread's current version, are
+// each answered with an operation_not_pending error naming the operation
+// and phase, and change nothing on the thread.
+func (h *toolHarness) wsWantDecided(t *testing.T, c *wsClient, opID, thread, phase, when string) {
+	t.Helper()
+	qt := h.quiet(thread)
+	for _, typ := range []string{"tool.confirm", "tool.reject"} {
+		m := c.cmd(map[string]any{"type": typ, "operation_id": opID, "expected_state_version": h.snapshot(thread).StateVersion})
+		if m["type"] != "error" || m["error"] != chat.CodeOperationNotPending || m["operation_id"] != opID || m["phase"] != phase {
+			t.Errorf("%s %s answered %v", typ, when, m)
+		}
+		qt.check(t, typ+" "+when)
+	}
+}
+
 func (h *toolHarness) quiet(threadIDs ...string) *quiet {
 	h.t.Helper()
 	q := &quiet{h: h, snaps: map[string]string{}, ops: map[string]string{}}
@@ -377,6 +393,17 @@ func (h *toolHarness) askEmail(s *sseStream, threadID, to, text string) (chat.Ru
 
 // waitRunEnd reads until the run ends with want (completed or cancelled),
 // failing on any other end.
+// completedRun creates a thread titled title and runs userMessage on it to
+// the end; it returns the thread, the run's ack and the thread's events
+// from seq 0 to the run's run.completed.
+func (h *harness) completedRun(t *testing.T, title, userMessage string) (string, chat.RunStartAck, []*wireEvent) {
+	t.Helper()
+	snap := h.createThread(title)
+	s := h.openSSE(snap.ThreadID, "after_seq=0", "")
+	ack := h.startRun(snap.ThreadID, snap.StateVersion, userMessage)
+	return snap.ThreadID, ack, waitRunEnd(t, s, ack.RunID, chat.EventRunCompleted)
+}
+
 func waitRunEnd(t *testing.T, s *sseStream, runID, want string) []*wireEvent {
 	t.Helper()
 	return s.waitFor(want+" "+runID, func(e *wireEvent) bool {
@@ -402,8 +429,7 @@ func waitRunEnd(t *testing.T, s *sseStream, runID, want string) []*wireEvent {
 func TestToolsEmailConfirm(t *testing.T) {
 	t.Parallel()
 	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
-	th := h.createThread("email").ThreadID
-	s := h.openSSE(th, "after_seq=0", "")
+	th, s := h.threadWithStream("email")
 	ack, op, evs := h.askEmail(s, th, "ann@example.com", "Please send an email to ann@example.com about the delivery schedule for next week")
 	key := *op.IdempotencyKey
 
@@ -491,11 +517,9 @@ func TestToolsEmailConfirm(t *testing.T) {
 func TestToolsDecisionErrors(t *testing.T) {
 	t.Parallel()
 	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
-	a := h.createThread("a").ThreadID
-	sA := h.openSSE(a, "after_seq=0", "")
+	a, sA := h.threadWithStream("a")
 	ackA, opA, _ := h.askEmail(sA, a, "ann@example.com", "Send an email to ann@example.com about the invoice")
-	b := h.createThread("b").ThreadID
-	sB := h.openSSE(b, "after_seq=0", "")
+	b, sB := h.threadWithStream("b")
 	ackB, opB, evsB := h.askEmail(sB, b, "bob@example.com", "Write an email to bob@example.com about the meeting agenda")
 
 	// B moves on while its email waits (a saved fragment of the draft's
@@ -621,8 +645,7 @@ func TestToolsDecisionErrors(t *testing.T) {
 
 	// Cancel while waiting: the intent is voided; a late decision finds
 	// nothing to decide.
-	c := h.createThread("c").ThreadID
-	sC := h.openSSE(c, "after_seq=0", "")
+	c, sC := h.threadWithStream("c")
 	ackC, opC, _ := h.askEmail(sC, c, "cy@example.com", "Draft an email to cy@example.com about the refund")
 	h.cancel(ackC.RunID, nil)
 	evs = waitRunEnd(t, sC, ackC.RunID, chat.EventRunCancelled)
@@ -754,14 +777,7 @@ func TestToolsDecisionsWS(t *testing.T) {
 	h.wantSentOnce(t, *op.IdempotencyKey)
 
 	// Decisions after the commit: operation_not_pending, with re.
-	qt = h.quiet(th)
-	for _, typ := range []string{"tool.confirm", "tool.reject"} {
-		m := c.cmd(map[string]any{"type": typ, "operation_id": op.OperationID, "expected_state_version": h.snapshot(th).StateVersion})
-		if m["type"] != "error" || m["error"] != chat.CodeOperationNotPending || m["operation_id"] != op.OperationID || m["phase"] != chat.PhaseCommitted {
-			t.Errorf("%s after the commit answered %v", typ, m)
-		}
-		qt.check(t, typ+" after the commit")
-	}
+	h.wsWantDecided(t, c, op.OperationID, th, chat.PhaseCommitted, "after the commit")
 	h.wantSentOnce(t, *op.IdempotencyKey)
 
 	// Reject over the WebSocket: nothing sent, the model says so.
@@ -781,14 +797,7 @@ func TestToolsDecisionsWS(t *testing.T) {
 		t.Errorf("history after the reject: %q, answer %q", got, hist[len(hist)-1].Content)
 	}
 	h.wantNothingSent(t, *op2.IdempotencyKey)
-	qt = h.quiet(th2)
-	for _, typ := range []string{"tool.confirm", "tool.reject"} {
-		m := c.cmd(map[string]any{"type": typ, "operation_id": op2.OperationID, "expected_state_version": h.snapshot(th2).StateVersion})
-		if m["error"] != chat.CodeOperationNotPending || m["phase"] != chat.PhaseRejected || m["operation_id"] != op2.OperationID {
-			t.Errorf("%s after the reject answered %v", typ, m)
-		}
-		qt.check(t, typ+" after the reject")
-	}
+	h.wsWantDecided(t, c, op2.OperationID, th2, chat.PhaseRejected, "after the reject")
 
 	// Cancel while waiting, then decide: voided, not pending.
 	th3 := h.createThread("ws cancel").ThreadID
@@ -800,14 +809,7 @@ func TestToolsDecisionsWS(t *testing.T) {
 	if len(ops) != 1 || fmt.Sprint(ops[0]) != fmt.Sprint(map[string]any{"operation_id": op3.OperationID, "tool": "send_email", "phase": chat.PhaseVoided, "outcome": chat.OutcomeNotStarted}) {
 		t.Errorf("run.cancelled operations %v", done["operations"])
 	}
-	qt = h.quiet(th3)
-	for _, typ := range []string{"tool.confirm", "tool.reject"} {
-		m := c.cmd(map[string]any{"type": typ, "operation_id": op3.OperationID, "expected_state_version": h.snapshot(th3).StateVersion})
-		if m["error"] != chat.CodeOperationNotPending || m["phase"] != chat.PhaseVoided || m["operation_id"] != op3.OperationID {
-			t.Errorf("%s after the cancel answered %v", typ, m)
-		}
-		qt.check(t, typ+" after the cancel")
-	}
+	h.wsWantDecided(t, c, op3.OperationID, th3, chat.PhaseVoided, "after the cancel")
 	if extra := c.sync(); len(extra) != 0 {
 		t.Errorf("refused decisions emitted %v", extra)
 	}
@@ -820,10 +822,7 @@ func TestToolsDecisionsWS(t *testing.T) {
 func TestToolsOrderCard(t *testing.T) {
 	t.Parallel()
 	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
-	th := h.createThread("order").ThreadID
-	s := h.openSSE(th, "after_seq=0", "")
-	ack := h.startRun(th, 1, "Order two coffee mugs and three notebooks")
-	evs := waitRunEnd(t, s, ack.RunID, chat.EventRunCompleted)
+	th, ack, evs := h.completedRun(t, "order", "Order two coffee mugs and three notebooks")
 	var cards []chat.Message
 	for _, m := range published(evs) {
 		if m.RunID != nil && *m.RunID == ack.RunID {
@@ -877,8 +876,7 @@ func TestToolsOrderCard(t *testing.T) {
 func TestToolsOrderCardCancelled(t *testing.T) {
 	t.Parallel()
 	h := newToolHarness(t, 40*time.Millisecond, email.OutboxConfig{})
-	th := h.createThread("order cancelled").ThreadID
-	s := h.openSSE(th, "after_seq=0", "")
+	th, s := h.threadWithStream("order cancelled")
 	ack := h.startRun(th, 1, "Order four espresso cups, two milk jugs and one tamper")
 	streamed := s.waitDeltas(ack.RunID, 3)
 	partial := s.text(streamed[0].MessageID, streamed[len(streamed)-1].Seq)
@@ -917,10 +915,7 @@ func TestToolsOrderCardCancelled(t *testing.T) {
 func TestToolsCatalogSearch(t *testing.T) {
 	t.Parallel()
 	h := newToolHarness(t, time.Millisecond, email.OutboxConfig{})
-	th := h.createThread("search").ThreadID
-	s := h.openSSE(th, "after_seq=0", "")
-	ack := h.startRun(th, 1, "Search the catalog for a coffee grinder")
-	evs := waitRunEnd(t, s, ack.RunID, chat.EventRunCompleted)
+	th, ack, evs := h.completedRun(t, "search", "Search the catalog for a coffee grinder")
 	if n := len(filter(evs, func(e *wireEvent) bool {
 		return e.Type == chat.EventToolPrepared || e.Type == chat.EventRunWaitingConfirmation
 	})); n != 0 {

@@ -65,6 +65,33 @@ func (h *harness) dial(t *testing.T) *wsClient {
 	return h.dialWith(t, "tab", nil)
 }
 
+// tabsMidRun creates a thread and dials tabs tabs, each subscribed to it
+// from seq 0; the first starts a run with userMessage, and tabsMidRun
+// returns once each tab has seen n of the run's deltas.
+func (h *harness) tabsMidRun(t *testing.T, tabs int, userMessage string, n int) (threadID, runID string, clients []*wsClient) {
+	t.Helper()
+	snap := h.createThread("")
+	threadID = snap.ThreadID
+	for range tabs {
+		c := h.dial(t)
+		c.subscribe(threadID, wsAfter(0))
+		clients = append(clients, c)
+	}
+	runID = wsStr(clients[0].ack(map[string]any{"type": "run.start", "thread_id": threadID, "expected_state_version": snap.StateVersion,
+		"user_message": userMessage}), "run_id")
+	for _, c := range clients {
+		c.untilDeltas(threadID, runID, n)
+	}
+	return threadID, runID, clients
+}
+
+// twoTabsMidRun is tabsMidRun with two tabs: a started the run.
+func (h *harness) twoTabsMidRun(t *testing.T, userMessage string, n int) (threadID, runID string, a, b *wsClient) {
+	t.Helper()
+	threadID, runID, tabs := h.tabsMidRun(t, 2, userMessage, n)
+	return threadID, runID, tabs[0], tabs[1]
+}
+
 func (h *harness) wsURL() string { return "ws" + strings.TrimPrefix(h.srv.URL, "http") + "/ws" }
 
 func (h *harness) dialWith(t *testing.T, name string, opts *websocket.DialOptions) *wsClient {
@@ -567,14 +594,7 @@ func TestWSTwoTabsSeeTheSameEvents(t *testing.T) {
 func TestWSReconnectWithAfterSeq(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 5*time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
-	a, b := h.dial(t), h.dial(t)
-	a.subscribe(th, wsAfter(0))
-	b.subscribe(th, wsAfter(0))
-	runID := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": 1,
-		"user_message": "Explain how vector clocks order events across replicas"}), "run_id")
-	b.untilDeltas(th, runID, 3)
+	th, runID, a, b := h.twoTabsMidRun(t, "Explain how vector clocks order events across replicas", 3)
 	last := b.view(th).last()
 	if err := b.conn.Close(websocket.StatusGoingAway, "tab closed"); err != nil {
 		t.Fatalf("close the tab: %v", err)
@@ -619,8 +639,7 @@ func TestWSReconnectWithAfterSeq(t *testing.T) {
 func TestWSStaleTabGetsConflict(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
+	th := h.createThread("").ThreadID
 	a, b := h.dial(t), h.dial(t)
 	ack := b.subscribe(th, nil)
 	if ack["recovered"] != false {
@@ -962,13 +981,7 @@ func TestWSStalledResubscribesAreBounded(t *testing.T) {
 func TestWSSnapshotWhenBufferExpired(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 5*time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
-	a, w := h.dial(t), h.dial(t)
-	a.subscribe(th, wsAfter(0))
-	w.subscribe(th, wsAfter(0))
-	runID := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": 1, "user_message": "Explain write-ahead logging"}), "run_id")
-	a.untilDeltas(th, runID, 3)
+	th, runID, a, w := h.twoTabsMidRun(t, "Explain write-ahead logging", 3)
 	last := a.view(th).last()
 	a.conn.Close(websocket.StatusGoingAway, "tab closed")
 	w.untilEvent(th, chat.EventRunCompleted, runID)
@@ -1011,12 +1024,8 @@ func TestWSSnapshotWhenBufferExpired(t *testing.T) {
 func TestWSSubscribeSnapshotThenLive(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 5*time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
-	a := h.dial(t)
-	a.subscribe(th, wsAfter(0))
-	runID := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": 1, "user_message": "Explain how gossip protocols spread state"}), "run_id")
-	a.untilDeltas(th, runID, 3)
+	th, runID, tabs := h.tabsMidRun(t, 1, "Explain how gossip protocols spread state", 3)
+	a := tabs[0]
 
 	b := h.dial(t)
 	ack := b.subscribe(th, nil)
@@ -1173,11 +1182,8 @@ func TestWSHelloAndCancel(t *testing.T) {
 func TestWSFragmentDraftFork(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 20*time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
-	c := h.dial(t)
-	c.subscribe(th, wsAfter(0))
-	runID := wsStr(c.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": 1, "user_message": "Explain vector clocks"}), "run_id")
+	th, runID, tabs := h.tabsMidRun(t, 1, "Explain vector clocks", 3)
+	c := tabs[0]
 	deltas := c.untilDeltas(th, runID, 3)
 	msgID, upTo := wsStr(deltas[0], "message_id"), wsNum(deltas[1], "seq")
 	version := c.view(th).version
@@ -1337,12 +1343,7 @@ func TestWSBadInput(t *testing.T) {
 		{"thread.checkout without expected_state_version", q(`{"type":"thread.checkout","id":"b49","thread_id":%q,"checkpoint_id":%q}`, th, cur.HeadCheckpointID), "b49", inv},
 		{"thread.checkout of an unknown checkpoint", q(`{"type":"thread.checkout","id":"b50","thread_id":%q,"checkpoint_id":"cp_00000000000000000000000000","expected_state_version":%d}`, th, v), "b50", chat.CodeCheckpointNotFound},
 	}
-	threads := func() int {
-		var p threadPage
-		h.call(http.MethodGet, "/api/threads?limit=200", nil, http.StatusOK, &p)
-		return len(p.Threads)
-	}
-	nThreads, before := threads(), h.snapshotBytes(th)
+	nThreads, before := h.threadCount(""), h.snapshotBytes(th)
 	runBefore := string(h.call(http.MethodGet, "/api/runs/"+runAck.RunID, nil, http.StatusOK, nil).body)
 	check := func(name string, m map[string]any, re, code string) {
 		t.Helper()
@@ -1362,7 +1363,7 @@ func TestWSBadInput(t *testing.T) {
 	c.sendRaw(websocket.MessageBinary, []byte(`{"type":"hello","id":"bin","tab_id":"x"}`))
 	check("binary frame", c.read(time.Now().Add(waitTimeout)), "", inv)
 
-	if n := threads(); n != nThreads {
+	if n := h.threadCount(""); n != nThreads {
 		t.Errorf("%d threads, want %d", n, nThreads)
 	}
 	if got := string(h.call(http.MethodGet, "/api/runs/"+runAck.RunID, nil, http.StatusOK, nil).body); got != runBefore {
@@ -1513,8 +1514,7 @@ func TestWSRateLimited(t *testing.T) {
 func TestWSShutdownClosesGoingAway(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 5*time.Millisecond)
-	th := h.createThread("").ThreadID
-	s := h.openSSE(th, "after_seq=0", "")
+	th, s := h.threadWithStream("")
 	a, b := h.dial(t), h.dial(t)
 	a.subscribe(th, wsAfter(0))
 	b.subscribe(th, nil)
@@ -1680,13 +1680,7 @@ func TestWSCheckoutSwitchesBranch(t *testing.T) {
 func TestWSThreadDelete(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)
-	snap := h.createThread("")
-	th := snap.ThreadID
-	a, b := h.dial(t), h.dial(t)
-	a.subscribe(th, wsAfter(0))
-	b.subscribe(th, wsAfter(0))
-	run := wsStr(a.ack(map[string]any{"type": "run.start", "thread_id": th, "expected_state_version": snap.StateVersion, "user_message": "What is a write ahead log?"}), "run_id")
-	a.untilDeltas(th, run, 1)
+	th, run, a, b := h.twoTabsMidRun(t, "What is a write ahead log?", 1)
 	cur := h.snapshot(th)
 
 	e := b.cmd(map[string]any{"type": "thread.delete", "thread_id": th, "expected_state_version": cur.StateVersion - 1})
