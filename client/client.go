@@ -392,27 +392,11 @@ type cancelBody struct {
 	ExpectedStateVersion int64  `json:"expected_state_version,omitempty"`
 }
 
-func (r CancelRunRequest) body(ws bool) cancelBody {
-	b := cancelBody{Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion}
-	if ws {
-		b.RunID = r.RunID
-	}
-	return b
-}
-
 type fragmentBody struct {
 	ThreadID             string `json:"thread_id,omitempty"`
 	MessageID            string `json:"message_id"`
 	LastSeq              int64  `json:"last_seq"`
 	ExpectedStateVersion int64  `json:"expected_state_version"`
-}
-
-func (r SaveFragmentRequest) body(ws bool) fragmentBody {
-	b := fragmentBody{MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion}
-	if ws {
-		b.ThreadID = r.ThreadID
-	}
-	return b
 }
 
 type draftBody struct {
@@ -454,13 +438,13 @@ func (c *Client) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStart
 // to resume from; run.cancelled follows on the thread's events once the
 // run stopped, with the receipt.
 func (c *Client) CancelRun(ctx context.Context, r CancelRunRequest) (chat.CancelAck, error) {
-	return callFor[chat.CancelAck](ctx, c, http.MethodPost, "/api/runs/"+esc(r.RunID)+"/cancel", r.body(false))
+	return callFor[chat.CancelAck](ctx, c, http.MethodPost, "/api/runs/"+esc(r.RunID)+"/cancel", cancelBody{Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion})
 }
 
 // SaveFragment saves the streamed text of a message up to a delta seq as
 // a fragment message (POST /api/threads/{id}/fragments).
 func (c *Client) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.FragmentSaved, error) {
-	return callFor[chat.FragmentSaved](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", r.body(false))
+	return callFor[chat.FragmentSaved](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", fragmentBody{MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion})
 }
 
 // DeleteDraft removes a fragment from the thread's history (POST

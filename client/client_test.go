@@ -19,17 +19,12 @@ import (
 // subscribed, delta by delta, up to run.completed; the published reply is
 // exactly its deltas, and the subscription knows the thread's version.
 func TestRunOverWebSocket(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "")
+	c, th := newThread(t, "")
 	conn := connect(t, c, "tab-ws")
 	if !strings.HasPrefix(conn.ConnectionID(), "con_") {
 		t.Errorf("connection id %q after hello", conn.ConnectionID())
 	}
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, conn, th.ThreadID, 0)
 	if a := sub.Ack(); !a.Recovered || a.ThreadID != th.ThreadID || a.LastSeq != th.LastSeq || a.StateVersion != th.StateVersion {
 		t.Fatalf("subscribe ack %+v for thread %+v", a, th)
 	}
@@ -71,20 +66,10 @@ func TestRunOverWebSocket(t *testing.T) {
 // The same over Server-Sent Events: a run started over HTTP, read on the
 // thread's event stream up to run.completed.
 func TestRunOverEventStream(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "sse")
-	stream, err := c.Events(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Close()
+	c, th := newThread(t, "sse")
+	stream := events(t, c, th.ThreadID, 0)
 	r := newReader(t, stream, th.ThreadID, 0)
-	ack, err := c.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID,
-		ExpectedStateVersion: th.StateVersion, UserMessage: "Explain goroutines and channels"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ack := startRun(t, c, th, "Explain goroutines and channels")
 	msg, _ := r.deltasOf(ack.RunID, 3)
 	pub := r.until("the reply", func(ev client.Event) bool {
 		p := ev.Published()
@@ -113,19 +98,10 @@ func TestRunOverEventStream(t *testing.T) {
 // discarded, the checkpoint to continue from. A second cancel, over HTTP,
 // changes nothing and says so.
 func TestCancelMidReply(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base, client.WithClientName("cli-test"))
-	th := createThread(t, c, "")
+	c, th := newThread(t, "", client.WithClientName("cli-test"))
 	conn := connect(t, c, "tab-cancel")
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newReader(t, sub, th.ThreadID, 0)
-	run, err := c.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: longRequest})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newReader(t, subscribe(t, conn, th.ThreadID, 0), th.ThreadID, 0)
+	run := startRun(t, c, th, longRequest)
 	reply, _ := r.deltasOf(run.RunID, 2)
 	ack, err := conn.CancelRun(bounded(t), client.CancelRunRequest{RunID: run.RunID, Reason: "enough"})
 	if err != nil {
@@ -173,19 +149,10 @@ func TestCancelMidReply(t *testing.T) {
 // carries the current version, the current checkpoint and what the server
 // can do instead; other refusals carry their own details.
 func TestStateVersionConflict(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "")
+	c, th := newThread(t, "")
 	conn := connect(t, c, "tab-conflict")
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newReader(t, sub, th.ThreadID, 0)
-	run, err := c.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: "Say hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newReader(t, subscribe(t, conn, th.ThreadID, 0), th.ThreadID, 0)
+	run := startRun(t, c, th, "Say hello")
 	r.runEvent(chat.EventRunCompleted, run.RunID)
 	snap, err := c.Thread(bounded(t), th.ThreadID)
 	if err != nil {
@@ -226,21 +193,14 @@ func TestEveryCommand(t *testing.T) {
 	c := newClient(t, base, client.WithClientName("cli-test"))
 	t.Run("http", func(t *testing.T) {
 		th := createThread(t, c, "over http")
-		stream, err := c.Events(bounded(t), th.ThreadID, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer stream.Close()
+		stream := events(t, c, th.ThreadID, 0)
 		everyCommand(t, c, c, newReader(t, stream, th.ThreadID, 0), th, "api:cli-test", false)
 		wantClean(t, stream.Stats())
 	})
 	t.Run("ws", func(t *testing.T) {
 		th := createThread(t, c, "over ws")
 		conn := connect(t, c, "tab-all")
-		sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sub := subscribe(t, conn, th.ThreadID, 0)
 		everyCommand(t, c, conn, newReader(t, sub, th.ThreadID, 0), th, "tab:tab-all", true)
 		if _, err := sub.Next(bounded(t)); !errors.Is(err, client.ErrThreadDeleted) {
 			t.Fatalf("after thread.deleted: %v, want ErrThreadDeleted", err)
@@ -254,10 +214,7 @@ func everyCommand(t *testing.T, c *client.Client, cmd client.Commander, r *reade
 	thread := th.ThreadID
 
 	// run.start, then run.cancel after a few deltas.
-	run, err := cmd.StartRun(ctx, client.StartRunRequest{ThreadID: thread, ExpectedStateVersion: th.StateVersion, UserMessage: longRequest})
-	if err != nil {
-		t.Fatal(err)
-	}
+	run := startRun(t, cmd, th, longRequest)
 	msg, lastSeq := r.deltasOf(run.RunID, 3)
 	cancel, err := cmd.CancelRun(ctx, client.CancelRunRequest{RunID: run.RunID, Reason: "stop"})
 	if err != nil || cancel.Status != chat.RunCancelRequested {
@@ -414,24 +371,13 @@ func TestReplayAfterForcedDisconnect(t *testing.T) {
 			var stats func() client.Stats
 			if transport == "ws" {
 				conn := connect(t, watcher, "tab-cut")
-				sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				src, stats = sub, conn.Stats
+				src, stats = subscribe(t, conn, th.ThreadID, 0), conn.Stats
 			} else {
-				stream, err := watcher.Events(bounded(t), th.ThreadID, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { stream.Close() })
+				stream := events(t, watcher, th.ThreadID, 0)
 				src, stats = stream, stream.Stats
 			}
 			r := newReader(t, src, th.ThreadID, 0)
-			run, err := c.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: longRequest})
-			if err != nil {
-				t.Fatal(err)
-			}
+			run := startRun(t, c, th, longRequest)
 			msg, _ := r.deltasOf(run.RunID, 3)
 			for cut := 0; cut < 2; cut++ {
 				if n := k.cut(); n == 0 {
@@ -471,28 +417,15 @@ func TestReplayAfterForcedDisconnect(t *testing.T) {
 // the thread's end (seqs this server never sent) is answered with a
 // snapshot, delivered with Event.Gap; live events follow from its seq.
 func TestGapIsSurfaced(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "")
+	c, th := newThread(t, "")
 	beyond := th.LastSeq + 100
 	conn := connect(t, c, "tab-gap")
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, beyond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, conn, th.ThreadID, beyond)
 	if sub.Ack().Recovered {
 		t.Fatalf("subscribe ack %+v: want recovered false", sub.Ack())
 	}
-	stream, err := c.Events(bounded(t), th.ThreadID, beyond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Close()
-	fresh, err := c.Events(bounded(t), th.ThreadID, client.FromSnapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fresh.Close()
+	stream := events(t, c, th.ThreadID, beyond)
+	fresh := events(t, c, th.ThreadID, client.FromSnapshot)
 	for name, src := range map[string]source{"ws": sub, "sse": stream} {
 		ev, err := src.Next(bounded(t))
 		if err != nil {
@@ -510,10 +443,7 @@ func TestGapIsSurfaced(t *testing.T) {
 	}
 	// Live events go on from the snapshot's seq.
 	r := newReader(t, sub, th.ThreadID, th.LastSeq)
-	run, err := conn.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: "Say hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	run := startRun(t, conn, th, "Say hello")
 	r.runEvent(chat.EventRunCompleted, run.RunID)
 	if r.events[0].Seq != th.LastSeq+1 {
 		t.Fatalf("after the snapshot: seq %d, want %d", r.events[0].Seq, th.LastSeq+1)
@@ -642,11 +572,7 @@ func TestCommandsAcrossReconnect(t *testing.T) {
 	watcher := newClient(t, base, client.WithHTTPClient(k.client()), client.WithBackoff(10*time.Millisecond, 100*time.Millisecond))
 	conn := connect(t, watcher, "tab-resend")
 	th := createThread(t, c, "")
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newReader(t, sub, th.ThreadID, 0)
+	r := newReader(t, subscribe(t, conn, th.ThreadID, 0), th.ThreadID, 0)
 	// Cut the connection, then command at once: the command waits for the
 	// next connection (or is lost on the dying one and resent).
 	k.cut()

@@ -53,6 +53,65 @@ func connect(t *testing.T, c *client.Client, tab string) *client.Conn {
 	return conn
 }
 
+// newThread serves a gateway (see serve) and returns a client of it (opts
+// as newClient takes them) and a new thread titled title.
+func newThread(t *testing.T, title string, opts ...client.Option) (*client.Client, chat.Snapshot) {
+	t.Helper()
+	base, _ := serve(t)
+	c := newClient(t, base, opts...)
+	return c, createThread(t, c, title)
+}
+
+// subscribe is conn.Subscribe that fails the test on error.
+func subscribe(t *testing.T, conn *client.Conn, thread string, after int64) *client.Subscription {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	sub, err := conn.Subscribe(ctx, thread, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// events is c.Events that fails the test on error; the stream is closed
+// when the test ends.
+func events(t *testing.T, c *client.Client, thread string, after int64) *client.Stream {
+	t.Helper()
+	stream, err := c.Events(bounded(t), thread, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stream.Close() })
+	return stream
+}
+
+// startRun starts a run with message on th, at th's state_version, over
+// cmd; an error fails the test.
+func startRun(t *testing.T, cmd client.Commander, th chat.Snapshot, message string) chat.RunStartAck {
+	t.Helper()
+	run, err := cmd.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: message})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
+// wantSeqsThenDeleted requires src to deliver seqs 1 to last, each once
+// and in order, then to end with ErrThreadDeleted.
+func wantSeqsThenDeleted(t *testing.T, src source, last int64) {
+	t.Helper()
+	for want := int64(1); want <= last; want++ {
+		ev, err := src.Next(bounded(t))
+		if err != nil || ev.Seq != want {
+			t.Fatalf("event %v, %v; want seq %d", ev, err, want)
+		}
+	}
+	if _, err := src.Next(bounded(t)); !errors.Is(err, client.ErrThreadDeleted) {
+		t.Fatalf("after thread.deleted: %v", err)
+	}
+}
+
 func createThread(t *testing.T, c *client.Client, title string) chat.Snapshot {
 	t.Helper()
 	th, err := c.CreateThread(bounded(t), title)

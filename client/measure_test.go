@@ -1,7 +1,6 @@
 package client_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,13 +13,8 @@ import (
 // command given WithCommandTiming says when it left and when its answer
 // was read.
 func TestMeasurements(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "")
-	first, err := c.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: "short answer please"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, th := newThread(t, "")
+	first := startRun(t, c, th, "short answer please")
 	early := newReader(t, subscribe(t, connect(t, c, "tab-early"), th.ThreadID, 0), th.ThreadID, 0)
 	early.runEvent(chat.EventRunCompleted, first.RunID)
 
@@ -72,24 +66,9 @@ func TestMeasurements(t *testing.T) {
 	wantClean(t, conn.Stats())
 
 	// A Stream says when it read each event; it has no catch-up to mark.
-	stream, err := c.Events(bounded(t), th.ThreadID, caughtUp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Close()
+	stream := events(t, c, th.ThreadID, caughtUp)
 	ev, err := stream.Next(bounded(t))
 	if err != nil || ev.Seq != caughtUp+1 || ev.Received.IsZero() || ev.Replayed {
 		t.Fatalf("stream event %v (%v): Received %v, Replayed %v", ev, err, ev.Received, ev.Replayed)
 	}
-}
-
-func subscribe(t *testing.T, conn *client.Conn, thread string, after int64) *client.Subscription {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	sub, err := conn.Subscribe(ctx, thread, after)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sub
 }

@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -135,20 +134,9 @@ func TestSubscriptionRepairs(t *testing.T) {
 	})
 	c := newClient(t, base)
 	conn := connect(t, c, "")
-	sub, err := conn.Subscribe(bounded(t), "thr_x", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, conn, "thr_x", 0)
 	began := time.Now()
-	for want := int64(1); want <= 5; want++ {
-		ev, err := sub.Next(bounded(t))
-		if err != nil || ev.Seq != want {
-			t.Fatalf("event %v, %v; want seq %d", ev, err, want)
-		}
-	}
-	if _, err := sub.Next(bounded(t)); !errors.Is(err, client.ErrThreadDeleted) {
-		t.Fatalf("after thread.deleted: %v", err)
-	}
+	wantSeqsThenDeleted(t, sub, 5)
 	select {
 	case <-unsubscribed:
 	case <-bounded(t).Done():
@@ -246,22 +234,9 @@ func TestStreamRepairs(t *testing.T) {
 		write(4, false)
 		write(5, true)
 	}))
-	defer srv.Close()
-	c := newClient(t, srv.URL)
-	stream, err := c.Events(bounded(t), "thr_x", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Close()
-	for want := int64(1); want <= 5; want++ {
-		ev, err := stream.Next(bounded(t))
-		if err != nil || ev.Seq != want {
-			t.Fatalf("event %v, %v; want seq %d", ev, err, want)
-		}
-	}
-	if _, err := stream.Next(bounded(t)); !errors.Is(err, client.ErrThreadDeleted) {
-		t.Fatalf("after thread.deleted: %v", err)
-	}
+	t.Cleanup(srv.Close)
+	stream := events(t, newClient(t, srv.URL), "thr_x", 0)
+	wantSeqsThenDeleted(t, stream, 5)
 	if st := stream.Stats(); st.Duplicates != 1 || st.Jumps != 1 || st.Connects != 2 {
 		t.Errorf("stats %+v: want one duplicate, one jump, two connections", st)
 	}
@@ -276,28 +251,16 @@ func TestStreamRepairs(t *testing.T) {
 // connection: it stops taking events and, once read, resumes after the
 // last one it took, so the reader still gets every seq once, in order.
 func TestSlowReaderLosesNothing(t *testing.T) {
-	base, _ := serve(t)
-	c := newClient(t, base)
-	th := createThread(t, c, "")
+	c, th := newThread(t, "")
 	conn, err := c.Connect(bounded(t), client.ConnOptions{TabID: "tab-slow", Buffer: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	sub, err := conn.Subscribe(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, conn, th.ThreadID, 0)
 	// The run ends (seen on another subscriber) before the slow one reads.
-	watch, err := c.Events(bounded(t), th.ThreadID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close()
-	run, err := conn.StartRun(bounded(t), client.StartRunRequest{ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: "Explain goroutines"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	watch := events(t, c, th.ThreadID, 0)
+	run := startRun(t, conn, th, "Explain goroutines")
 	newReader(t, watch, th.ThreadID, 0).runEvent(chat.EventRunCompleted, run.RunID)
 	r := newReader(t, sub, th.ThreadID, 0)
 	r.runEvent(chat.EventRunCompleted, run.RunID)

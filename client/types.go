@@ -89,44 +89,29 @@ func (e Event) Durable() bool {
 }
 
 // Delta returns the body of a message.delta event, or nil for any other.
-func (e Event) Delta() *chat.MessageDeltaBody {
-	b, _ := e.Body.(*chat.MessageDeltaBody)
-	return b
-}
+func (e Event) Delta() *chat.MessageDeltaBody { return bodyAs[chat.MessageDeltaBody](e) }
 
 // Cancelled returns the receipt of a run.cancelled event, or nil for any
 // other.
-func (e Event) Cancelled() *chat.RunCancelledBody {
-	b, _ := e.Body.(*chat.RunCancelledBody)
-	return b
-}
+func (e Event) Cancelled() *chat.RunCancelledBody { return bodyAs[chat.RunCancelledBody](e) }
 
 // Published returns the body of a message.published event, or nil.
-func (e Event) Published() *chat.MessagePublishedBody {
-	b, _ := e.Body.(*chat.MessagePublishedBody)
-	return b
-}
+func (e Event) Published() *chat.MessagePublishedBody { return bodyAs[chat.MessagePublishedBody](e) }
 
 // Snapshot returns the body of a thread.snapshot event, or nil.
-func (e Event) Snapshot() *chat.Snapshot {
-	b, _ := e.Body.(*chat.Snapshot)
+func (e Event) Snapshot() *chat.Snapshot { return bodyAs[chat.Snapshot](e) }
+
+// bodyAs is e.Body as a *T, or nil when it holds another type.
+func bodyAs[T any](e Event) *T {
+	b, _ := e.Body.(*T)
 	return b
 }
 
 func (e Event) String() string { return fmt.Sprintf("#%d %s", e.Seq, e.Type) }
 
-type eventHead struct {
-	Type         string `json:"type"`
-	ThreadID     string `json:"thread_id"`
-	Seq          int64  `json:"seq"`
-	TS           int64  `json:"ts"`
-	StateVersion int64  `json:"state_version"`
-	RunID        string `json:"run_id"`
-}
-
 // decodeEvent decodes one event object; raw is kept, not copied.
 func decodeEvent(raw []byte) (Event, error) {
-	var h eventHead
+	var h chat.EventHeader
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return Event{}, fmt.Errorf("client: unreadable event: %w", err)
 	}
@@ -134,48 +119,43 @@ func decodeEvent(raw []byte) (Event, error) {
 }
 
 // decodeEventHead is decodeEvent of an event whose head is decoded.
-func decodeEventHead(raw []byte, h eventHead) (Event, error) {
+func decodeEventHead(raw []byte, h chat.EventHeader) (Event, error) {
 	if h.Type == "" || h.ThreadID == "" {
 		return Event{}, fmt.Errorf("client: event without type or thread_id: %.200s", raw)
 	}
 	ev := Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Raw: raw}
-	var body any
-	switch h.Type {
-	case chat.EventRunStarted:
-		body = new(chat.RunStartedBody)
-	case chat.EventMessageDelta:
-		body = new(chat.MessageDeltaBody)
-	case chat.EventMessagePublished:
-		body = new(chat.MessagePublishedBody)
-	case chat.EventCheckpointCreated:
-		body = new(chat.CheckpointCreatedBody)
-	case chat.EventToolPrepared, chat.EventToolUpdated:
-		body = new(chat.ToolBody)
-	case chat.EventRunWaitingConfirmation:
-		body = new(chat.RunWaitingConfirmationBody)
-	case chat.EventRunCancelRequested:
-		body = new(chat.RunCancelRequestedBody)
-	case chat.EventRunCancelling:
-		body = new(chat.RunCancellingBody)
-	case chat.EventRunCancelled:
-		body = new(chat.RunCancelledBody)
-	case chat.EventRunFailed:
-		body = new(chat.RunFailedBody)
-	case chat.EventMessageDeleted:
-		body = new(chat.MessageDeletedBody)
-	case chat.EventThreadHeadMoved:
-		body = new(chat.ThreadHeadMovedBody)
-	case chat.EventThreadSnapshot:
-		body = new(chat.Snapshot)
-	default:
+	newBody, ok := eventBodies[h.Type]
+	if !ok {
 		return ev, nil
 	}
+	body := newBody()
 	if err := json.Unmarshal(raw, body); err != nil {
 		return Event{}, fmt.Errorf("client: unreadable %s event: %w", h.Type, err)
 	}
 	ev.Body = body
 	return ev, nil
 }
+
+// eventBodies makes, for each event type with a Body, the chat type its
+// fields decode into (see Event.Body).
+var eventBodies = map[string]func() any{
+	chat.EventRunStarted:             bodyOf[chat.RunStartedBody],
+	chat.EventMessageDelta:           bodyOf[chat.MessageDeltaBody],
+	chat.EventMessagePublished:       bodyOf[chat.MessagePublishedBody],
+	chat.EventCheckpointCreated:      bodyOf[chat.CheckpointCreatedBody],
+	chat.EventToolPrepared:           bodyOf[chat.ToolBody],
+	chat.EventToolUpdated:            bodyOf[chat.ToolBody],
+	chat.EventRunWaitingConfirmation: bodyOf[chat.RunWaitingConfirmationBody],
+	chat.EventRunCancelRequested:     bodyOf[chat.RunCancelRequestedBody],
+	chat.EventRunCancelling:          bodyOf[chat.RunCancellingBody],
+	chat.EventRunCancelled:           bodyOf[chat.RunCancelledBody],
+	chat.EventRunFailed:              bodyOf[chat.RunFailedBody],
+	chat.EventMessageDeleted:         bodyOf[chat.MessageDeletedBody],
+	chat.EventThreadHeadMoved:        bodyOf[chat.ThreadHeadMovedBody],
+	chat.EventThreadSnapshot:         bodyOf[chat.Snapshot],
+}
+
+func bodyOf[T any]() any { return new(T) }
 
 // StartRunRequest are the fields of run.start (POST
 // /api/threads/{id}/runs).

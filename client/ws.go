@@ -370,7 +370,7 @@ func (c *Conn) serve(ws *websocket.Conn) error {
 // object handles one server object, read at now: an answer, or an event.
 func (c *Conn) object(obj []byte, now time.Time) {
 	var h struct {
-		eventHead
+		chat.EventHeader
 		Re string `json:"re"`
 	}
 	if err := json.Unmarshal(obj, &h); err != nil || h.Type == "" {
@@ -410,7 +410,7 @@ func (c *Conn) object(obj []byte, now time.Time) {
 		}
 		return
 	}
-	ev, err := decodeEventHead(obj, h.eventHead)
+	ev, err := decodeEventHead(obj, h.EventHeader)
 	if err != nil {
 		// The seq it had is missing now: the next event is a jump, which
 		// resumes from the store.
@@ -634,64 +634,53 @@ func WithCommandTiming(ctx context.Context, t *CommandTiming) context.Context {
 // StartRun sends run.start (see Client.StartRun). A request with a
 // ClientRequestID is resent when the connection drops before the answer.
 func (c *Conn) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStartAck, error) {
-	var ack chat.RunStartAck
-	err := c.do(ctx, "run.start", r.body(true), r.ClientRequestID != "", &ack)
-	return ack, err
+	return doFor[chat.RunStartAck](ctx, c, "run.start", r.body(true), r.ClientRequestID != "")
 }
 
 // CancelRun sends run.cancel, requested_by this tab (see Client.CancelRun).
 func (c *Conn) CancelRun(ctx context.Context, r CancelRunRequest) (chat.CancelAck, error) {
-	var ack chat.CancelAck
-	err := c.do(ctx, "run.cancel", r.body(true), false, &ack)
-	return ack, err
+	return doFor[chat.CancelAck](ctx, c, "run.cancel", cancelBody{RunID: r.RunID, Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion}, false)
 }
 
 // SaveFragment sends fragment.save (see Client.SaveFragment).
 func (c *Conn) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.FragmentSaved, error) {
-	var ack chat.FragmentSaved
-	err := c.do(ctx, "fragment.save", r.body(true), false, &ack)
-	return ack, err
+	return doFor[chat.FragmentSaved](ctx, c, "fragment.save", fragmentBody{ThreadID: r.ThreadID, MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion}, false)
 }
 
 // DeleteDraft sends draft.delete (see Client.DeleteDraft).
 func (c *Conn) DeleteDraft(ctx context.Context, r DeleteDraftRequest) (chat.DraftDeleted, error) {
-	var ack chat.DraftDeleted
-	err := c.do(ctx, "draft.delete", draftBody{ThreadID: r.ThreadID, MessageID: r.MessageID, ExpectedStateVersion: r.ExpectedStateVersion}, false, &ack)
-	return ack, err
+	return doFor[chat.DraftDeleted](ctx, c, "draft.delete", draftBody{ThreadID: r.ThreadID, MessageID: r.MessageID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
 }
 
 // Fork sends thread.fork (see Client.Fork).
 func (c *Conn) Fork(ctx context.Context, threadID, fromCheckpointID string) (chat.ForkAck, error) {
-	var ack chat.ForkAck
-	err := c.do(ctx, "thread.fork", forkBody{ThreadID: threadID, FromCheckpointID: fromCheckpointID}, false, &ack)
-	return ack, err
+	return doFor[chat.ForkAck](ctx, c, "thread.fork", forkBody{ThreadID: threadID, FromCheckpointID: fromCheckpointID}, false)
 }
 
 // Checkout sends thread.checkout (see Client.Checkout).
 func (c *Conn) Checkout(ctx context.Context, r CheckoutRequest) (chat.CheckoutAck, error) {
-	var ack chat.CheckoutAck
-	err := c.do(ctx, "thread.checkout", checkoutBody{ThreadID: r.ThreadID, CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion}, false, &ack)
-	return ack, err
+	return doFor[chat.CheckoutAck](ctx, c, "thread.checkout", checkoutBody{ThreadID: r.ThreadID, CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
 }
 
 // DeleteThread sends thread.delete (see Client.DeleteThread).
 func (c *Conn) DeleteThread(ctx context.Context, r DeleteThreadRequest) (chat.ThreadDeletedAck, error) {
-	var ack chat.ThreadDeletedAck
-	err := c.do(ctx, "thread.delete", deleteThreadBody{ThreadID: r.ThreadID, ExpectedStateVersion: r.ExpectedStateVersion}, false, &ack)
-	return ack, err
+	return doFor[chat.ThreadDeletedAck](ctx, c, "thread.delete", deleteThreadBody{ThreadID: r.ThreadID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
 }
 
 // ConfirmTool sends tool.confirm (see Client.ConfirmTool).
 func (c *Conn) ConfirmTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
-	var ack chat.ConfirmAck
-	err := c.do(ctx, "tool.confirm", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false, &ack)
-	return ack, err
+	return doFor[chat.ConfirmAck](ctx, c, "tool.confirm", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false)
 }
 
 // RejectTool sends tool.reject (see Client.RejectTool).
 func (c *Conn) RejectTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
-	var ack chat.ConfirmAck
-	err := c.do(ctx, "tool.reject", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false, &ack)
+	return doFor[chat.ConfirmAck](ctx, c, "tool.reject", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false)
+}
+
+// doFor is c.do of a command whose ack is one T.
+func doFor[T any](ctx context.Context, c *Conn, typ string, body any, resend bool) (T, error) {
+	var ack T
+	err := c.do(ctx, typ, body, resend, &ack)
 	return ack, err
 }
 

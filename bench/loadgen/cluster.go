@@ -9,6 +9,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -369,27 +370,9 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 	f.prom, f.eventsDelivered = pw, d1-d0
 	infraCores := float64(commCPUDelta(infra0, infra1)) / (f.window * 1e6)
 	f.otherCores = max(0, f.otherCores-infraCores)
-	var ack, done, lat []*samples
-	sent, missed, unsampled := 0, 0, 0
-	for i := range stats {
-		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
-		sent += stats[i].sent
-		missed += stats[i].missed
-		unsampled += stats[i].unsampled
-	}
-	for _, th := range p.threads {
-		for _, t := range th.tabs {
-			lat = append(lat, &t.lat)
-		}
-	}
-	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
+	ct, l := mergeCancels(stats), deliveryLatency(p.threads)
 	p.finish(ctx, &s)
-	st, err := readStoreStats(ctx, dsn, w0.UnixMilli(), w1.UnixMilli())
-	f.store, f.storeErr = &st, err
-	streaming := nan
-	if f.window > 0 {
-		streaming = float64(st.Deltas) / f.window * c.Pace.Seconds()
-	}
+	st := f.readStore(ctx, dsn, w0, w1)
 	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, dsn, w0, w1)
 	slow := 0
 	for _, g := range gaps {
@@ -398,8 +381,7 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		}
 	}
 	g := summarize(gaps)
-	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, dsn, w0, w1)
-	fd := summarize(firsts)
+	fd := summarize(storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, dsn, w0, w1))
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
 	dir := "cancels measured, run on %s, cancel sent to %s"
 	other := func(i int) int {
@@ -408,16 +390,7 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		}
 		return 1 - i
 	}
-	s.Metrics = []Metric{
-		metric("cancel ack p50", "ms", a.P50, ""),
-		metric("cancel ack p99", "ms", a.P99, "≤ 10 ms"),
-		metric("cancel → run.cancelled p50", "ms", d.P50, ""),
-		metric("cancel → run.cancelled p99", "ms", d.P99, target),
-		metric("cancel → run.cancelled max", "ms", d.Max, ""),
-		metric("server metric: cancel ack p99 (bucket bound, both instances)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
-		metric("server metric: cancel accepted → cancelled p99 (bucket bound, both instances)", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
-		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", g.P50, ""),
-		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+	s.Metrics = slices.Concat(cancelMetrics(ct, pw, g, target, "both instances"), []Metric{
 		metric("server: cancel_requested → cancelled max (store ts)", "ms", g.Max, ""),
 		metric("server: cancel_requested → cancelled over 500 ms (store ts)", "count", float64(slow), ""),
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
@@ -427,26 +400,19 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		metric("server metric: yield requests unanswered in time", "count", pw.delta("gateway_stream_yields_unanswered_total"), "0"),
 		metric("server metric: reservations written past (recorded lost)", "count", pw.delta("gateway_stream_written_past_total"), "0"),
 		metric("server metric: deltas fanned out, then dropped as lost", "count", pw.delta("gateway_stream_deltas_lost_total"), "0"),
-		metric("cancels measured", "count", float64(a.N), ""),
+		metric("cancels measured", "count", float64(ct.ack.N), ""),
 		metric(fmt.Sprintf(dir, clusterIDs[0], clusterIDs[other(0)]), "count", float64(p.byOwner[0].Load()), ""),
 		metric(fmt.Sprintf(dir, clusterIDs[1], clusterIDs[other(1)]), "count", float64(p.byOwner[1].Load()), ""),
-		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
-		metric("cancels not measured: no lease owner when read", "count", float64(unsampled), ""),
-		metric("runs completed before their cancel", "count", float64(missed), ""),
-		metric("runs streaming at once (deltas/s × pace)", "runs", streaming, ""),
-		metric("delta delivery latency p50 (tabs on both instances)", "ms", l.P50, ""),
-		metric("delta delivery latency p99 (tabs on both instances)", "ms", l.P99, ""),
-		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
-		metric("server CPU per delivered delta (both instances)", "µs", f.cpuPerDelta, ""),
+		metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
+		metric("cancels not measured: no lease owner when read", "count", float64(ct.unsampled), ""),
+		metric("runs completed before their cancel", "count", float64(ct.missed), ""),
+	}, cancelLoadMetrics(&f, st, l, c.Pace, "both instances"), []Metric{
 		metric("server CPU (both instances)", "cores", f.serverCores, ""),
 		metric("PostgreSQL + NATS CPU (all their processes)", "cores", infraCores, ""),
 		metric("generator CPU", "cores", f.genCores, ""),
 		metric("machine busy", "%", 100*f.machineBusy, ""),
 		metric("CPU of other processes", "cores", f.otherCores, ""),
-	}
-	s.Metrics = append(s.Metrics, singleNodeFigures(r.cancelReport)...)
-	s.Metrics = append(s.Metrics, storeMetrics(&f, &s)...)
-	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+	}, singleNodeFigures(r.cancelReport), storeMetrics(&f, &s), serverMetrics(&f, &s))
 	return s
 }
 

@@ -26,6 +26,14 @@ func newFloorEnv(base string) *floorEnv {
 	return &floorEnv{base: base, errs: newErrorLog(), dialSem: make(chan struct{}, 32), start: time.Now()}
 }
 
+// fail records an error of kind unless ctx ended: an error after the
+// end is the end's doing, not the floor's.
+func (e *floorEnv) fail(ctx context.Context, kind, example string) {
+	if ctx.Err() == nil {
+		e.errs.add(kind, example)
+	}
+}
+
 func (e *floorEnv) dial(ctx context.Context) (*websocket.Conn, error) {
 	select {
 	case e.dialSem <- struct{}{}:
@@ -90,16 +98,12 @@ func (s *floorSub) run(ctx context.Context) {
 	e := s.topic.env
 	conn, err := e.dial(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			e.errs.add("dial", err.Error())
-		}
+		e.fail(ctx, "dial", err.Error())
 		return
 	}
 	defer conn.CloseNow()
 	if err := conn.Write(ctx, websocket.MessageText, []byte("sub "+s.topic.name)); err != nil {
-		if ctx.Err() == nil {
-			e.errs.add("write", err.Error())
-		}
+		e.fail(ctx, "write", err.Error())
 		return
 	}
 	defer closeOnDone(ctx, conn)()
@@ -111,9 +115,7 @@ func (s *floorSub) run(ctx context.Context) {
 			_, err = buf.ReadFrom(rd)
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				e.errs.add("close_"+strconv.Itoa(int(websocket.CloseStatus(err))), fmt.Sprintf("%s: %v", s.name, err))
-			}
+			e.fail(ctx, "close_"+strconv.Itoa(int(websocket.CloseStatus(err))), fmt.Sprintf("%s: %v", s.name, err))
 			return
 		}
 		now := time.Now()
@@ -176,9 +178,7 @@ func (t *floorTopic) publish(ctx context.Context, offset, interval time.Duration
 	e := t.env
 	conn, err := e.dial(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			e.errs.add("dial", err.Error())
-		}
+		e.fail(ctx, "dial", err.Error())
 		return
 	}
 	defer conn.CloseNow()
@@ -190,17 +190,13 @@ func (t *floorTopic) publish(ctx context.Context, offset, interval time.Duration
 	for seq := int64(1); seq <= maxMessages && time.Now().Before(stopAt); seq++ {
 		select {
 		case <-readCtx.Done():
-			if ctx.Err() == nil {
-				e.errs.add("publisher_closed", t.name)
-			}
+			e.fail(ctx, "publisher_closed", t.name)
 			return
 		case <-tick.C:
 		}
 		frame := append(append([]byte{}, prefix...), floorPayload(t.name, seq, time.Now().UnixMilli(), size)...)
 		if err := conn.Write(ctx, websocket.MessageText, frame); err != nil {
-			if ctx.Err() == nil {
-				e.errs.add("publish", err.Error())
-			}
+			e.fail(ctx, "publish", err.Error())
 			return
 		}
 		t.final.Store(seq)

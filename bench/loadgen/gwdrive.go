@@ -136,6 +136,26 @@ type cancelStats struct {
 	unsampled      int     // cluster: cancels not sampled (the run's lease owner was unknown)
 }
 
+// cancelTotals is what all the cancel drivers of a scenario measured.
+type cancelTotals struct {
+	ack, done               Dist // cancel → ack, cancel → run.cancelled
+	sent, missed, unsampled int  // cancelStats' counts, summed
+}
+
+// mergeCancels merges the cancel drivers' samples and sums their counts.
+func mergeCancels(stats []cancelStats) cancelTotals {
+	var ack, done []*samples
+	var t cancelTotals
+	for i := range stats {
+		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
+		t.sent += stats[i].sent
+		t.missed += stats[i].missed
+		t.unsampled += stats[i].unsampled
+	}
+	t.ack, t.done = summarize(merged(ack...)), summarize(merged(done...))
+	return t
+}
+
 // cancelTab chooses the tab (index into the thread's tabs) that cancels
 // runID, just before the cancel is sent; sample = false leaves that cancel
 // out of the figures.

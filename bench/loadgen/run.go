@@ -240,6 +240,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.logf("this gateway has no -admin-addr: no server metrics or Go profiles, store figures from the database only")
 	}
 	rep.ChecksOK = true
+	scenarios := map[string]func(context.Context) ScenarioReport{ // by AllScenarios' names
+		"idle": r.idle, "fanout": r.fanout, "cancel": r.cancel,
+		"storage": r.storage, "scale": r.scale, "cluster": r.cluster,
+	}
 	for _, name := range AllScenarios {
 		if !slices.Contains(cfg.Scenarios, name) || ctx.Err() != nil {
 			continue
@@ -253,21 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 		r.logf("%s: start", name)
-		var s ScenarioReport
-		switch name {
-		case "idle":
-			s = r.idle(ctx)
-		case "fanout":
-			s = r.fanout(ctx)
-		case "cancel":
-			s = r.cancel(ctx)
-		case "storage":
-			s = r.storage(ctx)
-		case "scale":
-			s = r.scale(ctx)
-		case "cluster":
-			s = r.cluster(ctx)
-		}
+		s := scenarios[name](ctx)
 		s.Name = name
 		s.Seconds = time.Since(began).Seconds()
 		if cfg.Synchronous != "" && name != "cluster" {
@@ -386,13 +376,8 @@ func (p *gwPhase) closeTabs() {
 // finish closes the tabs, stops the gateway, audits its database and
 // records errors, log counts and the check in s. Safe to call twice.
 func (p *gwPhase) finish(ctx context.Context, s *ScenarioReport) {
-	if p.closed {
+	if !stopOnce(&p.closed, p.closeTabs, p.proc, p.env.errs, "gateway_exit") {
 		return
-	}
-	p.closed = true
-	p.closeTabs()
-	if err := p.proc.stop(20 * time.Second); err != nil {
-		p.env.errs.add("gateway_exit", err.Error())
 	}
 	s.ServerLog.Errors, s.ServerLog.Warnings = p.proc.logCounts()
 	if s.ServerLog.Errors > 0 {
@@ -564,18 +549,29 @@ func (p *floorPhase) closeSubs() {
 }
 
 func (p *floorPhase) finish(s *ScenarioReport) {
-	if p.closed {
+	if !stopOnce(&p.closed, p.closeSubs, p.proc, p.env.errs, "floor_exit") {
 		return
-	}
-	p.closed = true
-	p.closeSubs()
-	if err := p.proc.stop(20 * time.Second); err != nil {
-		p.env.errs.add("floor_exit", err.Error())
 	}
 	s.FloorErrors = p.env.errs.list()
 	if s.FloorErrors == nil {
 		s.FloorErrors = []ErrorCount{}
 	}
+}
+
+// stopOnce begins a phase's finish: the first time (closed not set yet)
+// it sets closed, ends the phase's clients (closeClients), stops proc,
+// recording a failed exit in errs as kind, and reports true; later it
+// does nothing and reports false.
+func stopOnce(closed *bool, closeClients func(), proc *process, errs *errorLog, kind string) bool {
+	if *closed {
+		return false
+	}
+	*closed = true
+	closeClients()
+	if err := proc.stop(20 * time.Second); err != nil {
+		errs.add(kind, err.Error())
+	}
+	return true
 }
 
 // perfRecord samples pid's stacks with `perf record` for d into file, if

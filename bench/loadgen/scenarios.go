@@ -37,10 +37,7 @@ func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
 				s.Failure = err.Error()
 				return
 			}
-			sleep(ctx, settle)
-			if v, err := rssKiB(p.proc.pid); err == nil {
-				gw0 = float64(v)
-			}
+			gw0 = settledRSS(ctx, p.proc.pid)
 			pw.before = p.scrape(ctx)
 			began := time.Now()
 			if err := p.connectTabs(ctx, per, false); err != nil {
@@ -48,10 +45,7 @@ func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
 				return
 			}
 			gwConnect = time.Since(began).Seconds()
-			sleep(ctx, settle)
-			if v, err := rssKiB(p.proc.pid); err == nil {
-				gw1 = float64(v)
-			}
+			gw1 = settledRSS(ctx, p.proc.pid)
 			pw.after = p.scrape(ctx)
 			p.env.verifyEnd(ctx, p.threads, 5*time.Second)
 		}()
@@ -62,20 +56,14 @@ func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
 	} else {
 		func() {
 			defer p.finish(&s)
-			sleep(ctx, settle)
-			if v, err := rssKiB(p.proc.pid); err == nil {
-				fl0 = float64(v)
-			}
+			fl0 = settledRSS(ctx, p.proc.pid)
 			began := time.Now()
 			if err := p.setup(ctx, c.IdleThreads, per); err != nil {
 				s.Failure = err.Error()
 				return
 			}
 			flConnect = time.Since(began).Seconds()
-			sleep(ctx, settle)
-			if v, err := rssKiB(p.proc.pid); err == nil {
-				fl1 = float64(v)
-			}
+			fl1 = settledRSS(ctx, p.proc.pid)
 		}()
 	}
 	s.Metrics = []Metric{
@@ -139,6 +127,134 @@ func (f *fanFigures) fill(m *cpuMeter, window time.Duration, deliveries, deltas 
 	f.otherCores = max(0, f.machineBusy*float64(runtime.NumCPU())-f.serverCores-f.genCores)
 }
 
+// readStore reads the counts the stopped gateway's database db holds for
+// the window [w0, w1] into f, and returns them.
+func (f *fanFigures) readStore(ctx context.Context, db string, w0, w1 time.Time) storeStats {
+	st, err := readStoreStats(ctx, db, w0.UnixMilli(), w1.UnixMilli())
+	f.store, f.storeErr = &st, err
+	return st
+}
+
+// runsStreaming is how many runs streamed at once over the window: the
+// deltas committed per second times the time one run takes per delta
+// (pace); NaN for an empty window.
+func (f *fanFigures) runsStreaming(deltas int64, pace time.Duration) float64 {
+	if f.window <= 0 {
+		return nan
+	}
+	return float64(deltas) / f.window * pace.Seconds()
+}
+
+// cpuMetrics are the CPU figures of one server's window: the server's,
+// the generator's, the machine's and everyone else's.
+func cpuMetrics(f *fanFigures) []Metric {
+	return []Metric{
+		metric("server CPU", "cores", f.serverCores, ""),
+		metric("generator CPU", "cores", f.genCores, ""),
+		metric("machine busy", "%", 100*f.machineBusy, ""),
+		metric("CPU of other processes", "cores", f.otherCores, ""),
+	}
+}
+
+// cancelLatencyMetrics are the cancels as the tabs saw them: the ack and
+// run.cancelled after the cancel was sent, p50 and p99 (the p99s against
+// their targets).
+func cancelLatencyMetrics(t cancelTotals, ackTarget, doneTarget string) []Metric {
+	return []Metric{
+		metric("cancel ack p50", "ms", t.ack.P50, ""),
+		metric("cancel ack p99", "ms", t.ack.P99, ackTarget),
+		metric("cancel → run.cancelled p50", "ms", t.done.P50, ""),
+		metric("cancel → run.cancelled p99", "ms", t.done.P99, doneTarget),
+	}
+}
+
+// cancelMetrics are the figures the cancel scenarios lead with: the
+// cancels as the tabs saw them (cancel → run.cancelled p99 against
+// doneTarget), the server's own histograms of them (bucket bounds), and
+// cancel_requested → run.cancelled in the store (settle). on names the
+// instances measured in the labels (the cluster's "both instances"); ""
+// for one.
+func cancelMetrics(t cancelTotals, pw *promWindow, settle Dist, doneTarget, on string) []Metric {
+	bound := "bucket bound"
+	if on != "" {
+		bound += ", " + on
+	}
+	return append(cancelLatencyMetrics(t, "≤ 10 ms", doneTarget),
+		metric("cancel → run.cancelled max", "ms", t.done.Max, ""),
+		metric("server metric: cancel ack p99 ("+bound+")", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
+		metric("server metric: cancel accepted → cancelled p99 ("+bound+")", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
+		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", settle.P50, ""),
+		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", settle.P99, ""),
+	)
+}
+
+// cancelLoadMetrics are the load a cancel scenario's cancels met: how many
+// runs streamed at once (st, at pace), how fast the deltas reached the
+// tabs (lat), and the server CPU each delivery cost. on is as in
+// cancelMetrics.
+func cancelLoadMetrics(f *fanFigures, st storeStats, lat Dist, pace time.Duration, on string) []Metric {
+	tabs, servers := "", ""
+	if on != "" {
+		tabs, servers = " (tabs on "+on+")", " ("+on+")"
+	}
+	return []Metric{
+		metric("runs streaming at once (deltas/s × pace)", "runs", f.runsStreaming(st.Deltas, pace), ""),
+		metric("delta delivery latency p50"+tabs, "ms", lat.P50, ""),
+		metric("delta delivery latency p99"+tabs, "ms", lat.P99, ""),
+		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
+		metric("server CPU per delivered delta"+servers, "µs", f.cpuPerDelta, ""),
+	}
+}
+
+// endDrivers waits for the drivers, checks that every tab received every
+// event of its thread (waiting at most timeout), and closes the tabs:
+// after it, their samples may be read.
+func (p *gwPhase) endDrivers(ctx context.Context, drivers *sync.WaitGroup, timeout time.Duration) {
+	drivers.Wait()
+	p.env.verifyEnd(ctx, p.threads, timeout)
+	p.closeTabs()
+}
+
+// settledRSS leaves the server pid alone for settle, then reads its RSS
+// in KiB; NaN when unreadable.
+func settledRSS(ctx context.Context, pid int) float64 {
+	sleep(ctx, settle)
+	v, err := rssKiB(pid)
+	if err != nil {
+		return nan
+	}
+	return float64(v)
+}
+
+// deliveryLatency is the delta delivery latency over every tab of threads.
+func deliveryLatency(threads []*gwThread) Dist {
+	var lat []*samples
+	for _, th := range threads {
+		for _, t := range th.tabs {
+			lat = append(lat, &t.lat)
+		}
+	}
+	return summarize(merged(lat...))
+}
+
+// startSetUp starts a gateway for the scenario name (see startGateway)
+// and sets up threads with tabsPer tabs each on it (see gwPhase.setup).
+// On failure it records it in s, finishes what it started and returns
+// nil; otherwise the caller finishes the phase.
+func (r *runner) startSetUp(ctx context.Context, s *ScenarioReport, name string, pace time.Duration, workers, threads, tabsPer int, notesAll bool) *gwPhase {
+	p, err := r.startGateway(name, pace, workers)
+	if err != nil {
+		s.Failure = err.Error()
+		return nil
+	}
+	if err := p.setup(ctx, threads, tabsPer, notesAll); err != nil {
+		s.Failure = err.Error()
+		p.finish(ctx, s)
+		return nil
+	}
+	return p
+}
+
 // dropper drops each of tabs once, at a random moment within window.
 func dropper(ctx context.Context, tabs []*gwTab, window time.Duration, rng *rand.Rand) {
 	at := make([]time.Duration, len(tabs))
@@ -199,16 +315,11 @@ func (r *runner) measureGateway(ctx context.Context, p *gwPhase, name string, d 
 // tabs drop once during the window and resubscribe with after_seq.
 func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigures {
 	c := r.cfg
-	p, err := r.startGateway("fanout", c.Pace, c.FanoutThreads+16)
-	if err != nil {
-		s.Failure = err.Error()
+	p := r.startSetUp(ctx, s, "fanout", c.Pace, c.FanoutThreads+16, c.FanoutThreads, c.FanoutTabs, false)
+	if p == nil {
 		return nil
 	}
 	defer p.finish(ctx, s)
-	if err := p.setup(ctx, c.FanoutThreads, c.FanoutTabs, false); err != nil {
-		s.Failure = err.Error()
-		return nil
-	}
 	f := &fanFigures{offered: float64(c.FanoutThreads*c.FanoutTabs) / c.Pace.Seconds()}
 	stopAt := time.Now().Add(c.Warmup + c.Window)
 	var drivers sync.WaitGroup
@@ -231,9 +342,7 @@ func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigur
 	r.logf("fanout: gateway measuring %s (%d tabs drop and resubscribe)", c.Window, len(droppable))
 	w0, w1 := r.measureGateway(ctx, p, "fanout-gateway", c.Window, f, func(ctx context.Context) { dropper(ctx, droppable, c.Window, rng) })
 
-	drivers.Wait()
-	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
-	p.closeTabs()
+	p.endDrivers(ctx, &drivers, 5*time.Second)
 	var lat, spread, publish []*samples
 	var produced, bytes int64
 	for _, th := range p.threads {
@@ -252,10 +361,8 @@ func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigur
 		f.deltaSize = float64(bytes) / float64(produced)
 	}
 	p.finish(ctx, s)
-	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	f.store, f.storeErr = &st, err
-	pg := storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1)
-	f.serverPublish = summarize(pg)
+	f.readStore(ctx, p.db, w0, w1)
+	f.serverPublish = summarize(storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1))
 	return f
 }
 
@@ -466,16 +573,11 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	maxDelay := c.cancelMaxDelay()
 	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each; each run cancelled at a random moment (0–%s after its first delta) from a random tab, then the next started; %s measured after %s warm-up",
 		c.CancelRuns, c.Pace, c.CancelTabs, maxDelay, c.CancelWindow, c.Warmup)
-	p, err := r.startGateway("cancel", c.Pace, c.CancelRuns+16)
-	if err != nil {
-		s.Failure = err.Error()
+	p := r.startSetUp(ctx, &s, "cancel", c.Pace, c.CancelRuns+16, c.CancelRuns, c.CancelTabs, true)
+	if p == nil {
 		return s
 	}
 	defer p.finish(ctx, &s)
-	if err := p.setup(ctx, c.CancelRuns, c.CancelTabs, true); err != nil {
-		s.Failure = err.Error()
-		return s
-	}
 	stats := make([]cancelStats, len(p.threads))
 	stopAt := time.Now().Add(c.Warmup + c.CancelWindow)
 	var drivers sync.WaitGroup
@@ -488,60 +590,21 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	var f fanFigures
 	w0, w1 := r.measureGateway(ctx, p, "cancel-gateway", c.CancelWindow, &f, nil)
 	pw := f.prom
-	drivers.Wait()
-	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
-	p.closeTabs()
+	p.endDrivers(ctx, &drivers, 5*time.Second)
 
-	var ack, done, lat []*samples
-	sent, missed := 0, 0
-	for i := range stats {
-		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
-		sent += stats[i].sent
-		missed += stats[i].missed
-	}
-	for _, t := range p.tabsOf() {
-		lat = append(lat, &t.lat)
-	}
-	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
+	ct, l := mergeCancels(stats), deliveryLatency(p.threads)
 	p.finish(ctx, &s)
-	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	f.store, f.storeErr = &st, err
-	streaming := nan
-	if f.window > 0 {
-		streaming = float64(st.Deltas) / f.window * c.Pace.Seconds()
-	}
-	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1)
-	g := summarize(gaps)
-	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
-	fd := summarize(firsts)
+	st := f.readStore(ctx, p.db, w0, w1)
+	g := summarize(storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1))
+	fd := summarize(storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1))
 	target := fmt.Sprintf("≤ %s", (c.Pace + 10*time.Millisecond))
-	s.Metrics = []Metric{
-		metric("cancel ack p50", "ms", a.P50, ""),
-		metric("cancel ack p99", "ms", a.P99, "≤ 10 ms"),
-		metric("cancel → run.cancelled p50", "ms", d.P50, ""),
-		metric("cancel → run.cancelled p99", "ms", d.P99, target),
-		metric("cancel → run.cancelled max", "ms", d.Max, ""),
-		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
-		metric("server metric: cancel accepted → cancelled p99 (bucket bound)", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
-		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", g.P50, ""),
-		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+	s.Metrics = slices.Concat(cancelMetrics(ct, pw, g, target, ""), []Metric{
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
 		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
-		metric("cancels measured", "count", float64(a.N), ""),
-		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
-		metric("runs completed before their cancel", "count", float64(missed), ""),
-		metric("runs streaming at once (deltas/s × pace)", "runs", streaming, ""),
-		metric("delta delivery latency p50", "ms", l.P50, ""),
-		metric("delta delivery latency p99", "ms", l.P99, ""),
-		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
-		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, ""),
-		metric("server CPU", "cores", f.serverCores, ""),
-		metric("generator CPU", "cores", f.genCores, ""),
-		metric("machine busy", "%", 100*f.machineBusy, ""),
-		metric("CPU of other processes", "cores", f.otherCores, ""),
-	}
-	s.Metrics = append(s.Metrics, storeMetrics(&f, &s)...)
-	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+		metric("cancels measured", "count", float64(ct.ack.N), ""),
+		metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
+		metric("runs completed before their cancel", "count", float64(ct.missed), ""),
+	}, cancelLoadMetrics(&f, st, l, c.Pace, ""), cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
 	return s
 }
 
@@ -552,16 +615,11 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	s.Shape = fmt.Sprintf("%d runs streaming back to back at %s a word, one tab each, %s measured after %s warm-up",
 		c.StorageRuns, c.StoragePace, c.StorageWindow, c.Warmup)
-	p, err := r.startGateway("storage", c.StoragePace, c.StorageRuns+16)
-	if err != nil {
-		s.Failure = err.Error()
+	p := r.startSetUp(ctx, &s, "storage", c.StoragePace, c.StorageRuns+16, c.StorageRuns, 1, false)
+	if p == nil {
 		return s
 	}
 	defer p.finish(ctx, &s)
-	if err := p.setup(ctx, c.StorageRuns, 1, false); err != nil {
-		s.Failure = err.Error()
-		return s
-	}
 	stopAt := time.Now().Add(c.Warmup + c.StorageWindow)
 	var drivers sync.WaitGroup
 	for _, th := range p.threads {
@@ -571,15 +629,12 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	r.logf("storage: measuring %s", c.StorageWindow)
 	var f fanFigures
 	w0, w1 := r.measureGateway(ctx, p, "storage-gateway", c.StorageWindow, &f, nil)
-	drivers.Wait()
-	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
-	p.closeTabs()
-	var publish, lat []*samples
+	p.endDrivers(ctx, &drivers, 5*time.Second)
+	var publish []*samples
 	for _, t := range p.tabsOf() {
 		publish = append(publish, &t.publishUs)
-		lat = append(lat, &t.lat)
 	}
-	pub, l := summarize(merged(publish...)), summarize(merged(lat...))
+	pub, l := summarize(merged(publish...)), deliveryLatency(p.threads)
 	p.finish(ctx, &s)
 	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
 	if err != nil {
@@ -594,11 +649,9 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	}
 	f.store = &st
 	f.storeErr = err
-	pg := storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1)
-	sp := summarize(pg)
-	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
-	fd := summarize(firsts)
-	s.Metrics = []Metric{
+	sp := summarize(storeGaps(ctx, &s.Notes, "publish", publishGaps, p.db, w0, w1))
+	fd := summarize(storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1))
+	s.Metrics = append([]Metric{
 		metric("deltas buffered (committed)", "1/s", float64(st.Deltas)/f.window, "≥ 30,000"),
 		metric("publish latency p50 (last delta → message.published)", "ms", pub.P50, ""),
 		metric("publish latency p99 (last delta → message.published)", "ms", pub.P99, "≤ 10 ms"),
@@ -611,11 +664,7 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 		metric("bytes written to storage per committed delta (/proc/PID/io)", "B", bytesPerCommitted, "≤ 300"),
 		metric("bytes written to storage", "MiB/s", float64(f.writtenBytes)/f.window/(1<<20), ""),
 		metric("delta delivery latency p99", "ms", l.P99, ""),
-		metric("server CPU", "cores", f.serverCores, ""),
-		metric("generator CPU", "cores", f.genCores, ""),
-		metric("machine busy", "%", 100*f.machineBusy, ""),
-		metric("CPU of other processes", "cores", f.otherCores, ""),
-	}
+	}, cpuMetrics(&f)...)
 	if more := storeMetrics(&f, &s); len(more) > 1 {
 		s.Metrics = append(s.Metrics, more[1:]...) // the first is the deltas/s above
 	}
@@ -636,16 +685,11 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	cancellers := (c.ScaleRuns + c.ScaleCancelEvery - 1) / c.ScaleCancelEvery
 	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered); %d of the threads cancel each run at a random moment (0–%s after its first delta) from a random tab, the others stream back to back; %s measured after %s warm-up",
 		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), cancellers, maxDelay, c.ScaleWindow, c.Warmup)
-	p, err := r.startGateway("scale", c.ScalePace, c.ScaleRuns+16)
-	if err != nil {
-		s.Failure = err.Error()
+	p := r.startSetUp(ctx, &s, "scale", c.ScalePace, c.ScaleRuns+16, c.ScaleRuns, c.ScaleTabs, true)
+	if p == nil {
 		return s
 	}
 	defer p.finish(ctx, &s)
-	if err := p.setup(ctx, c.ScaleRuns, c.ScaleTabs, true); err != nil {
-		s.Failure = err.Error()
-		return s
-	}
 	f := fanFigures{offered: float64(c.ScaleRuns*c.ScaleTabs) / c.ScalePace.Seconds()}
 	stats := make([]cancelStats, len(p.threads))
 	stopAt := time.Now().Add(c.Warmup + c.ScaleWindow)
@@ -663,55 +707,32 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	r.logf("scale: measuring %s", c.ScaleWindow)
 	w0, w1 := r.measureGateway(ctx, p, "scale-gateway", c.ScaleWindow, &f, nil)
 	pw := f.prom
-	drivers.Wait()
-	p.env.verifyEnd(ctx, p.threads, 10*time.Second)
-	p.closeTabs()
+	p.endDrivers(ctx, &drivers, 10*time.Second)
 
-	var ack, done, lat []*samples
-	sent := 0
-	for i := range stats {
-		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
-		sent += stats[i].sent
-	}
-	for _, t := range p.tabsOf() {
-		lat = append(lat, &t.lat)
-	}
-	a, d, l := summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(lat...))
+	ct, l := mergeCancels(stats), deliveryLatency(p.threads)
 	p.finish(ctx, &s)
-	st, err := readStoreStats(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
-	f.store, f.storeErr = &st, err
-	gaps := storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1)
-	g := summarize(gaps)
-	firsts := storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1)
-	fd := summarize(firsts)
+	f.readStore(ctx, p.db, w0, w1)
+	g := summarize(storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1))
+	fd := summarize(storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1))
 	delivered := nan
 	if f.offered > 0 {
 		delivered = 100 * f.deltas / f.offered
 	}
 	s.Notes = append(s.Notes, "delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, so the offer is slightly more than the shape can ask for")
-	s.Metrics = []Metric{
+	s.Metrics = slices.Concat([]Metric{
 		metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
 		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
 		metric("delivered of the offer", "%", delivered, "≥ 95 %"),
 		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, "≤ 20 µs"),
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
 		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)),
-		metric("cancel ack p50", "ms", a.P50, ""),
-		metric("cancel ack p99", "ms", a.P99, "≤ 5 ms"),
-		metric("cancel → run.cancelled p50", "ms", d.P50, ""),
-		metric("cancel → run.cancelled p99", "ms", d.P99, "≤ 15 ms"),
+	}, cancelLatencyMetrics(ct, "≤ 5 ms", "≤ 15 ms"), []Metric{
 		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
 		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
-		metric("cancels measured", "count", float64(a.N), ""),
-		metric("cancels sent (warm-up included)", "count", float64(sent), ""),
+		metric("cancels measured", "count", float64(ct.ack.N), ""),
+		metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
 		metric("delta delivery latency p50", "ms", l.P50, ""),
 		metric("delta delivery latency p99", "ms", l.P99, ""),
-		metric("server CPU", "cores", f.serverCores, ""),
-		metric("generator CPU", "cores", f.genCores, ""),
-		metric("machine busy", "%", 100*f.machineBusy, ""),
-		metric("CPU of other processes", "cores", f.otherCores, ""),
-	}
-	s.Metrics = append(s.Metrics, storeMetrics(&f, &s)...)
-	s.Metrics = append(s.Metrics, serverMetrics(&f, &s)...)
+	}, cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
 	return s
 }
