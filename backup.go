@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -13,9 +12,7 @@ import (
 )
 
 func backup(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file to copy")
+	fs, db := dbFlagSet("backup", "SQLite database file to copy", stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -27,15 +24,10 @@ func backup(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gateway backup copies SQLite files; back up a PostgreSQL database with pg_dump (it is consistent while the gateway serves)")
 		return 2
 	}
-	if missingDB(*db) {
-		fmt.Fprintf(stderr, "gateway backup: no database at %s: pass -db PATH\n", *db)
-		return 2
-	}
 	ctx := context.Background()
-	st, err := store.Open(ctx, *db, store.Options{})
-	if err != nil {
-		fmt.Fprintln(stderr, "gateway backup:", err)
-		return 1
+	st, code := openExisting(ctx, "gateway backup", *db, stderr, 1)
+	if code >= 0 {
+		return code
 	}
 	defer st.Close()
 	if err := st.Backup(ctx, fs.Arg(0)); err != nil {

@@ -5,30 +5,21 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
 	"github.com/honestcancel/gateway/app"
-	"github.com/honestcancel/gateway/store"
 )
 
 func check(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file or PostgreSQL URL to audit")
+	fs, db := dbFlagSet("check", "SQLite database file or PostgreSQL URL to audit", stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if missingDB(*db) {
-		fmt.Fprintf(stderr, "gateway check: no database at %s: pass -db PATH\n", *db)
-		return 2
-	}
 	ctx := context.Background()
-	st, err := store.Open(ctx, *db, store.Options{})
-	if err != nil {
-		fmt.Fprintln(stderr, "gateway check:", err)
-		return 2
+	st, code := openExisting(ctx, "gateway check", *db, stderr, 2)
+	if code >= 0 {
+		return code
 	}
 	defer st.Close()
 	audit, err := st.Audit(ctx)

@@ -30,10 +30,17 @@ func subcommand(group, usage string, args []string, stdout, stderr io.Writer) (s
 		return "", nil, nil, nil, 0
 	}
 	sub = args[0]
-	fs = flag.NewFlagSet(group+" "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	db = fs.String("db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file (GATEWAY_DB)")
+	fs, db = dbFlagSet(group+" "+sub, "SQLite database file (GATEWAY_DB)", stderr)
 	return sub, args[1:], fs, db, -1
+}
+
+// dbFlagSet makes the flag set of the command name, which reports to
+// stderr, with its -db flag (GATEWAY_DB or data/gateway.db), described by
+// usage.
+func dbFlagSet(name, usage string, stderr io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs, fs.String("db", env("GATEWAY_DB", "data/gateway.db"), usage)
 }
 
 // failure returns how a subcommand reports a failed step: the error's
@@ -52,6 +59,38 @@ func openAccounts(ctx context.Context, db string, create bool) (*store.Store, er
 		return nil, fmt.Errorf("no database at %s: pass -db PATH (or create a user first with gateway user add)", db)
 	}
 	return store.Open(ctx, db, store.Options{})
+}
+
+// withAccounts runs do on the accounts of the database db (opened as
+// openAccounts does, closed after) and returns the command's exit code:
+// 0, or fail's for an error opening the database or of do.
+func withAccounts(ctx context.Context, db string, create bool, fail func(error) int, do func(acc store.Accounts) error) int {
+	st, err := openAccounts(ctx, db, create)
+	if err != nil {
+		return fail(err)
+	}
+	defer st.Close()
+	if err := do(st.Accounts()); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// openExisting opens the database db of the command what (gateway check),
+// which must exist. Without one it says so on stderr and code is 2; when
+// opening fails it says why and code is failed; otherwise code is -1 and
+// the caller goes on (and closes st).
+func openExisting(ctx context.Context, what, db string, stderr io.Writer, failed int) (st *store.Store, code int) {
+	if missingDB(db) {
+		fmt.Fprintf(stderr, "%s: no database at %s: pass -db PATH\n", what, db)
+		return nil, 2
+	}
+	st, err := store.Open(ctx, db, store.Options{})
+	if err != nil {
+		fmt.Fprintln(stderr, what+":", err)
+		return nil, failed
+	}
+	return st, -1
 }
 
 // missingDB reports whether -db names a SQLite file that does not exist

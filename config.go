@@ -408,55 +408,35 @@ func (e *envFlags) keep(err error) {
 }
 
 func (e *envFlags) duration(dst *time.Duration, name, key string, def time.Duration, usage string) {
-	v, err := envDuration(key, def)
+	v, err := envValue(key, def, time.ParseDuration, "a duration (for example 30ms or 10m)")
 	e.keep(err)
 	e.fs.DurationVar(dst, name, v, usage+" ("+key+")")
 }
 
 func (e *envFlags) int(dst *int, name, key string, def int, usage string) {
-	v, err := envInt(key, def)
+	v, err := envValue(key, def, strconv.Atoi, "a whole number")
 	e.keep(err)
 	e.fs.IntVar(dst, name, v, usage+" ("+key+")")
 }
 
 func (e *envFlags) float(dst *float64, name, key string, def float64, usage string) {
-	v, err := envFloat(key, def)
+	v, err := envValue(key, def, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) }, "a number")
 	e.keep(err)
 	e.fs.Float64Var(dst, name, v, usage+" ("+key+")")
 }
 
-func envInt(key string, fallback int) (int, error) {
+// envValue is the environment variable key parsed with parse, or fallback
+// when it is unset or empty; a value parse refuses is an error saying the
+// variable is not what.
+func envValue[T any](key string, fallback T, parse func(string) (T, error), what string) (T, error) {
 	v := env(key, "")
 	if v == "" {
 		return fallback, nil
 	}
-	n, err := strconv.Atoi(v)
+	x, err := parse(v)
 	if err != nil {
-		return 0, fmt.Errorf("%s=%q is not a whole number", key, v)
+		var zero T
+		return zero, fmt.Errorf("%s=%q is not %s", key, v, what)
 	}
-	return n, nil
-}
-
-func envFloat(key string, fallback float64) (float64, error) {
-	v := env(key, "")
-	if v == "" {
-		return fallback, nil
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s=%q is not a number", key, v)
-	}
-	return f, nil
-}
-
-func envDuration(key string, fallback time.Duration) (time.Duration, error) {
-	v := env(key, "")
-	if v == "" {
-		return fallback, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return 0, fmt.Errorf("%s=%q is not a duration (for example 30ms or 10m)", key, v)
-	}
-	return d, nil
+	return x, nil
 }

@@ -8,10 +8,8 @@ package main
 
 import (
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,10 +20,7 @@ import (
 // expiries, revocations, deletions) of the SQLite file at path, read-only.
 func accountsFingerprint(t *testing.T, path string) string {
 	t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := auditDB(t, path)
 	defer db.Close()
 	h := sha256.New()
 	for _, table := range []string{"users", "sessions", "api_tokens"} {

@@ -117,15 +117,7 @@ func TestAdminListener(t *testing.T) {
 	}
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0")
-	var admin string
-	for _, l := range strings.Split(srv.stderr(), "\n") {
-		if i := strings.Index(l, `msg="admin listener" addr=`); i >= 0 {
-			admin = strings.TrimSpace(l[i+len(`msg="admin listener" addr=`):])
-		}
-	}
-	if admin == "" {
-		t.Fatalf("no admin listener line in the log:\n%s", srv.stderr())
-	}
+	admin := srv.adminURL()
 	resp, err := http.Get(admin + "goroutine?debug=1")
 	if err != nil {
 		t.Fatal(err)

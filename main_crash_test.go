@@ -328,16 +328,26 @@ func (cw *crashWorker) answered(what string, err error) (refused *client.Error, 
 	return e, true
 }
 
+// read sorts the outcome of a read no refusal may answer, as answered
+// does: it reports whether the read succeeded, and a refusal is a
+// violation.
+func (cw *crashWorker) read(what string, err error) bool {
+	e, ok := cw.answered(what, err)
+	if !ok {
+		return false
+	}
+	if e != nil {
+		cw.l.violate("%s: %d %v", what, e.Status, e)
+		return false
+	}
+	return true
+}
+
 func (cw *crashWorker) run() {
 	ctx := context.Background()
 	for !cw.stopped() {
 		snap, err := cw.api.Thread(ctx, cw.threadID)
-		e, ok := cw.answered("GET thread "+cw.threadID, err)
-		if !ok {
-			return
-		}
-		if e != nil {
-			cw.l.violate("GET thread %s: %d %v", cw.threadID, e.Status, e)
+		if !cw.read("GET thread "+cw.threadID, err) {
 			return
 		}
 		p := cw.r.Intn(100)
@@ -438,12 +448,7 @@ func (cw *crashWorker) cancel(runID string, snap chat.Snapshot) {
 
 func (cw *crashWorker) decide(snap chat.Snapshot, confirm bool) {
 	ops, err := cw.api.Operations(context.Background(), cw.threadID)
-	e, ok := cw.answered("GET operations of "+cw.threadID, err)
-	if !ok {
-		return
-	}
-	if e != nil {
-		cw.l.violate("GET operations of %s: %d %v", cw.threadID, e.Status, e)
+	if !cw.read("GET operations of "+cw.threadID, err) {
 		return
 	}
 	for _, op := range ops {
@@ -740,7 +745,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	}
 	for verb, m := range map[string]map[string]string{"confirm": l.confirms, "reject": l.rejects} {
 		for op := range m {
-			phase := queryString(t, audit, `SELECT phase FROM operations WHERE operation_id = ?`, op)
+			phase := queryValue[string](t, audit, `SELECT phase FROM operations WHERE operation_id = ?`, op)
 			if phase == "prepared" {
 				l.violate("operation %s: %s acknowledged, but it is still prepared", op, verb)
 			}
@@ -764,8 +769,8 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		l.violate("the email provider accepted key %s %d times", key, n)
 	}
 	dups.Close()
-	sent := queryInt(t, audit, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted'`)
-	retried := queryInt(t, audit, `SELECT COUNT(*) FROM runs WHERE attempt > 1`)
+	sent := queryValue[int](t, audit, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted'`)
+	retried := queryValue[int](t, audit, `SELECT COUNT(*) FROM runs WHERE attempt > 1`)
 	opsByPhase := map[string]int{}
 	prow, err := audit.Query(`SELECT phase, COUNT(*) FROM operations GROUP BY 1`)
 	if err != nil {

@@ -8,7 +8,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -86,10 +85,7 @@ func wantForbidden(t *testing.T, what string, status int, raw []byte) {
 // if a request changed anything a user could see, it changes.
 func dbFingerprint(t *testing.T, path string) string {
 	t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := auditDB(t, path)
 	defer db.Close()
 	rows, err := db.Query(`SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name`)
 	if err != nil {
@@ -109,16 +105,9 @@ func dbFingerprint(t *testing.T, path string) string {
 	rows.Close()
 	var b strings.Builder
 	for _, name := range tables {
-		var n int
-		if err := db.QueryRow(`SELECT count(*) FROM "` + name + `"`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&b, "%s=%d ", name, n)
+		fmt.Fprintf(&b, "%s=%d ", name, queryValue[int](t, db, `SELECT count(*) FROM "`+name+`"`))
 	}
-	var threads string
-	if err := db.QueryRow(`SELECT coalesce(group_concat(v, ','), '') FROM (SELECT thread_id || ':' || state_version || ':' || last_seq || ':' || title || ':' || updated_at AS v FROM threads ORDER BY thread_id)`).Scan(&threads); err != nil {
-		t.Fatal(err)
-	}
+	threads := queryValue[string](t, db, `SELECT coalesce(group_concat(v, ','), '') FROM (SELECT thread_id || ':' || state_version || ':' || last_seq || ':' || title || ':' || updated_at AS v FROM threads ORDER BY thread_id)`)
 	if len(tables) < 5 || !strings.Contains(b.String(), "threads=") {
 		t.Fatalf("the database %s has tables %v: not the gateway's?", path, tables)
 	}
@@ -402,15 +391,7 @@ func TestAllowedHostsFlags(t *testing.T) {
 func TestAdminListenerAnswersLoopbackNamesOnly(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0", "-allowed-hosts", "chat.example.test")
-	var admin string
-	for _, l := range strings.Split(srv.stderr(), "\n") {
-		if i := strings.Index(l, `msg="admin listener" addr=`); i >= 0 {
-			admin = strings.TrimSuffix(strings.TrimSpace(l[i+len(`msg="admin listener" addr=`):]), "/debug/pprof/")
-		}
-	}
-	if admin == "" {
-		t.Fatalf("no admin listener line in the log:\n%s", srv.stderr())
-	}
+	admin := strings.TrimSuffix(srv.adminURL(), "/debug/pprof/")
 	port := portOf(t, admin)
 	for _, host := range []string{"evil.example:" + port, "chat.example.test:" + port} {
 		for _, path := range []string{"/metrics", "/debug/pprof/goroutine?debug=1"} {

@@ -161,14 +161,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 		// most of the frozen instance's runs wait in the queue, and it
 		// claims them again itself when it thaws.
 		extra: [][]string{nil, {"-workers", "1"}, {"-workers", "2"}}}
-	var starting sync.WaitGroup
-	for i := range c.nodes {
-		starting.Go(func() { c.startNode(i) })
-	}
-	starting.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	c.startAll()
 	gw0, api0 := c.node(victim), c.apiOf(victim)
 	db, err := sql.Open("pgx", schema)
 	if err != nil {

@@ -323,15 +323,7 @@ func TestBinaryMetrics(t *testing.T) {
 	checkNoIDsOrText(t, final, secrets...)
 
 	// The admin listener serves the same registry.
-	var admin string
-	for _, l := range strings.Split(srv.stderr(), "\n") {
-		if i := strings.Index(l, `msg="admin listener" addr=`); i >= 0 {
-			admin = strings.TrimSuffix(strings.TrimSpace(l[i+len(`msg="admin listener" addr=`):]), "/debug/pprof/")
-		}
-	}
-	if admin == "" {
-		t.Fatalf("no admin listener line in the log:\n%s", srv.stderr())
-	}
+	admin := strings.TrimSuffix(srv.adminURL(), "/debug/pprof/")
 	fromAdmin := scrape(t, admin+"/metrics")
 	if got, want := fromAdmin.get(t, "gateway_runs_started_total"), final.get(t, "gateway_runs_started_total"); got != want {
 		t.Errorf("admin listener: runs started %g, main listener %g", got, want)

@@ -92,6 +92,20 @@ func (c *cluster) startNode(i int) {
 	c.mu.Unlock()
 }
 
+// startAll starts every instance at once (on an empty database the
+// migrations run once) and stops the test if any of them did not start.
+func (c *cluster) startAll() {
+	c.t.Helper()
+	var starting sync.WaitGroup
+	for i := range c.nodes {
+		starting.Go(func() { c.startNode(i) })
+	}
+	starting.Wait()
+	if c.t.Failed() {
+		c.t.FailNow()
+	}
+}
+
 // node returns instance i (nil while it is down).
 func (c *cluster) node(i int) *server {
 	c.mu.Lock()
@@ -730,14 +744,7 @@ func TestMultiNode(t *testing.T) {
 	c := &cluster{t: t, dsn: dsn, nats: natstest.Start(t), nodes: make([]*server, 3),
 		flags: []string{"-lease-ttl", "1500ms", "-outbox-latency", "150ms", "-search-latency", "200ms"}}
 	// Concurrent starts on an empty database: the migrations run once.
-	var starting sync.WaitGroup
-	for i := range c.nodes {
-		starting.Go(func() { c.startNode(i) })
-	}
-	starting.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	c.startAll()
 
 	const threads, tabsPerThread = 6, 3
 	var ids []string

@@ -23,9 +23,8 @@ import (
 // runs, so only the allowance is checked (answered 401); the rest are
 // refused 429 with Retry-After, unchecked.
 func TestLoginBurstIsChargedBeforeChecking(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "gw.db")
 	const pw = "correct horse battery"
-	addUser(t, db, "alice", pw)
+	db := dbWithUser(t, "alice", pw)
 	srv := startServerPlain(t, db, "5ms", "-auth", "password") // (the lock's seconds against bcrypt's)
 
 	const n = 200
@@ -88,9 +87,8 @@ func TestLoginBurstIsChargedBeforeChecking(t *testing.T) {
 // Audit lines name the user and the client address (through a trusted
 // proxy, the address it saw), one per sign-in, never the password.
 func TestSignInAuditLog(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "gw.db")
 	const pw = "correct horse battery"
-	addUser(t, db, "alice", pw)
+	db := dbWithUser(t, "alice", pw)
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-trusted-proxies", "127.0.0.1")
 	viaProxy := http.Header{"X-Forwarded-For": {"203.0.113.7"}}
 	if resp, _, cookie := srv.login("alice", pw, "/", viaProxy); resp.StatusCode != http.StatusSeeOther || cookie == "" {
@@ -150,9 +148,8 @@ func TestAuthHeaderModeRefusesTwoNames(t *testing.T) {
 // server runs: a signed-out session and a revoked token are refused at
 // once.
 func TestUserSessionsSignoutAndRevokeTokens(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "gw.db")
 	const pw, pw2 = "correct horse battery", "staple stapler staple"
-	addUser(t, db, "alice", pw)
+	db := dbWithUser(t, "alice", pw)
 	addUser(t, db, "bob", "bobs password here")
 	token, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
@@ -229,9 +226,8 @@ func TestUserSessionsSignoutAndRevokeTokens(t *testing.T) {
 // secure page of this very host can set it), and the plain name is not
 // read; without, it is gateway_session.
 func TestSecureSessionCookieHasHostPrefix(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "gw.db")
 	const pw = "correct horse battery"
-	addUser(t, db, "alice", pw)
+	db := dbWithUser(t, "alice", pw)
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-secure-cookies")
 	resp, body, _ := srv.login("alice", pw, "/", nil)
 	var session *http.Cookie

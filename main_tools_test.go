@@ -176,22 +176,15 @@ func auditDB(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-func queryInt(t *testing.T, db *sql.DB, q string, args ...any) int {
+// queryValue is the one value q selects, as a T; an error (no row too)
+// stops the test.
+func queryValue[T any](t *testing.T, db *sql.DB, q string, args ...any) T {
 	t.Helper()
-	var n int
-	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+	var v T
+	if err := db.QueryRow(q, args...).Scan(&v); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
-	return n
-}
-
-func queryString(t *testing.T, db *sql.DB, q string, args ...any) string {
-	t.Helper()
-	var s string
-	if err := db.QueryRow(q, args...).Scan(&s); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	return s
+	return v
 }
 
 // wantOneAcceptance requires that the provider accepted key exactly once
@@ -200,13 +193,13 @@ func wantOneAcceptance(t *testing.T, path, key string, calls int) {
 	t.Helper()
 	db := auditDB(t, path)
 	defer db.Close()
-	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
+	if n := queryValue[int](t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
 		t.Errorf("the provider accepted %s %d times, want 1", key, n)
 	}
-	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE idempotency_key = ?`, key); n != calls {
+	if n := queryValue[int](t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE idempotency_key = ?`, key); n != calls {
 		t.Errorf("the provider saw %d calls for %s, want %d", n, key, calls)
 	}
-	if n := queryInt(t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted'`); n != 1 {
+	if n := queryValue[int](t, db, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted'`); n != 1 {
 		t.Errorf("%d acceptances in all, want 1", n)
 	}
 }
@@ -239,13 +232,13 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	func() {
 		audit := auditDB(t, db)
 		defer audit.Close()
-		if n := queryInt(t, audit, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
+		if n := queryValue[int](t, audit, `SELECT COUNT(*) FROM outbox_attempts WHERE result = 'accepted' AND idempotency_key = ?`, key); n != 1 {
 			t.Fatalf("after the crash the provider accepted %s %d times, want 1 (the crash comes after the acceptance)", key, n)
 		}
-		if ph := queryString(t, audit, `SELECT phase FROM operations WHERE operation_id = ?`, op.OperationID); ph != "committing" {
+		if ph := queryValue[string](t, audit, `SELECT phase FROM operations WHERE operation_id = ?`, op.OperationID); ph != "committing" {
 			t.Fatalf("after the crash the operation is %s, want committing", ph)
 		}
-		if st := queryString(t, audit, `SELECT status FROM runs WHERE run_id = ?`, runID); st != "running" {
+		if st := queryValue[string](t, audit, `SELECT status FROM runs WHERE run_id = ?`, runID); st != "running" {
 			t.Fatalf("after the crash the run is %s, want running", st)
 		}
 	}()

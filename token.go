@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/store"
 )
 
 const tokenUsage = `Usage:
@@ -40,36 +41,32 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "gateway token create: name the account with -user NAME (and a -ttl of 0 or more)")
 			return 2
 		}
-		st, err := openAccounts(ctx, *db, false)
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
-		tok, secret, err := auth.CreateToken(ctx, st.Accounts(), name, *label, *ttl, time.Now())
-		if err != nil {
-			return fail(err)
-		}
-		fmt.Fprintln(stdout, secret)
-		until := "until revoked"
-		if tok.ExpiresAt != nil {
-			until = "until " + tok.ExpiresAt.Format(time.RFC3339)
-		}
-		fmt.Fprintf(stderr, "token %s for %s, valid %s. It is shown only now: send it as \"Authorization: Bearer <token>\"; revoke it with: gateway token revoke %s\n", tok.TokenID, name, until, tok.TokenID)
+		return withAccounts(ctx, *db, false, fail, func(acc store.Accounts) error {
+			tok, secret, err := auth.CreateToken(ctx, acc, name, *label, *ttl, time.Now())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, secret)
+			until := "until revoked"
+			if tok.ExpiresAt != nil {
+				until = "until " + tok.ExpiresAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(stderr, "token %s for %s, valid %s. It is shown only now: send it as \"Authorization: Bearer <token>\"; revoke it with: gateway token revoke %s\n", tok.TokenID, name, until, tok.TokenID)
+			return nil
+		})
 	case "revoke":
 		if len(rest) != 1 {
 			fmt.Fprintln(stderr, "gateway token revoke: name one token id: gateway token revoke TOKEN_ID (see gateway token list)")
 			return 2
 		}
-		st, err := openAccounts(ctx, *db, false)
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
 		id, _, _ := strings.Cut(rest[0], ".") // a whole token names its id too
-		if err := st.Accounts().RevokeToken(ctx, id); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "revoked token %s\n", id)
+		return withAccounts(ctx, *db, false, fail, func(acc store.Accounts) error {
+			if err := acc.RevokeToken(ctx, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "revoked token %s\n", id)
+			return nil
+		})
 	case "list":
 		name := ""
 		if *user != "" {
@@ -77,24 +74,21 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 				return fail(err)
 			}
 		}
-		st, err := openAccounts(ctx, *db, false)
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
-		toks, err := st.Accounts().Tokens(ctx, name)
-		if err != nil {
-			return fail(err)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tUSER\tNAME\tCREATED\tEXPIRES\tREVOKED")
-		for _, t := range toks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.TokenID, t.UserName, t.Name, t.CreatedAt.Format(time.DateTime), when(t.ExpiresAt), when(t.RevokedAt))
-		}
-		tw.Flush()
+		return withAccounts(ctx, *db, false, fail, func(acc store.Accounts) error {
+			toks, err := acc.Tokens(ctx, name)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tUSER\tNAME\tCREATED\tEXPIRES\tREVOKED")
+			for _, t := range toks {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.TokenID, t.UserName, t.Name, t.CreatedAt.Format(time.DateTime), when(t.ExpiresAt), when(t.RevokedAt))
+			}
+			tw.Flush()
+			return nil
+		})
 	default:
 		fmt.Fprintf(stderr, "gateway token: unknown command %q\n\n%s\n", sub, tokenUsage)
 		return 2
 	}
-	return 0
 }

@@ -69,15 +69,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if !ok {
 			return 2
 		}
-		st, err := openAccounts(ctx, *db, false)
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
-		if err := do(st.Accounts(), name); err != nil {
-			return fail(err)
-		}
-		return 0
+		return withAccounts(ctx, *db, false, fail, func(acc store.Accounts) error { return do(acc, name) })
 	}
 	switch sub {
 	case "add", "passwd":
@@ -93,28 +85,26 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		st, err := openAccounts(ctx, *db, sub == "add")
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
-		if sub == "add" {
-			u, err := st.Accounts().CreateUser(ctx, name, hash)
-			if err != nil {
-				return fail(err)
+		return withAccounts(ctx, *db, sub == "add", fail, func(acc store.Accounts) error {
+			if sub == "add" {
+				u, err := acc.CreateUser(ctx, name, hash)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "created user %s (%s); serve with -auth password so they can sign in\n", u.Name, u.UserID)
+				return nil
 			}
-			fmt.Fprintf(stdout, "created user %s (%s); serve with -auth password so they can sign in\n", u.Name, u.UserID)
-			return 0
-		}
-		revoked, err := st.Accounts().ResetPassword(ctx, name, hash, *revokeTokens)
-		if err != nil {
-			return fail(err)
-		}
-		if *revokeTokens {
-			fmt.Fprintf(stdout, "changed the password of %s, signed out all their sessions and revoked their API tokens (%d)\n", name, revoked)
-			return 0
-		}
-		fmt.Fprintf(stdout, "changed the password of %s and signed out all their sessions\n", name)
+			revoked, err := acc.ResetPassword(ctx, name, hash, *revokeTokens)
+			if err != nil {
+				return err
+			}
+			if *revokeTokens {
+				fmt.Fprintf(stdout, "changed the password of %s, signed out all their sessions and revoked their API tokens (%d)\n", name, revoked)
+				return nil
+			}
+			fmt.Fprintf(stdout, "changed the password of %s and signed out all their sessions\n", name)
+			return nil
+		})
 	case "sessions":
 		return onAccount(func(acc store.Accounts, name string) error {
 			sessions, err := acc.Sessions(ctx, name, time.Now())
@@ -148,30 +138,27 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return nil
 		})
 	case "list":
-		st, err := openAccounts(ctx, *db, false)
-		if err != nil {
-			return fail(err)
-		}
-		defer st.Close()
-		users, err := st.Accounts().Users(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tID\tPASSWORD\tCREATED")
-		for _, u := range users {
-			created := u.CreatedAt.Format(time.DateTime)
-			if u.CreatedAt.UnixMilli() == 0 {
-				created = "-" // the built-in local user of -auth none
+		return withAccounts(ctx, *db, false, fail, func(acc store.Accounts) error {
+			users, err := acc.Users(ctx)
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, u.UserID, yesNo(u.HasPassword), created)
-		}
-		tw.Flush()
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tID\tPASSWORD\tCREATED")
+			for _, u := range users {
+				created := u.CreatedAt.Format(time.DateTime)
+				if u.CreatedAt.UnixMilli() == 0 {
+					created = "-" // the built-in local user of -auth none
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", u.Name, u.UserID, yesNo(u.HasPassword), created)
+			}
+			tw.Flush()
+			return nil
+		})
 	default:
 		fmt.Fprintf(stderr, "gateway user: unknown command %q\n\n%s\n", sub, userUsage)
 		return 2
 	}
-	return 0
 }
 
 // readPassword asks twice on a terminal; from a pipe it takes one line.
