@@ -241,7 +241,15 @@ type fakeMailer struct {
 	// statusErr, when set, is what every key lookup answers: the
 	// provider's status endpoint is down.
 	statusErr error
+	// once: the provider does not deduplicate by key (not a
+	// tools.Resender), so the engine must send a key at most once. Set
+	// before the engine starts.
+	once bool
 }
+
+// ResendSafe implements tools.Resender: a provider that deduplicates,
+// unless once.
+func (m *fakeMailer) ResendSafe() bool { return !m.once }
 
 func newMailer(mode string, gated bool) *fakeMailer {
 	m := &fakeMailer{mode: mode, entered: make(chan string, 16), commits: map[string]int{},
@@ -1044,6 +1052,39 @@ func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 	e.wantEmailed(mail, ack.RunID, op, "sent", 1) // the key was known: reconcile must not send again
 }
 
+// A lost answer from a provider that does not deduplicate by key is not
+// retried: the key is sent once, the outcome recorded unknown, and the
+// reconciler settles it when a lookup finds the key.
+func TestLostAnswerIsNotResentToAProviderThatDoesNotDeduplicate(t *testing.T) {
+	mail := newMailer(mailAcceptTimeout, false)
+	mail.once = true
+	e := newToolEnv(t, &toolModel{tool: "send_email", args: mailArgs}, mail)
+	e.start()
+	ack := e.ask("send the quote")
+	op, _ := e.waitConfirmation(ack.RunID)
+	mail.mu.Lock()
+	mail.statusErr = errors.New("status endpoint unavailable")
+	mail.mu.Unlock()
+	e.confirm(op.OperationID)
+	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
+	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{chat.PhaseConfirmed, chat.PhaseCommitting, chat.PhaseUnknown}) {
+		t.Fatalf("tool.updated phases = %v", got)
+	}
+	wantOp(t, e.onlyOp(), chat.PhaseUnknown, chat.OutcomeUnknown)
+	if msgs := e.wantHistory("user assistant tool assistant"); !strings.Contains(msgs[2].Content, "not sent again") {
+		t.Errorf("the recorded result does not say why it was not retried: %s", msgs[2].Content)
+	}
+	mail.wantCommits(t, *op.IdempotencyKey, 1, 1)
+	mail.mu.Lock()
+	mail.statusErr = nil
+	mail.mu.Unlock()
+	waitFor(t, e.sub, "tool.updated reconciled", func(ev *chat.Event) bool {
+		return ev.Type == chat.EventToolUpdated && ev.Body.(chat.ToolBody).Operation.Phase == chat.PhaseReconciled
+	})
+	wantOp(t, e.onlyOp(), chat.PhaseReconciled, chat.OutcomeCommitted)
+	mail.wantCommits(t, *op.IdempotencyKey, 1, 1)
+}
+
 func TestConsequentialProviderRejects(t *testing.T) {
 	e, mail, ack, op, _ := emailDrafted(t, mailRejects, false)
 	e.confirm(op.OperationID)
@@ -1113,21 +1154,28 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		actions, calls     int
 		history            string
 		lookupFails        bool
+		once               bool
 	}{
-		{"provider had accepted", true, false, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false},
-		{"provider never got it", false, false, chat.PhaseCommitted, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false},
-		{"cancelled, provider had accepted", true, true, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool", false},
+		{"provider had accepted", true, false, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false, false},
+		{"provider never got it", false, false, chat.PhaseCommitted, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false, false},
+		{"cancelled, provider had accepted", true, true, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool", false, false},
 		// It never reached the provider and the user has cancelled since:
 		// never sent after the cancel, but since the dead worker had passed
 		// the safe point, nobody can say it was not sent: unknown (never
 		// not_started), and the reconciler keeps looking the key up.
-		{"cancelled, provider never got it", false, true, chat.PhaseUnknown, chat.OutcomeUnknown, 0, 0, "user assistant tool", false},
+		{"cancelled, provider never got it", false, true, chat.PhaseUnknown, chat.OutcomeUnknown, 0, 0, "user assistant tool", false, false},
 		// The provider had accepted, but its status endpoint is down: the
 		// cancel cannot know, so it must not report "not started".
-		{"cancelled, provider had accepted, lookup fails", true, true, chat.PhaseUnknown, chat.OutcomeUnknown, 1, 1, "user assistant tool", true},
+		{"cancelled, provider had accepted, lookup fails", true, true, chat.PhaseUnknown, chat.OutcomeUnknown, 1, 1, "user assistant tool", true, false},
+		// A provider that does not deduplicate (an MCP server) is never
+		// sent a key again: what the dead worker may have sent stays
+		// unknown unless a lookup finds it.
+		{"provider never got it, does not deduplicate", false, false, chat.PhaseUnknown, chat.OutcomeUnknown, 0, 0, "user assistant tool assistant", false, true},
+		{"provider had accepted, does not deduplicate", true, false, chat.PhaseReconciled, chat.OutcomeCommitted, 1, 1, "user assistant tool assistant", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, mail, runID, opID := crashed(t, tc.reached, tc.cancelled)
+			mail.once = tc.once
 			if tc.lookupFails {
 				mail.mu.Lock()
 				mail.statusErr = errors.New("status endpoint unavailable")

@@ -156,7 +156,9 @@ func (e *Engine) runTool(ctx context.Context, in chat.RunInput, lease chat.Lease
 // A lost answer, a timeout or a lookup that does not find the key (yet: a
 // system may record a key only once it finished acting) leaves it
 // unknown. While the run goes on, the call is tried again under the same
-// key (the system acts once per key) a few times; a cancel never does:
+// key a few times when the system acts once per key (tools.Resender), and
+// never otherwise: a system that does not deduplicate gets each key at
+// most once, also across a restart. A cancel never tries again:
 // once the call may have reached the system, a cancel cannot recall it,
 // so it is reported unknown and never not_started. An outcome still
 // unknown is recorded as such (the model and the receipt say so), and the
@@ -184,6 +186,12 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 		}
 		lookupErr = err
 	}
+	resend := tools.ResendSafe(t)
+	if sent && !resend {
+		// It may have reached a system that does not deduplicate by key:
+		// a second send could act twice (invariant 2).
+		return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, notResent, nil, lookupErr)))
+	}
 	unknown := op.Phase == chat.PhaseUnknown
 	for try := 0; try < reconcileTries; try++ {
 		if sent && cancelled() {
@@ -202,6 +210,13 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 			return e.afterTool(ctx, record(chat.PhaseFailed, chat.OutcomeFailed, res))
 		}
 		lastErr = err
+		if !resend {
+			st, err := t.Status(callCtx, key)
+			if err == nil && st.Known {
+				return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
+			}
+			return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, notResent, lastErr, err)))
+		}
 		// Nobody knows whether it acted: say so, then ask by key.
 		if !unknown {
 			if err := e.store.SetOperationPhase(write, lease, op.OperationID, chat.PhaseUnknown, chat.OutcomeUnknown, false); err != nil {
@@ -221,6 +236,10 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 	}
 	return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "the provider did not confirm the call", lastErr, lookupErr)))
 }
+
+// notResent says why a call that may have reached its system is not sent
+// again (see tools.Resender).
+const notResent = "the call may have reached the provider, which does not deduplicate by key, so it is not sent again"
 
 // unknownResult is the recorded result of a call whose outcome nobody
 // knows yet: what happened, and that the key is still being looked up.

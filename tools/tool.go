@@ -67,6 +67,24 @@ type Committer interface {
 	Status(ctx context.Context, key string) (Status, error)
 }
 
+// Resender is a Committer whose external system acts at most once per key
+// however often the key is sent (it deduplicates, as a service honouring
+// Idempotency-Key does). Only such a call is sent again under its key when
+// its answer was lost; any other Committer is sent at most once per key,
+// and an answer lost stays unknown until Status finds the key (invariant
+// 2: one key, at most one action).
+type Resender interface {
+	Committer
+	// ResendSafe reports whether the system deduplicates by key.
+	ResendSafe() bool
+}
+
+// ResendSafe reports whether c may be sent a key again (see Resender).
+func ResendSafe(c Committer) bool {
+	r, ok := c.(Resender)
+	return ok && r.ResendSafe()
+}
+
 // Status of a key at the external system.
 type Status struct {
 	Known  bool            // the system accepted the key

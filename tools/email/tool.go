@@ -36,7 +36,10 @@ type SendEmail struct {
 	outbox *Outbox
 }
 
-var _ tools.Committer = (*SendEmail)(nil)
+var _ tools.Resender = (*SendEmail)(nil)
+
+// ResendSafe implements tools.Resender: the provider acts once per key.
+func (s *SendEmail) ResendSafe() bool { return true }
 
 // NewSendEmail returns the tool committing to outbox.
 func NewSendEmail(outbox *Outbox) *SendEmail {

@@ -794,7 +794,12 @@ type Committer struct {
 	hook *webhook
 }
 
-var _ tools.Committer = (*Committer)(nil)
+var _ tools.Resender = (*Committer)(nil)
+
+// ResendSafe implements tools.Resender: the service must act at most once
+// per Idempotency-Key (see Load), so a call whose answer was lost is sent
+// again under its key.
+func (t *Committer) ResendSafe() bool { return true }
 
 // Key is the idempotency key of the consequential webhook tool name
 // called with the normalised arguments norm in scope:
