@@ -1,0 +1,371 @@
+package mcp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/mcp"
+)
+
+// wait bounds every wait of these tests.
+const wait = 20 * time.Second
+
+// everything is the stdio config of @modelcontextprotocol/server-everything,
+// installed by npm ci (package.json's devDependencies).
+func everything(t *testing.T) mcp.ServerConfig {
+	t.Helper()
+	script, err := filepath.Abs("../../node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(script); err != nil {
+		t.Fatalf("the MCP reference server is not installed (%v): run npm ci at the repository root", err)
+	}
+	return mcp.ServerConfig{Name: "everything", Command: "node", Args: []string{script, "stdio"}}
+}
+
+// connected returns a connected server of cfg, closed when the test ends.
+func connected(t *testing.T, cfg mcp.ServerConfig) *mcp.Server {
+	t.Helper()
+	s := mcp.NewServer(cfg, nil)
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	if err := s.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// tool returns the server's tool named name.
+func tool(t *testing.T, s *mcp.Server, name string) tools.Tool {
+	t.Helper()
+	var names []string
+	for _, tl := range s.Tools() {
+		if tl.Spec().Name == name {
+			return tl
+		}
+		names = append(names, tl.Spec().Name)
+	}
+	t.Fatalf("no tool %s among %v", name, names)
+	return nil
+}
+
+func TestContractFromAnnotationsUnlessConfigured(t *testing.T) {
+	yes := true
+	cases := []struct {
+		configured string
+		a          *sdk.ToolAnnotations
+		want       string
+	}{
+		{"", nil, tools.Consequential},
+		{"", &sdk.ToolAnnotations{}, tools.Consequential},
+		{"", &sdk.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true}, tools.Cancellable},
+		{"", &sdk.ToolAnnotations{IdempotentHint: true, DestructiveHint: &yes}, tools.Idempotent},
+		{tools.Consequential, &sdk.ToolAnnotations{ReadOnlyHint: true}, tools.Consequential},
+		{tools.Cancellable, nil, tools.Cancellable},
+	}
+	for _, c := range cases {
+		if got := mcp.ContractFor(c.configured, c.a); got != c.want {
+			t.Errorf("ContractFor(%q, %+v) = %s, want %s", c.configured, c.a, got, c.want)
+		}
+	}
+}
+
+func TestParseServersNamesEveryProblem(t *testing.T) {
+	t.Setenv("MCP_TEST_TOKEN", "")
+	_, err := mcp.ParseServers(json.RawMessage(`[
+		{"name": "Bad Name", "command": "node"},
+		{"name": "both", "command": "node", "url": "http://127.0.0.1:1/mcp"},
+		{"name": "none"},
+		{"name": "hdr", "url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}},
+		{"name": "creds", "url": "http://u:p@127.0.0.1:1/mcp"},
+		{"name": "ctr", "command": "node", "contracts": {"x": "maybe"}},
+		{"name": "ctr", "command": "node", "timeout": "forever"},
+		{"name": "extra", "command": "node", "colour": "red"}
+	]`))
+	if err == nil {
+		t.Fatal("a broken config was accepted")
+	}
+	for _, want := range []string{
+		`mcp_servers[0] (Bad Name): field "name"`,
+		`mcp_servers[1] (both): field "url": give "command"`,
+		`mcp_servers[2] (none): field "command": one of`,
+		`mcp_servers[3] (hdr): field "headers": Authorization: environment variable MCP_TEST_TOKEN is not set`,
+		`mcp_servers[4] (creds): field "url": must not carry credentials`,
+		`mcp_servers[5] (ctr): field "contracts": tool "x": "maybe" is not a contract`,
+		`mcp_servers[6] (ctr): field "name": another server is named "ctr"`,
+		`mcp_servers[6] (ctr): field "timeout"`,
+		`mcp_servers[7]: json: unknown field "colour"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "Bearer") {
+		t.Errorf("the error shows a header value: %v", err)
+	}
+}
+
+// TestEverythingOverStdio: the reference server's tools are listed under
+// "everything__", with contracts from their annotations, and a call
+// returns the server's answer.
+func TestEverythingOverStdio(t *testing.T) {
+	s := connected(t, everything(t))
+	echo := tool(t, s, "everything__echo")
+	if c := echo.Spec().Contract; c != tools.Cancellable {
+		t.Errorf("echo (readOnlyHint) has contract %s, want cancellable", c)
+	}
+	if _, err := echo.Validate(json.RawMessage(`{"message": 7}`)); err == nil {
+		t.Error("arguments that do not fit the server's schema were accepted")
+	}
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	res, err := echo.(tools.Runner).Run(ctx, "op_1", json.RawMessage(`{"message":"hello"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res), "Echo: hello") {
+		t.Errorf("result %s does not hold the echo", res)
+	}
+	if st := s.State(); !st.Connected || st.Tools != len(s.Tools()) || st.Tools < 5 {
+		t.Errorf("state %+v", st)
+	}
+}
+
+// TestEverythingProgressAndCancel: a long-running call reports progress;
+// cancelling its context returns at once and the session stays usable.
+func TestEverythingProgressAndCancel(t *testing.T) {
+	s := connected(t, everything(t))
+	long := tool(t, s, "everything__trigger-long-running-operation").(tools.Runner)
+	var mu sync.Mutex
+	var seen []mcp.Progress
+	first := make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	ctx = mcp.WithProgress(ctx, func(p mcp.Progress) {
+		mu.Lock()
+		seen = append(seen, p)
+		if len(seen) == 1 {
+			close(first)
+		}
+		mu.Unlock()
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := long.Run(ctx, "op_long", json.RawMessage(`{"duration": 10, "steps": 50}`))
+		done <- err
+	}()
+	select {
+	case <-first:
+	case err := <-done:
+		t.Fatalf("the call ended before any progress: %v", err)
+	case <-time.After(wait):
+		t.Fatal("no progress notification")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("a cancelled call returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a cancelled call did not return")
+	}
+	mu.Lock()
+	p := seen[0]
+	mu.Unlock()
+	if p.Total != 50 || p.Progress < 1 {
+		t.Errorf("progress %+v", p)
+	}
+	ctx2, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	if _, err := tool(t, s, "everything__echo").(tools.Runner).Run(ctx2, "op_2", json.RawMessage(`{"message":"still here"}`)); err != nil {
+		t.Errorf("the session did not survive a cancelled call: %v", err)
+	}
+}
+
+// ledger is an in-process MCP server with one consequential tool, "pay",
+// that counts the calls of each idempotency key it is sent.
+type ledger struct {
+	srv     *sdk.Server
+	mu      sync.Mutex
+	calls   map[string]int
+	hold    chan struct{} // when set, pay waits for it (ignoring cancellation)
+	entered chan struct{}
+}
+
+func newLedger(t *testing.T) (*ledger, string) {
+	t.Helper()
+	l := &ledger{calls: map[string]int{}, entered: make(chan struct{}, 8)}
+	srv := sdk.NewServer(&sdk.Implementation{Name: "ledger", Version: "1"}, nil)
+	l.srv = srv
+	l.addPay()
+	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, nil)
+	hs := httptest.NewServer(h)
+	t.Cleanup(hs.Close)
+	return l, hs.URL
+}
+
+type payArgs struct {
+	Amount int    `json:"amount" jsonschema:"the amount, in cents"`
+	To     string `json:"to"`
+}
+
+// addPay (re)adds the tool pay.
+func (l *ledger) addPay() {
+	sdk.AddTool(l.srv, &sdk.Tool{Name: "pay", Description: "Pay someone."}, func(ctx context.Context, req *sdk.CallToolRequest, in payArgs) (*sdk.CallToolResult, any, error) {
+		key, _ := req.Params.Meta[mcp.IdempotencyKeyMeta].(string)
+		l.mu.Lock()
+		l.calls[key]++
+		hold := l.hold
+		l.mu.Unlock()
+		l.entered <- struct{}{}
+		if hold != nil {
+			<-hold
+		}
+		if in.Amount <= 0 {
+			return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "amount must be positive"}}}, nil, nil
+		}
+		return nil, map[string]any{"paid": in.Amount, "to": in.To}, nil
+	})
+}
+
+func (l *ledger) count(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls[key]
+}
+
+// TestConsequentialSentOncePerKey: a tool without annotations is
+// consequential; Prepare shows the arguments and names the key; Commit
+// sends the key in _meta, once, and never again for that key.
+func TestConsequentialSentOncePerKey(t *testing.T) {
+	l, url := newLedger(t)
+	s := connected(t, mcp.ServerConfig{Name: "ledger", URL: url})
+	pay, ok := tool(t, s, "ledger__pay").(tools.Committer)
+	if !ok || pay.Spec().Contract != tools.Consequential {
+		t.Fatalf("pay is %T %s, want a consequential Committer", pay, pay.Spec().Contract)
+	}
+	args := json.RawMessage(`{"to":"bob","amount":500}`)
+	preview, key, err := pay.Prepare("step-1", args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(preview), `"arguments":{"amount":500,"to":"bob"}`) || !strings.HasPrefix(key, "ledger__pay:step-1:") {
+		t.Errorf("preview %s, key %s", preview, key)
+	}
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	res, err := pay.Commit(ctx, key, args)
+	if err != nil || !strings.Contains(string(res), `"paid":500`) {
+		t.Fatalf("commit: %s, %v", res, err)
+	}
+	if _, err := pay.Commit(ctx, key, args); err == nil || errors.Is(err, tools.ErrRejected) {
+		t.Errorf("a second commit of the same key returned %v, want an unknown-outcome error", err)
+	}
+	if n := l.count(key); n != 1 {
+		t.Errorf("the server saw the key %d times, want 1", n)
+	}
+	if st, err := pay.Status(ctx, key); err == nil || st.Known {
+		t.Errorf("Status claimed to know: %+v, %v", st, err)
+	}
+}
+
+// TestConsequentialOutcomes: arguments that do not fit the server's
+// schema are refused before anything is sent; a tool that reports an error, or a call
+// cancelled while the server works on it, leaves the outcome unknown.
+func TestConsequentialOutcomes(t *testing.T) {
+	l, url := newLedger(t)
+	s := connected(t, mcp.ServerConfig{Name: "ledger", URL: url})
+	pay := tool(t, s, "ledger__pay").(tools.Committer)
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+
+	_, err := pay.Commit(ctx, "k-invalid", json.RawMessage(`{"to":"bob","amount":"lots"}`))
+	if !errors.Is(err, tools.ErrRejected) {
+		t.Errorf("arguments that do not fit the schema: %v, want ErrRejected", err)
+	}
+	if n := l.count("k-invalid"); n != 0 {
+		t.Errorf("arguments that do not fit reached the server %d times", n)
+	}
+
+	_, err = pay.Commit(ctx, "k-error", json.RawMessage(`{"to":"bob","amount":0}`))
+	if err == nil || errors.Is(err, tools.ErrRejected) || !strings.Contains(err.Error(), "amount must be positive") {
+		t.Errorf("a tool error: %v, want an unknown outcome with the server's words", err)
+	}
+
+	l.srv.RemoveTools("pay")
+	_, err = pay.Commit(ctx, "k-gone", json.RawMessage(`{"to":"bob","amount":1}`))
+	if !errors.Is(err, tools.ErrRejected) {
+		t.Errorf("a tool the server no longer has: %v, want ErrRejected", err)
+	}
+	if n := l.count("k-gone"); n != 0 {
+		t.Errorf("a removed tool ran %d times", n)
+	}
+	l.addPay()
+
+	hold := make(chan struct{})
+	l.mu.Lock()
+	l.hold = hold
+	l.mu.Unlock()
+	for len(l.entered) > 0 {
+		<-l.entered
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := pay.Commit(cctx, "k-cancel", json.RawMessage(`{"to":"bob","amount":1}`))
+		done <- err
+	}()
+	select {
+	case <-l.entered:
+	case <-time.After(wait):
+		t.Fatal("the call did not reach the server")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, tools.ErrRejected) {
+			t.Errorf("a call cancelled at the server: %v, want an unknown outcome", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a cancelled commit did not return")
+	}
+	close(hold)
+	if n := l.count("k-cancel"); n != 1 {
+		t.Errorf("the server saw the cancelled key %d times", n)
+	}
+}
+
+// TestDeadServerFailsTheCallClearly: a call while the server is down says
+// so and sends nothing; Run reconnects once the server is back.
+func TestDeadServerFailsTheCallClearly(t *testing.T) {
+	l, url := newLedger(t)
+	_ = l
+	s := connected(t, mcp.ServerConfig{Name: "ledger", URL: url})
+	pay := tool(t, s, "ledger__pay").(tools.Committer)
+	s.Close()
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	_, err := pay.Commit(ctx, "k-down", json.RawMessage(`{"to":"bob","amount":1}`))
+	var nc *mcp.NotConnectedError
+	if !errors.As(err, &nc) || !errors.Is(err, tools.ErrRejected) || !strings.Contains(err.Error(), "nothing was sent") {
+		t.Errorf("a call to a closed server: %v", err)
+	}
+	if st := s.State(); st.Connected || st.Error == "" {
+		t.Errorf("state of a closed server: %+v", st)
+	}
+}
