@@ -45,7 +45,7 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 
-test-go:
+test-go: node-deps
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # test-store-postgres runs the whole store suite (and the email provider's)

@@ -50,7 +50,6 @@ type ServerConfig struct {
 
 var (
 	serverName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
-	envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // defaultTimeout bounds connecting and listing the tools.
@@ -161,10 +160,10 @@ func (c ServerConfig) environment() ([]string, error) {
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(c.Env)) {
-		if !envVarName.MatchString(k) {
+		if !tools.EnvVarName.MatchString(k) {
 			return nil, fmt.Errorf("%q is not a variable name", k)
 		}
-		v, err := expandEnvRefs(c.Env[k])
+		v, err := tools.ExpandEnvRefs(c.Env[k])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
 		}
@@ -196,40 +195,11 @@ func (c ServerConfig) headers() (http.Header, error) {
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(c.Headers)) {
-		v, err := expandEnvRefs(c.Headers[k])
+		v, err := tools.ExpandEnvRefs(c.Headers[k])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
 		}
 		h.Set(k, v)
 	}
 	return h, nil
-}
-
-// expandEnvRefs replaces every ${NAME} in v with the environment variable
-// NAME, which must be set and non-empty. Errors never hold v.
-func expandEnvRefs(v string) (string, error) {
-	var b strings.Builder
-	for {
-		i := strings.Index(v, "${")
-		if i < 0 {
-			b.WriteString(v)
-			return b.String(), nil
-		}
-		b.WriteString(v[:i])
-		rest := v[i+2:]
-		j := strings.IndexByte(rest, '}')
-		if j < 0 {
-			return "", errors.New(`a "${" has no closing "}"`)
-		}
-		name := rest[:j]
-		if !envVarName.MatchString(name) {
-			return "", errors.New("a ${...} reference does not name a variable")
-		}
-		val, ok := os.LookupEnv(name)
-		if !ok || val == "" {
-			return "", fmt.Errorf("environment variable %s is not set (or is empty)", name)
-		}
-		b.WriteString(val)
-		v = rest[j+1:]
-	}
 }

@@ -2,8 +2,6 @@ package mcp
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -182,8 +180,7 @@ func (t *Committer) Prepare(scope string, args json.RawMessage) (json.RawMessage
 	if err != nil {
 		return nil, "", err
 	}
-	sum := sha256.Sum256(norm)
-	return preview, t.spec.Name + ":" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":commit", nil
+	return preview, tools.ActionKey(t.spec.Name, scope, norm), nil
 }
 
 // Commit implements tools.Committer. The key travels in the request's

@@ -9,8 +9,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,10 +60,7 @@ type Config struct {
 // are reported.
 var webhookFields = []string{"name", "description", "contract", "parameters", "url", "status_url", "timeout", "headers"}
 
-var (
-	webhookName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
-	envVarName  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
+var webhookName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
 // reservedHeaders are set by the gateway (or by net/http) on every call.
 var reservedHeaders = map[string]bool{
@@ -361,7 +356,7 @@ func newWebhook(cfg Config, client *http.Client) (tools.Tool, error) {
 			continue
 		}
 		// Never echo the value: it may be, or hold, a secret.
-		v, err := expandEnvRefs(cfg.Headers[name])
+		v, err := tools.ExpandEnvRefs(cfg.Headers[name])
 		if err != nil {
 			fail(field, "%v", err)
 			continue
@@ -448,35 +443,6 @@ func shownURL(u *url.URL) string {
 	v := *u
 	v.RawQuery, v.ForceQuery, v.Fragment, v.RawFragment = "", false, "", ""
 	return v.String()
-}
-
-// expandEnvRefs replaces every ${NAME} in v with the environment variable
-// NAME, which must be set and non-empty. Errors never hold v.
-func expandEnvRefs(v string) (string, error) {
-	var b strings.Builder
-	for {
-		i := strings.Index(v, "${")
-		if i < 0 {
-			b.WriteString(v)
-			return b.String(), nil
-		}
-		b.WriteString(v[:i])
-		rest := v[i+2:]
-		j := strings.IndexByte(rest, '}')
-		if j < 0 {
-			return "", errors.New(`a "${" has no closing "}"`)
-		}
-		name := rest[:j]
-		if !envVarName.MatchString(name) {
-			return "", errors.New("a ${...} reference does not name a variable (letters, digits and _, not starting with a digit)")
-		}
-		val, ok := os.LookupEnv(name)
-		if !ok || val == "" {
-			return "", fmt.Errorf("environment variable %s is not set (or is empty)", name)
-		}
-		b.WriteString(val)
-		v = rest[j+1:]
-	}
 }
 
 // checkJSONDocument reports a syntax error (with its line and column),
@@ -804,10 +770,7 @@ func (t *Committer) ResendSafe() bool { return true }
 // Key is the idempotency key of the consequential webhook tool name
 // called with the normalised arguments norm in scope:
 // "<name>:<scope>:<16 hex of sha256(norm)>:commit".
-func Key(name, scope string, norm json.RawMessage) string {
-	sum := sha256.Sum256(norm)
-	return name + ":" + scope + ":" + hex.EncodeToString(sum[:])[:16] + ":commit"
-}
+func Key(name, scope string, norm json.RawMessage) string { return tools.ActionKey(name, scope, norm) }
 
 // Prepare implements tools.Committer: the preview is the normalised arguments,
 // and the key depends on the tool, scope and those arguments only.
