@@ -343,6 +343,23 @@ func (s *server) stderr() string {
 	return strings.Join(s.logs, "\n")
 }
 
+// adminURL is the admin listener's address as the server logged it (its
+// profiles' URL, ending in /debug/pprof/); none logged stops the test.
+func (s *server) adminURL() string {
+	s.t.Helper()
+	const line = `msg="admin listener" addr=`
+	var admin string
+	for _, l := range strings.Split(s.stderr(), "\n") {
+		if i := strings.Index(l, line); i >= 0 {
+			admin = strings.TrimSpace(l[i+len(line):])
+		}
+	}
+	if admin == "" {
+		s.t.Fatalf("no admin listener line in the log:\n%s", s.stderr())
+	}
+	return admin
+}
+
 // logged counts the stderr lines so far whose msg is exactly msg (all of
 // them, not only the last lines kept for failure reports).
 func (s *server) logged(msg string) int {
@@ -593,22 +610,25 @@ func refusedStatus(err error) int {
 	return 0
 }
 
+// answer is what call (a method of the server's protocol client) answers
+// for arg; any error stops the test, saying what was asked.
+func answer[A, T any](s *server, what string, call func(context.Context, A) (T, error), arg A) T {
+	s.t.Helper()
+	v, err := call(context.Background(), arg)
+	if err != nil {
+		s.t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
 func (s *server) snapshot(threadID string) chat.Snapshot {
 	s.t.Helper()
-	snap, err := s.api().Thread(context.Background(), threadID)
-	if err != nil {
-		s.t.Fatalf("GET /api/threads/%s: %v", threadID, err)
-	}
-	return snap
+	return answer(s, "GET /api/threads/"+threadID, s.api().Thread, threadID)
 }
 
 func (s *server) run(runID string) chat.Run {
 	s.t.Helper()
-	r, err := s.api().Run(context.Background(), runID)
-	if err != nil {
-		s.t.Fatalf("GET /api/runs/%s: %v", runID, err)
-	}
-	return r
+	return answer(s, "GET /api/runs/"+runID, s.api().Run, runID)
 }
 
 func (s *server) createThread() chat.Snapshot {
@@ -619,10 +639,7 @@ func (s *server) createThread() chat.Snapshot {
 // newThread creates a thread titled title ("": none).
 func (s *server) newThread(title string) chat.Snapshot {
 	s.t.Helper()
-	snap, err := s.api().CreateThread(context.Background(), title)
-	if err != nil {
-		s.t.Fatalf("POST /api/threads: %v", err)
-	}
+	snap := answer(s, "POST /api/threads", s.api().CreateThread, title)
 	if !strings.HasPrefix(snap.ThreadID, "thr_") {
 		s.t.Fatalf("new thread id %q does not start with thr_", snap.ThreadID)
 	}
@@ -637,31 +654,20 @@ func (s *server) newThread(title string) chat.Snapshot {
 // "": continue from the saved point).
 func (s *server) startRun(threadID string, expected int64, text string) chat.RunStartAck {
 	s.t.Helper()
-	ack, err := s.api().StartRun(context.Background(), client.StartRunRequest{ThreadID: threadID, ExpectedStateVersion: expected, UserMessage: text})
-	if err != nil {
-		s.t.Fatalf("POST /api/threads/%s/runs: %v", threadID, err)
-	}
-	return ack
+	return answer(s, "POST /api/threads/"+threadID+"/runs", s.api().StartRun,
+		client.StartRunRequest{ThreadID: threadID, ExpectedStateVersion: expected, UserMessage: text})
 }
 
 // cancelRun requests a run's cancel (an empty body).
 func (s *server) cancelRun(runID string) chat.CancelAck {
 	s.t.Helper()
-	ack, err := s.api().CancelRun(context.Background(), client.CancelRunRequest{RunID: runID})
-	if err != nil {
-		s.t.Fatalf("POST /api/runs/%s/cancel: %v", runID, err)
-	}
-	return ack
+	return answer(s, "POST /api/runs/"+runID+"/cancel", s.api().CancelRun, client.CancelRunRequest{RunID: runID})
 }
 
 // threads is the first page of GET /api/threads.
 func (s *server) threads() []chat.Thread {
 	s.t.Helper()
-	page, err := s.api().ListThreads(context.Background(), client.ListThreadsOptions{})
-	if err != nil {
-		s.t.Fatalf("GET /api/threads: %v", err)
-	}
-	return page.Threads
+	return answer(s, "GET /api/threads", s.api().ListThreads, client.ListThreadsOptions{}).Threads
 }
 
 // ---------------------------------------------------------------------------
@@ -866,6 +872,30 @@ func checkDB(t *testing.T, db string) {
 	code, out, errOut := runCLI(t, nil, "check", "-db", db)
 	if code != 0 || !strings.HasPrefix(out, "ok") {
 		t.Fatalf("gateway check -db %s: exit %d, want 0 and \"ok\"\nstdout:\n%s\nstderr:\n%s", db, code, out, errOut)
+	}
+}
+
+// refusedStart is a serve configuration (its flags come after -addr
+// 127.0.0.1:0 -db DB) that must not start, and what the refusal says.
+type refusedStart struct {
+	args []string
+	want string
+}
+
+// wantStartsRefused requires that each configuration exits 2 saying its
+// want (and never the password "secret" of a URL it was given), and that
+// none of them created the database db.
+func wantStartsRefused(t *testing.T, db string, starts []refusedStart) {
+	t.Helper()
+	for _, tc := range starts {
+		args := append([]string{"-addr", "127.0.0.1:0", "-db", db}, tc.args...)
+		code, _, errOut := runCLI(t, nil, args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "secret") {
+			t.Errorf("gateway %s: exit %d, stderr %q; want exit 2 saying %q (and never the password)", strings.Join(args, " "), code, errOut, tc.want)
+		}
+	}
+	if exists(db) {
+		t.Errorf("a refused configuration still created the database %s", db)
 	}
 }
 
@@ -1194,25 +1224,12 @@ func TestCLIErrors(t *testing.T) {
 	})
 
 	t.Run("scale-out settings", func(t *testing.T) {
-		db := filepath.Join(dir, "never3.db")
-		for _, tc := range []struct {
-			args []string
-			want string
-		}{
+		wantStartsRefused(t, filepath.Join(dir, "never3.db"), []refusedStart{
 			{[]string{"-nats", "nats://127.0.0.1:4222"}, "needs a PostgreSQL -db"},
 			{[]string{"-db", "postgres://u:secret@127.0.0.1:5432/db", "-nats", "127.0.0.1:4222"}, "use a URL like nats://"},
 			{[]string{"-lease-ttl", "10ms"}, "-lease-ttl must be at least"},
 			{[]string{"-nats-subject", "a.*"}, "-nats-subject"},
-		} {
-			args := append([]string{"-addr", "127.0.0.1:0", "-db", db}, tc.args...)
-			code, _, errOut := runCLI(t, nil, args...)
-			if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "secret") {
-				t.Errorf("gateway %s: exit %d, stderr %q; want exit 2 saying %q (and never the password)", strings.Join(args, " "), code, errOut, tc.want)
-			}
-		}
-		if _, err := os.Stat(db); err == nil {
-			t.Errorf("a refused configuration still created the database %s", db)
-		}
+		})
 	})
 
 	t.Run("help", func(t *testing.T) {
