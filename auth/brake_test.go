@@ -49,13 +49,42 @@ func holdChecks(a *auth.Authenticator) *heldChecks {
 
 func (h *heldChecks) open() { h.once.Do(func() { close(h.release) }) }
 
+// burstOutcome is what a burst of n sign-ins left: how many password checks
+// ran at once, the answers of the attempts answered without one (early),
+// and the answers of the checked ones (late).
+type burstOutcome struct {
+	n, checked  int
+	early, late []error
+}
+
+// wantChecked checks what a burst of sign-ins (what) left: exactly want of
+// them checked by bcrypt, each answered unauthorized after the checks, and
+// every other one refused at once as rate_limited with message.
+func (o burstOutcome) wantChecked(t *testing.T, what string, want int, message string) {
+	t.Helper()
+	if o.checked != want {
+		t.Fatalf("%d of %d %s were checked by bcrypt at once, want %d", o.checked, o.n, what, want)
+	}
+	wantRetryLater(t, "one of the "+what+" beyond the ones checked", o.early, message)
+	if len(o.late) != want {
+		t.Fatalf("%d %s answered after the checks, want %d", len(o.late), what, want)
+	}
+	for _, err := range o.late {
+		if code(err) != chat.CodeUnauthorized {
+			t.Fatalf("a checked one of the %s: %v, want unauthorized", what, err)
+		}
+	}
+}
+
 // burst runs n sign-ins at once (attempt(i) is the i-th) and returns how
 // many password checks ran and the answers of the attempts that were
 // answered without one, once every attempt has either been answered or
 // is being checked; then it lets the checks finish and returns their
 // answers too.
-func burst(t *testing.T, h *heldChecks, n int, attempt func(i int) error) (checked int, early, late []error) {
+func burst(t *testing.T, h *heldChecks, n int, attempt func(i int) error) burstOutcome {
 	t.Helper()
+	var checked int
+	var early, late []error
 	defer h.open()
 	answers := make(chan error, n)
 	var wg sync.WaitGroup
@@ -79,7 +108,7 @@ func burst(t *testing.T, h *heldChecks, n int, attempt func(i int) error) (check
 	for err := range answers {
 		late = append(late, err)
 	}
-	return checked, early, late
+	return burstOutcome{n: n, checked: checked, early: early, late: late}
 }
 
 // wantRetryLater requires every error to be rate_limited with a
@@ -103,18 +132,9 @@ func TestConcurrentGuessesForOneNameAreChargedBeforeChecking(t *testing.T) {
 		Limiter: auth.LimiterConfig{Free: 3, Base: time.Second, Hashing: 64}})
 	addUser(t, st.Accounts(), "alice", "correct horse")
 	h := holdChecks(a)
-	checked, early, late := burst(t, h, 200, func(i int) error {
+	burst(t, h, 200, func(i int) error {
 		return attempt(a, "192.0.2.10:5555", "alice", fmt.Sprintf("guess %d", i))
-	})
-	if checked != 4 {
-		t.Fatalf("%d of 200 concurrent wrong passwords were checked by bcrypt, want 4 (3 free failures and the one that locks)", checked)
-	}
-	wantRetryLater(t, "a guess beyond the allowance", early, "too many failed sign-ins")
-	for _, err := range late {
-		if code(err) != chat.CodeUnauthorized {
-			t.Fatalf("a checked wrong password: %v, want unauthorized", err)
-		}
-	}
+	}).wantChecked(t, "concurrent wrong passwords for one name (3 free failures and the one that locks)", 4, "too many failed sign-ins")
 	// The lock holds for the right password too, unchecked; it ends.
 	if err := attempt(a, "192.0.2.10:5555", "alice", "correct horse"); code(err) != chat.CodeRateLimited {
 		t.Fatalf("the right password right after the burst: %v, want rate_limited", err)
@@ -139,18 +159,9 @@ func TestConcurrentGuessesFromOneAddressAreChargedBeforeChecking(t *testing.T) {
 		addUser(t, st.Accounts(), fmt.Sprintf("user%d", i), "correct horse")
 	}
 	h := holdChecks(a)
-	checked, early, late := burst(t, h, 200, func(i int) error {
+	burst(t, h, 200, func(i int) error {
 		return attempt(a, "198.51.100.7:1", fmt.Sprintf("user%d", i), "a wrong guess") // existing and unknown names
-	})
-	if checked != 10 {
-		t.Fatalf("%d of 200 concurrent sign-ins from one address were checked by bcrypt, want 10", checked)
-	}
-	wantRetryLater(t, "a sign-in beyond the address's allowance", early, "too many failed sign-ins")
-	for _, err := range late {
-		if code(err) != chat.CodeUnauthorized {
-			t.Fatalf("a checked sign-in: %v, want unauthorized", err)
-		}
-	}
+	}).wantChecked(t, "concurrent sign-ins from one address (9 free failures and the one that locks)", 10, "too many failed sign-ins")
 	// The address is locked for every name, even with the right password.
 	if err := attempt(a, "198.51.100.7:1", "user19", "correct horse"); code(err) != chat.CodeRateLimited {
 		t.Fatalf("the right password from the locked address: %v, want rate_limited", err)
@@ -166,21 +177,9 @@ func TestPasswordChecksAtOnceAreBounded(t *testing.T) {
 	addUser(t, st.Accounts(), "alice", "correct horse")
 	h := holdChecks(a)
 	addr := func(i int) string { return netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}).String() + ":1" }
-	checked, early, late := burst(t, h, 200, func(i int) error {
+	burst(t, h, 200, func(i int) error {
 		return attempt(a, addr(i), fmt.Sprintf("nobody%d", i), "whatever pw")
-	})
-	if checked != 4 {
-		t.Fatalf("%d password checks ran at once, want the bound of 4", checked)
-	}
-	wantRetryLater(t, "a sign-in beyond the hashing bound", early, "too many sign-ins at once")
-	if len(late) != 4 {
-		t.Fatalf("%d sign-ins answered after the checks, want 4", len(late))
-	}
-	for _, err := range late {
-		if code(err) != chat.CodeUnauthorized {
-			t.Fatalf("an unknown name: %v, want unauthorized", err)
-		}
-	}
+	}).wantChecked(t, "concurrent sign-ins for unknown names (the hashing bound)", 4, "too many sign-ins at once")
 	// The slots are free again.
 	if err := attempt(a, addr(199), "alice", "correct horse"); err != nil {
 		t.Fatalf("the right password after the flood: %v", err)

@@ -72,9 +72,7 @@ type Metrics struct {
 	sseSlow     *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	rateLimited *prometheus.CounterVec
-	cancelAck   *prometheus.HistogramVec
-	ackWS       prometheus.Observer
-	ackHTTP     prometheus.Observer
+	cancelAck   labelledHistogram
 
 	// runs
 	runsStarted    prometheus.Counter
@@ -93,9 +91,7 @@ type Metrics struct {
 	toolOutcomes   *prometheus.CounterVec
 
 	// store
-	txSeconds    *prometheus.HistogramVec
-	txWrite      prometheus.Observer
-	txRead       prometheus.Observer
+	txSeconds    labelledHistogram
 	groupSize    prometheus.Histogram
 	streamBuffer prometheus.Gauge
 }
@@ -171,15 +167,11 @@ func New() *Metrics {
 		streamBuffer: f.gauge("gateway_stream_buffer_deltas",
 			"Deltas held in the stream buffer now (deltas in stream_batches: counted at start, then kept up to date as batches commit and the purge removes them; deltas fanned out and not yet written are not counted)."),
 	}
-	m.ackWS = m.cancelAck.WithLabelValues("websocket")
-	m.ackHTTP = m.cancelAck.WithLabelValues("http")
 	m.runsCompleted = m.runsFinished.WithLabelValues(string(chat.RunCompleted))
 	m.runsFailed = m.runsFinished.WithLabelValues(string(chat.RunFailed))
 	m.runsCancelled = m.runsFinished.WithLabelValues(string(chat.RunCancelled))
 	m.promptTokens = m.tokens.WithLabelValues("prompt")
 	m.completeTokens = m.tokens.WithLabelValues("completion")
-	m.txWrite = m.txSeconds.WithLabelValues("write")
-	m.txRead = m.txSeconds.WithLabelValues("read")
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, MaxRequestsInFlight: 4})
 	return m
 }
@@ -223,13 +215,37 @@ func (f factory) counterVec(name, help, label string, values []string, more ...s
 	return c
 }
 
-func (f factory) histogramVec(name, help string, buckets []float64, label string, values []string) *prometheus.HistogramVec {
+// histogramVec creates a histogram with one label, whose series for values
+// exist from the start and are held ready to observe.
+func (f factory) histogramVec(name, help string, buckets []float64, label string, values []string) labelledHistogram {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, []string{label})
-	for _, v := range values {
-		h.WithLabelValues(v)
+	bound := make([]prometheus.Observer, len(values))
+	for i, v := range values {
+		bound[i] = h.WithLabelValues(v)
 	}
 	f.reg.MustRegister(h)
-	return h
+	return labelledHistogram{vec: h, values: values, bound: bound}
+}
+
+// labelledHistogram is a histogram with one label whose series for the
+// label values known up front are held ready: observing one of those
+// neither looks its series up nor allocates (the per-transaction and
+// per-cancel paths). Any other value is looked up.
+type labelledHistogram struct {
+	vec    *prometheus.HistogramVec
+	values []string
+	bound  []prometheus.Observer
+}
+
+// observe records d, in seconds, in the series of the label value.
+func (h labelledHistogram) observe(value string, d time.Duration) {
+	for i, v := range h.values {
+		if v == value {
+			h.bound[i].Observe(d.Seconds())
+			return
+		}
+	}
+	h.vec.WithLabelValues(value).Observe(d.Seconds())
 }
 
 // ---------------------------------------------------------------------------
@@ -343,16 +359,7 @@ func (m *Metrics) ConnRefused(transport string) {
 func (m *Metrics) RateLimited(kind string) { m.rateLimited.WithLabelValues(kind).Inc() }
 
 // CancelAcked observes a cancel's time from arrival to ack.
-func (m *Metrics) CancelAcked(transport string, d time.Duration) {
-	switch transport {
-	case "websocket":
-		m.ackWS.Observe(d.Seconds())
-	case "http":
-		m.ackHTTP.Observe(d.Seconds())
-	default:
-		m.cancelAck.WithLabelValues(transport).Observe(d.Seconds())
-	}
-}
+func (m *Metrics) CancelAcked(transport string, d time.Duration) { m.cancelAck.observe(transport, d) }
 
 // ---------------------------------------------------------------------------
 // engine.Metrics
@@ -377,16 +384,7 @@ func (m *Metrics) TokensUsed(prompt, completion int64) {
 // store.Metrics
 
 // Transaction observes one store transaction's duration, by kind.
-func (m *Metrics) Transaction(kind string, d time.Duration) {
-	switch kind {
-	case "write":
-		m.txWrite.Observe(d.Seconds())
-	case "read":
-		m.txRead.Observe(d.Seconds())
-	default:
-		m.txSeconds.WithLabelValues(kind).Observe(d.Seconds())
-	}
-}
+func (m *Metrics) Transaction(kind string, d time.Duration) { m.txSeconds.observe(kind, d) }
 
 // GroupCommitted observes how many writes one group commit held.
 func (m *Metrics) GroupCommitted(requests int) { m.groupSize.Observe(float64(requests)) }

@@ -32,6 +32,17 @@ const testSchema = `{
   "additionalProperties": false
 }`
 
+// validatesTo checks that s accepts in and gives it back normalised as want.
+func validatesTo(t *testing.T, s *Schema, in, want string) {
+	t.Helper()
+	got, err := s.Validate(json.RawMessage(in))
+	if err != nil {
+		t.Errorf("Validate(%s): %v", in, err)
+	} else if string(got) != want {
+		t.Errorf("Validate(%s) = %s, want %s", in, got, want)
+	}
+}
+
 func TestSchemaValidate(t *testing.T) {
 	s := MustCompileSchema(testSchema)
 	good := []struct{ in, want string }{
@@ -43,14 +54,7 @@ func TestSchemaValidate(t *testing.T) {
 		{`{"to":"ann@example.com","tags":[]}`, `{"tags":[],"to":"ann@example.com"}`},
 	}
 	for _, c := range good {
-		got, err := s.Validate(json.RawMessage(c.in))
-		if err != nil {
-			t.Errorf("Validate(%s): %v", c.in, err)
-			continue
-		}
-		if string(got) != c.want {
-			t.Errorf("Validate(%s) = %s, want %s", c.in, got, c.want)
-		}
+		validatesTo(t, s, c.in, c.want)
 	}
 
 	bad := []struct{ in, reason string }{
@@ -208,12 +212,7 @@ func TestSchemaFullVocabulary(t *testing.T) {
 		{`{"shape":{"type":"square","side":2e0}}`, `{"shape":{"side":2,"type":"square"}}`},
 	}
 	for _, c := range good {
-		got, err := s.Validate(json.RawMessage(c.in))
-		if err != nil {
-			t.Errorf("Validate(%s): %v", c.in, err)
-		} else if string(got) != c.want {
-			t.Errorf("Validate(%s) = %s, want %s", c.in, got, c.want)
-		}
+		validatesTo(t, s, c.in, c.want)
 	}
 	bad := []struct{ in, reason string }{
 		{`{"kind":true}`, `field "kind" must be a string or an integer`},
@@ -356,12 +355,7 @@ func TestSchemaNumbers(t *testing.T) {
 		{`{"free":12345678901234567890123.50,"other":[1.0,-0.0]}`, `{"free":12345678901234567890123.50,"other":[1.0,-0.0]}`},
 	}
 	for _, c := range good {
-		got, err := s.Validate(json.RawMessage(c.in))
-		if err != nil {
-			t.Errorf("Validate(%s): %v", c.in, err)
-		} else if string(got) != c.want {
-			t.Errorf("Validate(%s) = %s, want %s", c.in, got, c.want)
-		}
+		validatesTo(t, s, c.in, c.want)
 	}
 	bad := []struct{ in, reason string }{
 		{`{"i":9223372036854775808}`, `field "i" is out of range`},

@@ -630,6 +630,18 @@ func do(t *testing.T, h http.Handler, r req) *httptest.ResponseRecorder {
 
 var sameOrigin = map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}
 
+// page GETs path from a server on st, checks its status is want and its
+// headers are a page's, and returns it parsed.
+func page(t *testing.T, st *fakeStore, path string, want int) *goquery.Document {
+	t.Helper()
+	w := do(t, newServer(t, st), req{method: "GET", path: path})
+	if w.Code != want {
+		t.Fatalf("GET %s: status %d, want %d: %s", path, w.Code, want, w.Body)
+	}
+	checkPageHeaders(t, w)
+	return parse(t, w.Body.String())
+}
+
 func checkPageHeaders(t *testing.T, w *httptest.ResponseRecorder) {
 	t.Helper()
 	h := w.Header()
@@ -695,12 +707,7 @@ func TestHTTP(t *testing.T) {
 
 	t.Run("home lists threads", func(t *testing.T) {
 		st := newFakeStore(snapA, snapB)
-		w := do(t, newServer(t, st), req{method: "GET", path: "/"})
-		if w.Code != http.StatusOK {
-			t.Fatalf("status %d, want 200", w.Code)
-		}
-		checkPageHeaders(t, w)
-		doc := parse(t, w.Body.String())
+		doc := page(t, st, "/", http.StatusOK)
 		one(t, doc, byTestID("home"))
 		links := doc.Find(byTestID("thread-link"))
 		if links.Length() != 2 {
@@ -733,12 +740,7 @@ func TestHTTP(t *testing.T) {
 
 	t.Run("thread page", func(t *testing.T) {
 		st := newFakeStore(snapA, snapB)
-		w := do(t, newServer(t, st), req{method: "GET", path: "/t/thr_one"})
-		if w.Code != http.StatusOK {
-			t.Fatalf("status %d, want 200: %s", w.Code, w.Body)
-		}
-		checkPageHeaders(t, w)
-		doc := parse(t, w.Body.String())
+		doc := page(t, st, "/t/thr_one", http.StatusOK)
 		root := one(t, doc, byTestID("thread"))
 		if root.AttrOr("data-thread-id", "") != "thr_one" {
 			t.Errorf("data-thread-id = %q", root.AttrOr("data-thread-id", ""))
@@ -774,12 +776,7 @@ func TestHTTP(t *testing.T) {
 
 	t.Run("unknown thread is the 404 page", func(t *testing.T) {
 		st := newFakeStore(snapA)
-		w := do(t, newServer(t, st), req{method: "GET", path: "/t/thr_missing"})
-		if w.Code != http.StatusNotFound {
-			t.Fatalf("status %d, want 404", w.Code)
-		}
-		checkPageHeaders(t, w)
-		doc := parse(t, w.Body.String())
+		doc := page(t, st, "/t/thr_missing", http.StatusNotFound)
 		one(t, doc, byTestID("not-found"))
 		if n := doc.Find(byTestID("thread-link")).Length(); n != 1 {
 			t.Errorf("404 page sidebar has %d links, want 1", n)

@@ -22,22 +22,11 @@ func user(text string) model.Request {
 // collect streams req to the end with pace 0 and returns the chunk texts.
 func collect(t *testing.T, req model.Request) []string {
 	t.Helper()
-	s, err := New(0).Stream(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	var out []string
-	for {
-		c, err := s.Next(context.Background())
-		if errors.Is(err, model.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range chunks(t, req) {
 		out = append(out, c.Text)
 	}
+	return out
 }
 
 func TestDeterministic(t *testing.T) {

@@ -64,6 +64,19 @@ func (u *upstream) count() int {
 	return len(u.requests)
 }
 
+// wantRequests checks that the upstream was asked exactly n times; why,
+// when not empty, says what that count shows.
+func (u *upstream) wantRequests(t *testing.T, n int, why string) {
+	t.Helper()
+	if got := u.count(); got != n {
+		msg := fmt.Sprintf("%d requests, want %d", got, n)
+		if why != "" {
+			msg += ": " + why
+		}
+		t.Error(msg)
+	}
+}
+
 func (u *upstream) request(i int) recorded {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -244,9 +257,7 @@ func TestTextStream(t *testing.T) {
 	if got := req.header.Get("X-Router-Team"); got != "blue" {
 		t.Errorf("X-Router-Team %q, want blue", got)
 	}
-	if up.count() != 1 {
-		t.Errorf("%d requests, want 1", up.count())
-	}
+	up.wantRequests(t, 1, "")
 }
 
 func TestToolCallAssembledFromPieces(t *testing.T) {
@@ -348,9 +359,7 @@ func TestStreamBreaksOff(t *testing.T) {
 			if !strings.Contains(e.Error(), "the model's stream broke off") {
 				t.Errorf("error %q, want it to say the stream broke off", e)
 			}
-			if up.count() != 1 {
-				t.Errorf("%d requests, want 1: no retry after the first token", up.count())
-			}
+			up.wantRequests(t, 1, "no retry after the first token")
 		})
 	}
 }
@@ -367,9 +376,7 @@ func TestErrorEventMidStream(t *testing.T) {
 	if !strings.Contains(e.Error(), "mid-stream") || !strings.Contains(e.Error(), "the server is overloaded") {
 		t.Errorf("error %q, want the upstream's message", e)
 	}
-	if up.count() != 1 {
-		t.Errorf("%d requests, want 1", up.count())
-	}
+	up.wantRequests(t, 1, "")
 }
 
 // stall blocks a handler until the client's request ends (closing done) or
@@ -409,9 +416,7 @@ func TestIdleWatchdog(t *testing.T) {
 				t.Errorf("error %q, want %q", e, want)
 			}
 			wait(t, stopped, "the server seeing the stalled request end")
-			if up.count() != 1 {
-				t.Errorf("%d requests, want 1: a stall is not retried", up.count())
-			}
+			up.wantRequests(t, 1, "a stall is not retried")
 		})
 	}
 }
@@ -499,9 +504,7 @@ func TestCancelClosesUpstream(t *testing.T) {
 			if _, err := s.Next(context.Background()); err == nil || errors.Is(err, model.EOF) {
 				t.Errorf("Next after the cancel returned %v, want an error", err)
 			}
-			if up.count() != 1 {
-				t.Errorf("%d requests, want 1", up.count())
-			}
+			up.wantRequests(t, 1, "")
 		})
 	}
 }
@@ -537,9 +540,7 @@ func TestCancelDuringRetryBackoff(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Next did not return within 5s of a cancel during the 10s backoff")
 	}
-	if up.count() != 1 {
-		t.Errorf("%d requests, want 1", up.count())
-	}
+	up.wantRequests(t, 1, "")
 }
 
 // ---------------------------------------------------------------------------
@@ -595,9 +596,7 @@ func TestRefusedRequests(t *testing.T) {
 			if e.StatusCode != tc.status[len(tc.status)-1] {
 				t.Errorf("StatusCode %d, want %d", e.StatusCode, tc.status[len(tc.status)-1])
 			}
-			if up.count() != tc.requests {
-				t.Errorf("%d requests, want %d", up.count(), tc.requests)
-			}
+			up.wantRequests(t, tc.requests, "")
 		})
 	}
 }
@@ -623,9 +622,7 @@ func TestRetryThenStream(t *testing.T) {
 	if err != nil || texts(chunks) != "Third time lucky." {
 		t.Fatalf("stream: %q, %v", texts(chunks), err)
 	}
-	if up.count() != 3 {
-		t.Errorf("%d requests, want 3", up.count())
-	}
+	up.wantRequests(t, 3, "")
 	// The retried requests carry the same body.
 	if a, b := string(up.request(0).body), string(up.request(2).body); a != b {
 		t.Errorf("retried body differs:\n%s\n%s", a, b)

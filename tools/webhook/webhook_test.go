@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -101,28 +102,29 @@ func loadTools(t *testing.T, client *http.Client, cfgs ...map[string]any) []tool
 	return ts
 }
 
+// loadOnlyAs loads cfg as the one tool and checks that it is a T and not
+// also an Other (a Runner is not a Committer, nor the other way round).
+func loadOnlyAs[T, Other any](t *testing.T, srv *httptest.Server, cfg map[string]any) T {
+	t.Helper()
+	tool := loadTools(t, srv.Client(), cfg)[0]
+	v, ok := tool.(T)
+	if !ok {
+		t.Fatalf("%s is not a %v", cfg["name"], reflect.TypeFor[T]())
+	}
+	if _, ok := tool.(Other); ok {
+		t.Fatalf("%s is a %v too", cfg["name"], reflect.TypeFor[Other]())
+	}
+	return v
+}
+
 func runner(t *testing.T, srv *httptest.Server, cfg map[string]any) tools.Runner {
 	t.Helper()
-	r, ok := loadTools(t, srv.Client(), cfg)[0].(tools.Runner)
-	if !ok {
-		t.Fatalf("%s is not a tools.Runner", cfg["name"])
-	}
-	if _, ok := r.(tools.Committer); ok {
-		t.Fatalf("%s is a tools.Committer too", cfg["name"])
-	}
-	return r
+	return loadOnlyAs[tools.Runner, tools.Committer](t, srv, cfg)
 }
 
 func committer(t *testing.T, srv *httptest.Server, cfg map[string]any) tools.Committer {
 	t.Helper()
-	c, ok := loadTools(t, srv.Client(), cfg)[0].(tools.Committer)
-	if !ok {
-		t.Fatalf("%s is not a tools.Committer", cfg["name"])
-	}
-	if _, ok := c.(tools.Runner); ok {
-		t.Fatalf("%s is a tools.Runner too", cfg["name"])
-	}
-	return c
+	return loadOnlyAs[tools.Committer, tools.Runner](t, srv, cfg)
 }
 
 type callResult struct {
