@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AxeBuilder } from "@axe-core/playwright";
-import { serveForFile, newPage, newThread, send, runStatus, eventually, interceptSocket, messageTexts, shot } from "./harness.mjs";
+import { serveForFile, newPage, newThread, openTwoTabs, enterWhileStreaming, send, runStatus, eventually, messageTexts, shot } from "./harness.mjs";
 
 // axe-core on every state of the page a user meets, light and dark, wide
 // and narrow: no serious or critical violation. (axe finds what rules can
@@ -127,12 +127,7 @@ async function auditNotice(page, state, visible) {
 const refused = /^(WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)|Failed to load resource: net::(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)$)/;
 
 test("no serious or critical axe violation, and nothing wider than 360 px, with the conflict banner, the notes next to the composer and the server away", async () => {
-  const context = await browser.newContext();
-  const errors = [];
-  const a = await newPage(context, errors);
-  const b = await newPage(context, errors);
-  const socketB = await interceptSocket(b);
-  const url = await newThread(a, server.url);
+  const { context, errors, a, b, socketB, url } = await openTwoTabs(browser, server.url);
   await send(a, "Short: hello?");
   await eventually(async () => assert.equal((await messageTexts(a)).length, 2), { timeout: 15000 });
   await runStatus(a, "idle");
@@ -156,12 +151,7 @@ test("no serious or critical axe violation, and nothing wider than 360 px, with 
 
   // Enter while a reply streams: the note, the text kept. (About 1,400
   // words at 40 ms: it streams through every check.)
-  await send(a, "Repeat after me: " + "a reply that streams for a while ".repeat(200));
-  await runStatus(a, "running");
-  await a.getByTestId("composer-input").fill("my next question");
-  await a.getByTestId("composer-input").press("Enter");
-  const notice = a.getByTestId("notice");
-  await notice.filter({ hasText: "Wait for the reply to finish" }).waitFor();
+  const notice = await enterWhileStreaming(a, "Repeat after me: " + "a reply that streams for a while ".repeat(200));
   found.push(...(await auditNotice(a, "Enter while streaming", notice)));
   assert.equal(await a.locator("#thread").getAttribute("data-run-status"), "running", "the note was checked while the reply streamed");
 

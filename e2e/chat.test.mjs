@@ -3,17 +3,7 @@
 // and the phone layout. Every test opens its own page on a fresh thread.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import {
-  serveForFile,
-  newPage,
-  shot,
-  newThread,
-  send,
-  runStatus,
-  messageTexts,
-  interceptSocket,
-  eventually,
-} from "./harness.mjs";
+import { serveForFile, openPage, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 let server, browser;
 serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
@@ -36,12 +26,9 @@ async function done(page, errors) {
 }
 
 test("send, watch the reply stream, cancel mid-stream and read the receipt", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
   // Hold the server's run.cancelled (and what follows) back for a moment, as
   // a slow network would, so the in-between state is reliably observable.
-  const socket = await interceptSocket(page);
-  await newThread(page, server.url);
+  const { page, errors, socket } = await openPage(browser, { intercept: true, thread: server.url });
   await startAndStream(page);
   await shot(page, "streaming");
   assert.equal(await page.getByTestId("cancel").textContent(), "Cancel");
@@ -89,9 +76,7 @@ test("send, watch the reply stream, cancel mid-stream and read the receipt", asy
 });
 
 test("Esc cancels a streaming reply", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   await startAndStream(page);
   // Focus is still in the composer, where the user just pressed Enter.
   await page.keyboard.press("Escape");
@@ -114,9 +99,7 @@ test("Esc cancels a streaming reply", async () => {
 });
 
 test("an order card streams as what it will be, never as raw JSON; cancelled half-way it offers no fragment to save", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   await send(page, "Order 2 red mugs and 3 blue plates");
   const live = page.locator("[data-testid=streaming-text][data-card=pending]");
   await live.waitFor();
@@ -136,9 +119,7 @@ test("an order card streams as what it will be, never as raw JSON; cancelled hal
 });
 
 test("save the visible fragment exactly as shown, the receipt says so, then delete it for good after a confirmation", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   await startAndStream(page);
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor();
@@ -184,9 +165,7 @@ test("save the visible fragment exactly as shown, the receipt says so, then dele
 });
 
 test("edit the request after a cancel: the edited request replaces the old one on a new branch", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   await startAndStream(page);
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor();
@@ -224,9 +203,7 @@ test("edit the request after a cancel: the edited request replaces the old one o
 });
 
 test("checkpoint tree: show the nodes and fork from one into a new conversation", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   const question = "Short: what is a sourdough starter?";
   await send(page, question);
   await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
@@ -265,9 +242,7 @@ test("checkpoint tree: show the nodes and fork from one into a new conversation"
 });
 
 test("rename a conversation: the title form and the sidebar show the new title", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   const current = page.locator("[data-testid=thread-link][aria-current=page]");
   assert.equal(await current.textContent(), "New conversation");
   const title = `Lisbon plans ${Date.now()}`;

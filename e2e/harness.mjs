@@ -286,6 +286,31 @@ export async function shot(page, name, { fullPage = true } = {}) {
   await page.screenshot({ path: join(artifacts, name + ".png"), fullPage });
 }
 
+// openPage opens a page as newPage does, its errors collected in errors (a
+// new list unless given); with intercept, the test sits on its WebSocket
+// (interceptSocket, answered as socket) from before the page opens it; with
+// thread (a server's base URL), the page is on a new conversation there
+// (newThread, its URL answered as url).
+export async function openPage(target, { errors = [], intercept = false, thread } = {}) {
+  const page = await newPage(target, errors);
+  const socket = intercept ? await interceptSocket(page) : undefined;
+  const url = thread ? await newThread(page, thread) : undefined;
+  return { page, errors, socket, url };
+}
+
+// openTwoTabs opens two tabs of one new browser context, their errors in
+// one list: tab a on a new conversation of base (its URL answered as url),
+// tab b not yet navigated, its WebSocket in the test's hands (socketB).
+export async function openTwoTabs(browser, base) {
+  const context = await browser.newContext();
+  const errors = [];
+  const a = await newPage(context, errors);
+  const b = await newPage(context, errors);
+  const socketB = await interceptSocket(b);
+  const url = await newThread(a, base);
+  return { context, errors, a, b, socketB, url };
+}
+
 // newThread creates a conversation through the page and returns its URL.
 export async function newThread(page, base) {
   await page.goto(base + "/");
@@ -295,6 +320,20 @@ export async function newThread(page, base) {
   // Send is enabled once the page follows the thread (subscribe acknowledged).
   await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
   return page.url();
+}
+
+// enterWhileStreaming sends text (long enough to still be streaming), then
+// types "my next question" and presses Enter while the reply streams; it
+// waits for the note that says to wait for the reply or cancel it, and
+// answers the note.
+export async function enterWhileStreaming(page, text) {
+  await send(page, text);
+  await runStatus(page, "running");
+  await page.getByTestId("composer-input").fill("my next question");
+  await page.getByTestId("composer-input").press("Enter");
+  const notice = page.getByTestId("notice");
+  await notice.filter({ hasText: "Wait for the reply to finish, or cancel it (Cancel or Esc)" }).waitFor();
+  return notice;
 }
 
 // longReply opens a new conversation and starts a reply long enough (80+

@@ -5,7 +5,7 @@
 // shows only what the server answered.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, newPage, shot, send, newThread, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
 
 let server, browser;
 serveForFile({ pace: "250ms" }, (s, b) => ([server, browser] = [s, b]));
@@ -15,9 +15,7 @@ serveForFile({ pace: "250ms" }, (s, b) => ([server, browser] = [s, b]));
 const refusedCancel = /^Failed to load resource: net::ERR_CONNECTION_REFUSED$/;
 
 test("WebSocket down, HTTP up: Cancel goes over HTTP and the server's receipt is shown", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const socket = await interceptSocket(page);
+  const { page, errors, socket } = await openPage(browser, { intercept: true });
   const { runID } = await longReply(page, server);
   const tab = await page.evaluate(() => sessionStorage.getItem("gateway.tab_id"));
 
@@ -56,10 +54,7 @@ test("WebSocket down, HTTP up: Cancel goes over HTTP and the server's receipt is
 });
 
 test("the reply finishes before a kept cancel reaches the server: the page says so, no receipt", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const socket = await interceptSocket(page);
-  const url = await newThread(page, server.url);
+  const { page, errors, socket, url } = await openPage(browser, { intercept: true, thread: server.url });
   const threadID = new URL(url).pathname.split("/").pop();
   await send(page, "Short: tea brewing temperatures?");
   await page.getByTestId("streaming-text").filter({ hasText: /\S/ }).waitFor();

@@ -8,7 +8,7 @@ import { spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -55,9 +55,7 @@ serveForFile(
 );
 
 test("a reply streams from an OpenAI-compatible server and is published whole", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   const question = "Echo this back to me please, word for word.";
   await send(page, question);
   // The page is idle before the run starts too: wait for the reply itself.
@@ -71,9 +69,7 @@ test("a reply streams from an OpenAI-compatible server and is published whole", 
 });
 
 test("cancel mid-stream stops the upstream reply and publishes nothing of it", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   const long = "This is a long message that the mock model will echo back slowly, six characters at a time, ".repeat(6);
   await send(page, long);
   await page.getByTestId("streaming-text").waitFor({ timeout: 20000 });

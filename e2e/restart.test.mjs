@@ -7,7 +7,7 @@
 // new connection, before the run handed back to the queue streams on.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, eventually, interceptSocket, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually, longReply, expectCancelKept, expectCancelSettled } from "./harness.mjs";
 
 let server, browser;
 // Slow enough that a short reply (10 words) is still streaming when the
@@ -24,9 +24,7 @@ serveForFile({ pace: "250ms" }, (s, b) => ([server, browser] = [s, b]));
 const refusedReconnect = /^(WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)|Failed to load resource: net::(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)$)/;
 
 async function restartMidRun(signal, question) {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   await send(page, question);
   await eventually(async () => assert.ok((await page.getByTestId("streaming-text").textContent()).length > 0));
   await runStatus(page, "running");
@@ -87,9 +85,7 @@ test("crash mid-reply (SIGKILL) and restart: the run is recovered and completes"
 // say the reply starts over, not pass the new attempt off as the reply it
 // was showing.
 test("crash, and the page is back only once the retried attempt streams: it still says the reply starts over", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const socket = await interceptSocket(page);
+  const { page, errors, socket } = await openPage(browser, { intercept: true });
   const { threadID } = await longReply(page, server);
   const first = (await server.api(`/api/threads/${threadID}`)).active_run;
   assert.ok(first.message_id);
@@ -121,9 +117,7 @@ test("crash, and the page is back only once the retried attempt streams: it stil
 });
 
 test("Cancel pressed while the server is away is kept and sent first on reconnect; the receipt is the server's", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const socket = await interceptSocket(page);
+  const { page, errors, socket } = await openPage(browser, { intercept: true });
   const { runID } = await longReply(page, server);
   const tab = await page.evaluate(() => sessionStorage.getItem("gateway.tab_id"));
 
@@ -180,8 +174,7 @@ test("Cancel pressed while the server is away is kept and sent first on reconnec
 });
 
 test("a cancel kept while the server is away survives reloading the page (Esc, like the button)", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
+  const { page, errors } = await openPage(browser);
   const { url, runID } = await longReply(page, server);
 
   await server.stop("SIGTERM");

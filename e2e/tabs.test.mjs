@@ -5,7 +5,7 @@
 // the thread on, so B's next run.start carries an old expected_state_version.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts, interceptSocket, eventually } from "./harness.mjs";
+import { serveForFile, openTwoTabs, shot, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 let server, browser;
 serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
@@ -13,16 +13,12 @@ serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
 // twoTabs opens A on a new thread and B (whose socket the test controls) on
 // the same thread, in one browser context.
 async function twoTabs() {
-  const context = await browser.newContext();
-  const errors = [];
-  const a = await newPage(context, errors);
-  const b = await newPage(context, errors);
-  const socketB = await interceptSocket(b);
-  const url = await newThread(a, server.url);
+  const tabs = await openTwoTabs(browser, server.url);
+  const { b, url } = tabs;
   await b.goto(url);
   await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
   await b.getByTestId("send").and(b.locator(":enabled")).waitFor();
-  return { context, errors, a, b, socketB, url };
+  return tabs;
 }
 
 // exchange sends text from page and waits for the reply to be published.

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, newPage, shot, newThread, send, runStatus, messageTexts } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts } from "./harness.mjs";
 
 // A slow provider and a slow search, so the moments in between can be
 // acted on by a person (and by these tests).
@@ -19,6 +19,40 @@ async function openLog(page) {
   await log.waitFor();
   if (!(await log.evaluate((d) => d.open))) await log.locator(":scope > summary").click();
   await log.getByTestId("operation").first().waitFor();
+}
+
+// askForEmail opens a page on a new conversation, asks there for an email
+// (text), and waits for the card that asks to confirm it.
+async function askForEmail(text) {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  await send(page, text);
+  const card = page.getByTestId("confirm-card");
+  await card.waitFor({ timeout: 20000 });
+  return { page, errors, card };
+}
+
+// opPhase waits until the operation log holds an operation in phase.
+async function opPhase(page, phase, timeout) {
+  await page.locator(`[data-testid=operation][data-phase=${phase}]`).waitFor(timeout === undefined ? { state: "attached" } : { state: "attached", timeout });
+}
+
+// receiptOperation waits for the cancel receipt, checks the outcome its
+// line for the tool call gives, and answers that line.
+async function receiptOperation(page, outcome, timeout) {
+  await page.getByTestId("receipt").waitFor({ timeout });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), outcome);
+  return line;
+}
+
+// expectLogAfterReload reloads the page, checks that the operation log says
+// what it said before (entry), and shoots it as name.
+async function expectLogAfterReload(page, entry, name) {
+  await page.reload();
+  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
+  await page.getByTestId("operations").getByTestId("operation").waitFor({ state: "attached" });
+  assert.deepEqual(await logEntry(page), entry);
+  await logShots(page, name);
 }
 
 // logEntry is the operation log's one entry as the user reads it (Details
@@ -60,21 +94,16 @@ async function logShots(page, name) {
 }
 
 test("an email is sent only after Confirm, once, and the log says so", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
-  await send(page, "Please send an email to anna@example.com about the spring order");
-  const card = page.getByTestId("confirm-card");
-  await card.waitFor({ timeout: 20000 });
+  const { page, errors, card } = await askForEmail("Please send an email to anna@example.com about the spring order");
   await runStatus(page, "waiting_confirmation");
   assert.equal(await card.getByTestId("preview-to").textContent(), "anna@example.com");
   await shot(page, "tools-confirm-card");
   await card.getByTestId("confirm-op").click();
   // Confirmed, the run works on: the chip no longer waits for the user.
-  await page.locator("[data-testid=operation][data-phase=committing]").waitFor({ state: "attached", timeout: 10000 });
+  await opPhase(page, "committing", 10000);
   assert.equal(await page.getByTestId("run-chip").textContent(), "Handing the email to anna@example.com to the provider…");
   assert.equal(await page.locator("#thread").getAttribute("data-run-status"), "running");
-  await page.locator("[data-testid=operation][data-phase=committed]").waitFor({ state: "attached", timeout: 20000 });
+  await opPhase(page, "committed", 20000);
   await runStatus(page, "idle", 20000);
   const history = await messageTexts(page);
   assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
@@ -98,48 +127,32 @@ test("an email is sent only after Confirm, once, and the log says so", async () 
   assert.match(op.idempotency_key, /^email:/);
   assert.equal(entry.details.Operation, op.operation_id);
   assert.deepEqual([entry.details.Tool, entry.details.Phase, entry.details.Outcome], ["send_email", "committed", "committed"]);
-  await page.reload();
-  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
-  await page.getByTestId("operations").getByTestId("operation").waitFor({ state: "attached" });
-  assert.deepEqual(await logEntry(page), entry);
-  await logShots(page, "tools-log-sent");
+  await expectLogAfterReload(page, entry, "tools-log-sent");
   assert.deepEqual(errors, []);
 });
 
 test("cancel while the email is being handed to the provider: the receipt says it already left", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
-  await send(page, "Send an email to ops@example.com about the delayed shipment");
-  await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
+  const { page, errors } = await askForEmail("Send an email to ops@example.com about the delayed shipment");
   await page.getByTestId("confirm-op").click();
   // The provider takes 2.5 s: cancel while the commit is in flight.
-  await page.locator("[data-testid=operation][data-phase=committing]").waitFor({ state: "attached", timeout: 10000 });
+  await opPhase(page, "committing", 10000);
   await page.getByTestId("cancel").click();
   await runStatus(page, ["cancel_requested", "cancelling"], 5000);
   await shot(page, "tools-cancel-during-commit");
-  await page.getByTestId("receipt").waitFor({ timeout: 20000 });
-  const line = page.getByTestId("receipt-operation");
-  assert.equal(await line.getAttribute("data-outcome"), "committed");
+  const line = await receiptOperation(page, "committed", 20000);
   assert.match(await line.textContent(), /already handed to the external system/);
-  await page.locator("[data-testid=operation][data-phase=committed]").waitFor({ state: "attached" });
+  await opPhase(page, "committed");
   await shot(page, "tools-cancel-receipt");
   assert.deepEqual(errors, []);
 });
 
 test("cancel while the confirmation waits: nothing is sent", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
-  await send(page, "Write an email to bob@example.com about the meeting");
-  await page.getByTestId("confirm-card").waitFor({ timeout: 20000 });
+  const { page, errors } = await askForEmail("Write an email to bob@example.com about the meeting");
   await page.getByTestId("cancel").click();
-  await page.getByTestId("receipt").waitFor({ timeout: 10000 });
-  const line = page.getByTestId("receipt-operation");
-  assert.equal(await line.getAttribute("data-outcome"), "not_started");
+  const line = await receiptOperation(page, "not_started", 10000);
   assert.equal(await line.textContent(), "Email: not started. Nothing was sent: the cancel came first.");
   assert.equal(await page.getByTestId("confirm-card").count(), 0);
-  await page.locator("[data-testid=operation][data-phase=voided]").waitFor({ state: "attached" });
+  await opPhase(page, "voided");
   const entry = await logEntry(page);
   assert.equal(entry.what, "Email to bob@example.com");
   assert.equal(entry.words, "Not sent: cancelled before it was sent");
@@ -150,11 +163,9 @@ test("cancel while the confirmation waits: nothing is sent", async () => {
 });
 
 test("cancel during a search keeps its result, and continuing reuses it", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   await send(page, "Search the catalog for a trekking backpack");
-  await page.locator("[data-testid=operation][data-phase=running]").waitFor({ state: "attached", timeout: 10000 });
+  await opPhase(page, "running", 10000);
   // The page says what the call is doing, not only "Working…", and that
   // it is still going: an indeterminate bar and the time so far.
   assert.match(await page.getByTestId("run-chip").textContent(), /^Searching the catalog for “.*backpack.*”…$/);
@@ -165,10 +176,8 @@ test("cancel during a search keeps its result, and continuing reuses it", async 
   assert.match(await page.getByTestId("tool-elapsed").textContent(), /^(just started|\d+ s so far)$/);
   await shot(page, "tool-progress", { fullPage: false });
   await page.getByTestId("cancel").click();
-  await page.getByTestId("receipt").waitFor({ timeout: 20000 });
+  await receiptOperation(page, "completed", 20000);
   assert.equal(await progress.count(), 0, "no progress once the run ended");
-  const line = page.getByTestId("receipt-operation");
-  assert.equal(await line.getAttribute("data-outcome"), "completed");
   await page.getByTestId("action-continue").click();
   await runStatus(page, "idle", 20000);
   const history = await messageTexts(page);
@@ -183,27 +192,18 @@ test("cancel during a search keeps its result, and continuing reuses it", async 
 });
 
 test("Reject: nothing is sent, and the log says you rejected it", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
-  await send(page, "Draft an email to dora@example.com about the autumn catalogue");
-  const card = page.getByTestId("confirm-card");
-  await card.waitFor({ timeout: 20000 });
+  const { page, errors, card } = await askForEmail("Draft an email to dora@example.com about the autumn catalogue");
   // While it waits, the log says so.
-  await page.locator("[data-testid=operation][data-phase=prepared]").waitFor({ state: "attached" });
+  await opPhase(page, "prepared");
   assert.equal((await logEntry(page)).words, "Waiting for your confirmation: not sent yet");
   await card.getByTestId("reject-op").click();
-  await page.locator("[data-testid=operation][data-phase=rejected]").waitFor({ state: "attached", timeout: 10000 });
+  await opPhase(page, "rejected", 10000);
   await runStatus(page, "idle", 20000);
   const entry = await logEntry(page);
   assert.equal(entry.what, "Email to dora@example.com");
   assert.equal(entry.words, "Not sent: you rejected it");
   assert.match(entry.details["Idempotency key"], /^email:/);
   assert.deepEqual([entry.details.Phase, entry.details.Outcome], ["rejected", "not_started"]);
-  await page.reload();
-  await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
-  await page.getByTestId("operations").getByTestId("operation").waitFor({ state: "attached" });
-  assert.deepEqual(await logEntry(page), entry);
-  await logShots(page, "tools-log-rejected");
+  await expectLogAfterReload(page, entry, "tools-log-rejected");
   assert.deepEqual(errors, []);
 });

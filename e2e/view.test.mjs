@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, newPage, shot, newThread, send, runStatus, eventually } from "./harness.mjs";
+import { serveForFile, openPage, newPage, shot, newThread, send, runStatus, eventually, enterWhileStreaming } from "./harness.mjs";
 
 // Where the user looks, what the user typed, and who said what.
 let server, browser;
@@ -17,9 +17,7 @@ async function exchange(page, text) {
 }
 
 test("a long conversation opens at its latest message; scrolled up, Jump to latest brings it back", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   for (let i = 0; i < 12; i++) await exchange(page, `Question ${i} about gardening and soil`);
   await page.goto(url);
   await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
@@ -88,9 +86,7 @@ test("a long conversation opens at its latest message; scrolled up, Jump to late
 });
 
 test("typed text survives a reload, goes along to a fork, and is gone once sent", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   await exchange(page, "Short question about tomatoes");
   await page.getByTestId("composer-input").fill("a thought I have not sent yet");
   await page.reload();
@@ -115,17 +111,10 @@ test("typed text survives a reload, goes along to a fork, and is gone once sent"
 });
 
 test("Enter while a reply streams says what to do and keeps the text; the note goes when the reply ends", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  await newThread(page, server.url);
+  const { page, errors } = await openPage(browser, { thread: server.url });
   // Long enough (about 4,800 words at 3 ms, some 15 s) to still be
   // streaming when Enter is pressed on a busy machine.
-  await send(page, "Repeat after me: " + "winter gardens need care ".repeat(1200));
-  await runStatus(page, "running");
-  await page.getByTestId("composer-input").fill("my next question");
-  await page.getByTestId("composer-input").press("Enter");
-  const notice = page.getByTestId("notice");
-  await notice.filter({ hasText: "Wait for the reply to finish, or cancel it (Cancel or Esc)" }).waitFor();
+  const notice = await enterWhileStreaming(page, "Repeat after me: " + "winter gardens need care ".repeat(1200));
   assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
   await shot(page, "view-enter-while-streaming", { fullPage: false });
   await runStatus(page, "idle", 60000);
@@ -198,9 +187,7 @@ test("phone: the conversation list is a drawer; the conversation starts at the t
 });
 
 test("the conversation list: no entry for a conversation never written to, grouped by day, forks marked", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   await exchange(page, "Short question about tulips");
   await page.goto(server.url + "/");
   const links = page.getByTestId("thread-link");
@@ -227,9 +214,7 @@ test("the conversation list: no entry for a conversation never written to, group
 });
 
 test("search: as you type the list shows the conversations with every word, in a title or a message; Esc and Ctrl+K; without the script a form", async () => {
-  const errors = [];
-  const page = await newPage(browser, errors);
-  const url = await newThread(page, server.url);
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
   await exchange(page, "Short question about pumpkins and frost");
   const url2 = await newThread(page, server.url);
   await exchange(page, "Short question about pumpkin soup");

@@ -27,9 +27,11 @@ export function opState(o: OpNow): string {
   return o.reconcile_until && !o.reconcile_next_at ? "unknown_given_up" : "unknown_checking";
 }
 
+type Effect = { what: string; done: string };
+
 // effect names what the call does, for sentences: "the email to ann@…" and
 // "sent"; another tool's call is "the refund_order call", "carried out".
-function effect(o: OpNow): { what: string; done: string } {
+function effect(o: OpNow): Effect {
   if (o.tool === "send_email") {
     const to = (o.preview as { to?: unknown } | null | undefined)?.to;
     return { what: typeof to === "string" && to ? `the email to ${to}` : "the email", done: "sent" };
@@ -66,57 +68,70 @@ function unknownRest(o: OpNow): (Node | string)[] {
   ];
 }
 
+// describe builds o's Line with line (a Line of o's state): while its
+// outcome is unknown, with status checking (the gateway still asks) or
+// givenUp (it stopped) and what that means; otherwise as known makes it
+// from o's effect.
+function describe<L extends Line | null>(
+  o: OpNow,
+  checking: string,
+  givenUp: string,
+  known: (line: LineOf, e: Effect) => L,
+): Line | L {
+  const state = opState(o);
+  const line: LineOf = (status, ...rest) => ({ state, status, rest });
+  if (state === "unknown_checking") return line(checking, ...unknownRest(o));
+  if (state === "unknown_given_up") return line(givenUp, ...unknownRest(o));
+  return known(line, effect(o));
+}
+
+type LineOf = (status: string, ...rest: (Node | string)[]) => Line;
+
 // receiptLine says, in a cancel receipt, what a tool call of the cancelled
 // run did: "<tool>: <status>. <rest>".
 export function receiptLine(o: OpNow): Line {
-  const state = opState(o);
-  const e = effect(o);
-  const line = (status: string, ...rest: (Node | string)[]): Line => ({ state, status, rest });
-  if (state === "unknown_checking") return line("not confirmed yet", ...unknownRest(o));
-  if (state === "unknown_given_up") return line("unknown", ...unknownRest(o));
-  if (o.phase === "reconciled") {
-    return line(
-      e.done,
-      ...keyed(o, "The provider has confirmed (key ", ")", "The provider has confirmed"),
-      ` that it took ${e.what}: it was handed over before the cancel took effect and cannot be undone.`,
-    );
-  }
-  switch (o.outcome) {
-    case "committed":
-      return line(e.done, `${cap(e.what)} was already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`);
-    case "not_started":
-      return line("not started", `Nothing was sent: ${o.phase === "rejected" ? "you rejected it" : "the cancel came first"}.`);
-    case "completed":
-      return line("finished before the cancel", "Its result is kept, and continuing reuses it.");
-    case "aborted":
-      return line("stopped", "It runs again if you continue.");
-    case "failed":
-      return line("failed", o.contract === "consequential" ? `The provider refused ${e.what}.` : "It did not succeed.");
-    default:
-      return line(o.outcome.replace(/_/g, " "));
-  }
+  return describe(o, "not confirmed yet", "unknown", (line, e) => {
+    if (o.phase === "reconciled") {
+      return line(
+        e.done,
+        ...keyed(o, "The provider has confirmed (key ", ")", "The provider has confirmed"),
+        ` that it took ${e.what}: it was handed over before the cancel took effect and cannot be undone.`,
+      );
+    }
+    switch (o.outcome) {
+      case "committed":
+        return line(e.done, `${cap(e.what)} was already handed to the external system before the cancel took effect. It cannot be undone; see the operation log.`);
+      case "not_started":
+        return line("not started", `Nothing was sent: ${o.phase === "rejected" ? "you rejected it" : "the cancel came first"}.`);
+      case "completed":
+        return line("finished before the cancel", "Its result is kept, and continuing reuses it.");
+      case "aborted":
+        return line("stopped", "It runs again if you continue.");
+      case "failed":
+        return line("failed", o.contract === "consequential" ? `The provider refused ${e.what}.` : "It did not succeed.");
+      default:
+        return line(o.outcome.replace(/_/g, " "));
+    }
+  });
 }
 
 // stepLine says, under a consequential call's result in the conversation,
 // what became of it now — the recorded result is what was known then —
 // as "<Status>. <rest>", or null when there is nothing to add.
 export function stepLine(o: OpNow): Line | null {
-  const state = opState(o);
-  const e = effect(o);
-  const line = (status: string, ...rest: (Node | string)[]): Line => ({ state, status, rest });
-  if (state === "unknown_checking") return line("Not confirmed yet", ...unknownRest(o));
-  if (state === "unknown_given_up") return line("Unknown", ...unknownRest(o));
-  if (o.phase === "reconciled") {
-    return line(
-      cap(e.done),
-      "Its answer was lost, but the provider has since confirmed",
-      ...keyed(o, " (key ", ")", ""),
-      ` that it took ${e.what}. It cannot be undone.`,
-    );
-  }
-  if (o.outcome === "committed") return line(cap(e.done), `The provider took ${e.what}. It cannot be undone.`);
-  if (o.outcome === "failed") return line(`Not ${e.done}`, `The provider refused ${e.what}.`);
-  return null;
+  return describe(o, "Not confirmed yet", "Unknown", (line, e) => {
+    if (o.phase === "reconciled") {
+      return line(
+        cap(e.done),
+        "Its answer was lost, but the provider has since confirmed",
+        ...keyed(o, " (key ", ")", ""),
+        ` that it took ${e.what}. It cannot be undone.`,
+      );
+    }
+    if (o.outcome === "committed") return line(cap(e.done), `The provider took ${e.what}. It cannot be undone.`);
+    if (o.outcome === "failed") return line(`Not ${e.done}`, `The provider refused ${e.what}.`);
+    return null;
+  });
 }
 
 // toolName is a tool as a reader knows it: the built-in ones in words, an
