@@ -311,8 +311,8 @@ func DialNATS(url string, cfg NATSConfig) (*NATS, error) {
 	if err := nc.FlushTimeout(cfg.LogTimeout); err != nil {
 		return fail(fmt.Errorf("bus: register subscriptions: %w", err))
 	}
-	b.wg.Go(b.receiveEvents)
-	b.wg.Go(b.receiveCancels)
+	b.wg.Go(func() { b.receive(b.evCh, b.receiveMsg) })
+	b.wg.Go(func() { b.receive(b.cnCh, b.receiveCancel) })
 	b.wg.Go(b.receiveHolderRequests)
 	b.wg.Go(b.publisher)
 	b.wg.Go(b.sweeper)
@@ -873,20 +873,22 @@ func (b *NATS) wakeSweep() {
 	}
 }
 
-// receiveEvents decodes the other instances' events and hands them to
-// receiveLocked. Threads without local sinks are dropped by subject,
-// before decoding.
-func (b *NATS) receiveEvents() {
+// receive hands each message of ch to handle, one at a time, until the bus
+// closes.
+func (b *NATS) receive(ch <-chan *nats.Msg, handle func(*nats.Msg)) {
 	for {
 		select {
 		case <-b.ctx.Done():
 			return
-		case m := <-b.evCh:
-			b.receiveMsg(m)
+		case m := <-ch:
+			handle(m)
 		}
 	}
 }
 
+// receiveMsg decodes another instance's event and hands it to
+// receiveLocked. Threads without local sinks are dropped by subject,
+// before decoding.
 func (b *NATS) receiveMsg(m *nats.Msg) {
 	token := strings.TrimPrefix(m.Subject, b.evPfx)
 	if token != otherThreads {
@@ -897,37 +899,24 @@ func (b *NATS) receiveMsg(m *nats.Msg) {
 			return
 		}
 	}
-	var h struct {
-		Type         string `json:"type"`
-		ThreadID     string `json:"thread_id"`
-		Seq          int64  `json:"seq"`
-		TS           int64  `json:"ts"`
-		StateVersion int64  `json:"state_version"`
-		RunID        string `json:"run_id"`
-	}
+	var h chat.EventHeader
 	if err := json.Unmarshal(m.Data, &h); err != nil || h.ThreadID == "" || h.Seq <= 0 {
 		b.log.Warn("dropped an undecodable event message", "subject", m.Subject, "bytes", len(m.Data), "err", err)
 		return
 	}
-	ev := &chat.Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Raw: m.Data}
+	ev := h.Event(nil)
+	ev.Raw = m.Data
 	b.mu.Lock()
 	if !b.closed {
-		b.receiveLocked(ev)
+		b.receiveLocked(&ev)
 	}
 	b.mu.Unlock()
 }
 
-// receiveCancels calls OnCancel for each wake-up of another instance.
-func (b *NATS) receiveCancels() {
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case m := <-b.cnCh:
-			if h := b.handlers.Load(); h != nil && h.OnCancel != nil && len(m.Data) > 0 {
-				h.OnCancel(string(m.Data))
-			}
-		}
+// receiveCancel calls OnCancel for a wake-up of another instance.
+func (b *NATS) receiveCancel(m *nats.Msg) {
+	if h := b.handlers.Load(); h != nil && h.OnCancel != nil && len(m.Data) > 0 {
+		h.OnCancel(string(m.Data))
 	}
 }
 

@@ -142,6 +142,18 @@ func dial(t *testing.T, url string, log *memLog, cfg bus.NATSConfig) *instance {
 	return &instance{bus: b, log: log}
 }
 
+// watchedPair dials two instances that share log and a fresh subject, both
+// with cfg, and watches thread on the second with a new sink.
+func watchedPair(t *testing.T, log *memLog, cfg bus.NATSConfig, thread string) (a, b *instance, sb *recSink) {
+	t.Helper()
+	url := natsURL(t)
+	cfg.Subject = testSubject()
+	a, b = dial(t, url, log, cfg), dial(t, url, log, cfg)
+	sb = newSink(thread)
+	b.bus.Add(thread, sb)
+	return a, b, sb
+}
+
 // recSink records every seq it is given, as the gateway's sinks would see
 // them.
 type recSink struct {
@@ -289,15 +301,9 @@ func noSkips(t *testing.T, ins ...*instance) {
 }
 
 func TestNATSLostPublishIsRecoveredByTheNextEvent(t *testing.T) {
-	url := natsURL(t)
-	log := newMemLog()
-	subj := testSubject()
-	// No sweep during the test: only the gap before seq 4 can bring seq 3.
-	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
-	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
 	const thread = "thr_lost_middle"
-	sb := newSink(thread)
-	b.bus.Add(thread, sb)
+	// No sweep during the test: only the gap before seq 4 can bring seq 3.
+	a, b, sb := watchedPair(t, newMemLog(), bus.NATSConfig{SweepEvery: time.Hour}, thread)
 
 	a.commit(thread, 2, true)  // 1, 2
 	a.commit(thread, 1, false) // 3: its publish is lost
@@ -309,15 +315,10 @@ func TestNATSLostPublishIsRecoveredByTheNextEvent(t *testing.T) {
 }
 
 func TestNATSGapTheLogCannotFillIsDeliveredPast(t *testing.T) {
-	url := natsURL(t)
+	const thread = "thr_purged"
 	log := newMemLog()
 	log.purged = true
-	subj := testSubject()
-	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
-	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
-	const thread = "thr_purged"
-	sb := newSink(thread)
-	b.bus.Add(thread, sb)
+	a, b, sb := watchedPair(t, log, bus.NATSConfig{SweepEvery: time.Hour}, thread)
 	a.commit(thread, 1, true)
 	a.commit(thread, 1, false) // 2: lost, and the log no longer has it
 	a.commit(thread, 1, true)
@@ -726,14 +727,8 @@ func TestNATSAskerWaitsForAHolderThatConfirmedReceipt(t *testing.T) {
 // bus has delivered them: Reach waits for them (so Recent can answer
 // instead of a snapshot), and gives up only at its context's end.
 func TestNATSReachWaitsForSeqsAnotherInstanceFannedOut(t *testing.T) {
-	url := natsURL(t)
-	log := newMemLog()
-	subj := testSubject()
-	a := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
-	b := dial(t, url, log, bus.NATSConfig{Subject: subj, SweepEvery: time.Hour})
 	const thread = "thr_reach"
-	sb := newSink(thread)
-	b.bus.Add(thread, sb) // baseline: 0
+	a, b, _ := watchedPair(t, newMemLog(), bus.NATSConfig{SweepEvery: time.Hour}, thread) // the sink's baseline: 0
 
 	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	reached := b.bus.Reach(short, thread, 3)
