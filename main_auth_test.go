@@ -29,10 +29,12 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/store"
 )
 
 // ---------------------------------------------------------------------------
@@ -54,6 +56,35 @@ func dbWithUser(t *testing.T, name, password string) string {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	addUser(t, db, name, password)
 	return db
+}
+
+// dbWithFastUser is dbWithUser with the password hashed at bcrypt's lowest
+// cost, for the tests whose subject is the sign-in limiter's wall time (a
+// lock of 1 s against password checks): a check is then quick even under
+// the race detector, which slows bcrypt several times.
+func dbWithFastUser(t *testing.T, name, password string) string {
+	t.Helper()
+	db := filepath.Join(t.TempDir(), "gw.db")
+	addFastUser(t, db, name, password)
+	return db
+}
+
+// addFastUser adds the account name to db with a password hashed at
+// bcrypt.MinCost (see dbWithFastUser).
+func addFastUser(t *testing.T, db, name, password string) {
+	t.Helper()
+	hash, err := auth.HashPassword(password, bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(context.Background(), db, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Accounts().CreateUser(context.Background(), name, hash); err != nil {
+		t.Fatalf("add user %s: %v", name, err)
+	}
 }
 
 var tokenLine = regexp.MustCompile(`^(tok_[A-Za-z0-9]+)\.[A-Za-z0-9]+\n$`)
@@ -812,9 +843,9 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 // it. A client address gets 9 free failures over all names.
 func TestLoginBruteForce(t *testing.T) {
 	const pw, bobPW = "correct horse battery", "bobs password here"
-	db := dbWithUser(t, "alice", pw)
-	addUser(t, db, "bob", bobPW)
-	srv := startServerPlain(t, db, "5ms", "-auth", "password") // (the lock's seconds against bcrypt's)
+	db := dbWithFastUser(t, "alice", pw)
+	addFastUser(t, db, "bob", bobPW)
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
 
 	for i := 1; i <= 4; i++ {
 		srv.wantSignInRefused("alice", fmt.Sprintf("guess %d", i), http.StatusUnauthorized, fmt.Sprintf("wrong password %d of 4 (not locked yet)", i))

@@ -24,8 +24,8 @@ import (
 // refused 429 with Retry-After, unchecked.
 func TestLoginBurstIsChargedBeforeChecking(t *testing.T) {
 	const pw = "correct horse battery"
-	db := dbWithUser(t, "alice", pw)
-	srv := startServerPlain(t, db, "5ms", "-auth", "password") // (the lock's seconds against bcrypt's)
+	db := dbWithFastUser(t, "alice", pw)
+	srv := startServerWith(t, db, "5ms", "-auth", "password")
 
 	const n = 200
 	statuses := make([]int, n)

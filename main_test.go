@@ -40,10 +40,6 @@ var (
 	binDir  string
 	binPath string
 	binErr  error
-
-	plainOnce sync.Once
-	plainPath string
-	plainErr  error
 )
 
 func TestMain(m *testing.M) {
@@ -51,33 +47,7 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
-	if plainPath != "" {
-		os.RemoveAll(filepath.Dir(plainPath))
-	}
 	os.Exit(code)
-}
-
-// plainBinary builds the binary without the race detector, for the few
-// tests whose subject is wall time around bcrypt (the sign-in limiter's
-// one-second lock): under -race a password check is several times slower
-// and the lock ends between two attempts the test means to be quick.
-func plainBinary(t *testing.T) string {
-	t.Helper()
-	plainOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "gateway-e2e-plain-")
-		if err != nil {
-			plainErr = err
-			return
-		}
-		plainPath = filepath.Join(dir, "gateway")
-		if out, err := exec.Command("go", "build", "-o", plainPath, ".").CombinedOutput(); err != nil {
-			plainErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if plainErr != nil {
-		t.Fatalf("cannot build the gateway binary: %v", plainErr)
-	}
-	return plainPath
 }
 
 // gatewayBinary builds the binary on first use, with the race detector: the
@@ -206,13 +176,6 @@ func startProcess(t *testing.T, db, pace string, flags ...string) *server {
 func startServerEnv(t *testing.T, env []string, db, pace string, flags ...string) *server {
 	t.Helper()
 	return startBinary(t, gatewayBinary(t), env, db, pace, flags...)
-}
-
-// startServerPlain is startServerWith on the binary built without the race
-// detector (plainBinary says when).
-func startServerPlain(t *testing.T, db, pace string, flags ...string) *server {
-	t.Helper()
-	return startBinary(t, plainBinary(t), nil, db, pace, flags...)
 }
 
 func startBinary(t *testing.T, bin string, env []string, db, pace string, flags ...string) *server {
