@@ -11,7 +11,8 @@
 //     call, with the key, to the external system; Status looks the key up
 //     there to reconcile an outcome nobody saw.
 //
-// The registry is read-only after construction and safe for concurrent use.
+// The registry is read-only after construction and safe for concurrent
+// use; the tools of its sources (MCP servers) may change while it serves.
 package tools
 
 import (
@@ -101,10 +102,18 @@ type InvalidArgs struct{ Reason string }
 
 func (e *InvalidArgs) Error() string { return "invalid tool arguments: " + e.Reason }
 
-// Registry is the set of tools, by name.
+// Registry is the set of tools, by name: tools given at construction,
+// then those of its sources.
 type Registry struct {
-	byName map[string]Tool
-	order  []string
+	byName  map[string]Tool
+	order   []string
+	sources []Source
+}
+
+// Source offers tools that may change over time (an MCP server's, once it
+// listed them). Tools must be safe for concurrent use.
+type Source interface {
+	Tools() []Tool
 }
 
 // NewRegistry returns a registry of the given tools; names must be unique.
@@ -121,17 +130,45 @@ func NewRegistry(ts ...Tool) (*Registry, error) {
 	return r, nil
 }
 
-// Get returns the tool named name.
-func (r *Registry) Get(name string) (Tool, bool) {
-	t, ok := r.byName[name]
-	return t, ok
+// WithSources returns r with sources added, asked on every Get and Specs
+// in the order given. A source's tool named like a tool before it is not
+// offered. Call it before r is used.
+func (r *Registry) WithSources(sources ...Source) *Registry {
+	r.sources = append(r.sources, sources...)
+	return r
 }
 
-// Specs lists every tool, in registration order.
+// Get returns the tool named name.
+func (r *Registry) Get(name string) (Tool, bool) {
+	if t, ok := r.byName[name]; ok {
+		return t, true
+	}
+	for _, s := range r.sources {
+		for _, t := range s.Tools() {
+			if t.Spec().Name == name {
+				return t, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// Specs lists every tool: those given at construction in their order, then
+// each source's.
 func (r *Registry) Specs() []Spec {
 	out := make([]Spec, 0, len(r.order))
+	seen := make(map[string]bool, len(r.order))
 	for _, n := range r.order {
 		out = append(out, r.byName[n].Spec())
+		seen[n] = true
+	}
+	for _, s := range r.sources {
+		for _, t := range s.Tools() {
+			if spec := t.Spec(); !seen[spec.Name] {
+				out = append(out, spec)
+				seen[spec.Name] = true
+			}
+		}
 	}
 	return out
 }
