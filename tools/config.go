@@ -11,6 +11,11 @@ import (
 	"strings"
 )
 
+// MCPServersField is the tools config file's (-tools-config) array of MCP
+// servers, read by package mcp; the file's "tools" array is package
+// webhook's, which checks the whole document.
+const MCPServersField = "mcp_servers"
+
 // EnvVarName is what an environment variable's name may be: letters,
 // digits and "_", not starting with a digit.
 var EnvVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

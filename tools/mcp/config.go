@@ -55,6 +55,21 @@ var (
 // defaultTimeout bounds connecting and listing the tools.
 const defaultTimeout = 30 * time.Second
 
+// ParseFile returns the MCP servers of a tools config file's content: its
+// "mcp_servers" array (none when the file has no such field). The rest of
+// the file is package webhook's (webhook.Parse checks the whole document).
+func ParseFile(data []byte) ([]ServerConfig, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, errors.New(`the file must hold one JSON object`)
+	}
+	raw, ok := top[tools.MCPServersField]
+	if !ok {
+		return nil, nil
+	}
+	return ParseServers(raw)
+}
+
 // ParseServers decodes and checks the "mcp_servers" array; every problem
 // found is reported, naming the entry and the field.
 func ParseServers(raw json.RawMessage) ([]ServerConfig, error) {

@@ -369,3 +369,18 @@ func TestDeadServerFailsTheCallClearly(t *testing.T) {
 		t.Errorf("state of a closed server: %+v", st)
 	}
 }
+
+// ParseFile reads the "mcp_servers" of a tools config file and nothing
+// else; a file without it has no servers.
+func TestParseFile(t *testing.T) {
+	got, err := mcp.ParseFile([]byte(`{"tools": [], "mcp_servers": [{"name": "files", "command": "node", "args": ["s.js"], "contracts": {"write_file": "consequential"}}]}`))
+	if err != nil || len(got) != 1 || got[0].Name != "files" || got[0].Command != "node" || got[0].Contracts["write_file"] != tools.Consequential {
+		t.Fatalf("ParseFile: %+v, %v", got, err)
+	}
+	if got, err := mcp.ParseFile([]byte(`{"tools": []}`)); err != nil || got != nil {
+		t.Fatalf("a file without mcp_servers: %+v, %v", got, err)
+	}
+	if _, err := mcp.ParseFile([]byte(`{"mcp_servers": {}}`)); err == nil || !strings.Contains(err.Error(), "must be an array") {
+		t.Fatalf("mcp_servers not an array: %v", err)
+	}
+}

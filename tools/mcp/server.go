@@ -190,8 +190,9 @@ func (s *Server) Run(ctx context.Context) {
 		go func() { ended <- cs.Wait() }()
 		select {
 		case <-ctx.Done():
-			cs.Close()
+			s.Close()
 			<-ended
+			return
 		case err := <-ended:
 			if err == nil {
 				err = errors.New("the session ended")
@@ -202,7 +203,6 @@ func (s *Server) Run(ctx context.Context) {
 			}
 		}
 	}
-	s.Close()
 }
 
 // dropped forgets cs, which ended with err.

@@ -90,7 +90,8 @@ var reservedHeaders = map[string]bool{
 //	      "timeout": "10s",                            // optional, default 10s, at most 10m
 //	      "headers": {"Authorization": "Bearer ${ORDERS_TOKEN}"} // optional
 //	    }
-//	  ]
+//	  ],
+//	  "mcp_servers": [...]                             // optional: MCP servers, see package mcp
 //	}
 //
 // Every field but status_url, timeout and headers is required; unknown
@@ -164,13 +165,16 @@ func Parse(data []byte, client *http.Client) ([]tools.Tool, error) {
 	}
 	var errs []error
 	for _, k := range slices.Sorted(maps.Keys(top)) {
-		if k != "tools" {
-			errs = append(errs, fmt.Errorf(`unknown field %q (the file holds only "tools")`, k))
+		if k != "tools" && k != tools.MCPServersField {
+			errs = append(errs, fmt.Errorf(`unknown field %q (the file holds "tools" and %q)`, k, tools.MCPServersField))
 		}
 	}
 	rawTools, ok := top["tools"]
 	if !ok {
-		errs = append(errs, errors.New(`field "tools" is missing`))
+		if _, mcp := top[tools.MCPServersField]; mcp && len(errs) == 0 {
+			return []tools.Tool{}, nil // only MCP servers: package mcp reads them
+		}
+		errs = append(errs, fmt.Errorf(`field "tools" is missing (give "tools", %q, or both)`, tools.MCPServersField))
 		return nil, errors.Join(errs...)
 	}
 	var entries []json.RawMessage

@@ -705,7 +705,9 @@ func TestWebhookConfigErrors(t *testing.T) {
 		{"unknown field", base(func(m map[string]any) { m["methd"] = "GET" }),
 			[]string{`tool "t1" (tools[0]): unknown field "methd"`}},
 		{"unknown top-level field", `{"tools": [], "tool": {}}`,
-			[]string{`unknown field "tool"`}},
+			[]string{`unknown field "tool" (the file holds "tools" and "mcp_servers")`}},
+		{"neither tools nor MCP servers", `{}`,
+			[]string{`field "tools" is missing (give "tools", "mcp_servers", or both)`}},
 		{"missing url", base(func(m map[string]any) { delete(m, "url") }),
 			[]string{`field "url": is required`}},
 		{"ftp url", base(func(m map[string]any) { m["url"] = "ftp://files.example.com/x" }),
@@ -899,5 +901,18 @@ func TestNewWebhook(t *testing.T) {
 	_, err = New(Config{Name: "ping", Contract: "often"}, nil)
 	if err == nil || !strings.Contains(err.Error(), `webhook tool "ping": field "description": is required`) || !strings.Contains(err.Error(), `field "contract": "often"`) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A file may hold only MCP servers (package mcp reads them): no webhook
+// tools, no error; with "tools" too, both are read.
+func TestParseLeavesMCPServersToPackageMCP(t *testing.T) {
+	ts, err := Parse([]byte(`{"mcp_servers": [{"name": "files", "command": "node"}]}`), nil)
+	if err != nil || len(ts) != 0 {
+		t.Fatalf("only MCP servers: %v, %v", ts, err)
+	}
+	ts, err = Parse([]byte(`{"mcp_servers": [], "tools": []}`), nil)
+	if err != nil || len(ts) != 0 {
+		t.Fatalf("both, no webhooks: %v, %v", ts, err)
 	}
 }
