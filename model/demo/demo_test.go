@@ -680,3 +680,48 @@ func TestMarkdownAndVerbatimReplies(t *testing.T) {
 		t.Errorf("a message not starting with the phrase was repeated: %q", got)
 	}
 }
+
+// "use NAME with {json}" calls any offered tool with exactly those
+// arguments; a tool not offered, or arguments that are not a JSON object,
+// get words that say what to fix, and no call.
+func TestUseToolWithJSON(t *testing.T) {
+	offeredTools := append(append([]model.ToolSpec(nil), allTools...), model.ToolSpec{Name: "everything__echo"})
+	text, call := splitCall(t, chunks(t, withTools("Use everything__echo with {\"message\": \"hi\",\n \"n\": 2}", offeredTools...)))
+	if call.Name != "everything__echo" || string(call.Arguments) != `{"message":"hi","n":2}` || text != "Calling everything__echo." {
+		t.Errorf("call %s %s after %q", call.Name, call.Arguments, text)
+	}
+	for _, tc := range []struct{ msg, want string }{
+		{`use nothing__here with {}`, "No tool named nothing__here is offered. The tools are: catalog_search, send_email, other_tool, everything__echo."},
+		{`use everything__echo with {"message": }`, "not a JSON object"},
+		{`use everything__echo with {} and more`, "not a JSON object"}, // the object runs to the end of the message
+		{`use everything__echo with {"a":1} {"b":2}`, "not a JSON object"},
+	} {
+		if got := noCall(t, chunks(t, withTools(tc.msg, offeredTools...))); !strings.Contains(got, tc.want) {
+			t.Errorf("%q: %q lacks %q", tc.msg, got, tc.want)
+		}
+	}
+	// An ordinary sentence that starts the same way is not a tool request.
+	if got := noCall(t, chunks(t, withTools("use python with pandas for this", offeredTools...))); strings.Contains(got, "No tool named") {
+		t.Errorf("an ordinary sentence was read as a tool request: %q", got)
+	}
+	if got := noCall(t, chunks(t, withTools(`use everything__echo with {"message":"hi"}`))); !strings.Contains(got, "no tools are offered") {
+		t.Errorf("no tools offered: %q", got)
+	}
+}
+
+// The answer to another tool's result says what its status says, and
+// never that an unknown outcome did nothing.
+func TestAfterOtherToolResult(t *testing.T) {
+	for _, tc := range []struct{ content, want string }{
+		{`{"content":[{"type":"text","text":"Echo: hi"}]}`, `The everything__echo tool returned: {"content":[{"type":"text","text":"Echo: hi"}]}`},
+		{`{"status":"failed","error":"MCP server everything is not connected (closed); nothing was sent"}`, "failed: MCP server everything is not connected (closed); nothing was sent."},
+		{`{"status":"unknown","key":"k"}`, "do not know yet whether everything__echo acted"},
+		{`{"status":"rejected"}`, "because you rejected it"},
+		{`{"status":"voided"}`, "cancelled before it was made"},
+	} {
+		got := noCall(t, chunks(t, toolResult("everything__echo", `{"message":"hi"}`, tc.content)))
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q lacks %q", tc.content, got, tc.want)
+		}
+	}
+}

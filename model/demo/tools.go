@@ -302,6 +302,9 @@ func orderIndex(toks []token) int {
 // toolTurn is the reply to a user message that starts a tool flow, or nil
 // when the message starts none (or its tool is not offered).
 func toolTurn(req model.Request, text string) []model.Chunk {
+	if name, args, ok := useTool(text); ok {
+		return explicitCall(req, name, args)
+	}
 	toks := tokenize(text)
 	switch kind, after := intent(toks); kind {
 	case intentEmail:
@@ -323,6 +326,45 @@ func toolTurn(req model.Request, text string) []model.Chunk {
 		return cardChunks(orderCard(toks))
 	}
 	return nil
+}
+
+// useToolPattern is a request to call a tool by name: "use NAME with
+// {JSON object}" (any letter case; from the "{" to the end of the message
+// must be the object).
+var useToolPattern = regexp.MustCompile(`(?is)^\s*use\s+([A-Za-z0-9_-]+)\s+with\s+(\{.*?)\s*$`)
+
+// useTool reads "use NAME with {json}" from text.
+func useTool(text string) (name, args string, ok bool) {
+	m := useToolPattern.FindStringSubmatch(text)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+// explicitCall answers "use NAME with {json}": the call, when the tool is
+// offered and the arguments are a JSON object; otherwise words saying what
+// to fix (the tools offered, or that the arguments are not JSON).
+func explicitCall(req model.Request, name, args string) []model.Chunk {
+	if !offered(req, name) {
+		var names []string
+		for _, t := range req.Tools {
+			names = append(names, t.Name)
+		}
+		if len(names) == 0 {
+			return textChunks(resumed(req, "No tool named "+name+" is configured, and no tools are offered."))
+		}
+		return textChunks(resumed(req, "No tool named "+name+" is offered. The tools are: "+strings.Join(names, ", ")+"."))
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
+		return textChunks(resumed(req, "The arguments for "+name+" are not a JSON object; write them as use "+name+" with {\"name\": \"value\"}."))
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(args)); err != nil {
+		return textChunks(resumed(req, "The arguments for "+name+" are not valid JSON."))
+	}
+	return withCall(req, resumed(req, "Calling "+name+"."), name, json.RawMessage(compact.Bytes()))
 }
 
 // withCall streams text word by word and ends with the call.
@@ -575,7 +617,36 @@ func afterTool(m model.Message) string {
 	case "":
 		return "I received a tool result. Tell me what you would like to do next."
 	}
-	return "The " + name + " tool finished and returned its result. Tell me what you would like to do next."
+	return toolAnswer(name, m.Content)
+}
+
+// toolAnswer is the answer to the result of any other tool: what the
+// recorded status says (rejected, voided, unknown, failed), or the start
+// of what it returned. It never says an action did not happen when the
+// status is unknown.
+func toolAnswer(name, content string) string {
+	var r map[string]any
+	dec := json.NewDecoder(strings.NewReader(content))
+	dec.UseNumber()
+	_ = dec.Decode(&r)
+	switch strings.ToLower(str(r["status"])) {
+	case "rejected":
+		return "I did not call " + name + ", because you rejected it. Tell me what to change."
+	case "voided":
+		return "The call to " + name + " was cancelled before it was made, so it did nothing."
+	case "unknown":
+		return "I do not know yet whether " + name + " acted: it did not confirm, so it may have. The gateway keeps looking and shows what it finds on the page."
+	case "failed":
+		if e := str(r["error"]); e != "" {
+			return "The " + name + " tool failed: " + strings.TrimRightFunc(e, func(r rune) bool { return r == '.' || unicode.IsSpace(r) }) + "."
+		}
+		return "The " + name + " tool failed without giving a reason."
+	}
+	out := strings.Join(strings.Fields(content), " ")
+	if utf8.RuneCountInString(out) > 300 {
+		out = string([]rune(out)[:300]) + "…"
+	}
+	return "The " + name + " tool returned: " + out
 }
 
 // str reads v as text: a string, or a number written plainly.
