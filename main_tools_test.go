@@ -37,6 +37,18 @@ func eventOperation(t *testing.T, ev client.Event) chat.Operation {
 // the decision; it returns the run id and the prepared operation.
 func (s *server) askEmail(evs *stream, threadID string, expected int64, text string) (string, chat.Operation) {
 	s.t.Helper()
+	runID, op := s.askConsequential(evs, threadID, expected, text, "send_email")
+	if !strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
+		s.t.Fatalf("prepared operation %+v", op)
+	}
+	return runID, op
+}
+
+// askConsequential starts a run whose request makes the model call the
+// consequential tool, and waits until the run waits for the decision; it
+// returns the run id and the prepared operation.
+func (s *server) askConsequential(evs *stream, threadID string, expected int64, text, tool string) (string, chat.Operation) {
+	s.t.Helper()
 	t := s.t
 	started := s.startRun(threadID, expected, text)
 	deadline := time.Now().Add(20 * time.Second)
@@ -57,9 +69,8 @@ func (s *server) askEmail(evs *stream, threadID string, expected int64, text str
 	if op == nil {
 		t.Fatalf("run.waiting_confirmation without a tool.prepared")
 	}
-	if op.Tool != "send_email" || op.Phase != "prepared" || op.Contract != "consequential" || op.IdempotencyKey == nil ||
-		!strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
-		t.Fatalf("prepared operation %+v", op)
+	if op.Tool != tool || op.Phase != "prepared" || op.Contract != "consequential" || op.IdempotencyKey == nil {
+		t.Fatalf("prepared operation %+v, want %s prepared, consequential, with a key", op, tool)
 	}
 	return started.RunID, *op
 }

@@ -15,7 +15,9 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +33,7 @@ import (
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/tools/email"
+	"github.com/honestcancel/gateway/tools/mcp"
 	"github.com/honestcancel/gateway/tools/webhook"
 	"github.com/honestcancel/gateway/web"
 )
@@ -105,6 +108,7 @@ type App struct {
 	store   *store.Store
 	nats    *bus.NATS // nil without -nats
 	outbox  *email.Outbox
+	mcp     []*mcp.Server // the tools config's MCP servers, kept connected until Close
 	engine  *engine.Engine
 	api     *gateway.Server
 	ln      net.Listener
@@ -182,7 +186,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("the embedded email provider: %w", err)
 	}
-	registry, err := a.tools()
+	registry, err := a.tools(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -258,14 +262,24 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 	return a, nil
 }
 
-// tools builds the registry: the built-in tools and the webhook tools of
-// Config.ToolsConfig.
-func (a *App) tools() (*tools.Registry, error) {
+// tools builds the registry: the built-in tools, the webhook tools of
+// Config.ToolsConfig, then the tools of its MCP servers, which it connects
+// (all at once, each bounded by its timeout; one that fails is logged and
+// retried in the background) and keeps connected until Close.
+func (a *App) tools(ctx context.Context) (*tools.Registry, error) {
 	all := []tools.Tool{tools.NewCatalogSearch(a.cfg.SearchLatency), email.NewSendEmail(a.outbox)}
-	if a.cfg.ToolsConfig != "" {
-		hooks, err := webhook.Load(a.cfg.ToolsConfig, nil)
+	var servers []mcp.ServerConfig
+	if path := a.cfg.ToolsConfig; path != "" {
+		data, err := os.ReadFile(path)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("tools config: %w", err)
+		}
+		hooks, err := webhook.Parse(data, nil)
+		if err != nil {
+			return nil, fmt.Errorf("tools config %s: %w", path, err)
+		}
+		if servers, err = mcp.ParseFile(data); err != nil {
+			return nil, fmt.Errorf("tools config %s: %w", path, err)
 		}
 		all = append(all, hooks...)
 	}
@@ -273,7 +287,40 @@ func (a *App) tools() (*tools.Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tools: %w", err)
 	}
-	return registry, nil
+	for _, cfg := range servers {
+		a.mcp = append(a.mcp, mcp.NewServer(cfg, a.log))
+	}
+	if len(a.mcp) == 0 {
+		return registry, nil
+	}
+	sources := make([]tools.Source, len(a.mcp))
+	var first sync.WaitGroup
+	for i, s := range a.mcp {
+		sources[i] = s
+		first.Go(func() {
+			if err := s.Connect(ctx); err != nil {
+				a.log.Warn("MCP server unavailable at start; its tools are offered once it connects", "mcp_server", s.Name(), "err", err)
+			}
+		})
+	}
+	first.Wait()
+	keep, stop := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	for _, s := range a.mcp {
+		running.Go(func() { s.Run(keep) })
+	}
+	a.closers = append(a.closers, func() { stop(); running.Wait() })
+	return registry.WithSources(sources...), nil
+}
+
+// toolServers reports the MCP servers' states for /readyz.
+func (a *App) toolServers() []gateway.ToolServer {
+	out := make([]gateway.ToolServer, len(a.mcp))
+	for i, s := range a.mcp {
+		st := s.State()
+		out[i] = gateway.ToolServer{Name: st.Name, Connected: st.Connected, Tools: st.Tools, Since: st.Since}
+	}
+	return out
 }
 
 // model builds the backend of Config.Model and what names new threads
@@ -320,8 +367,9 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	}
 	a.api = gateway.New(gateway.Config{
 		Auth: authn, Store: a.store, Runs: a.engine, Log: log,
-		Feed:    feed,
-		Metrics: a.metrics,
+		Feed:        feed,
+		Metrics:     a.metrics,
+		ToolServers: a.toolServers,
 		// Event streams re-check their credential at each keep-alive, as
 		// the WebSocket does at each ping: one interval for both.
 		KeepAlive: cfg.WSPing,

@@ -98,6 +98,21 @@ type Config struct {
 	// Metrics records connections, frames, slow consumers, refusals and
 	// cancel ack latency (nil: nothing is recorded).
 	Metrics Metrics
+	// ToolServers reports the tool servers (MCP) the gateway calls, for
+	// /readyz (nil: none). One that is down does not make the gateway
+	// unready: every instance shares it, and its tools fail clearly.
+	ToolServers func() []ToolServer
+}
+
+// ToolServer is what /readyz tells of one tool server: its name, whether
+// it is connected, how many tools it offers and since when its connection
+// state holds. Why it is down is in the logs, not here: /readyz answers
+// whoever asks.
+type ToolServer struct {
+	Name      string    `json:"name"`
+	Connected bool      `json:"connected"`
+	Tools     int       `json:"tools"`
+	Since     time.Time `json:"since"`
 }
 
 // Server serves the API. It holds no per-request state; its shared state
@@ -110,6 +125,7 @@ type Server struct {
 	feed      Feed
 	log       *slog.Logger
 	keepAlive time.Duration
+	servers   func() []ToolServer
 	ready     atomic.Bool
 	ws        *wsHub
 	limits    *userLimits
@@ -130,7 +146,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)
@@ -178,7 +194,14 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	var servers []ToolServer
+	if s.servers != nil {
+		servers = s.servers()
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Status      string       `json:"status"`
+		ToolServers []ToolServer `json:"tool_servers,omitempty"`
+	}{"ready", servers})
 }
 
 // guard refuses state-changing requests that a browser sends from another

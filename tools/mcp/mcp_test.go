@@ -259,6 +259,9 @@ func TestConsequentialSentOncePerKey(t *testing.T) {
 	if !ok || pay.Spec().Contract != tools.Consequential {
 		t.Fatalf("pay is %T %s, want a consequential Committer", pay, pay.Spec().Contract)
 	}
+	if tools.ResendSafe(pay) {
+		t.Error("an MCP tool claims its server deduplicates: the engine would send a lost call again")
+	}
 	args := json.RawMessage(`{"to":"bob","amount":500}`)
 	preview, key, err := pay.Prepare("step-1", args)
 	if err != nil {
