@@ -11,15 +11,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/tools/mcp"
 )
 
 // npmServer is the path of an MCP reference server's entry script.
@@ -215,4 +220,112 @@ func TestMCPCancelMidCall(t *testing.T) {
 	}
 	srv.stop()
 	checkDB(t, srv.db)
+}
+
+// holdingServer is an MCP server over Streamable HTTP (in the test's
+// process) with one tool, "transfer", without hints: consequential. Each
+// call counts its idempotency key, then waits until the test lets it
+// answer.
+type holdingServer struct {
+	url     string
+	entered chan string // the key of each call, as it arrives
+	release chan struct{}
+
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func newHoldingServer(t *testing.T) *holdingServer {
+	t.Helper()
+	h := &holdingServer{entered: make(chan string, 4), release: make(chan struct{}), calls: map[string]int{}}
+	s := sdk.NewServer(&sdk.Implementation{Name: "bank", Version: "1"}, nil)
+	type transfer struct {
+		To     string `json:"to"`
+		Amount int    `json:"amount"`
+	}
+	sdk.AddTool(s, &sdk.Tool{Name: "transfer", Description: "Transfer money."}, func(ctx context.Context, req *sdk.CallToolRequest, in transfer) (*sdk.CallToolResult, any, error) {
+		key, _ := req.Params.Meta[mcp.IdempotencyKeyMeta].(string)
+		h.mu.Lock()
+		h.calls[key]++
+		h.mu.Unlock()
+		h.entered <- key
+		<-h.release // as a slow bank would: the cancel of the request does not stop it
+		return nil, map[string]any{"transferred": in.Amount, "to": in.To}, nil
+	})
+	hs := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, nil))
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+		hs.Close()
+	})
+	h.url = hs.URL
+	return h
+}
+
+func (h *holdingServer) count(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[key]
+}
+
+// TestMCPGatewayKilledMidCall: the gateway process is killed while a
+// confirmed consequential MCP call is at the server. The server then
+// acts. Restarted, the gateway does not send the key again (an MCP server
+// is not known to deduplicate): the outcome is reported unknown, with the
+// key, and the server saw the key once.
+func TestMCPGatewayKilledMidCall(t *testing.T) {
+	bank := newHoldingServer(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "tools.json")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `{"mcp_servers": [{"name": "bank", "url": %q}]}`, bank.url+"/"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(dir, "gw.db")
+	srv := startProcess(t, db, "5ms", "-tools-config", cfg)
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+	runID, op := srv.askConsequential(evs, tid, thread.StateVersion, `use bank__transfer with {"to": "ada", "amount": 500}`, "bank__transfer")
+	key := *op.IdempotencyKey
+	srv.confirm(tid, op.OperationID)
+	select {
+	case got := <-bank.entered:
+		if got != key {
+			t.Fatalf("the server got key %q, want %q", got, key)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the confirmed call did not reach the server")
+	}
+	evs.waitFor(time.Now().Add(20*time.Second), "tool.updated committing", func(ev client.Event) bool {
+		return ev.Type == chat.EventToolUpdated && eventOperation(t, ev).Phase == "committing"
+	})
+	seen := evs.lastSeq
+	evs.close()
+	srv.kill()
+	close(bank.release) // the server acts; its answer goes nowhere
+
+	srv = startProcess(t, db, "5ms", "-tools-config", cfg)
+	evs = srv.events(tid, seen)
+	defer evs.close()
+	got := waitCompleted(t, evs, runID, op.OperationID)
+	if !slices.Equal(got.phases, []string{"unknown"}) || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
+		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)
+	}
+	if n := bank.count(key); n != 1 {
+		t.Errorf("the server saw the key %d times, want 1", n)
+	}
+	var tool string
+	for _, m := range got.messages {
+		if m.Role == "tool" {
+			tool = m.Content
+		}
+	}
+	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
+		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
+	}
+	srv.stop()
+	checkDB(t, db)
 }
