@@ -182,9 +182,10 @@ func TestMCPServersThroughTheGateway(t *testing.T) {
 	checkDB(t, srv.db)
 }
 
-// TestMCPCancelMidCall: cancelling a run while a long read-only MCP tool
-// works stops the run at once (notifications/cancelled goes to the
-// server); the receipt says the step was aborted, and the session serves
+// TestMCPCancelMidCall: the progress of a long read-only MCP tool reaches
+// the tabs; cancelling the run while the tool works stops the run at once
+// (notifications/cancelled goes to the server); the receipt says the step
+// was aborted, no progress follows run.cancelled, and the session serves
 // the next call.
 func TestMCPCancelMidCall(t *testing.T) {
 	srv, _ := mcpGateway(t)
@@ -200,6 +201,14 @@ func TestMCPCancelMidCall(t *testing.T) {
 	if op.Contract != "cancellable" {
 		t.Fatalf("the long-running tool (readOnlyHint) is %s, want cancellable", op.Contract)
 	}
+	// The server's progress notifications arrive as tool.updated events:
+	// the call is at the server when the cancel comes.
+	working := eventOperation(t, evs.waitFor(time.Now().Add(20*time.Second), "tool.updated with progress", func(ev client.Event) bool {
+		return ev.Type == chat.EventToolUpdated && ev.RunID == started.RunID && eventOperation(t, ev).Progress != nil
+	}))
+	if p := working.Progress; working.Phase != "running" || p.Total != 60 || p.Progress < 1 || p.Progress > 60 {
+		t.Errorf("progress report %+v in phase %s", p, working.Phase)
+	}
 	asked := time.Now()
 	srv.cancelRun(started.RunID)
 	cancelled := evs.waitFor(time.Now().Add(20*time.Second), "run.cancelled", func(ev client.Event) bool {
@@ -212,11 +221,17 @@ func TestMCPCancelMidCall(t *testing.T) {
 	if len(ops) != 1 || ops[0].OperationID != op.OperationID || ops[0].Outcome != "aborted" {
 		t.Errorf("the receipt of a cancel mid-call: %+v", ops)
 	}
+	cancelledAt := cancelled.Seq
 
 	next := srv.startRun(tid, srv.snapshot(tid).StateVersion, `use everything__echo with {"message":"still here"}`)
 	got := waitCompleted(t, evs, next.RunID, "")
 	if len(got.messages) < 2 || !strings.Contains(got.messages[1].Content, "Echo: still here") {
 		t.Errorf("the call after the cancel published %+v", got.messages)
+	}
+	for _, ev := range evs.seen {
+		if ev.Seq > cancelledAt && ev.RunID == started.RunID {
+			t.Errorf("an event of the cancelled run after run.cancelled: %s", ev.Raw)
+		}
 	}
 	srv.stop()
 	checkDB(t, srv.db)

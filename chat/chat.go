@@ -211,6 +211,18 @@ type Operation struct {
 	// tell what happened.
 	ReconcileNextAt *time.Time `json:"reconcile_next_at,omitempty"`
 	ReconcileUntil  *time.Time `json:"reconcile_until,omitempty"`
+	// Progress is what the tool last said of its progress while it
+	// worked: only on the tool.updated events that report it, never
+	// stored with the operation.
+	Progress *ToolProgress `json:"progress,omitempty"`
+}
+
+// ToolProgress is a working tool's own report of how far it got: Progress
+// out of Total (0: the tool did not say), and its message, if any.
+type ToolProgress struct {
+	Progress float64 `json:"progress"`
+	Total    float64 `json:"total,omitempty"`
+	Message  string  `json:"message,omitempty"`
 }
 
 // ActiveRun describes the run in flight in a snapshot.

@@ -74,6 +74,7 @@ type Execution interface {
 	PublishStep(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
 	SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error
 	RecordToolResult(ctx context.Context, lease chat.Lease, opID string, out chat.ToolOutcome) error
+	RecordToolProgress(ctx context.Context, lease chat.Lease, opID string, p chat.ToolProgress) error
 	MarkCancelling(ctx context.Context, lease chat.Lease, active chat.ActiveOperation) error
 	Complete(ctx context.Context, lease chat.Lease) error
 	// CompleteWith is PublishStep of a run's last step (no tool call) and

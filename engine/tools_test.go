@@ -165,6 +165,10 @@ type fakeRunner struct {
 	name, contract string
 	gate           *gate
 	started        chan string // the key of every call, as it starts
+	// progress is reported (tools.ProgressReporter) as a call starts,
+	// lateProgress when its context ends; set before the engine starts.
+	progress     []chat.ToolProgress
+	lateProgress *chat.ToolProgress
 
 	mu    sync.Mutex
 	calls map[string]int
@@ -198,11 +202,18 @@ func (r *fakeRunner) Run(ctx context.Context, key string, args json.RawMessage) 
 	r.calls[key]++
 	n := r.calls[key]
 	r.mu.Unlock()
+	report := tools.ProgressReporter(ctx)
+	for _, p := range r.progress {
+		report(p)
+	}
 	select {
 	case r.started <- key:
 	default:
 	}
 	if err := r.gate.wait(ctx); err != nil {
+		if r.lateProgress != nil {
+			report(*r.lateProgress) // a tool still talking after the cancel
+		}
 		return nil, err
 	}
 	return json.Marshal(map[string]any{"answer": "sunny", "key": key, "call": n})
@@ -543,11 +554,78 @@ func opPhases(evs []*chat.Event, opID string) []string {
 		if ev.Type != chat.EventToolPrepared && ev.Type != chat.EventToolUpdated {
 			continue
 		}
-		if op := ev.Body.(chat.ToolBody).Operation; op.OperationID == opID {
+		if op := ev.Body.(chat.ToolBody).Operation; op.OperationID == opID && op.Progress == nil {
 			out = append(out, op.Phase)
 		}
 	}
 	return out
+}
+
+// opProgress lists the progress reports of opID's tool.updated events, in
+// order, each with the phase it was reported in.
+func opProgress(evs []*chat.Event, opID string) (reports []chat.ToolProgress, phases []string) {
+	for _, ev := range evs {
+		if ev.Type != chat.EventToolUpdated {
+			continue
+		}
+		if op := ev.Body.(chat.ToolBody).Operation; op.OperationID == opID && op.Progress != nil {
+			reports = append(reports, *op.Progress)
+			phases = append(phases, op.Phase)
+		}
+	}
+	return reports, phases
+}
+
+// A tool's progress reaches the tabs as tool.updated events carrying it,
+// while the call works and never after its result: the first report at
+// once, then the latest one, at most one a second.
+func TestToolProgressIsReportedWhileItWorks(t *testing.T) {
+	_, r, e := newRunnerEnv(t, "lookup", tools.Idempotent, true)
+	r.progress = []chat.ToolProgress{{Progress: 1, Total: 3, Message: "first"}, {Progress: 2, Total: 3, Message: "second"}}
+	ack, key := e.askUntilCall(r, "what is the weather?")
+	waitFor(t, e.sub, "the latest progress", func(ev *chat.Event) bool {
+		if ev.Type != chat.EventToolUpdated {
+			return false
+		}
+		p := ev.Body.(chat.ToolBody).Operation.Progress
+		return p != nil && p.Progress == 2
+	})
+	r.openAll()
+	evs := e.until("run.completed", isType(chat.EventRunCompleted, ack.RunID))
+	if got := opPhases(evs, key); !slices.Equal(got, []string{chat.PhaseCompleted}) {
+		t.Fatalf("phase changes after the progress = %v", got)
+	}
+	if reports, _ := opProgress(evs, key); len(reports) != 0 {
+		t.Fatalf("progress reported after the result: %+v", reports)
+	}
+	ops := e.ops()
+	if len(ops) != 1 || ops[0].Progress != nil {
+		t.Fatalf("the stored operation holds progress: %+v", ops)
+	}
+}
+
+// A tool that still reports progress after its run was cancelled emits
+// nothing: the store refuses the report once the cancel is recorded, so
+// no event of the run follows run.cancelled (invariant 4).
+func TestNoToolProgressAfterTheCancel(t *testing.T) {
+	_, r, e := newRunnerEnv(t, "search", tools.Cancellable, true)
+	r.lateProgress = &chat.ToolProgress{Progress: 9, Total: 10}
+	ack, key := e.askUntilCall(r, "search for it")
+	e.cancel(ack.RunID)
+	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
+	if reports, _ := opProgress(evs, key); len(reports) != 0 {
+		t.Fatalf("progress reported after the cancel: %+v", reports)
+	}
+	wantOp(t, e.onlyOp(), chat.PhaseAborted, chat.OutcomeAborted)
+	// Nothing of the run comes later either.
+	next := e.resume()
+	r.openAll()
+	evs = e.until("run.completed", isType(chat.EventRunCompleted, next.RunID))
+	for _, ev := range evs {
+		if ev.RunID == ack.RunID {
+			t.Fatalf("an event of the cancelled run after run.cancelled: %s %+v", ev.Type, ev.Body)
+		}
+	}
 }
 
 func countType(evs []*chat.Event, typ string) int {

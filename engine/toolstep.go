@@ -120,9 +120,11 @@ func (e *Engine) runTool(ctx context.Context, in chat.RunInput, lease chat.Lease
 		callCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), toolTimeout)
 		defer cancel()
 	}
+	callCtx, stopProgress := e.progressOf(callCtx, write, lease, op.OperationID)
 	result, err := e.await(ctx, in, lease, callCtx, "tool", func(c context.Context) (json.RawMessage, error) {
 		return t.Run(c, key, op.Args)
 	})
+	stopProgress()
 	switch {
 	case err != nil && callCtx.Err() != nil && ctx.Err() != nil:
 		if errors.Is(context.Cause(ctx), errShutdown) && op.Contract == tools.Idempotent {
@@ -198,9 +200,11 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 			return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "cancelled before the provider said whether it acted", lastErr, lookupErr)))
 		}
 		sent = true
-		result, err := e.await(ctx, in, lease, callCtx, "tool_commit", func(c context.Context) (json.RawMessage, error) {
+		withProgress, stopProgress := e.progressOf(callCtx, write, lease, op.OperationID)
+		result, err := e.await(ctx, in, lease, withProgress, "tool_commit", func(c context.Context) (json.RawMessage, error) {
 			return t.Commit(c, key, op.Args)
 		})
+		stopProgress()
 		switch {
 		case err == nil:
 			return e.afterTool(ctx, record(chat.PhaseCommitted, chat.OutcomeCommitted, result))
@@ -240,6 +244,67 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 // notResent says why a call that may have reached its system is not sent
 // again (see tools.Resender).
 const notResent = "the call may have reached the provider, which does not deduplicate by key, so it is not sent again"
+
+// progressInterval is the least time between two recorded progress
+// reports of one tool call (each is a durable tool.updated event).
+const progressInterval = time.Second
+
+// progressOf returns callCtx carrying a progress sink for the tool call of
+// operation opID (tools.WithProgress), and stop, which ends recording and
+// waits for it. The sink never blocks: it keeps the latest report, and
+// one goroutine records it with store.RecordToolProgress, at most one per
+// progressInterval (the first at once). The store refuses a report once
+// the run is no longer running or the step settled; recording then ends.
+func (e *Engine) progressOf(callCtx, write context.Context, lease chat.Lease, opID string) (context.Context, func()) {
+	latest := make(chan chat.ToolProgress, 1)
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		var last time.Time
+		for {
+			var p chat.ToolProgress
+			select {
+			case <-done:
+				return
+			case p = <-latest:
+			}
+			if wait := progressInterval - time.Since(last); wait > 0 {
+				select {
+				case <-done:
+					return
+				case <-time.After(wait):
+				}
+				select {
+				case p = <-latest: // a newer report came meanwhile
+				default:
+				}
+			}
+			last = time.Now()
+			if err := e.store.RecordToolProgress(write, lease, opID, p); err != nil {
+				e.log.Debug("tool progress not recorded; no more of this call's will be", "operation_id", opID, "err", err)
+				<-done
+				return
+			}
+		}
+	}()
+	report := func(p chat.ToolProgress) {
+		for {
+			select {
+			case latest <- p:
+				return
+			default:
+			}
+			select {
+			case <-latest: // drop the older report
+			default:
+			}
+		}
+	}
+	return tools.WithProgress(callCtx, report), func() {
+		close(done)
+		<-finished
+	}
+}
 
 // unknownResult is the recorded result of a call whose outcome nobody
 // knows yet: what happened, and that the key is still being looked up.

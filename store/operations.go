@@ -244,6 +244,39 @@ func (s *Store) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, p
 	})
 }
 
+// RecordToolProgress reports a working tool's progress with tool.updated
+// (the operation as stored, with Progress). Only while the run is
+// running under lease and the operation is still at work (running or
+// committing): a cancel recorded, or a step settled, refuses it
+// (chat.ErrNotRunning), so no progress follows a run's end.
+func (s *Store) RecordToolProgress(ctx context.Context, lease chat.Lease, opID string, p chat.ToolProgress) error {
+	return s.write(ctx, func(t *txn) error {
+		row, err := t.ownWorking(lease)
+		if err != nil {
+			return err
+		}
+		if row.status() != chat.RunRunning {
+			return &chat.ErrNotRunning{Status: row.status()}
+		}
+		op, err := t.operation(opID)
+		if err != nil {
+			return err
+		}
+		if op.RunID != row.RunID || (op.Phase != chat.PhaseRunning && op.Phase != chat.PhaseCommitting) {
+			return &chat.ErrNotRunning{Status: row.status()}
+		}
+		c, err := t.engineThread(row.ThreadID)
+		if err != nil {
+			return err
+		}
+		reported := op.operation()
+		reported.Progress = &p
+		ev := t.event(c, chat.EventToolUpdated, op.RunID)
+		ev.Body = chat.ToolBody{Operation: reported}
+		return t.append(ev)
+	})
+}
+
 // RecordToolResult ends an operation with its outcome and, when there is a
 // result, publishes it as a tool message under a new head checkpoint whose
 // pending step is generate, so the run (or the next one, after a cancel)

@@ -15,6 +15,7 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/tools"
 	"github.com/honestcancel/gateway/tools/mcp"
 )
@@ -151,11 +152,11 @@ func TestEverythingProgressAndCancel(t *testing.T) {
 	s := connected(t, everything(t))
 	long := tool(t, s, "everything__trigger-long-running-operation").(tools.Runner)
 	var mu sync.Mutex
-	var seen []mcp.Progress
+	var seen []chat.ToolProgress
 	first := make(chan struct{})
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	ctx = mcp.WithProgress(ctx, func(p mcp.Progress) {
+	ctx = tools.WithProgress(ctx, func(p chat.ToolProgress) {
 		mu.Lock()
 		seen = append(seen, p)
 		if len(seen) == 1 {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/tools"
 )
 
@@ -65,15 +66,8 @@ type Server struct {
 	session  *mcp.ClientSession // nil while not connected
 	tools    []tools.Tool       // from the first session that listed them
 	state    State
-	progress map[string]func(Progress) // by progress token (the call's key)
-	changed  chan struct{}             // closed and replaced when session changes
-}
-
-// Progress is one progress notification of a call.
-type Progress struct {
-	Progress float64
-	Total    float64 // 0 when the server did not say
-	Message  string
+	progress map[string]func(chat.ToolProgress) // by progress token (the call's key)
+	changed  chan struct{}                      // closed and replaced when session changes
 }
 
 // NewServer returns the server of cfg, not connected yet (see Run and
@@ -82,7 +76,7 @@ func NewServer(cfg ServerConfig, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(Progress){}, changed: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(chat.ToolProgress){}}
 	s.state = State{Name: cfg.Name, Error: "not connected yet", Since: time.Now()}
 	s.client = mcp.NewClient(&mcp.Implementation{Name: "honestcancel-gateway", Version: "1"}, &mcp.ClientOptions{
 		Logger:                      s.log,
@@ -142,8 +136,6 @@ func (s *Server) Connect(ctx context.Context) error {
 	}
 	s.session = cs
 	s.state = State{Name: s.cfg.Name, Connected: true, Tools: len(s.tools), Since: time.Now()}
-	close(s.changed)
-	s.changed = make(chan struct{})
 	s.log.Info("MCP server connected", "tools", len(listed))
 	return nil
 }
@@ -269,13 +261,13 @@ func (s *Server) onProgress(_ context.Context, req *mcp.ProgressNotificationClie
 	f := s.progress[token]
 	s.mu.Unlock()
 	if f != nil {
-		f(Progress{Progress: req.Params.Progress, Total: req.Params.Total, Message: req.Params.Message})
+		f(chat.ToolProgress{Progress: req.Params.Progress, Total: req.Params.Total, Message: req.Params.Message})
 	}
 }
 
 // watchProgress routes the progress notifications of token to f until the
 // returned func is called.
-func (s *Server) watchProgress(token string, f func(Progress)) (stop func()) {
+func (s *Server) watchProgress(token string, f func(chat.ToolProgress)) (stop func()) {
 	if f == nil {
 		return func() {}
 	}

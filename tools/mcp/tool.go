@@ -125,7 +125,7 @@ func (t *remoteTool) call(ctx context.Context, key string, args json.RawMessage,
 	}
 	params := &mcp.CallToolParams{Meta: meta, Name: t.remote, Arguments: args}
 	params.SetProgressToken(key)
-	defer t.server.watchProgress(key, progressFrom(ctx))()
+	defer t.server.watchProgress(key, tools.ProgressReporter(ctx))()
 	res, err := cs.CallTool(ctx, params)
 	if err != nil {
 		return nil, nil, err
@@ -249,18 +249,4 @@ func resultText(res *mcp.CallToolResult) string {
 		s = "(no text)"
 	}
 	return s
-}
-
-// progressKey carries a call's progress sink in its context.
-type progressKey struct{}
-
-// WithProgress returns ctx carrying f, which receives the progress
-// notifications of the MCP calls made with it.
-func WithProgress(ctx context.Context, f func(Progress)) context.Context {
-	return context.WithValue(ctx, progressKey{}, f)
-}
-
-func progressFrom(ctx context.Context) func(Progress) {
-	f, _ := ctx.Value(progressKey{}).(func(Progress))
-	return f
 }
