@@ -80,6 +80,16 @@ export interface Operation {
   // and only the provider's records for the key can tell.
   reconcile_next_at?: string;
   reconcile_until?: string;
+  // What the tool last said of its progress while it worked (only on the
+  // tool.updated events that report it): progress out of total (absent:
+  // the tool did not say), and its message.
+  progress?: ToolProgress;
+}
+
+export interface ToolProgress {
+  progress: number;
+  total?: number;
+  message?: string;
 }
 
 export interface OperationOutcome {

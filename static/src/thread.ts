@@ -81,6 +81,39 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return e;
 }
 
+// toolProgress is a working call's progress: a bar that fills when the
+// tool said how far it got out of how much (tool.updated's progress), and
+// is indeterminate otherwise; the tool's own words; how long it has run,
+// from the server's time of the phase change, so a reload keeps counting.
+function toolProgress(op: Operation, label: string): HTMLElement {
+  const secs = Math.max(0, Math.floor((Date.now() - Date.parse(op.updated_at)) / 1000));
+  const elapsed = secs < 1 ? "just started" : `${secs} s so far`;
+  const p = op.progress;
+  const bar = el("progress", { "aria-label": label });
+  const words: string[] = [];
+  if (p && p.total && p.total > 0) {
+    bar.max = p.total;
+    bar.value = Math.min(p.progress, p.total);
+    words.push(`${fmtCount(p.progress)} of ${fmtCount(p.total)}`);
+  } else if (p) {
+    words.push(`${fmtCount(p.progress)} done`);
+  }
+  if (p?.message) words.push(p.message);
+  words.push(elapsed);
+  return el(
+    "div",
+    { class: "tool-progress", "data-testid": "tool-progress" },
+    bar,
+    el("span", { class: "hint", "data-testid": "tool-elapsed" }, words.join(" · ")),
+  );
+}
+
+// fmtCount writes a progress count: whole numbers as they are, others
+// with at most one decimal.
+function fmtCount(n: number): string {
+  return Number.isInteger(n) ? String(n) : n.toFixed(1);
+}
+
 function button(label: string, action: string, testid: string, cls = "btn"): HTMLButtonElement {
   return el("button", { type: "button", class: cls, "data-action": action, "data-testid": testid }, label);
 }
@@ -1139,18 +1172,7 @@ export class ThreadView {
               ? callingLabel(calling)
               : "Working…";
       const box = el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label));
-      if (showCall && calling) {
-        // A call's progress: how long it has run (the tool says nothing
-        // more; the bar is indeterminate). From the server's time of the
-        // phase change, so a reload keeps counting.
-        const secs = Math.max(0, Math.floor((Date.now() - Date.parse(calling.updated_at)) / 1000));
-        box.append(
-          el("div", { class: "tool-progress", "data-testid": "tool-progress" },
-            el("progress", { "aria-label": label }),
-            el("span", { class: "hint", "data-testid": "tool-elapsed" }, secs < 1 ? "just started" : `${secs} s so far`),
-          ),
-        );
-      }
+      if (showCall && calling) box.append(toolProgress(calling, label));
       this.tick(showCall === true);
       parts.push(box);
     } else {
@@ -1223,9 +1245,12 @@ export class ThreadView {
     const p = (op.preview ?? {}) as Record<string, unknown>;
     const rows: Node[] = [];
     for (const [k, v] of Object.entries(p)) {
-      rows.push(el("dt", {}, k), el("dd", { "data-testid": `preview-${k}` }, typeof v === "string" ? v : JSON.stringify(v)));
+      // Structured values (an MCP call's arguments) are shown as indented
+      // JSON, so a user can read what exactly will be sent.
+      const shown = typeof v === "string" ? v : v !== null && typeof v === "object" ? el("pre", { class: "preview-json" }, JSON.stringify(v, null, 2)) : JSON.stringify(v);
+      rows.push(el("dt", {}, k), el("dd", { "data-testid": `preview-${k}` }, shown));
     }
-    const confirm = button("Confirm and send", "confirm-op", "confirm-op", "btn primary");
+    const confirm = button(op.tool === "send_email" ? "Confirm and send" : "Confirm and run", "confirm-op", "confirm-op", "btn primary");
     const reject = button("Reject", "reject-op", "reject-op");
     confirm.dataset.operationId = op.operation_id;
     reject.dataset.operationId = op.operation_id;

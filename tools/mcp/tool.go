@@ -176,7 +176,11 @@ func (t *Committer) Prepare(scope string, args json.RawMessage) (json.RawMessage
 	if err != nil {
 		return nil, "", err
 	}
-	preview, err := json.Marshal(map[string]any{"server": t.server.cfg.Name, "tool": t.remote, "arguments": norm})
+	preview, err := json.Marshal(struct {
+		Server    string          `json:"server"`
+		Tool      string          `json:"tool"`
+		Arguments json.RawMessage `json:"arguments"`
+	}{t.server.cfg.Name, t.remote, norm})
 	if err != nil {
 		return nil, "", err
 	}

@@ -1,0 +1,90 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, writeFileSync, readFileSync, existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts } from "./harness.mjs";
+
+// MCP servers from npm (installed by npm ci), started by the gateway over
+// stdio: the reference "everything" server (a long operation with progress)
+// and the memory server (a tool without hints, so consequential).
+const modules = join(dirname(fileURLToPath(import.meta.url)), "..", "node_modules", "@modelcontextprotocol");
+const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-mcp-"));
+const memory = join(dir, "memory.jsonl");
+const config = join(dir, "tools.json");
+writeFileSync(
+  config,
+  JSON.stringify({
+    mcp_servers: [
+      { name: "everything", command: "node", args: [join(modules, "server-everything", "dist", "index.js"), "stdio"] },
+      { name: "memory", command: "node", args: [join(modules, "server-memory", "dist", "index.js")], env: { MEMORY_FILE_PATH: memory } },
+    ],
+  }),
+);
+
+let server, browser;
+serveForFile({ pace: "15ms", args: ["-tools-config", config] }, (s, b) => ([server, browser] = [s, b]), {
+  cleanup: () => rmSync(dir, { recursive: true, force: true }),
+});
+
+// shots takes the picture at 1280 and 390 px, light and dark.
+async function shots(page, name) {
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth), `${name} fits ${w} px`);
+      await shot(page, `${name}-${w}-${scheme}`, { fullPage: false });
+    }
+  }
+  await page.setViewportSize({ width: 1100, height: 800 });
+  await page.emulateMedia({ colorScheme: "light" });
+}
+
+const entities = (name) => (existsSync(memory) ? readFileSync(memory, "utf8").split(`"name":"${name}"`).length - 1 : 0);
+
+test("an MCP tool without hints asks for confirmation, shows its arguments, and acts once", async () => {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  await send(page, 'use memory__create_entities with {"entities": [{"name": "Ada Lovelace", "entityType": "person", "observations": ["wrote the first published program", "worked with Charles Babbage"]}]}');
+  const card = page.getByTestId("confirm-card");
+  await card.waitFor({ timeout: 20000 });
+  await runStatus(page, "waiting_confirmation");
+  assert.equal(await card.getByTestId("preview-server").textContent(), "memory");
+  assert.equal(await card.getByTestId("preview-tool").textContent(), "create_entities");
+  const args = JSON.parse(await card.getByTestId("preview-arguments").textContent());
+  assert.equal(args.entities[0].name, "Ada Lovelace");
+  assert.equal(await card.getByTestId("confirm-op").textContent(), "Confirm and run");
+  assert.equal(entities("Ada Lovelace"), 0, "nothing happens before the confirmation");
+  await shots(page, "mcp-confirm-card");
+  await card.getByTestId("confirm-op").click();
+  await runStatus(page, "idle", 20000);
+  const history = await messageTexts(page);
+  assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
+  assert.match(history[3].text, /The memory__create_entities tool returned/);
+  assert.equal(entities("Ada Lovelace"), 1, "confirmed once, acted once");
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("a long MCP call fills its progress bar from the server's notifications, and Cancel stops it", async () => {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  await send(page, 'use everything__trigger-long-running-operation with {"duration": 40, "steps": 40}');
+  const progress = page.getByTestId("tool-progress");
+  await progress.waitFor({ timeout: 20000 });
+  // The bar becomes determinate once a progress report arrived.
+  await page.waitForFunction(() => {
+    const bar = document.querySelector("[data-testid=tool-progress] progress");
+    return bar && bar.max === 40 && bar.value >= 1;
+  }, null, { timeout: 20000 });
+  assert.match(await page.getByTestId("tool-elapsed").textContent(), /^\d+ of 40 · /);
+  await shots(page, "mcp-progress");
+  await page.getByTestId("cancel").click();
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), "aborted");
+  assert.equal(await progress.count(), 0, "no progress bar after the cancel");
+  await shots(page, "mcp-cancelled");
+  assert.deepEqual(errors, []);
+  await page.close();
+});
