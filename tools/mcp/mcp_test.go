@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -214,10 +215,23 @@ func newLedger(t *testing.T) (*ledger, string) {
 	srv := sdk.NewServer(&sdk.Implementation{Name: "ledger", Version: "1"}, nil)
 	l.srv = srv
 	l.addPay()
-	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, nil)
-	hs := httptest.NewServer(h)
+	return l, l.serve(t, "127.0.0.1:0").URL
+}
+
+// serve serves the ledger over Streamable HTTP on addr (127.0.0.1:0: any
+// free port) until the test ends or the caller closes it.
+func (l *ledger) serve(t *testing.T, addr string) *httptest.Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewUnstartedServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return l.srv }, nil))
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
 	t.Cleanup(hs.Close)
-	return l, hs.URL
+	return hs
 }
 
 type payArgs struct {
@@ -386,5 +400,86 @@ func TestParseFile(t *testing.T) {
 	}
 	if _, err := mcp.ParseFile([]byte(`{"mcp_servers": {}}`)); err == nil || !strings.Contains(err.Error(), "must be an array") {
 		t.Fatalf("mcp_servers not an array: %v", err)
+	}
+}
+
+// until polls cond (a server's state, which changes on its own goroutine)
+// until it holds, failing the test after wait.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s after %v", what, wait)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+}
+
+// TestServerDiesMidCallAndComesBack: the server goes away while a
+// consequential call is at it: the call's outcome is unknown (it may have
+// acted), the server is reported down, a call meanwhile says nothing was
+// sent, and Run reconnects once the server is back, with the same tools.
+func TestServerDiesMidCallAndComesBack(t *testing.T) {
+	l := &ledger{calls: map[string]int{}, entered: make(chan struct{}, 8)}
+	l.srv = sdk.NewServer(&sdk.Implementation{Name: "ledger", Version: "1"}, nil)
+	l.addPay()
+	hs := l.serve(t, "127.0.0.1:0")
+	addr := hs.Listener.Addr().String()
+	s := mcp.NewServer(mcp.ServerConfig{Name: "ledger", URL: hs.URL}, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	running := make(chan struct{})
+	go func() {
+		defer close(running)
+		s.Run(ctx)
+	}()
+	defer func() {
+		stop()
+		<-running
+	}()
+	until(t, "connected", func() bool { return s.State().Connected })
+	pay := tool(t, s, "ledger__pay").(tools.Committer)
+
+	hold := make(chan struct{})
+	l.mu.Lock()
+	l.hold = hold
+	l.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := pay.Commit(ctx, "k-dies", json.RawMessage(`{"to":"bob","amount":1}`))
+		done <- err
+	}()
+	select {
+	case <-l.entered:
+	case <-time.After(wait):
+		t.Fatal("the call did not reach the server")
+	}
+	hs.CloseClientConnections()
+	hs.Close()
+	close(hold)
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, tools.ErrRejected) {
+			t.Errorf("a call whose server died under it: %v, want an unknown outcome", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("the call did not return when its server died")
+	}
+	until(t, "reported down", func() bool { return !s.State().Connected })
+	_, err := pay.Commit(ctx, "k-while-down", json.RawMessage(`{"to":"bob","amount":2}`))
+	if !errors.Is(err, tools.ErrRejected) || !strings.Contains(err.Error(), "nothing was sent") {
+		t.Errorf("a call while the server is down: %v", err)
+	}
+
+	l.mu.Lock()
+	l.hold = nil
+	l.mu.Unlock()
+	l.serve(t, addr)
+	until(t, "reconnected", func() bool { return s.State().Connected })
+	if res, err := pay.Commit(ctx, "k-after", json.RawMessage(`{"to":"bob","amount":3}`)); err != nil || !strings.Contains(string(res), `"paid":3`) {
+		t.Errorf("a call after the reconnect: %s, %v", res, err)
+	}
+	if a, b, c := l.count("k-dies"), l.count("k-while-down"), l.count("k-after"); a != 1 || b != 0 || c != 1 {
+		t.Errorf("the server saw the keys %d, %d and %d times, want 1, 0 and 1", a, b, c)
 	}
 }
