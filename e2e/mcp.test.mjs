@@ -4,11 +4,12 @@ import { mkdtempSync, rmSync, writeFileSync, readFileSync, existsSync } from "no
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { serveForFile, openPage, shot, send, runStatus, messageTexts } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 // MCP servers from npm (installed by npm ci), started by the gateway over
 // stdio: the reference "everything" server (a long operation with progress)
-// and the memory server (a tool without hints, so consequential).
+// and the memory server (a tool without hints, so consequential); and one
+// that cannot start.
 const modules = join(dirname(fileURLToPath(import.meta.url)), "..", "node_modules", "@modelcontextprotocol");
 const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-mcp-"));
 const memory = join(dir, "memory.jsonl");
@@ -19,6 +20,9 @@ writeFileSync(
     mcp_servers: [
       { name: "everything", command: "node", args: [join(modules, "server-everything", "dist", "index.js"), "stdio"] },
       { name: "memory", command: "node", args: [join(modules, "server-memory", "dist", "index.js")], env: { MEMORY_FILE_PATH: memory } },
+      // A server that cannot start (its script is missing): the gateway
+      // serves without it, keeps trying, and says so.
+      { name: "broken", command: "node", args: [join(dir, "missing-server.js")] },
     ],
   }),
 );
@@ -85,6 +89,28 @@ test("a long MCP call fills its progress bar from the server's notifications, an
   assert.equal(await line.getAttribute("data-outcome"), "aborted");
   assert.equal(await progress.count(), 0, "no progress bar after the cancel");
   await shots(page, "mcp-cancelled");
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("a tool server that is not connected is named above the composer, and its tools are not offered", async () => {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  const notice = page.getByTestId("tool-servers-down");
+  await notice.waitFor();
+  assert.equal(await notice.textContent(), "Tool server broken is not connected: its tools fail until it reconnects (the gateway keeps trying).");
+  const ready = await (await fetch(server.url + "/readyz")).json();
+  assert.deepEqual(
+    ready.tool_servers.map((s) => [s.name, s.connected]),
+    [["everything", true], ["memory", true], ["broken", false]],
+  );
+  await send(page, 'use broken__anything with {"x": 1}');
+  await eventually(async () => {
+    const history = await messageTexts(page);
+    assert.equal(history.length, 2);
+    assert.match(history[1].text, /No tool named broken__anything is offered\. The tools are: .*everything__echo/);
+  }, { timeout: 20000 });
+  await runStatus(page, "idle", 20000);
+  await shots(page, "mcp-server-down");
   assert.deepEqual(errors, []);
   await page.close();
 });

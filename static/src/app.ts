@@ -2,6 +2,7 @@
 import { ThreadView } from "./thread";
 import { Drawer } from "./drawer";
 import { ThreadSearch, groupByDay } from "./sidebar";
+import { watchToolServers } from "./toolservers";
 
 const app = document.querySelector<HTMLElement>("[data-testid=app]");
 if (app) new Drawer(app).start();
@@ -24,3 +25,5 @@ const more = document.querySelector<HTMLAnchorElement>("[data-testid=thread-more
 if (list && searchForm && searchInput && searchStatus) new ThreadSearch(searchForm, searchInput, list, searchStatus, more).start();
 const root = document.getElementById("thread");
 if (root) new ThreadView(root).start();
+const noticePlace = document.querySelector<HTMLElement>("form.composer") ?? document.getElementById("main");
+if (noticePlace) watchToolServers(noticePlace);
