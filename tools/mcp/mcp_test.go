@@ -258,6 +258,37 @@ func (l *ledger) addPay() {
 	})
 }
 
+// commitHeld starts pay.Commit(ctx, key, args) with the ledger holding
+// its calls, and returns once the call reached the server: the Commit's
+// error comes on done; release lets the server answer (and take later
+// calls without holding them).
+func (l *ledger) commitHeld(t *testing.T, ctx context.Context, pay tools.Committer, key, args string) (done <-chan error, release func()) {
+	t.Helper()
+	hold := make(chan struct{})
+	l.mu.Lock()
+	l.hold = hold
+	l.mu.Unlock()
+	for len(l.entered) > 0 {
+		<-l.entered
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := pay.Commit(ctx, key, json.RawMessage(args))
+		errc <- err
+	}()
+	select {
+	case <-l.entered:
+	case <-time.After(wait):
+		t.Fatal("the call did not reach the server")
+	}
+	return errc, func() {
+		l.mu.Lock()
+		l.hold = nil
+		l.mu.Unlock()
+		close(hold)
+	}
+}
+
 func (l *ledger) count(key string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -335,24 +366,8 @@ func TestConsequentialOutcomes(t *testing.T) {
 	}
 	l.addPay()
 
-	hold := make(chan struct{})
-	l.mu.Lock()
-	l.hold = hold
-	l.mu.Unlock()
-	for len(l.entered) > 0 {
-		<-l.entered
-	}
 	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := pay.Commit(cctx, "k-cancel", json.RawMessage(`{"to":"bob","amount":1}`))
-		done <- err
-	}()
-	select {
-	case <-l.entered:
-	case <-time.After(wait):
-		t.Fatal("the call did not reach the server")
-	}
+	done, release := l.commitHeld(t, cctx, pay, "k-cancel", `{"to":"bob","amount":1}`)
 	cancel()
 	select {
 	case err := <-done:
@@ -362,7 +377,7 @@ func TestConsequentialOutcomes(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a cancelled commit did not return")
 	}
-	close(hold)
+	release()
 	if n := l.count("k-cancel"); n != 1 {
 		t.Errorf("the server saw the cancelled key %d times", n)
 	}
@@ -440,23 +455,10 @@ func TestServerDiesMidCallAndComesBack(t *testing.T) {
 	until(t, "connected", func() bool { return s.State().Connected })
 	pay := tool(t, s, "ledger__pay").(tools.Committer)
 
-	hold := make(chan struct{})
-	l.mu.Lock()
-	l.hold = hold
-	l.mu.Unlock()
-	done := make(chan error, 1)
-	go func() {
-		_, err := pay.Commit(ctx, "k-dies", json.RawMessage(`{"to":"bob","amount":1}`))
-		done <- err
-	}()
-	select {
-	case <-l.entered:
-	case <-time.After(wait):
-		t.Fatal("the call did not reach the server")
-	}
-	hs.CloseClientConnections()
+	done, release := l.commitHeld(t, ctx, pay, "k-dies", `{"to":"bob","amount":1}`)
+	hs.CloseClientConnections() // the server goes away under the call …
+	release()                   // … which it carries out; its answer goes nowhere
 	hs.Close()
-	close(hold)
 	select {
 	case err := <-done:
 		if err == nil || errors.Is(err, tools.ErrRejected) {
@@ -471,9 +473,6 @@ func TestServerDiesMidCallAndComesBack(t *testing.T) {
 		t.Errorf("a call while the server is down: %v", err)
 	}
 
-	l.mu.Lock()
-	l.hold = nil
-	l.mu.Unlock()
 	l.serve(t, addr)
 	until(t, "reconnected", func() bool { return s.State().Connected })
 	if res, err := pay.Commit(ctx, "k-after", json.RawMessage(`{"to":"bob","amount":3}`)); err != nil || !strings.Contains(string(res), `"paid":3`) {

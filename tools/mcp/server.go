@@ -251,6 +251,9 @@ func (s *Server) transport() (mcp.Transport, error) {
 	cmd := exec.Command(s.cfg.Command, s.cfg.Args...)
 	cmd.Env = env
 	cmd.Stderr = &logWriter{log: s.log}
+	// Wait returns this long after the process exited even if a child of
+	// it still holds its stderr open, so a Close never hangs on one.
+	cmd.WaitDelay = 2 * time.Second
 	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
 }
 
