@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -480,5 +481,54 @@ func TestServerDiesMidCallAndComesBack(t *testing.T) {
 	}
 	if a, b, c := l.count("k-dies"), l.count("k-while-down"), l.count("k-after"); a != 1 || b != 0 || c != 1 {
 		t.Errorf("the server saw the keys %d, %d and %d times, want 1, 0 and 1", a, b, c)
+	}
+}
+
+// toolNames lists the names of s's tools.
+func toolNames(s *mcp.Server) []string {
+	var out []string
+	for _, tl := range s.Tools() {
+		out = append(out, tl.Spec().Name)
+	}
+	return out
+}
+
+// TestToolListChanges: when the server adds or removes a tool
+// (notifications/tools/list_changed), Run lists the tools again, and the
+// offered ones follow; the new tool works.
+func TestToolListChanges(t *testing.T) {
+	l, url := newLedger(t)
+	s := mcp.NewServer(mcp.ServerConfig{Name: "ledger", URL: url, Contracts: map[string]string{"balance": tools.Cancellable}}, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	running := make(chan struct{})
+	go func() {
+		defer close(running)
+		s.Run(ctx)
+	}()
+	defer func() {
+		stop()
+		<-running
+	}()
+	until(t, "connected", func() bool { return s.State().Connected })
+	if got := toolNames(s); !slices.Equal(got, []string{"ledger__pay"}) {
+		t.Fatalf("tools at the start: %v", got)
+	}
+	type none struct{}
+	sdk.AddTool(l.srv, &sdk.Tool{Name: "balance", Description: "The balance."}, func(context.Context, *sdk.CallToolRequest, none) (*sdk.CallToolResult, any, error) {
+		return nil, map[string]any{"cents": 1200}, nil
+	})
+	until(t, "the added tool offered", func() bool { return slices.Contains(toolNames(s), "ledger__balance") })
+	balance := tool(t, s, "ledger__balance")
+	if balance.Spec().Contract != tools.Cancellable {
+		t.Errorf("the added tool's contract is %s, want the configured cancellable", balance.Spec().Contract)
+	}
+	res, err := balance.(tools.Runner).Run(ctx, "op_b", json.RawMessage(`{}`))
+	if err != nil || !strings.Contains(string(res), `"cents":1200`) {
+		t.Errorf("the added tool: %s, %v", res, err)
+	}
+	l.srv.RemoveTools("pay")
+	until(t, "the removed tool withdrawn", func() bool { return !slices.Contains(toolNames(s), "ledger__pay") })
+	if st := s.State(); st.Tools != 1 {
+		t.Errorf("state after the changes: %+v", st)
 	}
 }

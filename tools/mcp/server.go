@@ -3,7 +3,8 @@
 //
 // A Server is one configured MCP server: it owns the session to it (stdio:
 // a child process; Streamable HTTP: a URL), reconnects with backoff when
-// the session drops, and lists the server's tools once per session. Each
+// the session drops, and lists the server's tools at each connection and
+// whenever the server says they changed. Each
 // tool is offered as "<server>__<tool>" with a contract taken from the
 // configuration or, failing that, from the tool's annotations (hints the
 // server gives, not trusted by default; see ContractFor).
@@ -67,7 +68,10 @@ type Server struct {
 	tools    []tools.Tool       // from the first session that listed them
 	state    State
 	progress map[string]func(chat.ToolProgress) // by progress token (the call's key)
-	changed  chan struct{}                      // closed and replaced when session changes
+	// listChanged is signalled when the server says its tool list
+	// changed; Run lists the tools again.
+	listChanged chan struct{}
+	changed     chan struct{} // closed and replaced when session changes
 }
 
 // NewServer returns the server of cfg, not connected yet (see Run and
@@ -76,11 +80,17 @@ func NewServer(cfg ServerConfig, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(chat.ToolProgress){}}
+	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(chat.ToolProgress){}, listChanged: make(chan struct{}, 1)}
 	s.state = State{Name: cfg.Name, Error: "not connected yet", Since: time.Now()}
 	s.client = mcp.NewClient(&mcp.Implementation{Name: "honestcancel-gateway", Version: "1"}, &mcp.ClientOptions{
 		Logger:                      s.log,
 		ProgressNotificationHandler: s.onProgress,
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case s.listChanged <- struct{}{}:
+			default: // a listing is due already
+			}
+		},
 	})
 	return s
 }
@@ -95,8 +105,10 @@ func (s *Server) State() State {
 	return s.state
 }
 
-// Tools returns the server's tools as listed by the first session (nil
-// before one listed them).
+// Tools returns the server's tools as last listed (nil before a session
+// listed them): at each connection, and when the server says its list
+// changed. While the server is down, its last tools stay offered, and a
+// call to one fails at once, sending nothing.
 func (s *Server) Tools() []tools.Tool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -116,28 +128,48 @@ func (s *Server) Connect(ctx context.Context) error {
 	if err != nil {
 		return s.failed(fmt.Errorf("connect: %w", err))
 	}
-	var listed []*mcp.Tool
-	for t, err := range cs.Tools(cctx, nil) {
-		if err != nil {
-			cs.Close()
-			return s.failed(fmt.Errorf("list tools: %w", err))
-		}
-		listed = append(listed, t)
-	}
-	offered, err := s.adapt(listed)
+	offered, err := s.list(cctx, cs)
 	if err != nil {
 		cs.Close()
 		return s.failed(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tools == nil {
-		s.tools = offered
-	}
+	s.tools = offered
 	s.session = cs
 	s.state = State{Name: s.cfg.Name, Connected: true, Tools: len(s.tools), Since: time.Now()}
-	s.log.Info("MCP server connected", "tools", len(listed))
+	s.log.Info("MCP server connected", "tools", len(offered))
 	return nil
+}
+
+// list lists the tools of cs and adapts them (see adapt).
+func (s *Server) list(ctx context.Context, cs *mcp.ClientSession) ([]tools.Tool, error) {
+	var listed []*mcp.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return nil, fmt.Errorf("list tools: %w", err)
+		}
+		listed = append(listed, t)
+	}
+	return s.adapt(listed), nil
+}
+
+// relist lists the tools again after the server said they changed; on
+// failure the tools stay as they were, and the failure is logged.
+func (s *Server) relist(ctx context.Context, cs *mcp.ClientSession) {
+	lctx, stop := context.WithTimeout(ctx, s.cfg.timeout())
+	defer stop()
+	offered, err := s.list(lctx, cs)
+	if err != nil {
+		s.log.Warn("MCP server's tools changed, but listing them again failed; the previous ones stay offered", "err", err)
+		return
+	}
+	s.mu.Lock()
+	if s.session == cs {
+		s.tools, s.state.Tools = offered, len(offered)
+	}
+	s.mu.Unlock()
+	s.log.Info("MCP server's tools changed", "tools", len(offered))
 }
 
 // failed records err as the reason the server is not connected.
@@ -151,8 +183,9 @@ func (s *Server) failed(err error) error {
 	return fmt.Errorf("MCP server %s: %w", s.cfg.Name, err)
 }
 
-// Run keeps the server connected until ctx ends: it connects, waits for
-// the session to end, and reconnects with backoff (doubling from 0.5 s to
+// Run keeps the server connected until ctx ends: it connects, lists the
+// tools again whenever the server says they changed, waits for the
+// session to end, and reconnects with backoff (doubling from 0.5 s to
 // 30 s, reset by a session that lived a minute). It closes the session
 // before it returns.
 func (s *Server) Run(ctx context.Context) {
@@ -180,18 +213,24 @@ func (s *Server) Run(ctx context.Context) {
 		began := time.Now()
 		ended := make(chan error, 1)
 		go func() { ended <- cs.Wait() }()
-		select {
-		case <-ctx.Done():
-			s.Close()
-			<-ended
-			return
-		case err := <-ended:
-			if err == nil {
-				err = errors.New("the session ended")
-			}
-			s.dropped(cs, err)
-			if time.Since(began) > time.Minute {
-				wait = minBackoff
+	session:
+		for {
+			select {
+			case <-ctx.Done():
+				s.Close()
+				<-ended
+				return
+			case <-s.listChanged:
+				s.relist(ctx, cs)
+			case err := <-ended:
+				if err == nil {
+					err = errors.New("the session ended")
+				}
+				s.dropped(cs, err)
+				if time.Since(began) > time.Minute {
+					wait = minBackoff
+				}
+				break session
 			}
 		}
 	}

@@ -45,9 +45,9 @@ func ContractFor(configured string, a *mcp.ToolAnnotations) string {
 // "<server>__<tool>" (characters a model provider refuses become "_"),
 // contract by ContractFor, arguments checked against the input schema. A
 // tool whose name collides or is too long, or whose schema does not
-// compile, is left out with a warning; a configured contract naming no
-// listed tool is an error.
-func (s *Server) adapt(listed []*mcp.Tool) ([]tools.Tool, error) {
+// compile, is left out with a warning, as is a configured contract that
+// names no listed tool.
+func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 	var out []tools.Tool
 	seen := map[string]bool{}
 	known := map[string]bool{}
@@ -92,10 +92,10 @@ func (s *Server) adapt(listed []*mcp.Tool) ([]tools.Tool, error) {
 	}
 	for tool := range s.cfg.Contracts {
 		if !known[tool] {
-			return nil, fmt.Errorf("field \"contracts\" names tool %q, which the server does not list", tool)
+			s.log.Warn("MCP config: \"contracts\" names a tool the server does not list (misspelt, or removed by the server)", "tool", tool)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // remoteTool is what the two kinds of tool share.
