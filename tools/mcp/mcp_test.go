@@ -419,6 +419,24 @@ func TestParseFile(t *testing.T) {
 	}
 }
 
+// runServer runs s (its Run loop) until the test ends, and returns once s
+// is connected, with the context Run runs on.
+func runServer(t *testing.T, s *mcp.Server) context.Context {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	running := make(chan struct{})
+	go func() {
+		defer close(running)
+		s.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-running
+	})
+	until(t, "connected", func() bool { return s.State().Connected })
+	return ctx
+}
+
 // until polls cond (a server's state, which changes on its own goroutine)
 // until it holds, failing the test after wait.
 func until(t *testing.T, what string, cond func() bool) {
@@ -443,17 +461,7 @@ func TestServerDiesMidCallAndComesBack(t *testing.T) {
 	hs := l.serve(t, "127.0.0.1:0")
 	addr := hs.Listener.Addr().String()
 	s := mcp.NewServer(mcp.ServerConfig{Name: "ledger", URL: hs.URL}, nil)
-	ctx, stop := context.WithCancel(context.Background())
-	running := make(chan struct{})
-	go func() {
-		defer close(running)
-		s.Run(ctx)
-	}()
-	defer func() {
-		stop()
-		<-running
-	}()
-	until(t, "connected", func() bool { return s.State().Connected })
+	ctx := runServer(t, s)
 	pay := tool(t, s, "ledger__pay").(tools.Committer)
 
 	done, release := l.commitHeld(t, ctx, pay, "k-dies", `{"to":"bob","amount":1}`)
@@ -499,17 +507,7 @@ func toolNames(s *mcp.Server) []string {
 func TestToolListChanges(t *testing.T) {
 	l, url := newLedger(t)
 	s := mcp.NewServer(mcp.ServerConfig{Name: "ledger", URL: url, Contracts: map[string]string{"balance": tools.Cancellable}}, nil)
-	ctx, stop := context.WithCancel(context.Background())
-	running := make(chan struct{})
-	go func() {
-		defer close(running)
-		s.Run(ctx)
-	}()
-	defer func() {
-		stop()
-		<-running
-	}()
-	until(t, "connected", func() bool { return s.State().Connected })
+	ctx := runServer(t, s)
 	if got := toolNames(s); !slices.Equal(got, []string{"ledger__pay"}) {
 		t.Fatalf("tools at the start: %v", got)
 	}
