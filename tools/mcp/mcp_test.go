@@ -231,7 +231,13 @@ func (l *ledger) serve(t *testing.T, addr string) *httptest.Server {
 	hs.Listener.Close()
 	hs.Listener = ln
 	hs.Start()
-	t.Cleanup(hs.Close)
+	t.Cleanup(func() {
+		// A client's event stream is a request that never ends by itself:
+		// Close would wait for it (the client may be stopped only by a
+		// later cleanup).
+		hs.CloseClientConnections()
+		hs.Close()
+	})
 	return hs
 }
 
