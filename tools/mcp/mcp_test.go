@@ -493,6 +493,15 @@ func TestServerDiesMidCallAndComesBack(t *testing.T) {
 	if res, err := pay.Commit(ctx, "k-after", json.RawMessage(`{"to":"bob","amount":3}`)); err != nil || !strings.Contains(string(res), `"paid":3`) {
 		t.Errorf("a call after the reconnect: %s, %v", res, err)
 	}
+	// The reconnect listed the tools again (new adapters): a key sent
+	// before it is still never sent again.
+	again := tool(t, s, "ledger__pay").(tools.Committer)
+	if again == pay {
+		t.Fatal("the reconnect did not list the tools again")
+	}
+	if _, err := again.Commit(ctx, "k-dies", json.RawMessage(`{"to":"bob","amount":1}`)); err == nil || errors.Is(err, tools.ErrRejected) {
+		t.Errorf("a key sent before the reconnect, sent again after it: %v", err)
+	}
 	if a, b, c := l.count("k-dies"), l.count("k-while-down"), l.count("k-after"); a != 1 || b != 0 || c != 1 {
 		t.Errorf("the server saw the keys %d, %d and %d times, want 1, 0 and 1", a, b, c)
 	}

@@ -71,7 +71,11 @@ type Server struct {
 	// listChanged is signalled when the server says its tool list
 	// changed; Run lists the tools again.
 	listChanged chan struct{}
-	changed     chan struct{} // closed and replaced when session changes
+	// sent holds every key a consequential call of this server sent, for
+	// the life of the process (one entry per confirmed call), whichever
+	// listing's tool sent it.
+	sent    map[string]bool
+	changed chan struct{} // closed and replaced when session changes
 }
 
 // NewServer returns the server of cfg, not connected yet (see Run and
@@ -80,7 +84,7 @@ func NewServer(cfg ServerConfig, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(chat.ToolProgress){}, listChanged: make(chan struct{}, 1)}
+	s := &Server{cfg: cfg, log: log.With("mcp_server", cfg.Name), progress: map[string]func(chat.ToolProgress){}, listChanged: make(chan struct{}, 1), sent: map[string]bool{}}
 	s.state = State{Name: cfg.Name, Error: "not connected yet", Since: time.Now()}
 	s.client = mcp.NewClient(&mcp.Implementation{Name: "honestcancel-gateway", Version: "1"}, &mcp.ClientOptions{
 		Logger:                      s.log,
@@ -305,6 +309,25 @@ func (s *Server) onProgress(_ context.Context, req *mcp.ProgressNotificationClie
 	if f != nil {
 		f(chat.ToolProgress{Progress: req.Params.Progress, Total: req.Params.Total, Message: req.Params.Message})
 	}
+}
+
+// markSent records that key is being sent, and reports false when it was
+// sent before (then it must not be sent again).
+func (s *Server) markSent(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sent[key] {
+		return false
+	}
+	s.sent[key] = true
+	return true
+}
+
+// unmarkSent forgets key, whose call never left the gateway.
+func (s *Server) unmarkSent(key string) {
+	s.mu.Lock()
+	delete(s.sent, key)
+	s.mu.Unlock()
 }
 
 // watchProgress routes the progress notifications of token to f until the

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -85,7 +84,7 @@ func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 			},
 		}
 		if base.spec.Contract == tools.Consequential {
-			out = append(out, &Committer{remoteTool: base, sent: map[string]bool{}})
+			out = append(out, &Committer{remoteTool: base})
 		} else {
 			out = append(out, &Runner{remoteTool: base})
 		}
@@ -159,11 +158,7 @@ func (t *Runner) Run(ctx context.Context, key string, args json.RawMessage) (jso
 }
 
 // Committer is a consequential MCP tool: sent once per key, never again.
-type Committer struct {
-	*remoteTool
-	mu   sync.Mutex
-	sent map[string]bool // keys sent by this process
-}
+type Committer struct{ *remoteTool }
 
 // Prepare implements tools.Committer: the preview names the server, the
 // tool and the normalised arguments; the key is
@@ -200,11 +195,7 @@ func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage
 	if _, err := t.Validate(args); err != nil {
 		return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 	}
-	t.mu.Lock()
-	again := t.sent[key]
-	t.sent[key] = true
-	t.mu.Unlock()
-	if again {
+	if !t.server.markSent(key) {
 		return nil, fmt.Errorf("MCP %s: key %s was already sent once; an MCP server is not known to deduplicate, so it is not sent again", t.spec.Name, key)
 	}
 	out, res, err := t.call(ctx, key, args, mcp.Meta{IdempotencyKeyMeta: key})
@@ -212,10 +203,8 @@ func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage
 	switch {
 	case err != nil && errors.As(err, &wire) && (wire.Code == jsonrpc.CodeInvalidParams || wire.Code == jsonrpc.CodeMethodNotFound):
 		return nil, fmt.Errorf("%w: MCP %s refused the request: %v", tools.ErrRejected, t.spec.Name, err)
-	case err != nil && res == nil && isNotSent(err):
-		t.mu.Lock()
-		delete(t.sent, key)
-		t.mu.Unlock()
+	case isNotSent(err):
+		t.server.unmarkSent(key)
 		return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 	case err != nil:
 		return nil, fmt.Errorf("MCP %s: %w", t.spec.Name, err)
@@ -247,7 +236,7 @@ func resultText(res *mcp.CallToolResult) string {
 	}
 	s := b.String()
 	if len(s) > 500 {
-		s = s[:500] + "…"
+		s = strings.ToValidUTF8(s[:500], "") + "…" // not cut inside a character
 	}
 	if s == "" {
 		s = "(no text)"
