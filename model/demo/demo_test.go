@@ -715,7 +715,7 @@ func TestAfterOtherToolResult(t *testing.T) {
 	for _, tc := range []struct{ content, want string }{
 		{`{"content":[{"type":"text","text":"Echo: hi"}]}`, `The everything__echo tool returned: {"content":[{"type":"text","text":"Echo: hi"}]}`},
 		{`{"status":"failed","error":"MCP server everything is not connected (closed); nothing was sent"}`, "failed: MCP server everything is not connected (closed); nothing was sent."},
-		{`{"status":"unknown","key":"k"}`, "do not know yet whether everything__echo acted"},
+		{`{"status":"unknown","key":"k"}`, "do not know whether everything__echo acted: it did not confirm, so it may have"},
 		{`{"status":"rejected"}`, "because you rejected it"},
 		{`{"status":"voided"}`, "cancelled before it was made"},
 	} {

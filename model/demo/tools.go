@@ -356,13 +356,9 @@ func explicitCall(req model.Request, name, args string) []model.Chunk {
 		}
 		return textChunks(resumed(req, "No tool named "+name+" is offered. The tools are: "+strings.Join(names, ", ")+"."))
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
-		return textChunks(resumed(req, "The arguments for "+name+" are not a JSON object; write them as use "+name+" with {\"name\": \"value\"}."))
-	}
 	var compact bytes.Buffer
-	if err := json.Compact(&compact, []byte(args)); err != nil {
-		return textChunks(resumed(req, "The arguments for "+name+" are not valid JSON."))
+	if err := json.Compact(&compact, []byte(args)); err != nil || compact.Bytes()[0] != '{' {
+		return textChunks(resumed(req, "The arguments for "+name+" are not a JSON object; write them as use "+name+" with {\"name\": \"value\"}."))
 	}
 	return withCall(req, resumed(req, "Calling "+name+"."), name, json.RawMessage(compact.Bytes()))
 }
@@ -635,7 +631,7 @@ func toolAnswer(name, content string) string {
 	case "voided":
 		return "The call to " + name + " was cancelled before it was made, so it did nothing."
 	case "unknown":
-		return "I do not know yet whether " + name + " acted: it did not confirm, so it may have. The gateway keeps looking and shows what it finds on the page."
+		return "I do not know whether " + name + " acted: it did not confirm, so it may have. The page shows the call and its key, and anything learned later."
 	case "failed":
 		if e := str(r["error"]); e != "" {
 			return "The " + name + " tool failed: " + strings.TrimRightFunc(e, func(r rune) bool { return r == '.' || unicode.IsSpace(r) }) + "."
