@@ -148,6 +148,35 @@ func TestEverythingOverStdio(t *testing.T) {
 	}
 }
 
+// TestTaskOnlyToolIsRefusedClearly: the reference server's
+// simulate-research-query must run as an MCP task, which this gateway
+// does not support. The server answers a plain call with isError, which
+// for a consequential call stays "may have acted" (the gateway does not
+// read refusals into a tool's error text), and the error says why.
+func TestTaskOnlyToolIsRefusedClearly(t *testing.T) {
+	s := connected(t, everything(t))
+	research, ok := tool(t, s, "everything__simulate-research-query").(tools.Committer)
+	if !ok {
+		t.Fatal("simulate-research-query (no readOnlyHint, no idempotentHint) is not consequential")
+	}
+	args := json.RawMessage(`{"topic":"honest cancel"}`)
+	_, key, err := research.Prepare("step-1", args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithTimeout(context.Background(), wait)
+	defer stop()
+	_, err = research.Commit(ctx, key, args)
+	if err == nil || errors.Is(err, tools.ErrRejected) {
+		t.Fatalf("an isError answer was taken as done or as refused: %v", err)
+	}
+	for _, want := range []string{"may have acted", "requires task augmentation", "does not support"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+}
+
 // TestEverythingProgressAndCancel: a long-running call reports progress;
 // cancelling its context returns at once and the session stays usable.
 func TestEverythingProgressAndCancel(t *testing.T) {

@@ -148,11 +148,15 @@ type Runner struct{ *remoteTool }
 // error (isError) fails the call with the server's words.
 func (t *Runner) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	out, res, err := t.call(ctx, key, args, nil)
+	var wire *jsonrpc.Error
 	switch {
+	case err != nil && errors.As(err, &wire):
+		return nil, fmt.Errorf("MCP %s: %w%s", t.spec.Name, err, taskHint(wire.Message))
 	case err != nil:
 		return nil, fmt.Errorf("MCP %s: %w", t.spec.Name, err)
 	case res.IsError:
-		return nil, fmt.Errorf("MCP %s reported an error: %s", t.spec.Name, resultText(res))
+		text := resultText(res)
+		return nil, fmt.Errorf("MCP %s reported an error: %s%s", t.spec.Name, text, taskHint(text))
 	}
 	return out, nil
 }
@@ -201,15 +205,16 @@ func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage
 	out, res, err := t.call(ctx, key, args, mcp.Meta{IdempotencyKeyMeta: key})
 	var wire *jsonrpc.Error
 	switch {
-	case err != nil && errors.As(err, &wire) && (wire.Code == jsonrpc.CodeInvalidParams || wire.Code == jsonrpc.CodeMethodNotFound):
-		return nil, fmt.Errorf("%w: MCP %s refused the request: %v", tools.ErrRejected, t.spec.Name, err)
+	case err != nil && errors.As(err, &wire) && refusal(wire.Code):
+		return nil, fmt.Errorf("%w: MCP %s refused the request: %v%s", tools.ErrRejected, t.spec.Name, err, taskHint(wire.Message))
 	case isNotSent(err):
 		t.server.unmarkSent(key)
 		return nil, fmt.Errorf("%w: %w", tools.ErrRejected, err)
 	case err != nil:
 		return nil, fmt.Errorf("MCP %s: %w", t.spec.Name, err)
 	case res.IsError:
-		return nil, fmt.Errorf("MCP %s reported an error, and may have acted partway: %s", t.spec.Name, resultText(res))
+		text := resultText(res)
+		return nil, fmt.Errorf("MCP %s reported an error, and may have acted partway: %s%s", t.spec.Name, text, taskHint(text))
 	}
 	return out, nil
 }
@@ -218,6 +223,26 @@ func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage
 // key, so an outcome nobody saw stays unknown.
 func (t *Committer) Status(context.Context, string) (tools.Status, error) {
 	return tools.Status{}, fmt.Errorf("MCP %s: the server cannot be asked whether a call acted", t.spec.Name)
+}
+
+// refusal reports whether a JSON-RPC error code says the server refused
+// the request before acting on it: an unknown method or tool, or
+// arguments it does not take.
+func refusal(code int64) bool {
+	return code == jsonrpc.CodeMethodNotFound || code == jsonrpc.CodeInvalidParams
+}
+
+// taskHint explains a server's error that asks for task-augmented
+// execution (a tool listed with execution.taskSupport "required"): the Go
+// SDK this gateway uses has no MCP tasks, so such a tool cannot run here.
+// The TypeScript SDK refuses such a call with isError and the words "requires
+// task augmentation"; the error is still taken at its status (an isError
+// answer stays unknown for a consequential call), only explained.
+func taskHint(serverMessage string) string {
+	if strings.Contains(serverMessage, "requires task augmentation") {
+		return " (the tool must run as an MCP task, which this gateway does not support: see README, MCP servers)"
+	}
+	return ""
 }
 
 // isNotSent reports whether err says the request was never sent.
