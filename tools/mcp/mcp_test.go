@@ -1,6 +1,7 @@
 package mcp_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,6 +39,56 @@ func everything(t *testing.T) mcp.ServerConfig {
 		t.Fatalf("the MCP reference server is not installed (%v): run npm ci at the repository root", err)
 	}
 	return mcp.ServerConfig{Name: "everything", Command: "node", Args: []string{script, "stdio"}}
+}
+
+// everythingOverHTTP starts the reference server in its Streamable HTTP
+// mode on a free port of 127.0.0.1 (testdata/loopback.cjs makes it take
+// that address; on its own it listens on every interface) and returns its
+// config. The server is killed when the test ends.
+func everythingOverHTTP(t *testing.T) mcp.ServerConfig {
+	t.Helper()
+	stdio := everything(t)
+	cmd := exec.Command("node", "--require", "./testdata/loopback.cjs", stdio.Args[0], "streamableHttp")
+	cmd.Env = append(os.Environ(), "PORT=0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		lines := bufio.NewScanner(stderr)
+		for lines.Scan() {
+			if a, ok := strings.CutPrefix(lines.Text(), "loopback-listening "); ok {
+				addr <- a
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-drained
+		cmd.Wait()
+	})
+	select {
+	case a := <-addr:
+		return mcp.ServerConfig{Name: "everything", URL: "http://" + a + "/mcp"}
+	case <-drained:
+		t.Fatal("server-everything exited before it listened")
+	case <-time.After(wait):
+		t.Fatal("server-everything did not listen in time")
+	}
+	return mcp.ServerConfig{}
+}
+
+// overEachTransport runs test against the reference server over stdio and
+// over Streamable HTTP.
+func overEachTransport(t *testing.T, test func(t *testing.T, cfg mcp.ServerConfig)) {
+	t.Run("stdio", func(t *testing.T) { test(t, everything(t)) })
+	t.Run("streamable-http", func(t *testing.T) { test(t, everythingOverHTTP(t)) })
 }
 
 // connected returns a connected server of cfg, closed when the test ends.
@@ -122,11 +174,13 @@ func TestParseServersNamesEveryProblem(t *testing.T) {
 	}
 }
 
-// TestEverythingOverStdio: the reference server's tools are listed under
+// TestEverything: the reference server's tools are listed under
 // "everything__", with contracts from their annotations, and a call
 // returns the server's answer.
-func TestEverythingOverStdio(t *testing.T) {
-	s := connected(t, everything(t))
+func TestEverything(t *testing.T) { overEachTransport(t, testEverything) }
+
+func testEverything(t *testing.T, cfg mcp.ServerConfig) {
+	s := connected(t, cfg)
 	echo := tool(t, s, "everything__echo")
 	if c := echo.Spec().Contract; c != tools.Cancellable {
 		t.Errorf("echo (readOnlyHint) has contract %s, want cancellable", c)
@@ -180,7 +234,11 @@ func TestTaskOnlyToolIsRefusedClearly(t *testing.T) {
 // TestEverythingProgressAndCancel: a long-running call reports progress;
 // cancelling its context returns at once and the session stays usable.
 func TestEverythingProgressAndCancel(t *testing.T) {
-	s := connected(t, everything(t))
+	overEachTransport(t, testEverythingProgressAndCancel)
+}
+
+func testEverythingProgressAndCancel(t *testing.T, cfg mcp.ServerConfig) {
+	s := connected(t, cfg)
 	long := tool(t, s, "everything__trigger-long-running-operation").(tools.Runner)
 	var mu sync.Mutex
 	var seen []chat.ToolProgress
