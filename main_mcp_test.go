@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -340,6 +342,178 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	}
 	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
 		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
+// heldMemory is a server-memory whose graph file the test holds: the file
+// is a FIFO, so the server, which reads its graph before it applies a
+// write, waits in that read, with the call in hand, until the test feeds
+// it the graph. Once fed, the server saves the graph to a temporary file
+// renamed over the FIFO, so the file is regular again until hold.
+type heldMemory struct {
+	t     *testing.T
+	path  string
+	graph []byte // the graph to feed, taken from the file by hold
+}
+
+// memoryHeldOnFIFO writes a tools config naming one server-memory, named
+// "memory", whose graph file is returned held (see heldMemory).
+func memoryHeldOnFIFO(t *testing.T) (cfg string, m *heldMemory) {
+	t.Helper()
+	dir := t.TempDir()
+	m = &heldMemory{t: t, path: filepath.Join(dir, "memory.jsonl")}
+	m.hold()
+	data, err := json.Marshal(map[string]any{"mcp_servers": []map[string]any{
+		{"name": "memory", "command": "node", "args": []string{npmServer(t, "server-memory", "index.js")},
+			"env": map[string]string{"MEMORY_FILE_PATH": m.path}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = filepath.Join(dir, "tools.json")
+	if err := os.WriteFile(cfg, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, m
+}
+
+// hold replaces the graph file with a FIFO, keeping its graph to feed.
+func (m *heldMemory) hold() {
+	m.t.Helper()
+	m.graph = nil
+	if data, err := os.ReadFile(m.path); err == nil {
+		m.graph = data
+	} else if !os.IsNotExist(err) {
+		m.t.Fatal(err)
+	}
+	if err := os.Remove(m.path); err != nil && !os.IsNotExist(err) {
+		m.t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(m.path, 0o600); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+// reading waits until the server opened the FIFO to read its graph: it
+// has a write in hand and has not applied it.
+func (m *heldMemory) reading() *os.File {
+	m.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		// A writer's non-blocking open succeeds only while a reader has
+		// the FIFO open (else ENXIO).
+		f, err := os.OpenFile(m.path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			return f
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			m.t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatal("the memory server did not start reading its graph: the write did not reach it")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// feed gives the waiting server its graph; it then applies the write.
+func (m *heldMemory) feed(f *os.File) {
+	m.t.Helper()
+	if _, err := f.Write(m.graph); err != nil {
+		m.t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+// count is how many times the saved graph records the entity name, once
+// the server has saved it (the file is regular again).
+func (m *heldMemory) count(name string) int {
+	m.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		fi, err := os.Lstat(m.path)
+		if err == nil && fi.Mode().IsRegular() {
+			return entityCount(m.t, m.path, name)
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatal("the memory server did not save its graph")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// TestMCPWriteHeldAtTheServer: a confirmed write to the real memory server
+// is held at the server (after it took the call, before it applied it).
+//   - Cancelled then: the run is cancelling, waiting for the server's word;
+//     the server applies the write; the receipt says committed, and the
+//     entity is recorded once.
+//   - The gateway killed then: the server applies the write with nobody
+//     listening. Restarted, the gateway reports unknown with the key and
+//     does not send it again; the entity is recorded once.
+func TestMCPWriteHeldAtTheServer(t *testing.T) {
+	cfg, memory := memoryHeldOnFIFO(t)
+	db := filepath.Join(filepath.Dir(cfg), "gw.db")
+	srv := startProcess(t, db, "5ms", "-tools-config", cfg)
+	thread := srv.createThread()
+	tid := thread.ThreadID
+	evs := srv.events(tid, thread.LastSeq)
+
+	runID, op := srv.askConsequential(evs, tid, thread.StateVersion, createEntity("Ada"), "memory__create_entities")
+	srv.confirm(tid, op.OperationID)
+	held := memory.reading()
+	srv.cancelRun(runID)
+	evs.waitFor(time.Now().Add(20*time.Second), "run.cancelling", func(ev client.Event) bool {
+		return ev.Type == chat.EventRunCancelling && ev.RunID == runID
+	})
+	memory.feed(held)
+	cancelled := evs.waitFor(time.Now().Add(20*time.Second), "run.cancelled", func(ev client.Event) bool {
+		return ev.Type == chat.EventRunCancelled && ev.RunID == runID
+	})
+	ops := cancelled.Body.(*chat.RunCancelledBody).Operations
+	if len(ops) != 1 || ops[0].OperationID != op.OperationID || ops[0].Phase != "committed" || ops[0].Outcome != "committed" {
+		t.Errorf("the receipt of a cancel while the server held the write: %+v, want it committed", ops)
+	}
+	if n := memory.count("Ada"); n != 1 {
+		t.Errorf("Ada is recorded %d times, want 1", n)
+	}
+
+	memory.hold()
+	runID, op = srv.askConsequential(evs, tid, srv.snapshot(tid).StateVersion, createEntity("Bob"), "memory__create_entities")
+	key := *op.IdempotencyKey
+	srv.confirm(tid, op.OperationID)
+	held = memory.reading()
+	seen := evs.lastSeq
+	evs.close()
+	srv.kill()
+	memory.feed(held) // the server, its gateway gone, applies the write
+	if n := memory.count("Bob"); n != 1 {
+		t.Fatalf("Bob is recorded %d times after the gateway died, want 1", n)
+	}
+
+	srv = startProcess(t, db, "5ms", "-tools-config", cfg)
+	evs = srv.events(tid, seen)
+	defer evs.close()
+	got := waitCompleted(t, evs, runID, op.OperationID)
+	if got.last.Phase != "unknown" || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
+		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)
+	}
+	var tool string
+	for _, m := range got.messages {
+		if m.Role == "tool" {
+			tool = m.Content
+		}
+	}
+	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
+		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
+	}
+	for name, want := range map[string]int{"Ada": 1, "Bob": 1} {
+		if n := memory.count(name); n != want {
+			t.Errorf("%s is recorded %d times at the end, want %d", name, n, want)
+		}
 	}
 	srv.stop()
 	checkDB(t, db)
