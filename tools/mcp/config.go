@@ -29,6 +29,7 @@ import (
 //	  "headers": {"Authorization": "Bearer ${MCP_TOKEN}"}, // HTTP: values from the environment
 //	  "headers_file": "/run/secrets/mcp-headers",          // HTTP: "Name: value" lines
 //	  "contracts": {"write_file": "consequential"},        // per tool, overrides the annotations
+//	  "hide": ["delete_file"],                  // tools never offered to the model
 //	  "timeout": "30s"                          // connect and list; default 30s
 //	}
 //
@@ -45,6 +46,7 @@ type ServerConfig struct {
 	Headers     map[string]string `json:"headers,omitempty"`
 	HeadersFile string            `json:"headers_file,omitempty"`
 	Contracts   map[string]string `json:"contracts,omitempty"`
+	Hide        []string          `json:"hide,omitempty"`
 	Timeout     string            `json:"timeout,omitempty"`
 }
 
@@ -147,6 +149,14 @@ func (c ServerConfig) check() []error {
 		case tools.Cancellable, tools.Idempotent, tools.Consequential:
 		default:
 			fail("contracts", "tool %q: %q is not a contract (cancellable, idempotent or consequential)", tool, c.Contracts[tool])
+		}
+	}
+	for _, tool := range c.Hide {
+		if tool == "" {
+			fail("hide", "names a tool with an empty name")
+		}
+		if _, ok := c.Contracts[tool]; ok {
+			fail("hide", "tool %q is hidden and also given a contract; hide it or give it a contract", tool)
 		}
 	}
 	if c.Timeout != "" {

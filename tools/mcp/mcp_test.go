@@ -149,7 +149,8 @@ func TestParseServersNamesEveryProblem(t *testing.T) {
 		{"name": "creds", "url": "http://u:p@127.0.0.1:1/mcp"},
 		{"name": "ctr", "command": "node", "contracts": {"x": "maybe"}},
 		{"name": "ctr", "command": "node", "timeout": "forever"},
-		{"name": "extra", "command": "node", "colour": "red"}
+		{"name": "extra", "command": "node", "colour": "red"},
+		{"name": "hid", "command": "node", "hide": ["", "rm"], "contracts": {"rm": "consequential"}}
 	]`))
 	if err == nil {
 		t.Fatal("a broken config was accepted")
@@ -164,6 +165,8 @@ func TestParseServersNamesEveryProblem(t *testing.T) {
 		`mcp_servers[6] (ctr): field "name": another server is named "ctr"`,
 		`mcp_servers[6] (ctr): field "timeout"`,
 		`mcp_servers[7]: json: unknown field "colour"`,
+		`mcp_servers[8] (hid): field "hide": names a tool with an empty name`,
+		`mcp_servers[8] (hid): field "hide": tool "rm" is hidden and also given a contract`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q:\n%v", want, err)
@@ -228,6 +231,15 @@ func TestTaskOnlyToolIsRefusedClearly(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, err)
 		}
+	}
+
+	// The operator hides it: the model is never offered it.
+	cfg := everything(t)
+	cfg.Hide = []string{"simulate-research-query"}
+	hidden := connected(t, cfg)
+	names := toolNames(hidden)
+	if slices.Contains(names, "everything__simulate-research-query") || !slices.Contains(names, "everything__echo") || len(names) != len(s.Tools())-1 {
+		t.Errorf("with the tool hidden, the server offers %v", names)
 	}
 }
 

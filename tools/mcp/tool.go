@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -44,14 +45,18 @@ func ContractFor(configured string, a *mcp.ToolAnnotations) string {
 // "<server>__<tool>" (characters a model provider refuses become "_"),
 // contract by ContractFor, arguments checked against the input schema. A
 // tool whose name collides or is too long, or whose schema does not
-// compile, is left out with a warning, as is a configured contract that
-// names no listed tool.
+// compile, is left out with a warning, and so is a tool the config
+// hides; a configured contract or hide entry that names no listed tool is
+// a warning.
 func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 	var out []tools.Tool
 	seen := map[string]bool{}
 	known := map[string]bool{}
 	for _, t := range listed {
 		known[t.Name] = true
+		if slices.Contains(s.cfg.Hide, t.Name) {
+			continue
+		}
 		name := s.cfg.Name + NameSeparator + unsafeNameChars.ReplaceAllString(t.Name, "_")
 		if len(name) > maxNameLen || seen[name] {
 			s.log.Warn("MCP tool left out: its name is too long or collides once made safe", "tool", t.Name, "as", name)
@@ -92,6 +97,11 @@ func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 	for tool := range s.cfg.Contracts {
 		if !known[tool] {
 			s.log.Warn("MCP config: \"contracts\" names a tool the server does not list (misspelt, or removed by the server)", "tool", tool)
+		}
+	}
+	for _, tool := range s.cfg.Hide {
+		if !known[tool] {
+			s.log.Warn("MCP config: \"hide\" names a tool the server does not list (misspelt, or removed by the server)", "tool", tool)
 		}
 	}
 	return out
