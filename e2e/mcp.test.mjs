@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, writeFileSync, readFileSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync, readFileSync, existsSync, openSync, writeSync, closeSync, lstatSync, constants } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -8,11 +9,17 @@ import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually
 
 // MCP servers from npm (installed by npm ci), started by the gateway over
 // stdio: the reference "everything" server (a long operation with progress)
-// and the memory server (a tool without hints, so consequential); and one
+// and the memory server (a tool without hints, so consequential), twice:
+// once as it is, once with its graph file a FIFO the test holds; and one
 // that cannot start.
 const modules = join(dirname(fileURLToPath(import.meta.url)), "..", "node_modules", "@modelcontextprotocol");
 const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-mcp-"));
 const memory = join(dir, "memory.jsonl");
+// The held memory server reads its graph before it applies a write; its
+// graph file is a FIFO, so it waits in that read, with the call in hand,
+// until the test writes the graph.
+const heldGraph = join(dir, "held.jsonl");
+execFileSync("mkfifo", [heldGraph]);
 const config = join(dir, "tools.json");
 writeFileSync(
   config,
@@ -20,6 +27,7 @@ writeFileSync(
     mcp_servers: [
       { name: "everything", command: "node", args: [join(modules, "server-everything", "dist", "index.js"), "stdio"] },
       { name: "memory", command: "node", args: [join(modules, "server-memory", "dist", "index.js")], env: { MEMORY_FILE_PATH: memory } },
+      { name: "held", command: "node", args: [join(modules, "server-memory", "dist", "index.js")], env: { MEMORY_FILE_PATH: heldGraph } },
       // A server that cannot start (its script is missing): the gateway
       // serves without it, keeps trying, and says so.
       { name: "broken", command: "node", args: [join(dir, "missing-server.js")] },
@@ -93,6 +101,39 @@ test("a long MCP call fills its progress bar from the server's notifications, an
   await page.close();
 });
 
+test("Cancel while the server holds a confirmed write: the run waits for the server's word, and the receipt says the write was done", async () => {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  await send(page, 'use held__create_entities with {"entities": [{"name": "Grace Hopper", "entityType": "person", "observations": ["found the first bug"]}]}');
+  const card = page.getByTestId("confirm-card");
+  await card.waitFor({ timeout: 20000 });
+  await card.getByTestId("confirm-op").click();
+  // The server opened its graph to read it: it has the call. (A writer's
+  // non-blocking open succeeds only while a reader has the FIFO open.)
+  let fifo;
+  await eventually(() => {
+    fifo = openSync(heldGraph, constants.O_WRONLY | constants.O_NONBLOCK);
+  }, { timeout: 20000 });
+  await page.getByTestId("cancel").click();
+  await runStatus(page, "cancelling");
+  // The call stays in view, with what the run waits for.
+  assert.equal(
+    await page.getByTestId("cancel-waits").textContent(),
+    "held__create_entities was handed over before the cancel and cannot be called back. Waiting for its answer: the receipt will say whether it was carried out.",
+  );
+  await page.getByTestId("tool-progress").waitFor();
+  await shots(page, "mcp-cancelling-held");
+  writeSync(fifo, ""); // an empty graph: the server applies the write
+  closeSync(fifo);
+  await page.getByTestId("receipt").waitFor({ timeout: 20000 });
+  const line = page.getByTestId("receipt-operation");
+  assert.equal(await line.getAttribute("data-outcome"), "committed");
+  await eventually(() => assert.ok(lstatSync(heldGraph).isFile(), "the server saved its graph"), { timeout: 10000 });
+  assert.equal(readFileSync(heldGraph, "utf8").split('"name":"Grace Hopper"').length - 1, 1, "acted once");
+  await shots(page, "mcp-cancelled-after-write");
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("a tool server that is not connected is named above the composer, and its tools are not offered", async () => {
   const { page, errors } = await openPage(browser, { thread: server.url });
   const notice = page.getByTestId("tool-servers-down");
@@ -101,7 +142,7 @@ test("a tool server that is not connected is named above the composer, and its t
   const ready = await (await fetch(server.url + "/readyz")).json();
   assert.deepEqual(
     ready.tool_servers.map((s) => [s.name, s.connected]),
-    [["everything", true], ["memory", true], ["broken", false]],
+    [["everything", true], ["memory", true], ["held", true], ["broken", false]],
   );
   await send(page, 'use broken__anything with {"x": 1}');
   await eventually(async () => {

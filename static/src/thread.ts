@@ -1161,7 +1161,10 @@ export class ThreadView {
     } else if (this.run) {
       const runID = this.run.id;
       const calling = [...this.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
-      const showCall = calling && !this.cancelAccepted() && this.run.status === "running";
+      // After a cancel the call in flight stays in view with what the run
+      // waits for: a call that cannot be recalled is not hidden.
+      const cancelling = this.cancelAccepted();
+      const showCall = calling && (cancelling || this.run.status === "running");
       const label = this.cancelAccepted()
         ? "Cancelling…"
         : this.run.status === "queued"
@@ -1173,6 +1176,7 @@ export class ThreadView {
               : "Working…";
       const box = el("div", { class: "msg role-assistant provisional", "data-testid": "streaming", "aria-busy": "true" }, el("span", { class: "chip live", "data-testid": "run-chip" }, label));
       if (showCall && calling) box.append(toolProgress(calling, label));
+      if (cancelling && calling) box.append(el("p", { class: "hint", "data-testid": "cancel-waits" }, cancelWaitsFor(calling)));
       this.tick(showCall === true);
       parts.push(box);
     } else {
@@ -1536,6 +1540,20 @@ function callingLabel(op: Operation): string {
   if (op.tool === "catalog_search" && typeof args.query === "string") return `Searching the catalog for “${snippet(args.query, 60)}”…`;
   if (op.tool === "send_email" && typeof args.to === "string") return `Handing the email to ${args.to} to the provider…`;
   return `Running ${op.tool}…`;
+}
+
+// cancelWaitsFor says what a cancelled run still waits for: a call handed
+// to its system before the cancel cannot be recalled, and the receipt
+// will say what it did; an idempotent call is let finish, its result
+// kept; a cancellable one is being stopped.
+function cancelWaitsFor(op: Operation): string {
+  const args = (op.args && typeof op.args === "object" ? op.args : {}) as Record<string, unknown>;
+  const name = op.tool === "send_email" && typeof args.to === "string" ? `The email to ${args.to}` : op.tool === "catalog_search" ? "The catalog search" : op.tool;
+  if (op.contract === "consequential") {
+    return `${name} was handed over before the cancel and cannot be called back. Waiting for its answer: the receipt will say whether it was carried out.`;
+  }
+  if (op.contract === "idempotent") return `Waiting for ${name} to finish: it is safe to repeat, and its result is kept for the next run.`;
+  return `Stopping ${name}…`;
 }
 
 // speaker names who a message is from, for screen readers.
