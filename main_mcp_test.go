@@ -334,15 +334,7 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	if n := bank.count(key); n != 1 {
 		t.Errorf("the server saw the key %d times, want 1", n)
 	}
-	var tool string
-	for _, m := range got.messages {
-		if m.Role == "tool" {
-			tool = m.Content
-		}
-	}
-	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
-		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
-	}
+	checkNotSentAgain(t, got.messages, key)
 	srv.stop()
 	checkDB(t, db)
 }
@@ -501,15 +493,7 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	if got.last.Phase != "unknown" || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
 		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)
 	}
-	var tool string
-	for _, m := range got.messages {
-		if m.Role == "tool" {
-			tool = m.Content
-		}
-	}
-	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
-		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
-	}
+	checkNotSentAgain(t, got.messages, key)
 	for name, want := range map[string]int{"Ada": 1, "Bob": 1} {
 		if n := memory.count(name); n != want {
 			t.Errorf("%s is recorded %d times at the end, want %d", name, n, want)
@@ -517,4 +501,19 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	}
 	srv.stop()
 	checkDB(t, db)
+}
+
+// checkNotSentAgain asserts that the last tool result recorded names the
+// business key and says the call was not sent again after a restart.
+func checkNotSentAgain(t *testing.T, messages []chat.Message, key string) {
+	t.Helper()
+	var tool string
+	for _, m := range messages {
+		if m.Role == "tool" {
+			tool = m.Content
+		}
+	}
+	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
+		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
+	}
 }
