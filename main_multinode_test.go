@@ -1080,3 +1080,155 @@ func tabsAgree(t *testing.T, db *sql.DB, tabs []*tab) map[string][][2]int64 {
 	t.Logf("%d tab resyncs, each at a recorded gap or to a snapshot behind the tab; gaps recorded: %v", resyncs, gaps)
 	return gaps
 }
+
+// TestSnapshotWhileAnotherInstanceStreams opens a thread (a subscription
+// from a snapshot, as a new tab does) on an instance where another tab
+// already follows it, while another instance streams a reply into it. The streaming instance fans each delta out at
+// once and writes it up to 50 ms later, so the instance answering the new
+// tab has often delivered deltas past the snapshot it reads from the
+// database. They must follow the snapshot: the stream goes on with the
+// next seq and is never ended as having missed events (before, it was,
+// and the tab had to reconnect).
+func TestSnapshotWhileAnotherInstanceStreams(t *testing.T) {
+	dsn := pgtest.Schema(t)
+	c := &cluster{t: t, dsn: dsn, nats: natstest.Start(t), nodes: make([]*server, 2), pace: "30ms"}
+	c.startAll()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("open the test schema: %v", err)
+	}
+	defer db.Close()
+	snap, err := c.apiOf(0).CreateThread(context.Background(), "")
+	if err != nil {
+		t.Fatalf("create thread: %v", err)
+	}
+	tid := snap.ThreadID
+	// A tab already open on each instance: the bus keeps following the
+	// thread there (with no subscriber it would read its baseline from the
+	// database for each new one, and nothing would be ahead of it).
+	for i := range c.nodes {
+		conn, err := c.node(i).api().Connect(context.Background(), client.ConnOptions{})
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		defer conn.Close()
+		if _, err := conn.Subscribe(context.Background(), tid, client.FromSnapshot); err != nil {
+			t.Fatalf("subscribe: %v", err)
+		}
+	}
+
+	const want = 12 // snapshots taken while the other instance streams
+	taken, ahead := 0, 0
+	for runs := 0; runs < 6 && taken < want; runs++ {
+		th, err := c.apiOf(0).Thread(context.Background(), tid)
+		if err != nil {
+			t.Fatalf("read the thread: %v", err)
+		}
+		ack, err := c.apiOf(0).StartRun(context.Background(), client.StartRunRequest{ThreadID: tid, ExpectedStateVersion: th.StateVersion,
+			UserMessage: "Explain goroutines, channels, leases and fencing tokens and how cancellation travels through them"})
+		if err != nil {
+			t.Fatalf("start a run: %v", err)
+		}
+		// The instance executing it: the other one answers the tab.
+		var owner string
+		for deadline := time.Now().Add(10 * time.Second); owner == ""; {
+			if err := db.QueryRow(`SELECT COALESCE(lease_owner, '') FROM runs WHERE run_id = $1`, ack.RunID).Scan(&owner); err != nil {
+				t.Fatalf("read the run's lease: %v", err)
+			}
+			if owner == "" {
+				if time.Now().After(deadline) {
+					t.Fatalf("no instance claimed run %s within 10s", ack.RunID)
+				}
+				pause(context.Background(), 5*time.Millisecond)
+			}
+		}
+		other := 1
+		if strings.HasPrefix(owner, "gw1.") {
+			other = 0
+		}
+		for taken < want {
+			done, past := snapshotThenDeltas(t, c.node(other).api(), tid)
+			if done {
+				break
+			}
+			taken++
+			if past {
+				ahead++
+			}
+		}
+		waitIdle(t, c.apiOf(0), tid)
+	}
+	if taken < want {
+		t.Fatalf("only %d snapshots were taken while another instance streamed, want %d: the replies are too short for this test", taken, want)
+	}
+	t.Logf("%d snapshots taken while another instance streamed; %d of them followed by deltas this instance had delivered before the tab came (the case that closed the stream before)", taken, ahead)
+}
+
+// snapshotThenDeltas subscribes to the thread from a snapshot on a new
+// WebSocket connection, as a page does, and reads up to ten events after
+// it, which must follow it seq by seq on that one connection. done: the
+// snapshot shows no run streaming. past: the first delta after it is part
+// of the subscribe's catch-up (delivered on this instance before the
+// subscriber was added).
+func snapshotThenDeltas(t *testing.T, api *client.Client, threadID string) (done, past bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := api.Connect(ctx, client.ConnOptions{})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close()
+	sub, err := conn.Subscribe(ctx, threadID, client.FromSnapshot)
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	first, err := sub.Next(ctx)
+	if err != nil || first.Type != chat.EventThreadSnapshot {
+		t.Fatalf("the subscription did not start with a snapshot: %v %v", first, err)
+	}
+	a := first.Snapshot().ActiveRun
+	if a == nil || a.Status != chat.RunRunning {
+		return true, false
+	}
+	seq := first.Seq
+	for range 10 {
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		ev, err := sub.Next(rctx)
+		rcancel()
+		if err != nil {
+			break // the run ended
+		}
+		if ev.Seq != seq+1 {
+			t.Errorf("after the snapshot at seq %d: event %v, want seq %d", first.Seq, ev, seq+1)
+		}
+		if seq == first.Seq && ev.Replayed {
+			past = true
+		}
+		seq = ev.Seq
+		if ev.Type == chat.EventRunCompleted {
+			break
+		}
+	}
+	if st := conn.Stats(); st.Connects != 1 || st.Jumps+st.Duplicates+st.Resyncs > 0 {
+		t.Errorf("the subscription from the snapshot at seq %d did not go on on its one connection (%d connections, %d gaps, %d duplicates, %d resyncs): the server closed it as having missed events; last anomaly: %s",
+			first.Seq, st.Connects, st.Jumps, st.Duplicates, st.Resyncs, st.LastAnomaly)
+		return false, false // (a resubscribe's catch-up is Replayed too)
+	}
+	return false, past
+}
+
+// waitIdle waits, at most 30 s, until the thread has no active run.
+func waitIdle(t *testing.T, api *client.Client, threadID string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		th, err := api.Thread(context.Background(), threadID)
+		if err == nil && th.ActiveRun == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thread %s still has an active run after 30s: %v", threadID, err)
+		}
+		pause(context.Background(), 50*time.Millisecond)
+	}
+}

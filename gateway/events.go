@@ -355,24 +355,16 @@ type caughtUp struct {
 // catchUp reads what a subscriber missed after the given seq (after < 0:
 // it has nothing yet, so a snapshot). Shared by SSE and WebSocket.
 func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64) (caughtUp, error) {
+	recent, _ := s.feed.(RecentFeed)
 	if after >= 0 {
 		replay, err := s.store.Events(ctx, user, threadID, after)
 		if err != nil {
 			return caughtUp{}, err
 		}
-		recent, _ := s.feed.(RecentFeed)
 		switch {
 		case replay.Complete:
 			got := caughtUp{events: replay.Events, lastSeq: replay.LastSeq, stateVersion: replay.StateVersion, recovered: true}
-			// What this instance delivered beyond the log's end (deltas
-			// another instance fanned out and has not written yet).
-			if recent != nil {
-				if more, ok := recent.Recent(threadID, replay.LastSeq); ok && len(more) > 0 {
-					got.events = append(got.events, more...)
-					got.lastSeq = more[len(more)-1].Seq
-					got.stateVersion = max(got.stateVersion, lastVersion(more))
-				}
-			}
+			got.addRecent(recent, threadID)
 			return got, nil
 		case recent != nil && after > replay.LastSeq:
 			// A tab that saw such deltas on another instance: they are
@@ -398,10 +390,30 @@ func (s *Server) catchUp(ctx context.Context, user, threadID string, after int64
 	if err != nil {
 		return caughtUp{}, err
 	}
-	return caughtUp{
+	got := caughtUp{
 		events:  []*chat.Event{{Type: chat.EventThreadSnapshot, ThreadID: threadID, Seq: snap.LastSeq, Raw: raw}},
 		lastSeq: snap.LastSeq, stateVersion: snap.StateVersion,
-	}, nil
+	}
+	got.addRecent(recent, threadID)
+	return got, nil
+}
+
+// addRecent appends what this instance delivered beyond the end of what
+// was read from the database: the instance streaming the thread writes its
+// deltas a few ms after it fans them out, so the bus may have delivered
+// some past the log's end or the snapshot's seq before the subscriber was
+// added. Without them the next live event would skip seqs and close the
+// new connection as having missed events. (No RecentFeed, one instance:
+// the store's reads include this process's unwritten deltas.)
+func (got *caughtUp) addRecent(recent RecentFeed, threadID string) {
+	if recent == nil {
+		return
+	}
+	if more, ok := recent.Recent(threadID, got.lastSeq); ok && len(more) > 0 {
+		got.events = append(got.events, more...)
+		got.lastSeq = more[len(more)-1].Seq
+		got.stateVersion = max(got.stateVersion, lastVersion(more))
+	}
 }
 
 // lastVersion is the state_version of the last durable event among evs
