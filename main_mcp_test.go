@@ -334,7 +334,7 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	if n := bank.count(key); n != 1 {
 		t.Errorf("the server saw the key %d times, want 1", n)
 	}
-	checkNotSentAgain(t, got.messages, key)
+	checkNotSentAgain(t, got, key)
 	srv.stop()
 	checkDB(t, db)
 }
@@ -493,7 +493,7 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	if got.last.Phase != "unknown" || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
 		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)
 	}
-	checkNotSentAgain(t, got.messages, key)
+	checkNotSentAgain(t, got, key)
 	for name, want := range map[string]int{"Ada": 1, "Bob": 1} {
 		if n := memory.count(name); n != want {
 			t.Errorf("%s is recorded %d times at the end, want %d", name, n, want)
@@ -504,16 +504,25 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 }
 
 // checkNotSentAgain asserts that the last tool result recorded names the
-// business key and says the call was not sent again after a restart.
-func checkNotSentAgain(t *testing.T, messages []chat.Message, key string) {
+// business key and says the call was not sent again after a restart, and
+// that nobody pretends to ask the server about it: an MCP server cannot be
+// asked whether a key acted, so the operation is reported as not being
+// looked up (no next lookup, a horizon on record) and the result says so.
+func checkNotSentAgain(t *testing.T, got settled, key string) {
 	t.Helper()
 	var tool string
-	for _, m := range messages {
+	for _, m := range got.messages {
 		if m.Role == "tool" {
 			tool = m.Content
 		}
 	}
 	if !strings.Contains(tool, key) || !strings.Contains(tool, "not sent again") {
 		t.Errorf("the recorded result does not name the key and why it was not sent again: %s", tool)
+	}
+	if !strings.Contains(tool, "cannot be asked") || strings.Contains(tool, "keeps looking") {
+		t.Errorf("the recorded result does not say the server cannot be asked about the key: %s", tool)
+	}
+	if got.last.ReconcileNextAt != nil || got.last.ReconcileUntil == nil {
+		t.Errorf("the unknown outcome was reported with a lookup scheduled (next %v, until %v): an MCP server cannot be asked", got.last.ReconcileNextAt, got.last.ReconcileUntil)
 	}
 }

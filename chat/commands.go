@@ -238,7 +238,26 @@ type ToolOutcome struct {
 	Phase   string
 	Outcome string
 	Result  json.RawMessage // published as a tool message when not nil
+	// NoLookup, with an unknown outcome: its system cannot be asked
+	// whether the key acted (tools.ErrNoLookup), so no lookup is
+	// scheduled and the operation shows at once that the gateway is not
+	// asking: only the system's own records can tell.
+	NoLookup bool
 }
+
+// Lookup is what asking an external system about a key found.
+type Lookup int
+
+const (
+	// LookupNotFound: the system does not know the key, or could not be
+	// asked this time; it is asked again later, up to the horizon.
+	LookupNotFound Lookup = iota
+	// LookupFound: the system accepted the key (it acted).
+	LookupFound
+	// LookupImpossible: the system can never be asked (an MCP server):
+	// the gateway stops asking now.
+	LookupImpossible
+)
 
 // ConfirmAck is tool.confirm's and tool.reject's answer.
 type ConfirmAck struct {

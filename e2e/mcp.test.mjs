@@ -79,6 +79,30 @@ test("an MCP tool without hints asks for confirmation, shows its arguments, and 
   await page.close();
 });
 
+test("an MCP call whose outcome nobody knows says the server cannot be asked, not that the gateway keeps asking", async () => {
+  const { page, errors, url } = await openPage(browser, { thread: server.url });
+  // A tool without hints (consequential) that needs an MCP task: the
+  // server answers isError, which may mean it acted partway.
+  await send(page, 'use everything__simulate-research-query with {"topic": "fencing tokens"}');
+  const card = page.getByTestId("confirm-card");
+  await card.waitFor({ timeout: 20000 });
+  await card.getByTestId("confirm-op").click();
+  await runStatus(page, "idle", 20000);
+  const step = page.getByTestId("tool-status");
+  await step.waitFor();
+  assert.equal(await step.getAttribute("data-state"), "unknown_given_up");
+  const text = await step.textContent();
+  assert.match(text, /^Unknown\. The everything__simulate-research-query call may have been carried out: the provider has not confirmed whether it was, and the gateway is not asking it\. Check its records for key /);
+  assert.doesNotMatch(text, /keeps asking/);
+  const threadID = new URL(url).pathname.split("/").pop();
+  const ops = (await server.api(`/api/threads/${threadID}/operations`)).operations;
+  assert.equal(ops[0].phase, "unknown");
+  assert.ok(!ops[0].reconcile_next_at && ops[0].reconcile_until, "no lookup scheduled");
+  await shots(page, "mcp-unknown");
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("a long MCP call fills its progress bar from the server's notifications, and Cancel stops it", async () => {
   const { page, errors } = await openPage(browser, { thread: server.url });
   await send(page, 'use everything__trigger-long-running-operation with {"duration": 40, "steps": 40}');

@@ -159,14 +159,14 @@ test("past the horizon the receipt says the provider never confirmed, and which 
     assert.equal(r.outcome, "unknown");
     assert.equal(
       r.text,
-      `Email: unknown. The email to carl@example.com may have been sent: the provider never confirmed whether it was, and the gateway stopped asking. Check its records for key ${op.idempotency_key}.`,
+      `Email: unknown. The email to carl@example.com may have been sent: the provider has not confirmed whether it was, and the gateway is not asking it. Check its records for key ${op.idempotency_key}.`,
     );
     assert.doesNotMatch(r.text, neverDenies);
     const { operations } = await srv.api(`/api/threads/${threadID}/operations`);
     assert.equal(operations[0].phase, "unknown");
     assert.equal(operations[0].reconcile_next_at, undefined);
     assert.ok(operations[0].reconcile_until);
-    await page.getByTestId("operation-reconcile").filter({ hasText: "stopped looking the key up" }).waitFor({ state: "attached" }); // in the folded log
+    await page.getByTestId("operation-reconcile").filter({ hasText: "is not looking the key up" }).waitFor({ state: "attached" }); // in the folded log
     await shot(page, "receipt-unknown-given-up");
     await page.reload();
     await page.locator("[data-testid=receipt-operation][data-state=unknown_given_up]").waitFor();

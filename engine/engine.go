@@ -90,7 +90,7 @@ type Execution interface {
 // due; SettleReconciliation records what the lookup found.
 type Reconciliation interface {
 	DueReconciliations(ctx context.Context, limit int) ([]chat.Operation, error)
-	SettleReconciliation(ctx context.Context, opID string, known bool) (chat.Operation, error)
+	SettleReconciliation(ctx context.Context, opID string, found chat.Lookup) (chat.Operation, error)
 }
 
 // Retention is what the maintenance loop needs to age out each artifact

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
@@ -34,8 +35,7 @@ func (e *Engine) reconcile() {
 			if e.ctx.Err() != nil {
 				return
 			}
-			known := e.lookUp(op)
-			got, err := e.store.SettleReconciliation(e.ctx, op.OperationID, known)
+			got, err := e.store.SettleReconciliation(e.ctx, op.OperationID, e.lookUp(op))
 			if err != nil {
 				if e.ctx.Err() == nil {
 					e.log.Warn("record reconciliation", "operation_id", op.OperationID, "err", err)
@@ -53,25 +53,31 @@ func (e *Engine) reconcile() {
 }
 
 // lookUp asks op's provider whether its key acted; a lookup that fails
-// counts as not known (the next one is scheduled).
-func (e *Engine) lookUp(op chat.Operation) bool {
+// counts as not found (the next one is scheduled), unless the provider
+// can never be asked (tools.ErrNoLookup).
+func (e *Engine) lookUp(op chat.Operation) chat.Lookup {
 	if e.tools == nil || op.IdempotencyKey == nil {
-		return false
+		return chat.LookupNotFound
 	}
 	t, ok := e.tools.Get(op.Tool)
 	if !ok {
-		return false
+		return chat.LookupNotFound
 	}
 	c, ok := t.(tools.Committer)
 	if !ok {
-		return false
+		return chat.LookupNotFound
 	}
 	ctx, stop := context.WithTimeout(e.ctx, lookupTimeout)
 	defer stop()
 	st, err := c.Status(ctx, *op.IdempotencyKey)
-	if err != nil {
+	switch {
+	case errors.Is(err, tools.ErrNoLookup):
+		return chat.LookupImpossible
+	case err != nil:
 		e.log.Debug("look up an unknown outcome", "operation_id", op.OperationID, "err", err)
-		return false
+		return chat.LookupNotFound
+	case st.Known:
+		return chat.LookupFound
 	}
-	return st.Known
+	return chat.LookupNotFound
 }

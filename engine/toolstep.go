@@ -174,6 +174,14 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 	record := func(phase, outcome string, result json.RawMessage) error {
 		return e.store.RecordToolResult(write, lease, op.OperationID, chat.ToolOutcome{Phase: phase, Outcome: outcome, Result: result})
 	}
+	// recordUnknown records an outcome nobody saw, after a lookup by key
+	// that did not find it: the reconciler asks again later, unless the
+	// system cannot be asked at all.
+	recordUnknown := func(what string, callErr, lookupErr error) error {
+		return e.store.RecordToolResult(write, lease, op.OperationID, chat.ToolOutcome{
+			Phase: chat.PhaseUnknown, Outcome: chat.OutcomeUnknown, Result: unknownResult(key, what, callErr, lookupErr),
+			NoLookup: errors.Is(lookupErr, tools.ErrNoLookup)})
+	}
 	cancelled := func() bool {
 		return in.Run.Status.CancelAccepted() || errors.Is(context.Cause(ctx), errCancelRequested)
 	}
@@ -192,12 +200,12 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 	if sent && !resend {
 		// It may have reached a system that does not deduplicate by key:
 		// a second send could act twice (invariant 2).
-		return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, notResent, nil, lookupErr)))
+		return e.afterTool(ctx, recordUnknown(notResent, nil, lookupErr))
 	}
 	unknown := op.Phase == chat.PhaseUnknown
 	for try := 0; try < reconcileTries; try++ {
 		if sent && cancelled() {
-			return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "cancelled before the provider said whether it acted", lastErr, lookupErr)))
+			return e.afterTool(ctx, recordUnknown("cancelled before the provider said whether it acted", lastErr, lookupErr))
 		}
 		sent = true
 		withProgress, stopProgress := e.progressOf(callCtx, write, lease, op.OperationID)
@@ -219,7 +227,7 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 			if err == nil && st.Known {
 				return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 			}
-			return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, notResent, lastErr, err)))
+			return e.afterTool(ctx, recordUnknown(notResent, lastErr, err))
 		}
 		// Nobody knows whether it acted: say so, then ask by key.
 		if !unknown {
@@ -238,7 +246,7 @@ func (e *Engine) commit(ctx context.Context, in chat.RunInput, lease chat.Lease,
 			return e.afterTool(ctx, record(chat.PhaseReconciled, chat.OutcomeCommitted, st.Result))
 		}
 	}
-	return e.afterTool(ctx, record(chat.PhaseUnknown, chat.OutcomeUnknown, unknownResult(key, "the provider did not confirm the call", lastErr, lookupErr)))
+	return e.afterTool(ctx, recordUnknown("the provider did not confirm the call", lastErr, lookupErr))
 }
 
 // notResent says why a call that may have reached its system is not sent
@@ -307,18 +315,20 @@ func (e *Engine) progressOf(callCtx, write context.Context, lease chat.Lease, op
 }
 
 // unknownResult is the recorded result of a call whose outcome nobody
-// knows yet: what happened, and that the key is still being looked up.
+// knows yet: what happened, and whether the key is still being looked up.
 func unknownResult(key, what string, callErr, lookupErr error) json.RawMessage {
 	res := map[string]string{
 		"status": "unknown",
 		"key":    key,
 		"note":   what + "; it may have acted. The gateway keeps looking the key up and reports what it finds.",
 	}
+	if errors.Is(lookupErr, tools.ErrNoLookup) {
+		res["note"] = what + "; it may have acted. The provider cannot be asked whether it did: only its own records, by the key, can tell."
+	} else if lookupErr != nil {
+		res["lookup_error"] = lookupErr.Error()
+	}
 	if callErr != nil {
 		res["error"] = callErr.Error()
-	}
-	if lookupErr != nil {
-		res["lookup_error"] = lookupErr.Error()
 	}
 	b, _ := json.Marshal(res)
 	return b

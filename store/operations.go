@@ -206,6 +206,20 @@ func (t *txn) updateOperation(opID, phase, outcome, resultRef string) error {
 	return nil
 }
 
+// noLookup ends, at once, the reconciliation of an unknown outcome whose
+// system cannot be asked (out.NoLookup): no next lookup, the horizon on
+// record now, which is how a given-up reconciliation reads (reconcile.go).
+func (t *txn) noLookup(opID string, out chat.ToolOutcome) error {
+	if !out.NoLookup || out.Phase != chat.PhaseUnknown {
+		return nil
+	}
+	now := ms(t.now)
+	if _, err := t.exec(`UPDATE operations SET reconcile_next_at = NULL, reconcile_until = ? WHERE operation_id = ?`, now, opID); err != nil {
+		return fmt.Errorf("end reconciliation: %w", err)
+	}
+	return nil
+}
+
 // ownWorking loads a run that lease still holds and that is running or,
 // with its cancel accepted, still finishing the operation in flight.
 func (t *txn) ownWorking(lease chat.Lease) (runRow, error) {
@@ -306,7 +320,13 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 		return err
 	}
 	if out.Result == nil {
-		return t.setPhase(c, opID, out.Phase, out.Outcome)
+		if err := t.updateOperation(opID, out.Phase, out.Outcome, ""); err != nil {
+			return err
+		}
+		if err := t.noLookup(opID, out); err != nil {
+			return err
+		}
+		return t.operationEvent(c, chat.EventToolUpdated, opID)
 	}
 	head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
 	if err != nil {
@@ -319,6 +339,9 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 	cpID := chat.NewID(chat.PrefixCheckpoint)
 	if err := t.updateOperation(opID, out.Phase, out.Outcome, msgID); err != nil {
 		return fmt.Errorf("record tool result: %w", err)
+	}
+	if err := t.noLookup(opID, out); err != nil {
+		return err
 	}
 	if err := t.operationEvent(c, chat.EventToolUpdated, opID); err != nil {
 		return err

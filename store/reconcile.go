@@ -103,12 +103,14 @@ func (s *Store) DueReconciliations(ctx context.Context, limit int) ([]chat.Opera
 }
 
 // SettleReconciliation records one lookup of an unknown operation: the
-// provider knows the key (known) → reconciled, committed (tool.updated);
-// it does not know it, or could not be asked → the next lookup is scheduled with
-// backoff, or, past the horizon, the gateway gives up asking
-// (tool.updated: still unknown, no next lookup). An operation settled
-// meanwhile is left alone. It reports the operation as it now is.
-func (s *Store) SettleReconciliation(ctx context.Context, opID string, known bool) (chat.Operation, error) {
+// provider knows the key (chat.LookupFound) → reconciled, committed
+// (tool.updated); it does not know it, or could not be asked this time →
+// the next lookup is scheduled with backoff, or, past the horizon, the
+// gateway gives up asking (tool.updated: still unknown, no next lookup);
+// it can never be asked (chat.LookupImpossible) → the gateway gives up
+// now, the same way. An operation settled meanwhile is left alone. It
+// reports the operation as it now is.
+func (s *Store) SettleReconciliation(ctx context.Context, opID string, found chat.Lookup) (chat.Operation, error) {
 	var out chat.Operation
 	err := s.write(ctx, func(t *txn) error {
 		op, err := t.operation(opID)
@@ -128,13 +130,14 @@ func (s *Store) SettleReconciliation(ctx context.Context, opID string, known boo
 		}
 		now := ms(t.now)
 		switch {
-		case known:
+		case found == chat.LookupFound:
 			if _, err := t.exec(`UPDATE operations SET phase = 'reconciled', outcome = 'committed', reconcile_next_at = NULL,
 				reconcile_tries = reconcile_tries + 1, updated_at = ? WHERE operation_id = ?`, now, opID); err != nil {
 				return fmt.Errorf("record reconciliation: %w", err)
 			}
-		case op.ReconcileUntil.Valid && now+reconcileDelay(op.ReconcileTries+1).Milliseconds() > op.ReconcileUntil.Int64:
-			// Past the horizon: stop asking, and say so.
+		case found == chat.LookupImpossible,
+			op.ReconcileUntil.Valid && now+reconcileDelay(op.ReconcileTries+1).Milliseconds() > op.ReconcileUntil.Int64:
+			// Past the horizon, or nothing to ask: stop asking, and say so.
 			if _, err := t.exec(`UPDATE operations SET reconcile_next_at = NULL, reconcile_tries = reconcile_tries + 1,
 				updated_at = ? WHERE operation_id = ?`, now, opID); err != nil {
 				return fmt.Errorf("end reconciliation: %w", err)

@@ -136,7 +136,7 @@ func TestReconciliationSchedule(t *testing.T) {
 	}
 	// Not known: asked again after 2 s, then 4 s …, no event.
 	before := len(events)
-	op, err := st.SettleReconciliation(ctx, opID, false)
+	op, err := st.SettleReconciliation(ctx, opID, chat.LookupNotFound)
 	if err != nil || op.Phase != chat.PhaseUnknown || op.ReconcileNextAt == nil {
 		t.Fatalf("after a lookup that found nothing: %+v, %v", op, err)
 	}
@@ -152,7 +152,7 @@ func TestReconciliationSchedule(t *testing.T) {
 		if got := due(); len(got) != 1 {
 			t.Fatalf("lookup %d not handed out when due", i)
 		}
-		if op, err = st.SettleReconciliation(ctx, opID, false); err != nil {
+		if op, err = st.SettleReconciliation(ctx, opID, chat.LookupNotFound); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,7 +162,7 @@ func TestReconciliationSchedule(t *testing.T) {
 	if last := events[len(events)-1]; last.Type != chat.EventToolUpdated || last.Body.(chat.ToolBody).Operation.ReconcileNextAt != nil {
 		t.Fatalf("giving up was not reported: last event %s", last.Type)
 	}
-	if _, err := st.SettleReconciliation(ctx, opID, true); err != nil {
+	if _, err := st.SettleReconciliation(ctx, opID, chat.LookupFound); err != nil {
 		t.Fatal(err)
 	}
 	if got := operation(t, st, opID); got.Phase != chat.PhaseUnknown {
@@ -184,12 +184,65 @@ func TestReconciliationFindsTheKey(t *testing.T) {
 	if got, err := st.DueReconciliations(ctx, 10); err != nil || len(got) != 1 {
 		t.Fatalf("due = %+v, %v", got, err)
 	}
-	op, err := st.SettleReconciliation(ctx, opID, true)
+	op, err := st.SettleReconciliation(ctx, opID, chat.LookupFound)
 	if err != nil || op.Phase != chat.PhaseReconciled || op.Outcome == nil || *op.Outcome != chat.OutcomeCommitted || op.ReconcileNextAt != nil {
 		t.Fatalf("after the provider knew the key: %+v, %v", op, err)
 	}
 	last := events[len(events)-1]
 	if last.Type != chat.EventToolUpdated || last.RunID != op.RunID || last.Body.(chat.ToolBody).Operation.Phase != chat.PhaseReconciled {
 		t.Fatalf("last event %s %+v, want tool.updated reconciled of the run", last.Type, last.Body)
+	}
+}
+
+// A system that can never be asked about a key (an MCP server): an
+// unknown outcome recorded with NoLookup schedules no lookup and reads as
+// given up at once (the tab is told in the same tool.updated); one found
+// by the reconciler to be unaskable is given up at its first lookup.
+func TestReconciliationOfAnUnaskableSystem(t *testing.T) {
+	var events []*chat.Event
+	st, clock := openWithClock(t, time.Hour, &events)
+	th := newThread(t, st).ThreadID
+	lease, opID := committingRun(t, st, th)
+	result := json.RawMessage(`{"status":"unknown"}`)
+	if err := st.RecordToolResult(ctx, lease, opID, chat.ToolOutcome{Phase: chat.PhaseUnknown, Outcome: chat.OutcomeUnknown, Result: result, NoLookup: true}); err != nil {
+		t.Fatal(err)
+	}
+	op := operation(t, st, opID)
+	if op.Phase != chat.PhaseUnknown || op.ReconcileNextAt != nil || op.ReconcileUntil == nil {
+		t.Fatalf("recorded with NoLookup: %+v, want unknown, no next lookup, a horizon on record", op)
+	}
+	var told *chat.Operation
+	for _, ev := range events {
+		if ev.Type == chat.EventToolUpdated && ev.Body.(chat.ToolBody).Operation.OperationID == opID {
+			o := ev.Body.(chat.ToolBody).Operation
+			told = &o
+		}
+	}
+	if told == nil || told.Phase != chat.PhaseUnknown || told.ReconcileNextAt != nil || told.ReconcileUntil == nil {
+		t.Fatalf("the tabs were told %+v, want unknown and not asked", told)
+	}
+	clock.Add(time.Hour.Milliseconds())
+	if got, err := st.DueReconciliations(ctx, 10); err != nil || len(got) != 0 {
+		t.Fatalf("a lookup was scheduled for a system that cannot be asked: %+v, %v", got, err)
+	}
+
+	// Recorded unknown without it (a run that ended mid-commit): the first
+	// lookup finds the system cannot be asked, and the gateway gives up.
+	th2 := newThread(t, st).ThreadID
+	lease2, opID2 := committingRun(t, st, th2)
+	if err := st.Fail(ctx, lease2, "stopped"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(1000)
+	if got, err := st.DueReconciliations(ctx, 10); err != nil || len(got) != 1 || got[0].OperationID != opID2 {
+		t.Fatalf("due = %+v, %v", got, err)
+	}
+	before := len(events)
+	op, err := st.SettleReconciliation(ctx, opID2, chat.LookupImpossible)
+	if err != nil || op.Phase != chat.PhaseUnknown || op.ReconcileNextAt != nil || op.ReconcileUntil == nil {
+		t.Fatalf("after a lookup of an unaskable system: %+v, %v; want unknown, given up", op, err)
+	}
+	if len(events) != before+1 || events[len(events)-1].Type != chat.EventToolUpdated {
+		t.Fatalf("giving up was not reported with one tool.updated: %d events", len(events)-before)
 	}
 }

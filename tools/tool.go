@@ -92,6 +92,12 @@ type Status struct {
 	Result json.RawMessage // its result, when Known
 }
 
+// ErrNoLookup is returned (wrapped) by Status when the external system
+// cannot be asked about a key at all, as an MCP server cannot: an outcome
+// nobody saw then stays unknown, and the gateway says it is not asking
+// instead of scheduling lookups that cannot answer.
+var ErrNoLookup = errors.New("the external system cannot be asked whether a key acted")
+
 // ErrRejected is returned by Commit when the external system refused the
 // action for good (it did nothing). Other errors leave the outcome unknown
 // until Status says.

@@ -21,7 +21,9 @@ export interface Line {
 }
 
 // opState names what a user must know: an unknown outcome still being
-// checked, or one the gateway stopped asking about; otherwise the outcome.
+// checked, or one the gateway is not asking about (it gave up at the
+// horizon, or the provider cannot be asked: an MCP server); otherwise the
+// outcome.
 export function opState(o: OpNow): string {
   if (o.outcome !== "unknown") return o.outcome;
   return o.reconcile_until && !o.reconcile_next_at ? "unknown_given_up" : "unknown_checking";
@@ -58,7 +60,7 @@ function unknownRest(o: OpNow): (Node | string)[] {
   const e = effect(o);
   if (opState(o) === "unknown_given_up") {
     return [
-      `${cap(e.what)} may have been ${e.done}: the provider never confirmed whether it was, and the gateway stopped asking. `,
+      `${cap(e.what)} may have been ${e.done}: the provider has not confirmed whether it was, and the gateway is not asking it. `,
       ...keyed(o, "Check its records for key ", ".", "Check its records."),
     ];
   }

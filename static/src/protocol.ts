@@ -76,7 +76,8 @@ export interface Operation {
   updated_at: string;
   // An unknown outcome is looked up by its key at the provider:
   // reconcile_next_at is the next lookup, reconcile_until the horizon. With
-  // reconcile_until but no reconcile_next_at the gateway stopped asking,
+  // reconcile_until but no reconcile_next_at the gateway is not asking
+  // (past the horizon, or the provider cannot be asked: an MCP server),
   // and only the provider's records for the key can tell.
   reconcile_next_at?: string;
   reconcile_until?: string;

@@ -1474,7 +1474,7 @@ function reconcileNote(op: Operation): string {
   if (op.reconcile_next_at) {
     return `Not confirmed by the provider yet: the gateway keeps looking the key up${op.reconcile_until ? `, until ${at(op.reconcile_until)}` : ""}.`;
   }
-  if (op.reconcile_until) return `The gateway stopped looking the key up at ${at(op.updated_at)}: only the provider's records for it can tell.`;
+  if (op.reconcile_until) return `The gateway is not looking the key up (since ${at(op.updated_at)}): only the provider's records for it can tell.`;
   return "Not confirmed by the provider yet: the key is being looked up.";
 }
 

@@ -232,7 +232,7 @@ func (t *Committer) Commit(ctx context.Context, key string, args json.RawMessage
 // Status implements tools.Committer: an MCP server cannot be asked about a
 // key, so an outcome nobody saw stays unknown.
 func (t *Committer) Status(context.Context, string) (tools.Status, error) {
-	return tools.Status{}, fmt.Errorf("MCP %s: the server cannot be asked whether a call acted", t.spec.Name)
+	return tools.Status{}, fmt.Errorf("MCP %s: %w", t.spec.Name, tools.ErrNoLookup)
 }
 
 // refusal reports whether a JSON-RPC error code says the server refused
