@@ -75,6 +75,8 @@ test("an MCP tool without hints asks for confirmation, shows its arguments, and 
   assert.deepEqual(history.map((m) => m.role), ["user", "assistant", "tool", "assistant"]);
   assert.match(history[3].text, /The memory__create_entities tool returned/);
   assert.equal(entities("Ada Lovelace"), 1, "confirmed once, acted once");
+  // The step names the system that took the call: the server, not "the provider".
+  assert.equal(await page.getByTestId("tool-status").textContent(), "Carried out. The memory server took the memory__create_entities call. It cannot be undone.");
   assert.deepEqual(errors, []);
   await page.close();
 });
@@ -92,7 +94,7 @@ test("an MCP call whose outcome nobody knows says the server cannot be asked, no
   await step.waitFor();
   assert.equal(await step.getAttribute("data-state"), "unknown_given_up");
   const text = await step.textContent();
-  assert.match(text, /^Unknown\. The everything__simulate-research-query call may have been carried out: the provider has not confirmed whether it was, and the gateway is not asking it\. Check its records for key /);
+  assert.match(text, /^Unknown\. The everything__simulate-research-query call may have been carried out: the everything server has not confirmed whether it was, and the gateway is not asking it\. Check its records for key /);
   assert.doesNotMatch(text, /keeps asking/);
   const threadID = new URL(url).pathname.split("/").pop();
   const ops = (await server.api(`/api/threads/${threadID}/operations`)).operations;

@@ -29,16 +29,20 @@ export function opState(o: OpNow): string {
   return o.reconcile_until && !o.reconcile_next_at ? "unknown_given_up" : "unknown_checking";
 }
 
-type Effect = { what: string; done: string };
+type Effect = { what: string; done: string; who: string };
 
 // effect names what the call does, for sentences: "the email to ann@…" and
 // "sent"; another tool's call is "the refund_order call", "carried out".
+// who is the system it goes to: "the provider", or, for an MCP tool (its
+// preview names the server), "the memory server".
 function effect(o: OpNow): Effect {
   if (o.tool === "send_email") {
     const to = (o.preview as { to?: unknown } | null | undefined)?.to;
-    return { what: typeof to === "string" && to ? `the email to ${to}` : "the email", done: "sent" };
+    return { what: typeof to === "string" && to ? `the email to ${to}` : "the email", done: "sent", who: "the provider" };
   }
-  return { what: `the ${o.tool} call`, done: "carried out" };
+  const server = (o.preview as { server?: unknown } | null | undefined)?.server;
+  const who = typeof server === "string" && server ? `the ${server} server` : "the provider";
+  return { what: `the ${o.tool} call`, done: "carried out", who };
 }
 
 const cap = (s: string): string => s.charAt(0).toUpperCase() + s.slice(1);
@@ -60,7 +64,7 @@ function unknownRest(o: OpNow): (Node | string)[] {
   const e = effect(o);
   if (opState(o) === "unknown_given_up") {
     return [
-      `${cap(e.what)} may have been ${e.done}: the provider has not confirmed whether it was, and the gateway is not asking it. `,
+      `${cap(e.what)} may have been ${e.done}: ${e.who} has not confirmed whether it was, and the gateway is not asking it. `,
       ...keyed(o, "Check its records for key ", ".", "Check its records."),
     ];
   }
@@ -110,7 +114,7 @@ export function receiptLine(o: OpNow): Line {
       case "aborted":
         return line("stopped", "It runs again if you continue.");
       case "failed":
-        return line("failed", o.contract === "consequential" ? `The provider refused ${e.what}.` : "It did not succeed.");
+        return line("failed", o.contract === "consequential" ? `${cap(e.who)} refused ${e.what}.` : "It did not succeed.");
       default:
         return line(o.outcome.replace(/_/g, " "));
     }
@@ -130,8 +134,8 @@ export function stepLine(o: OpNow): Line | null {
         ` that it took ${e.what}. It cannot be undone.`,
       );
     }
-    if (o.outcome === "committed") return line(cap(e.done), `The provider took ${e.what}. It cannot be undone.`);
-    if (o.outcome === "failed") return line(`Not ${e.done}`, `The provider refused ${e.what}.`);
+    if (o.outcome === "committed") return line(cap(e.done), `${cap(e.who)} took ${e.what}. It cannot be undone.`);
+    if (o.outcome === "failed") return line(`Not ${e.done}`, `${cap(e.who)} refused ${e.what}.`);
     return null;
   });
 }
@@ -188,7 +192,7 @@ export function logLine(op: Operation): LogLine {
           ? l("failed", `Not ${e.done}: the provider refused it`)
           : l("committed", `${cap(e.done)} once (the provider confirmed it later)`);
       case "failed":
-        return l("failed", `Not ${e.done}: the provider refused it`);
+        return l("failed", `Not ${e.done}: ${e.who} refused it`);
     }
   }
   switch (op.phase) {
