@@ -1083,10 +1083,10 @@ func tabsAgree(t *testing.T, db *sql.DB, tabs []*tab) map[string][][2]int64 {
 
 // TestSnapshotWhileAnotherInstanceStreams opens a thread (a subscription
 // from a snapshot, as a new tab does) on an instance where another tab
-// already follows it, while another instance streams a reply into it. The streaming instance fans each delta out at
-// once and writes it up to 50 ms later, so the instance answering the new
-// tab has often delivered deltas past the snapshot it reads from the
-// database. They must follow the snapshot: the stream goes on with the
+// already follows it, while another instance streams a reply into it. The
+// streaming instance fans each delta out at once and writes it up to 50 ms
+// later, so the instance answering the new tab has often delivered deltas
+// past the snapshot it reads from the database. They must follow the snapshot: the stream goes on with the
 // next seq and is never ended as having missed events (before, it was,
 // and the tab had to reconnect).
 func TestSnapshotWhileAnotherInstanceStreams(t *testing.T) {

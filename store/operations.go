@@ -175,7 +175,7 @@ func (t *txn) operationEvent(c *threadCursor, typ, opID string) error {
 
 // setPhase moves an operation and reports it with tool.updated.
 func (t *txn) setPhase(c *threadCursor, opID, phase, outcome string) error {
-	if err := t.updateOperation(opID, phase, outcome, ""); err != nil {
+	if err := t.updateOperation(opID, phase, outcome, "", false); err != nil {
 		return err
 	}
 	return t.operationEvent(c, chat.EventToolUpdated, opID)
@@ -185,37 +185,28 @@ func (t *txn) setPhase(c *threadCursor, opID, phase, outcome string) error {
 // result (resultRef "" keeps it), with what the phase implies: entering
 // committing records when the call was first handed to its system;
 // entering unknown schedules reconciliation by key (reconcile.go) unless
-// it is scheduled already; a settled phase ends it.
-func (t *txn) updateOperation(opID, phase, outcome, resultRef string) error {
+// it is scheduled already, or, when its system cannot be asked
+// (noLookup), is recorded as given up at once (no next lookup, a horizon on
+// record: how reconcile.go leaves one past its horizon); a settled phase
+// ends it.
+func (t *txn) updateOperation(opID, phase, outcome, resultRef string, noLookup bool) error {
 	now := ms(t.now)
 	var started, next, until any // nil: keep
-	switch phase {
-	case chat.PhaseCommitting:
+	switch {
+	case phase == chat.PhaseCommitting:
 		started = now
-	case chat.PhaseUnknown:
+	case phase == chat.PhaseUnknown && noLookup:
+		until = now
+	case phase == chat.PhaseUnknown:
 		next, until = now+reconcileDelay(0).Milliseconds(), now+t.horizon.Milliseconds()
 	}
-	settled := phase != chat.PhaseUnknown
+	settled := phase != chat.PhaseUnknown || noLookup // no next lookup
 	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = COALESCE(?, outcome), result_ref = COALESCE(?, result_ref),
 		commit_started_at = COALESCE(commit_started_at, ?),
 		reconcile_next_at = CASE WHEN ? THEN NULL ELSE COALESCE(reconcile_next_at, ?) END,
 		reconcile_until = COALESCE(reconcile_until, ?), updated_at = ? WHERE operation_id = ?`,
 		phase, nullStr(outcome), nullStr(resultRef), started, settled, next, until, now, opID); err != nil {
 		return fmt.Errorf("update operation: %w", err)
-	}
-	return nil
-}
-
-// noLookup ends, at once, the reconciliation of an unknown outcome whose
-// system cannot be asked (out.NoLookup): no next lookup, the horizon on
-// record now, which is how a given-up reconciliation reads (reconcile.go).
-func (t *txn) noLookup(opID string, out chat.ToolOutcome) error {
-	if !out.NoLookup || out.Phase != chat.PhaseUnknown {
-		return nil
-	}
-	now := ms(t.now)
-	if _, err := t.exec(`UPDATE operations SET reconcile_next_at = NULL, reconcile_until = ? WHERE operation_id = ?`, now, opID); err != nil {
-		return fmt.Errorf("end reconciliation: %w", err)
 	}
 	return nil
 }
@@ -320,10 +311,7 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 		return err
 	}
 	if out.Result == nil {
-		if err := t.updateOperation(opID, out.Phase, out.Outcome, ""); err != nil {
-			return err
-		}
-		if err := t.noLookup(opID, out); err != nil {
+		if err := t.updateOperation(opID, out.Phase, out.Outcome, "", out.NoLookup); err != nil {
 			return err
 		}
 		return t.operationEvent(c, chat.EventToolUpdated, opID)
@@ -337,11 +325,8 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 	}
 	msgID := chat.NewID(chat.PrefixMessage)
 	cpID := chat.NewID(chat.PrefixCheckpoint)
-	if err := t.updateOperation(opID, out.Phase, out.Outcome, msgID); err != nil {
+	if err := t.updateOperation(opID, out.Phase, out.Outcome, msgID, out.NoLookup); err != nil {
 		return fmt.Errorf("record tool result: %w", err)
-	}
-	if err := t.noLookup(opID, out); err != nil {
-		return err
 	}
 	if err := t.operationEvent(c, chat.EventToolUpdated, opID); err != nil {
 		return err

@@ -1165,7 +1165,7 @@ export class ThreadView {
       // waits for: a call that cannot be recalled is not hidden.
       const cancelling = this.cancelAccepted();
       const showCall = calling && (cancelling || this.run.status === "running");
-      const label = this.cancelAccepted()
+      const label = cancelling
         ? "Cancelling…"
         : this.run.status === "queued"
           ? "Waiting for a worker…"
