@@ -193,10 +193,13 @@ test("edit the request after a cancel: the edited request replaces the old one o
   // The timeline shows both branches: the points of the old request are
   // on another branch, the edited request and its reply on this one.
   await page.getByTestId("tree-toggle").click();
+  // (The panel first shows the timeline it loaded before the edit, where
+  // the old request is already on another branch, until its fetch returns:
+  // wait for the edited request's point, not for any other-branch point.)
   const nodes = page.locator("[data-testid=tree-list] > [data-testid=tree-node]");
-  await eventually(async () => assert.ok((await nodes.locator(":scope[data-branch=other]").count()) >= 1));
+  await eventually(async () => assert.equal(await nodes.locator(":scope[data-branch=this] [data-testid=tree-what]", { hasText: `You: ${edited}` }).count(), 1));
+  assert.ok((await nodes.locator(":scope[data-branch=other]").count()) >= 1);
   assert.equal(await nodes.locator(":scope[data-branch=other] [data-testid=tree-tags]").first().textContent(), "another branch");
-  assert.equal(await nodes.locator(":scope[data-branch=this] [data-testid=tree-what]", { hasText: `You: ${edited}` }).count(), 1);
   assert.match(await nodes.locator(":scope[data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
   await shot(page, "edited-branch");
   await done(page, errors);
