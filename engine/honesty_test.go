@@ -119,8 +119,8 @@ func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testin
 		t.Fatalf("the unknown outcome is not being reconciled: %+v", got)
 	}
 	msgs := e.wantHistory("user assistant tool")
-	if res := toolResult(t, msgs[2]); res["status"] != "unknown" || res["key"] != *op.IdempotencyKey {
-		t.Fatalf("the recorded result = %v, want status unknown naming the key", res)
+	if res := toolResult(t, msgs[2]); res["status"] != "unknown" || res["key"] != *op.IdempotencyKey || res["lookup"] != "scheduled" {
+		t.Fatalf("the recorded result = %v, want status unknown naming the key, a lookup scheduled", res)
 	}
 
 	// The provider acts after the receipt; the reconciler finds it.

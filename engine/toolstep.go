@@ -315,14 +315,18 @@ func (e *Engine) progressOf(callCtx, write context.Context, lease chat.Lease, op
 }
 
 // unknownResult is the recorded result of a call whose outcome nobody
-// knows yet: what happened, and whether the key is still being looked up.
+// knows yet: what happened, and whether the key is still being looked up
+// ("lookup": "scheduled"), or cannot be ("none": the system cannot be
+// asked), in words for a model and as a field for code.
 func unknownResult(key, what string, callErr, lookupErr error) json.RawMessage {
 	res := map[string]string{
 		"status": "unknown",
 		"key":    key,
+		"lookup": "scheduled",
 		"note":   what + "; it may have acted. The gateway keeps looking the key up and reports what it finds.",
 	}
 	if errors.Is(lookupErr, tools.ErrNoLookup) {
+		res["lookup"] = "none"
 		res["note"] = what + "; it may have acted. The provider cannot be asked whether it did: only its own records, by the key, can tell."
 	} else if lookupErr != nil {
 		res["lookup_error"] = lookupErr.Error()

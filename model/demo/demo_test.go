@@ -715,13 +715,17 @@ func TestAfterOtherToolResult(t *testing.T) {
 	for _, tc := range []struct{ content, want string }{
 		{`{"content":[{"type":"text","text":"Echo: hi"}]}`, `The everything__echo tool returned: {"content":[{"type":"text","text":"Echo: hi"}]}`},
 		{`{"status":"failed","error":"MCP server everything is not connected (closed); nothing was sent"}`, "failed: MCP server everything is not connected (closed); nothing was sent."},
-		{`{"status":"unknown","key":"k"}`, "do not know whether everything__echo acted: it did not confirm, so it may have"},
+		{`{"status":"unknown","key":"k","lookup":"scheduled"}`, "do not know whether everything__echo acted: it did not confirm, so it may have. The page shows the call and its key, and anything learned later."},
+		{`{"status":"unknown","key":"k","lookup":"none"}`, "it may have, and it cannot be asked. The page shows the call and its key; only the system behind everything__echo can tell"},
 		{`{"status":"rejected"}`, "because you rejected it"},
 		{`{"status":"voided"}`, "cancelled before it was made"},
 	} {
 		got := noCall(t, chunks(t, toolResult("everything__echo", `{"message":"hi"}`, tc.content)))
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("%s: %q lacks %q", tc.content, got, tc.want)
+		}
+		if strings.Contains(tc.content, `"lookup":"none"`) && strings.Contains(got, "learned later") {
+			t.Errorf("%s: %q promises news from a system that cannot be asked", tc.content, got)
 		}
 	}
 }

@@ -631,6 +631,10 @@ func toolAnswer(name, content string) string {
 	case "voided":
 		return "The call to " + name + " was cancelled before it was made, so it did nothing."
 	case "unknown":
+		if str(r["lookup"]) == "none" {
+			// Nothing more will be learned: say where the answer is.
+			return "I do not know whether " + name + " acted: it did not confirm, so it may have, and it cannot be asked. The page shows the call and its key; only the system behind " + name + " can tell, from its own records."
+		}
 		return "I do not know whether " + name + " acted: it did not confirm, so it may have. The page shows the call and its key, and anything learned later."
 	case "failed":
 		if e := str(r["error"]); e != "" {
