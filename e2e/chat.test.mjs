@@ -3,7 +3,7 @@
 // and the phone layout. Every test opens its own page on a fresh thread.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, openPage, newPage, shot, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { serveForFile, openPage, newPage, shot, shots, newThread, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 let server, browser;
 serveForFile({ pace: "40ms" }, (s, b) => ([server, browser] = [s, b]));
@@ -241,6 +241,49 @@ test("checkpoint tree: show the nodes and fork from one into a new conversation"
   // The original is untouched.
   await page.goto(url);
   assert.deepEqual(await messageTexts(page), original);
+  await done(page, errors);
+});
+
+test("checkpoints: while they load the panel says so; when they cannot be loaded it says what to do, and opened again they load", async () => {
+  const { page, errors } = await openPage(browser, { thread: server.url });
+  await send(page, "Short: what is rye?");
+  await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle");
+
+  // The server's answer is held, then refused: the panel shows the
+  // timeline it has (loaded with the page, before the request) and says
+  // it is being brought up to date, then that it could not be.
+  let release;
+  const held = new Promise((ok) => (release = ok));
+  await page.route("**/checkpoints", async (r) => {
+    await held;
+    await r.fulfill({ status: 503, contentType: "text/plain", body: "unavailable" });
+  });
+  const list = page.getByTestId("tree-list");
+  const status = page.getByTestId("tree-status");
+  await page.getByTestId("tree-toggle").click();
+  await status.filter({ hasText: "Bringing the timeline up to date…" }).waitFor();
+  assert.equal(await list.getAttribute("aria-busy"), "true");
+  await shots(page, "tree-loading");
+  release();
+  await status.filter({ hasText: "Could not load the checkpoints (the server answered 503)" }).waitFor();
+  assert.equal(await status.textContent(), "Could not load the checkpoints (the server answered 503): what is shown may be out of date. Close and open Checkpoints to try again.");
+  assert.equal(await list.getAttribute("aria-busy"), "false");
+  assert.ok((await page.getByTestId("tree-node").count()) < 3, "the list is the one from before the request");
+  await shots(page, "tree-failed");
+
+  // Closed and opened again with the server answering: the whole timeline,
+  // and no status line.
+  await page.unroute("**/checkpoints");
+  await page.getByTestId("tree-toggle").click();
+  await page.getByTestId("tree-toggle").click();
+  await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 3));
+  await status.waitFor({ state: "hidden" });
+  assert.equal(await list.getAttribute("aria-busy"), "false");
+  // The refused fetch is the only console error (Chromium logs every 5xx).
+  assert.equal(errors.length, 1, JSON.stringify(errors));
+  assert.match(errors[0], /status of 503/);
+  errors.length = 0;
   await done(page, errors);
 });
 

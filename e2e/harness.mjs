@@ -291,6 +291,21 @@ export async function shot(page, name, { fullPage = true } = {}) {
 // (interceptSocket, answered as socket) from before the page opens it; with
 // thread (a server's base URL), the page is on a new conversation there
 // (newThread, its URL answered as url).
+// shots takes the picture at 1280 and 390 px, light and dark (the page
+// must fit each width), then puts the page back at 1100 px, light.
+export async function shots(page, name) {
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      if (!(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth))) throw new Error(`${name} is wider than ${w} px`);
+      await shot(page, `${name}-${w}-${scheme}`, { fullPage: false });
+    }
+  }
+  await page.setViewportSize({ width: 1100, height: 800 });
+  await page.emulateMedia({ colorScheme: "light" });
+}
+
 export async function openPage(target, { errors = [], intercept = false, thread } = {}) {
   const page = await newPage(target, errors);
   const socket = intercept ? await interceptSocket(page) : undefined;

@@ -5,7 +5,7 @@ import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { serveForFile, openPage, shot, shots, send, runStatus, messageTexts, eventually } from "./harness.mjs";
 
 // MCP servers from npm (installed by npm ci), started by the gateway over
 // stdio: the reference "everything" server (a long operation with progress)
@@ -39,20 +39,6 @@ let server, browser;
 serveForFile({ pace: "15ms", args: ["-tools-config", config] }, (s, b) => ([server, browser] = [s, b]), {
   cleanup: () => rmSync(dir, { recursive: true, force: true }),
 });
-
-// shots takes the picture at 1280 and 390 px, light and dark.
-async function shots(page, name) {
-  for (const [w, h] of [[1280, 820], [390, 844]]) {
-    for (const scheme of ["light", "dark"]) {
-      await page.setViewportSize({ width: w, height: h });
-      await page.emulateMedia({ colorScheme: scheme });
-      assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth), `${name} fits ${w} px`);
-      await shot(page, `${name}-${w}-${scheme}`, { fullPage: false });
-    }
-  }
-  await page.setViewportSize({ width: 1100, height: 800 });
-  await page.emulateMedia({ colorScheme: "light" });
-}
 
 const entities = (name) => (existsSync(memory) ? readFileSync(memory, "utf8").split(`"name":"${name}"`).length - 1 : 0);
 

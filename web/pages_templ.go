@@ -178,7 +178,7 @@ func ThreadPage(snap chat.Snapshot, threads []ThreadLink) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</ol><section class=\"live\" data-testid=\"live\" aria-live=\"polite\"></section><aside class=\"tree\" id=\"tree\" data-testid=\"tree\" hidden><h2 tabindex=\"-1\">Checkpoints</h2><p class=\"hint\">Every point the conversation was saved at, oldest first. Fork any of them into a new conversation.</p><ol class=\"tree-list\" data-testid=\"tree-list\"></ol></aside><details class=\"ops\" data-testid=\"operations\" hidden><summary><h2>Tool operations</h2><span class=\"ops-count\" data-testid=\"operations-count\"></span></summary><ol class=\"ops-list\"></ol></details><form class=\"composer\" data-testid=\"composer\" autocomplete=\"off\"><button type=\"button\" class=\"btn jump\" data-testid=\"jump-latest\" hidden>Jump to latest</button><div class=\"banner\" data-testid=\"conflict-banner\" role=\"alert\" hidden><p>This conversation changed in another tab, so your last action was not applied.</p><div class=\"actions\"><button type=\"button\" class=\"btn\" data-action=\"reload\" data-testid=\"conflict-reload\">Reload</button> <button type=\"button\" class=\"btn\" data-action=\"fork-seen\" data-testid=\"conflict-fork\">Fork from what I saw</button></div></div><div class=\"notice\" data-testid=\"notice\" role=\"status\" hidden></div><div class=\"cancel-pending\" data-testid=\"cancel-pending\" role=\"status\" hidden></div><label class=\"visually-hidden\" for=\"composer-input\">Message</label> <textarea id=\"composer-input\" name=\"message\" rows=\"2\" maxlength=\"32768\" placeholder=\"Ask something…\" data-testid=\"composer-input\"></textarea><div class=\"composer-actions\"><span class=\"hint\" data-testid=\"composer-hint\">Enter to send · Shift+Enter for a new line · Esc cancels a reply · Ctrl+Shift+O new conversation · Ctrl+K search</span> <button type=\"submit\" class=\"btn primary\" data-testid=\"send\">Send</button> <button type=\"button\" class=\"btn danger\" data-action=\"cancel\" data-testid=\"cancel\" hidden>Cancel</button></div></form>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</ol><section class=\"live\" data-testid=\"live\" aria-live=\"polite\"></section><aside class=\"tree\" id=\"tree\" data-testid=\"tree\" hidden><h2 tabindex=\"-1\">Checkpoints</h2><p class=\"hint\">Every point the conversation was saved at, oldest first. Fork any of them into a new conversation.</p><p class=\"tree-status\" data-testid=\"tree-status\" role=\"status\" hidden></p><ol class=\"tree-list\" data-testid=\"tree-list\"></ol></aside><details class=\"ops\" data-testid=\"operations\" hidden><summary><h2>Tool operations</h2><span class=\"ops-count\" data-testid=\"operations-count\"></span></summary><ol class=\"ops-list\"></ol></details><form class=\"composer\" data-testid=\"composer\" autocomplete=\"off\"><button type=\"button\" class=\"btn jump\" data-testid=\"jump-latest\" hidden>Jump to latest</button><div class=\"banner\" data-testid=\"conflict-banner\" role=\"alert\" hidden><p>This conversation changed in another tab, so your last action was not applied.</p><div class=\"actions\"><button type=\"button\" class=\"btn\" data-action=\"reload\" data-testid=\"conflict-reload\">Reload</button> <button type=\"button\" class=\"btn\" data-action=\"fork-seen\" data-testid=\"conflict-fork\">Fork from what I saw</button></div></div><div class=\"notice\" data-testid=\"notice\" role=\"status\" hidden></div><div class=\"cancel-pending\" data-testid=\"cancel-pending\" role=\"status\" hidden></div><label class=\"visually-hidden\" for=\"composer-input\">Message</label> <textarea id=\"composer-input\" name=\"message\" rows=\"2\" maxlength=\"32768\" placeholder=\"Ask something…\" data-testid=\"composer-input\"></textarea><div class=\"composer-actions\"><span class=\"hint\" data-testid=\"composer-hint\">Enter to send · Shift+Enter for a new line · Esc cancels a reply · Ctrl+Shift+O new conversation · Ctrl+K search</span> <button type=\"submit\" class=\"btn primary\" data-testid=\"send\">Send</button> <button type=\"button\" class=\"btn danger\" data-action=\"cancel\" data-testid=\"cancel\" hidden>Cancel</button></div></form>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -252,7 +252,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var14 string
 			templ_7745c5c3_Var14, templ_7745c5c3_Err = templruntime.NewAttributeExpression(m.MessageID).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 107, Col: 31}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 108, Col: 31}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var14)
 			if templ_7745c5c3_Err != nil {
@@ -265,7 +265,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var15 string
 			templ_7745c5c3_Var15, templ_7745c5c3_Err = templruntime.NewAttributeExpression(m.Role).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 108, Col: 20}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 109, Col: 20}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var15)
 			if templ_7745c5c3_Err != nil {
@@ -278,7 +278,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var16 string
 			templ_7745c5c3_Var16, templ_7745c5c3_Err = templruntime.NewAttributeExpression(m.Kind).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 109, Col: 20}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 110, Col: 20}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var16)
 			if templ_7745c5c3_Err != nil {
@@ -305,7 +305,7 @@ func MessageItem(m chat.Message) templ.Component {
 		var templ_7745c5c3_Var17 string
 		templ_7745c5c3_Var17, templ_7745c5c3_Err = templ.JoinStringErrs(speaker(m.Role))
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 111, Col: 71}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 112, Col: 71}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var17))
 		if templ_7745c5c3_Err != nil {
@@ -329,7 +329,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var18 string
 			templ_7745c5c3_Var18, templ_7745c5c3_Err = templ.JoinStringErrs(m.Content)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 118, Col: 65}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 119, Col: 65}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var18))
 			if templ_7745c5c3_Err != nil {
@@ -347,7 +347,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var19 string
 			templ_7745c5c3_Var19, templ_7745c5c3_Err = templ.JoinStringErrs(m.Content)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 121, Col: 76}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 122, Col: 76}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var19))
 			if templ_7745c5c3_Err != nil {
@@ -365,7 +365,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var20 string
 			templ_7745c5c3_Var20, templ_7745c5c3_Err = templ.JoinStringErrs(m.Content)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 123, Col: 69}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 124, Col: 69}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var20))
 			if templ_7745c5c3_Err != nil {
@@ -383,7 +383,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var21 string
 			templ_7745c5c3_Var21, templ_7745c5c3_Err = templ.JoinStringErrs(m.Content)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 125, Col: 59}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 126, Col: 59}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var21))
 			if templ_7745c5c3_Err != nil {
@@ -402,7 +402,7 @@ func MessageItem(m chat.Message) templ.Component {
 			var templ_7745c5c3_Var22 string
 			templ_7745c5c3_Var22, templ_7745c5c3_Err = templruntime.NewAttributeExpression(m.MessageID).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 129, Col: 106}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/pages.templ`, Line: 130, Col: 106}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var22)
 			if templ_7745c5c3_Err != nil {

@@ -141,6 +141,10 @@ export class ThreadView {
   private conflictFrom: string | null = null;
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
+  // treeLoads counts the checkpoint fetches under way: while any is, the
+  // open timeline says it is being brought up to date (what it shows may
+  // be from before the latest request).
+  private treeLoads = 0;
   private operations = new Map<string, Operation>();
   private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
@@ -596,9 +600,14 @@ export class ThreadView {
 
   private async loadCheckpoints(): Promise<void> {
     if (this.gone || this.closing) return;
+    this.treeStatus(++this.treeLoads, "");
+    let failed = "";
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/checkpoints`);
-      if (!r.ok) return;
+      if (!r.ok) {
+        failed = `the server answered ${r.status}`;
+        return;
+      }
       const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: Checkpoint[] };
       this.checkpoints = body.checkpoints;
       const head = body.checkpoints.find((c) => c.checkpoint_id === body.head_checkpoint_id);
@@ -607,7 +616,23 @@ export class ThreadView {
       this.renderTree();
     } catch {
       // The tree is an aid; the conversation works without it.
+      failed = "the server could not be reached";
+    } finally {
+      this.treeStatus(--this.treeLoads, failed);
     }
+  }
+
+  // treeStatus says above the timeline whether it is being brought up to
+  // date (loads under way) or why the last fetch failed (and what to do);
+  // the list is marked busy meanwhile.
+  private treeStatus(loads: number, failed: string): void {
+    const list = $(this.tree, "[data-testid=tree-list]");
+    const status = $(this.tree, "[data-testid=tree-status]");
+    list.setAttribute("aria-busy", String(loads > 0));
+    if (loads > 0) status.textContent = "Bringing the timeline up to date…";
+    else if (failed) status.textContent = `Could not load the checkpoints (${failed}): what is shown may be out of date. Close and open Checkpoints to try again.`;
+    status.hidden = loads === 0 && !failed;
+    status.classList.toggle("failed", loads === 0 && failed !== "");
   }
 
   // refreshTitle picks up the name the server gives a conversation: from
