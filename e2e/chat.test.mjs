@@ -170,6 +170,18 @@ test("edit the request after a cancel: the edited request replaces the old one o
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor();
 
+  // Where the request was saved is fetched on Edit (the page loaded before
+  // it was sent): refused, Edit says so and what to do, and edits nothing.
+  await page.route("**/checkpoints", (r) => r.fulfill({ status: 503, contentType: "text/plain", body: "unavailable" }));
+  await page.getByTestId("action-edit").click();
+  await page.getByTestId("notice").filter({ hasText: "Could not load where your request was saved (the server answered 503), so it cannot be edited yet: press “Edit the request and continue” again in a moment." }).waitFor();
+  assert.equal(await page.getByTestId("editing").count(), 0);
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "");
+  await shots(page, "edit-unavailable");
+  assert.equal(errors.length, 1, JSON.stringify(errors)); // Chromium logs the 503
+  errors.length = 0;
+  await page.unroute("**/checkpoints");
+
   await page.getByTestId("action-edit").click();
   await page.getByTestId("editing").waitFor();
   const input = page.getByTestId("composer-input");

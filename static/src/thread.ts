@@ -598,15 +598,17 @@ export class ThreadView {
     }
   }
 
-  private async loadCheckpoints(): Promise<void> {
-    if (this.gone || this.closing) return;
+  // loadCheckpoints fetches the checkpoints and shows them; it returns why
+  // it could not ("" when it did, or when the page is going away).
+  private async loadCheckpoints(): Promise<string> {
+    if (this.gone || this.closing) return "";
     this.treeStatus(++this.treeLoads, "");
     let failed = "";
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/checkpoints`);
       if (!r.ok) {
         failed = `the server answered ${r.status}`;
-        return;
+        return failed;
       }
       const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: Checkpoint[] };
       this.checkpoints = body.checkpoints;
@@ -620,6 +622,7 @@ export class ThreadView {
     } finally {
       this.treeStatus(--this.treeLoads, failed);
     }
+    return failed;
   }
 
   // treeStatus says above the timeline whether it is being brought up to
@@ -731,12 +734,21 @@ export class ThreadView {
         const lastUser = [...this.messages].reverse().find((m) => m.role === "user");
         // The tree is only refreshed while it is open, so the checkpoint of
         // a request sent since the page loaded may not be known yet.
-        if (lastUser && !this.checkpoints.some((c) => c.checkpoint_id === lastUser.checkpoint_id)) await this.loadCheckpoints();
+        if (lastUser && !this.checkpoints.some((c) => c.checkpoint_id === lastUser.checkpoint_id)) {
+          const failed = await this.loadCheckpoints();
+          if (failed) {
+            this.show(`Could not load where your request was saved (${failed}), so it cannot be edited yet: press “Edit the request and continue” again in a moment.`);
+            return;
+          }
+        }
         const cp = lastUser && this.checkpoints.find((c) => c.checkpoint_id === lastUser.checkpoint_id);
         if (!lastUser || !cp || !cp.parent_checkpoint_id) {
           this.show("There is no request to edit here: write a new message instead.");
           return;
         }
+        // What an earlier action went wrong with is past (a lost connection's
+        // notice stays until the connection is back).
+        if (!this.noticeOffline) this.show("");
         this.editing = { resumeFrom: cp.parent_checkpoint_id };
         this.input.value = lastUser.content;
         this.input.focus();
