@@ -292,6 +292,19 @@ test("checkpoints: while they load the panel says so; when they cannot be loaded
   await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 3));
   await status.waitFor({ state: "hidden" });
   assert.equal(await list.getAttribute("aria-busy"), "false");
+
+  // With the panel open, the new points of a request are fetched as they
+  // are saved, without a status line each time.
+  await page.evaluate(() => {
+    const el = document.querySelector("[data-testid=tree-status]");
+    window.treeStatusShown = 0;
+    new MutationObserver(() => (window.treeStatusShown += el.hidden ? 0 : 1)).observe(el, { attributes: true, attributeFilter: ["hidden"] });
+  });
+  await send(page, "Short: and barley?");
+  await runStatus(page, "idle");
+  await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 5));
+  assert.equal(await page.evaluate(() => window.treeStatusShown), 0, "a refresh showed the status line");
+  assert.equal(await list.getAttribute("aria-busy"), "false");
   // The refused fetch is the only console error (Chromium logs every 5xx).
   assert.equal(errors.length, 1, JSON.stringify(errors));
   assert.match(errors[0], /status of 503/);

@@ -141,10 +141,13 @@ export class ThreadView {
   private conflictFrom: string | null = null;
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
-  // treeLoads counts the checkpoint fetches under way: while any is, the
-  // open timeline says it is being brought up to date (what it shows may
-  // be from before the latest request).
+  // treeLoads counts the checkpoint fetches under way (the list is busy
+  // while any is); treeOpening those of the panel being opened, while
+  // which it says it is being brought up to date (what it shows may be
+  // from before the latest request). A refresh on a new checkpoint, with
+  // the panel open, is not announced: it comes with every message.
   private treeLoads = 0;
+  private treeOpening = 0;
   private operations = new Map<string, Operation>();
   private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
@@ -599,10 +602,13 @@ export class ThreadView {
   }
 
   // loadCheckpoints fetches the checkpoints and shows them; it returns why
-  // it could not ("" when it did, or when the page is going away).
-  private async loadCheckpoints(): Promise<string> {
+  // it could not ("" when it did, or when the page is going away). opening
+  // says the panel is being opened (see treeOpening).
+  private async loadCheckpoints(opening = false): Promise<string> {
     if (this.gone || this.closing) return "";
-    this.treeStatus(++this.treeLoads, "");
+    this.treeLoads++;
+    if (opening) this.treeOpening++;
+    this.treeStatus("");
     let failed = "";
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/checkpoints`);
@@ -620,22 +626,26 @@ export class ThreadView {
       // The tree is an aid; the conversation works without it.
       failed = "the server could not be reached";
     } finally {
-      this.treeStatus(--this.treeLoads, failed);
+      this.treeLoads--;
+      if (opening) this.treeOpening--;
+      this.treeStatus(failed);
     }
     return failed;
   }
 
   // treeStatus says above the timeline whether it is being brought up to
-  // date (loads under way) or why the last fetch failed (and what to do);
-  // the list is marked busy meanwhile.
-  private treeStatus(loads: number, failed: string): void {
+  // date (the panel being opened) or why the fetch that just ended failed
+  // (and what to do); a fetch that succeeds clears it.
+  private treeStatus(failed: string): void {
     const list = $(this.tree, "[data-testid=tree-list]");
     const status = $(this.tree, "[data-testid=tree-status]");
-    list.setAttribute("aria-busy", String(loads > 0));
-    if (loads > 0) status.textContent = "Bringing the timeline up to date…";
+    list.setAttribute("aria-busy", String(this.treeLoads > 0));
+    const opening = this.treeOpening > 0;
+    if (opening) status.textContent = "Bringing the timeline up to date…";
     else if (failed) status.textContent = `Could not load the checkpoints (${failed}): what is shown may be out of date. Close and open Checkpoints to try again.`;
-    status.hidden = loads === 0 && !failed;
-    status.classList.toggle("failed", loads === 0 && failed !== "");
+    else if (this.treeLoads > 0 && status.classList.contains("failed")) return; // a failure stays up until a fetch succeeds
+    status.hidden = !opening && !failed;
+    status.classList.toggle("failed", !opening && failed !== "");
   }
 
   // refreshTitle picks up the name the server gives a conversation: from
@@ -849,7 +859,7 @@ export class ThreadView {
           this.tree.style.scrollMarginTop = `${(head?.offsetHeight ?? 0) + 12}px`;
           this.tree.scrollIntoView({ block: "start" });
           $(this.tree, "h2").focus();
-          await this.loadCheckpoints();
+          await this.loadCheckpoints(true);
         }
         return;
       }
