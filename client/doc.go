@@ -23,7 +23,9 @@
 // with bounded, jittered backoff (WithBackoff) and resumes after the last
 // seq it received (Last-Event-ID; subscribe with after_seq). Duplicates are
 // dropped and a seq that skips ahead is repaired by resuming again, so the
-// caller never sees either (Stats counts them). When the server can no
+// caller never sees either (Stats counts them, and counts the drops with
+// the last one's reason: a close code and reason, the idle timeout, the
+// network's error — worth a log line). When the server can no
 // longer replay what was missed (PROTOCOL.md invariant 8), it says so with
 // a thread.snapshot, which the client delivers with Event.Gap set: the
 // caller resets what it built from earlier events, never silently.

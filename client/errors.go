@@ -26,6 +26,9 @@ var (
 	// ErrThreadDeleted ends a Subscription or Stream after it delivered the
 	// thread's last event, thread.deleted.
 	ErrThreadDeleted = errors.New("client: the thread was deleted")
+	// errIdle ends a connection that received nothing for the idle
+	// timeout (see WithIdleTimeout); it is reconnected.
+	errIdle = errors.New("client: the connection was taken for dead")
 )
 
 // Error is the server's answer to a request or command that failed: the

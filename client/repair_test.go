@@ -182,6 +182,9 @@ func TestConnEnds(t *testing.T) {
 		if !strings.Contains(e.Message, "sign in") {
 			t.Errorf("error %+v: want the close reason", e)
 		}
+		if st := conn.Stats(); st.Drops != 1 || st.LastDrop != "closed by the server: 1008 signed out: sign in again" {
+			t.Errorf("stats %+v: want one drop, with the server's close code and reason", st)
+		}
 		_, err := conn.Subscribe(bounded(t), "thr_x", 0)
 		wantError(t, err, chat.CodeUnauthorized, http.StatusUnauthorized)
 	})
@@ -199,6 +202,35 @@ func TestConnEnds(t *testing.T) {
 		case <-third:
 		case <-bounded(t).Done():
 			t.Fatalf("no third connection: %+v", conn.Stats())
+		}
+		// Each drop is counted before the next connection is dialled.
+		if st := conn.Stats(); st.Drops < 2 || st.LastDrop != "client: the connection was taken for dead (nothing received for 100ms)" {
+			t.Errorf("stats %+v: want two drops or more, for the idle timeout", st)
+		}
+	})
+	t.Run("1013", func(t *testing.T) {
+		second := make(chan struct{})
+		base := fakeWS(t, func(t *testing.T, n int, f *fakeConn) {
+			h := f.expect("hello")
+			f.send(ack(h.ID, fmt.Sprintf(`"connection_id":"con_%d"`, n)))
+			if n == 1 {
+				f.ws.Close(websocket.StatusTryAgainLater, "too slow: reconnect")
+				return
+			}
+			close(second)
+			f.read() // until the client goes
+		})
+		conn := connect(t, newClient(t, base, client.WithBackoff(time.Millisecond, 10*time.Millisecond)), "tab-1013")
+		select {
+		case <-second:
+		case <-bounded(t).Done():
+			t.Fatalf("not reconnected after a 1013 close: %+v", conn.Stats())
+		}
+		if st := conn.Stats(); st.Drops != 1 || st.LastDrop != "closed by the server: 1013 too slow: reconnect" {
+			t.Errorf("stats %+v: want one drop, with the server's close code and reason", st)
+		}
+		if err := conn.Err(); err != nil {
+			t.Errorf("the Conn ended after a 1013 close: %v", err)
 		}
 	})
 }
@@ -237,13 +269,48 @@ func TestStreamRepairs(t *testing.T) {
 	t.Cleanup(srv.Close)
 	stream := events(t, newClient(t, srv.URL), "thr_x", 0)
 	wantSeqsThenDeleted(t, stream, 5)
-	if st := stream.Stats(); st.Duplicates != 1 || st.Jumps != 1 || st.Connects != 2 {
-		t.Errorf("stats %+v: want one duplicate, one jump, two connections", st)
+	if st := stream.Stats(); st.Duplicates != 1 || st.Jumps != 1 || st.Connects != 2 || st.Drops != 0 {
+		t.Errorf("stats %+v: want one duplicate, one jump, two connections (the client ended the first: not a drop)", st)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if fmt.Sprint(asked) != "[0/ 2/2]" {
 		t.Errorf("requests asked from %v (after_seq/Last-Event-ID), want [0/ 2/2]", asked)
+	}
+}
+
+// An event stream the server ends mid-way is counted as a drop, with the
+// reason, and resumed after the last event: nothing lost, nothing twice.
+func TestStreamDropIsCounted(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.Header.Get("Last-Event-ID"))
+		n := len(asked)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		from, to := int64(1), int64(2) // then the response ends: a restart, a proxy's limit
+		if n > 1 {
+			from, to = 3, 4
+		}
+		for seq := from; seq <= to; seq++ {
+			data := event(seq, seq == 4)
+			var h struct{ Type string }
+			json.Unmarshal([]byte(data), &h)
+			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", seq, h.Type, data)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	stream := events(t, newClient(t, srv.URL, client.WithBackoff(time.Millisecond, 10*time.Millisecond)), "thr_x", 0)
+	wantSeqsThenDeleted(t, stream, 4)
+	if st := stream.Stats(); st.Drops != 1 || st.LastDrop != "the server ended the stream" || st.Connects != 2 || st.Malformed != 0 {
+		t.Errorf("stats %+v: want one drop (the server ended the response), two connections", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(asked) != "[ 2]" {
+		t.Errorf("Last-Event-ID asked %q, want none then 2", asked)
 	}
 }
 

@@ -232,6 +232,7 @@ func (s *Stream) Next(ctx context.Context) (Event, error) {
 		}
 		ev, err := s.read(ctx)
 		if err != nil {
+			idled := s.idle != nil && !s.idle.Stop() // it fired: it ended the connection
 			s.drop()
 			var e *Error
 			switch {
@@ -241,6 +242,12 @@ func (s *Stream) Next(ctx context.Context) (Event, error) {
 				s.fail(err) // the server's error event: the stream is over
 			case ctx.Err() != nil:
 				return Event{}, ctx.Err()
+			case idled:
+				s.stats.dropped(fmt.Sprintf("%v (nothing received for %v)", errIdle, s.cl.idle))
+			case errors.Is(err, io.ErrUnexpectedEOF):
+				s.stats.dropped("the server ended the stream")
+			default:
+				s.stats.dropped(err.Error())
 			}
 			continue // reconnect
 		}

@@ -310,14 +310,29 @@ type Stats struct {
 	// malformed or early object ("" when none), for logs and test
 	// failures.
 	LastAnomaly string
+	// Drops counts connections that ended by themselves (not by Close):
+	// closed by the server, taken for dead after the idle timeout, or cut
+	// by the network. Each was reconnected unless it ended the Conn or
+	// Stream (see Err).
+	Drops int64
+	// LastDrop says why the last of them ended ("" when none): the
+	// server's close code and reason ("closed by the server: 1013 …"),
+	// the idle timeout, or the network's error.
+	LastDrop string
 }
 
 // stats is Stats kept with atomics (the reader goroutine writes it while
 // anyone reads it).
 type stats struct {
 	connects, resyncs, duplicates, jumps, lagged, stray, unanswered, malformed atomic.Int64
-	early                                                                      atomic.Int64
-	anomaly                                                                    atomic.Pointer[string]
+	early, drops                                                               atomic.Int64
+	anomaly, lastDrop                                                          atomic.Pointer[string]
+}
+
+// dropped counts a connection that ended by itself, and why.
+func (s *stats) dropped(why string) {
+	s.drops.Add(1)
+	s.lastDrop.Store(&why)
 }
 
 func (s *stats) note(counter *atomic.Int64, format string, args ...any) {
@@ -334,6 +349,10 @@ func (s *stats) snapshot() Stats {
 	}
 	if p := s.anomaly.Load(); p != nil {
 		out.LastAnomaly = *p
+	}
+	out.Drops = s.drops.Load()
+	if p := s.lastDrop.Load(); p != nil {
+		out.LastDrop = *p
 	}
 	return out
 }

@@ -292,6 +292,7 @@ func (c *Conn) run(ws *websocket.Conn) {
 			c.finish(ErrClosed)
 			return
 		}
+		c.stats.dropped(dropReason(err))
 		if end := terminalClose(err); end != nil {
 			c.finish(end)
 			return
@@ -334,7 +335,18 @@ func terminalClose(err error) error {
 	return nil
 }
 
-// serve reads ws until it fails.
+// dropReason says in words why a connection ended by itself: the
+// server's close code and reason, or the error that ended it.
+func dropReason(err error) string {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		return fmt.Sprintf("closed by the server: %d %s", int(ce.Code), ce.Reason)
+	}
+	return err.Error()
+}
+
+// serve reads ws until it fails; the idle timeout fails it with
+// errIdle.
 func (c *Conn) serve(ws *websocket.Conn) error {
 	c.idle = startWatchdog(c.cl.idle, func() { ws.CloseNow() })
 	defer func() {
@@ -348,6 +360,9 @@ func (c *Conn) serve(ws *websocket.Conn) error {
 	for {
 		_, data, err := ws.Read(context.Background())
 		if err != nil {
+			if c.idle.hasFired() {
+				return fmt.Errorf("%w (nothing received for %v)", errIdle, c.cl.idle)
+			}
 			return err
 		}
 		c.idle.kick()
@@ -689,7 +704,8 @@ func doFor[T any](ctx context.Context, c *Conn, typ string, body any, resend boo
 type watchdog struct {
 	d     time.Duration
 	t     *time.Timer
-	fired chan struct{}
+	hit   atomic.Bool   // set before f runs
+	fired chan struct{} // closed after f ran
 }
 
 func startWatchdog(d time.Duration, f func()) *watchdog {
@@ -699,10 +715,14 @@ func startWatchdog(d time.Duration, f func()) *watchdog {
 	w := &watchdog{d: d, fired: make(chan struct{})}
 	w.t = time.AfterFunc(d, func() {
 		defer close(w.fired)
+		w.hit.Store(true)
 		f()
 	})
 	return w
 }
+
+// hasFired reports whether f was run (or is running).
+func (w *watchdog) hasFired() bool { return w != nil && w.hit.Load() }
 
 func (w *watchdog) kick() {
 	if w != nil && w.t.Stop() {
