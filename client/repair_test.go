@@ -279,9 +279,17 @@ func TestStreamRepairs(t *testing.T) {
 	}
 }
 
-// An event stream the server ends mid-way is counted as a drop, with the
-// reason, and resumed after the last event: nothing lost, nothing twice.
+// An event stream the server ends mid-way, or that goes silent past the
+// idle timeout, is counted as a drop, with the reason, and resumed after
+// the last event: nothing lost, nothing twice.
 func TestStreamDropIsCounted(t *testing.T) {
+	t.Run("ended", func(t *testing.T) { streamDropped(t, false, "the server ended the stream") })
+	t.Run("silent", func(t *testing.T) {
+		streamDropped(t, true, "client: the connection was taken for dead (nothing received for 100ms)")
+	})
+}
+
+func streamDropped(t *testing.T, silent bool, want string) {
 	var mu sync.Mutex
 	var asked []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -290,7 +298,7 @@ func TestStreamDropIsCounted(t *testing.T) {
 		n := len(asked)
 		mu.Unlock()
 		w.Header().Set("Content-Type", "text/event-stream")
-		from, to := int64(1), int64(2) // then the response ends: a restart, a proxy's limit
+		from, to := int64(1), int64(2)
 		if n > 1 {
 			from, to = 3, 4
 		}
@@ -300,12 +308,21 @@ func TestStreamDropIsCounted(t *testing.T) {
 			json.Unmarshal([]byte(data), &h)
 			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", seq, h.Type, data)
 		}
+		if n == 1 && silent {
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // silent until the client gives up on it
+		}
+		// else the response ends: a restart, a proxy's limit
 	}))
 	t.Cleanup(srv.Close)
-	stream := events(t, newClient(t, srv.URL, client.WithBackoff(time.Millisecond, 10*time.Millisecond)), "thr_x", 0)
+	opts := []client.Option{client.WithBackoff(time.Millisecond, 10*time.Millisecond)}
+	if silent {
+		opts = append(opts, client.WithIdleTimeout(100*time.Millisecond))
+	}
+	stream := events(t, newClient(t, srv.URL, opts...), "thr_x", 0)
 	wantSeqsThenDeleted(t, stream, 4)
-	if st := stream.Stats(); st.Drops != 1 || st.LastDrop != "the server ended the stream" || st.Connects != 2 || st.Malformed != 0 {
-		t.Errorf("stats %+v: want one drop (the server ended the response), two connections", st)
+	if st := stream.Stats(); st.Drops != 1 || st.LastDrop != want || st.Connects != 2 || st.Malformed != 0 {
+		t.Errorf("stats %+v: want one drop (%s), two connections", st, want)
 	}
 	mu.Lock()
 	defer mu.Unlock()
