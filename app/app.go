@@ -161,7 +161,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 		return nil, err
 	}
 	a.store = st
-	a.closers = append(a.closers, func() { st.Close() })
+	a.closers = append(a.closers, func() { closeStore(st, log) })
 	warnExposed(cfg.DB, log)
 
 	var feed eventFeed
@@ -463,6 +463,34 @@ func (a *App) Close() {
 		a.closers[i]()
 	}
 	a.closers = nil
+}
+
+// streamWriteWait bounds how long a stop waits for a database another
+// process keeps locked, to write the streamed text tabs were shown.
+const streamWriteWait = 2 * time.Minute
+
+// closeStore writes what only memory holds of the streams (every delta a
+// tab was shown, see store.WriteStreams), then closes the store. While
+// another process holds the database's write lock it waits, saying so,
+// up to streamWriteWait: a stop that gives up (or a crash) leaves those
+// deltas recorded lost at the next start, and says that too.
+func closeStore(st *store.Store, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), streamWriteWait)
+	defer cancel()
+	for {
+		err := st.WriteStreams(ctx)
+		if err == nil {
+			break
+		}
+		if !store.Busy(err) || ctx.Err() != nil {
+			log.Error("could not write the streamed text before stopping: what tabs were shown of unfinished replies is lost (recorded as lost at the next start)", "err", err)
+			break
+		}
+		log.Warn("waiting for the database to write the streamed text before stopping", "why", "another process holds its write lock", "err", err)
+	}
+	if err := st.Close(); err != nil {
+		log.Error("close the database", "err", err)
+	}
 }
 
 // RedactedURL is a -db or -nats setting as logs and errors may show it:

@@ -98,6 +98,27 @@ type FragmentSaved struct {
 	StateVersion int64  `json:"state_version"`
 }
 
+// StreamedTextQuery names a streamed message's text up to a seq: what a
+// fragment.save with the same fields would keep.
+type StreamedTextQuery struct {
+	UserID    string
+	ThreadID  string
+	MessageID string
+	LastSeq   int64
+}
+
+// StreamedText is what fragment.save would keep of a streamed message up
+// to a seq (GET /api/threads/{id}/streamed/{message_id}?last_seq=N): a
+// client asks it before it offers to save what it displayed, and compares
+// Content with what is on its screen.
+type StreamedText struct {
+	MessageID string `json:"message_id"`
+	RunID     string `json:"run_id"`
+	LastSeq   int64  `json:"last_seq"`
+	Content   string `json:"content"`
+	Chars     int64  `json:"chars"` // Unicode code points of Content
+}
+
 // DraftDeleted is draft.delete's answer.
 type DraftDeleted struct {
 	CheckpointID string `json:"checkpoint_id"`

@@ -22,6 +22,16 @@ const (
 	CodeInternal             = "internal"
 )
 
+// Causes of fragment_unavailable (its "cause" field): why the server
+// does not hold the streamed text a client asked for.
+const (
+	// CauseServerStopped: the server stopped (a crash, or a stop that could
+	// not write) before the deltas were written; they were recorded lost.
+	CauseServerStopped = "server_stopped"
+	// CauseExpired: the deltas aged out of the stream buffer.
+	CauseExpired = "expired"
+)
+
 // Error is the one error type that crosses package boundaries towards
 // clients. Code is a protocol code, Message is safe to show to a user and
 // says what to do, Fields are the code's extra fields (for example

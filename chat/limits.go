@@ -99,10 +99,27 @@ func (p SaveFragment) Validate() error {
 	if err := CheckID("message_id", p.MessageID); err != nil {
 		return err
 	}
-	if p.LastSeq < 1 {
-		return Invalid("last_seq must be at least 1: the seq of the last delta you displayed")
+	if err := p.Text().Validate(); err != nil {
+		return err
 	}
 	return CheckVersion(p.ExpectedStateVersion)
+}
+
+// Text is the streamed text p would keep.
+func (p SaveFragment) Text() StreamedTextQuery {
+	return StreamedTextQuery{UserID: p.UserID, ThreadID: p.ThreadID, MessageID: p.MessageID, LastSeq: p.LastSeq}
+}
+
+// Validate checks a streamed-text query: the message and the last delta
+// displayed (a seq, so at least 1).
+func (q StreamedTextQuery) Validate() error {
+	if err := CheckID("message_id", q.MessageID); err != nil {
+		return err
+	}
+	if q.LastSeq < 1 {
+		return Invalid("last_seq must be at least 1: the seq of the last delta you displayed")
+	}
+	return nil
 }
 
 // Validate checks draft.delete's fields.

@@ -447,6 +447,19 @@ func (c *Client) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.
 	return callFor[chat.FragmentSaved](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", fragmentBody{MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion})
 }
 
+// StreamedText answers what SaveFragment would keep of a streamed message
+// up to a delta seq, without saving anything (GET
+// /api/threads/{id}/streamed/{message_id}?last_seq=N): compare its Content
+// with what was displayed before offering to save it. A *Error with code
+// fragment_unavailable says why the server does not hold it (its "cause"
+// field: server_stopped, expired).
+func (c *Client) StreamedText(ctx context.Context, threadID, messageID string, lastSeq int64) (chat.StreamedText, error) {
+	var out chat.StreamedText
+	err := c.call(ctx, http.MethodGet, "/api/threads/"+esc(threadID)+"/streamed/"+esc(messageID),
+		url.Values{"last_seq": {strconv.FormatInt(lastSeq, 10)}}, nil, &out)
+	return out, err
+}
+
 // DeleteDraft removes a fragment from the thread's history (POST
 // /api/threads/{id}/drafts/{message_id}/delete).
 func (c *Client) DeleteDraft(ctx context.Context, r DeleteDraftRequest) (chat.DraftDeleted, error) {

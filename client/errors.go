@@ -67,6 +67,9 @@ type Error struct {
 	// AllowedActions. run_not_active: RunID, RunStatus. run_already_active:
 	// RunID. operation_not_pending: OperationID, Phase. rate_limited:
 	// RetryAfter (from retry_after_seconds, or the Retry-After header).
+	// fragment_unavailable: Cause (chat.Cause…: why the server does not
+	// hold the text) and KnownLastSeq (the last seq it still holds, when
+	// part of it is known).
 	CurrentStateVersion int64
 	CurrentCheckpointID string
 	AllowedActions      []string
@@ -75,6 +78,8 @@ type Error struct {
 	OperationID         string
 	Phase               string
 	RetryAfter          time.Duration
+	Cause               string
+	KnownLastSeq        int64
 }
 
 func (e *Error) Error() string {
@@ -139,6 +144,8 @@ func parseError(status int, header http.Header, body []byte) *Error {
 	e.Detail("run_id", &e.RunID)
 	e.Detail("operation_id", &e.OperationID)
 	e.Detail("phase", &e.Phase)
+	e.Detail("cause", &e.Cause)
+	e.Detail("known_last_seq", &e.KnownLastSeq)
 	if e.Code == chat.CodeRunNotActive {
 		e.Detail("status", &e.RunStatus)
 	}

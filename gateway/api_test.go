@@ -992,6 +992,61 @@ func TestConcurrentStarts(t *testing.T) {
 // TestFragments: a saved fragment is exactly the deltas up to last_seq,
 // published as kind fragment without a run; deleting it leaves it out of
 // history with message.deleted.
+// TestStreamedText: GET /api/threads/{id}/streamed/{message_id}?last_seq=N
+// answers what fragment.save would keep (the deltas up to N, exactly), or
+// its error, and changes nothing.
+func TestStreamedText(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 50*time.Millisecond)
+	snap, s, ack, deltas := h.runUntilDeltas("Explain vector clocks", 4)
+	msgID, upTo := deltas[0].MessageID, deltas[2].Seq
+	path := func(threadID, messageID, query string) string {
+		return "/api/threads/" + threadID + "/streamed/" + messageID + query
+	}
+	before := h.snapshot(snap.ThreadID)
+
+	var got chat.StreamedText
+	r := h.call(http.MethodGet, path(snap.ThreadID, msgID, fmt.Sprintf("?last_seq=%d", upTo)), nil, http.StatusOK, &got)
+	want := s.text(msgID, upTo)
+	if want == "" || got.Content != want || got.MessageID != msgID || got.RunID != ack.RunID || got.LastSeq != upTo ||
+		got.Chars != int64(len([]rune(want))) || len(rawFields(t, r.body)) != 5 {
+		t.Errorf("streamed text %s, want content %q", r.body, want)
+	}
+	if first := h.call(http.MethodGet, path(snap.ThreadID, msgID, fmt.Sprintf("?last_seq=%d", deltas[0].Seq)), nil, http.StatusOK, &got); got.Content != deltas[0].Text {
+		t.Errorf("streamed text up to the first delta: %s, want %q", first.body, deltas[0].Text)
+	}
+
+	other := h.createThread("")
+	for _, c := range []struct {
+		name, path string
+		status     int
+		code       string
+	}{
+		{"no last_seq", path(snap.ThreadID, msgID, ""), http.StatusBadRequest, chat.CodeInvalidRequest},
+		{"last_seq not a number", path(snap.ThreadID, msgID, "?last_seq=x"), http.StatusBadRequest, chat.CodeInvalidRequest},
+		{"last_seq 0", path(snap.ThreadID, msgID, "?last_seq=0"), http.StatusBadRequest, chat.CodeInvalidRequest},
+		{"before the message's first delta", path(snap.ThreadID, msgID, fmt.Sprintf("?last_seq=%d", deltas[0].Seq-1)), http.StatusBadRequest, chat.CodeInvalidRequest},
+		{"beyond the thread's last event", path(snap.ThreadID, msgID, "?last_seq=99999"), http.StatusBadRequest, chat.CodeInvalidRequest},
+		{"a published message", path(snap.ThreadID, before.Messages[0].MessageID, "?last_seq=2"), http.StatusNotFound, chat.CodeNotFound},
+		{"an unknown message", path(snap.ThreadID, "msg_00000000000000000000000000", "?last_seq=2"), http.StatusNotFound, chat.CodeNotFound},
+		{"a message id of no message", path(snap.ThreadID, "nope", "?last_seq=2"), http.StatusNotFound, chat.CodeNotFound},
+		{"another thread", path(other.ThreadID, msgID, fmt.Sprintf("?last_seq=%d", upTo)), http.StatusNotFound, chat.CodeNotFound},
+		{"an unknown thread", path("thr_00000000000000000000000000", msgID, fmt.Sprintf("?last_seq=%d", upTo)), http.StatusNotFound, chat.CodeNotFound},
+	} {
+		if r := h.do(http.MethodGet, c.path, nil); r.status != c.status {
+			t.Errorf("%s: %d %s, want %d %s", c.name, r.status, r.body, c.status, c.code)
+		} else {
+			h.wantError(t, r, c.status, c.code)
+		}
+	}
+	if now := h.snapshot(snap.ThreadID); now.StateVersion != before.StateVersion || len(now.Messages) != len(before.Messages) {
+		t.Errorf("asking for streamed text changed the thread: version %d → %d", before.StateVersion, now.StateVersion)
+	}
+	h.requireUnchanged(other)
+	h.cancel(ack.RunID, nil)
+	s.waitType(chat.EventRunCancelled, ack.RunID)
+}
+
 func TestFragments(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 50*time.Millisecond)

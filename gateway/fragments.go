@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
+	"strconv"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -31,6 +33,30 @@ func (req saveFragmentRequest) command(userID, threadID string) (chat.SaveFragme
 		LastSeq: *req.LastSeq, ExpectedStateVersion: *req.ExpectedStateVersion,
 	}
 	return p, p.Validate()
+}
+
+// streamedText serves GET /api/threads/{id}/streamed/{message_id}?last_seq=N:
+// what fragment.save would keep of the message up to seq N, or its error.
+func (s *Server) streamedText(w http.ResponseWriter, r *http.Request) {
+	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (chat.StreamedText, error) {
+		messageID, err := pathID(r, "message_id", "message_id")
+		if err != nil {
+			return chat.StreamedText{}, err
+		}
+		v := r.URL.Query().Get("last_seq")
+		if v == "" {
+			return chat.StreamedText{}, chat.Invalid("last_seq is required: the seq of the last delta you displayed (at least 1)")
+		}
+		lastSeq, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return chat.StreamedText{}, chat.Invalid("last_seq must be a whole number, at least 1")
+		}
+		q := chat.StreamedTextQuery{UserID: userID, ThreadID: threadID, MessageID: messageID, LastSeq: lastSeq}
+		if err := q.Validate(); err != nil {
+			return chat.StreamedText{}, err
+		}
+		return s.store.StreamedText(ctx, q)
+	})
 }
 
 type deleteDraftRequest struct {

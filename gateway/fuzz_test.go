@@ -93,6 +93,11 @@ func (f *fuzzFake) SaveFragment(_ context.Context, p chat.SaveFragment) (chat.Fr
 	return chat.FragmentSaved{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) StreamedText(_ context.Context, q chat.StreamedTextQuery) (chat.StreamedText, error) {
+	f.record("StreamedText", q)
+	return chat.StreamedText{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) Checkout(_ context.Context, p chat.Checkout) (chat.CheckoutAck, error) {
 	f.record("Checkout", p.UserID, p.ThreadID, p.CheckpointID, p.ExpectedStateVersion)
 	return chat.CheckoutAck{}, errFuzzNotFound

@@ -29,6 +29,7 @@ type Store interface {
 	Fork(ctx context.Context, p chat.Fork) (chat.Thread, error)
 	Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck, error)
 	SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.FragmentSaved, error)
+	StreamedText(ctx context.Context, q chat.StreamedTextQuery) (chat.StreamedText, error)
 	DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.DraftDeleted, error)
 	Events(ctx context.Context, userID, threadID string, afterSeq int64) (chat.Replay, error)
 }
@@ -176,6 +177,9 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /api/runs/{id}", s.authed(s.getRun))
 	mux.Handle("POST /api/runs/{id}/cancel", s.timedCancel(s.authed(s.guard(s.limited(true, s.cancelRun)))))
 	mux.Handle("POST /api/threads/{id}/fragments", changing(s.saveFragment))
+	// A read that runs on the writer (it writes what memory holds first):
+	// charged like a command.
+	mux.Handle("GET /api/threads/{id}/streamed/{message_id}", s.authed(s.limited(false, s.streamedText)))
 	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", changing(s.deleteDraft))
 	mux.Handle("POST /api/threads/{id}/fork", changing(s.fork))
 	mux.Handle("POST /api/threads/{id}/head", changing(s.checkout))

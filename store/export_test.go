@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
 )
 
 // SetPurgeLimits makes retention work in transactions of batch rows, at
@@ -134,25 +133,7 @@ func (s *Store) PendingDeltas() int64 {
 
 // FlushStream writes every delta only memory holds now, as the flusher
 // would (for a test that reads the database right after streaming).
-func (s *Store) FlushStream(ctx context.Context) error {
-	if s.buf == nil {
-		return nil
-	}
-	// The flusher may have taken the dirty threads and not yet committed
-	// them: an empty write waits for its transaction.
-	for range 100 {
-		if err := s.buf.flush(ctx); err != nil {
-			return err
-		}
-		if err := s.write(ctx, func(*txn) error { return nil }); err != nil {
-			return err
-		}
-		if s.buf.pending.Load() == 0 {
-			return nil
-		}
-	}
-	return fmt.Errorf("still %d deltas pending after 100 flushes", s.buf.pending.Load())
-}
+func (s *Store) FlushStream(ctx context.Context) error { return s.WriteStreams(ctx) }
 
 // ChangeRunThenLoadThread runs, in one write transaction, what a
 // transaction that changes a run before it loads the run's thread does:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
@@ -27,72 +28,17 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		if err != nil {
 			return err
 		}
-		var sm struct {
-			RunID    string `db:"run_id"`
-			FirstSeq int64  `db:"first_seq"`
-		}
-		err = t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
-		if errors.Is(err, sql.ErrNoRows) {
-			// A message a crash lost whole (streambuf.go): the tab saw seqs
-			// that were recorded lost.
-			var lost struct {
-				First int64 `db:"first_seq"`
-				Last  int64 `db:"last_seq"`
-			}
-			err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ? LIMIT 1`,
-				p.ThreadID, p.LastSeq, p.LastSeq)
-			switch {
-			case err == nil:
-				return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the server stopped before any of it was written (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
-					p.MessageID, lost.First, lost.Last)
-			case !errors.Is(err, sql.ErrNoRows):
-				return fmt.Errorf("look for lost stream seqs: %w", err)
-			}
-			return chat.NotFound("streamed message", p.MessageID)
-		}
+		q := p.Text()
+		sm, err := t.streamedMessage(q)
 		if err != nil {
-			return fmt.Errorf("load streamed message: %w", err)
+			return err
 		}
 		if err := t.checkVersion(c, p.ExpectedStateVersion, ""); err != nil {
 			return err
 		}
-		if p.LastSeq < sm.FirstSeq {
-			return chat.Invalid("last_seq %d is before the first delta of message %s (seq %d): nothing of it was displayed", p.LastSeq, p.MessageID, sm.FirstSeq)
-		}
-		if p.LastSeq > c.row.LastSeq {
-			return chat.Invalid("last_seq %d is beyond the thread's last event (%d)", p.LastSeq, c.row.LastSeq)
-		}
-		var batches []deltaBatch
-		if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`, p.MessageID, p.LastSeq); err != nil {
-			return fmt.Errorf("load deltas: %w", err)
-		}
-		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= p.LastSeq })
+		text, err := t.streamedText(c, q, sm)
 		if err != nil {
 			return err
-		}
-		if n := len(deltas); n > 0 && deltas[0].Part == 0 && deltas[n-1].Part == n-1 {
-			// What a crash lost of the message (streambuf.go) may lie
-			// between its last written delta and the seq the tab saw.
-			var lost struct {
-				First int64 `db:"first_seq"`
-				Last  int64 `db:"last_seq"`
-			}
-			err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq LIMIT 1`,
-				p.ThreadID, deltas[n-1].Seq, p.LastSeq)
-			switch {
-			case err == nil:
-				return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost when the server stopped (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
-					p.MessageID, deltas[n-1].Seq, lost.First, lost.Last, deltas[n-1].Seq, deltas[n-1].Seq)
-			case !errors.Is(err, sql.ErrNoRows):
-				return fmt.Errorf("look for lost stream seqs: %w", err)
-			}
-		}
-		if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
-			return chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID)
-		}
-		var b strings.Builder
-		for _, d := range deltas {
-			b.WriteString(d.Text)
 		}
 		head, err := t.checkpoint(p.ThreadID, c.row.HeadCheckpointID)
 		if err != nil {
@@ -101,7 +47,7 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		msgID := chat.NewID(chat.PrefixMessage)
 		cpID := chat.NewID(chat.PrefixCheckpoint)
 		if _, err := t.publishMessage(c, chat.Message{
-			MessageID: msgID, Role: chat.RoleAssistant, Kind: chat.KindFragment, Content: b.String(),
+			MessageID: msgID, Role: chat.RoleAssistant, Kind: chat.KindFragment, Content: text,
 			FragmentOf: &chat.FragmentOf{RunID: sm.RunID, MessageID: p.MessageID, LastSeq: p.LastSeq},
 		}, cpID, ""); err != nil {
 			return err
@@ -118,6 +64,117 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		return nil
 	})
 	return out, err
+}
+
+// StreamedText answers what SaveFragment would keep of p's message up to
+// p.LastSeq, or the error it would give, and changes nothing. It runs as a
+// write so that the deltas this process still holds in memory are written
+// first and counted.
+func (s *Store) StreamedText(ctx context.Context, p chat.StreamedTextQuery) (chat.StreamedText, error) {
+	if err := p.Validate(); err != nil {
+		return chat.StreamedText{}, err
+	}
+	var out chat.StreamedText
+	err := s.write(ctx, func(t *txn) error {
+		c, err := t.thread(p.UserID, p.ThreadID)
+		if err != nil {
+			return err
+		}
+		sm, err := t.streamedMessage(p)
+		if err != nil {
+			return err
+		}
+		text, err := t.streamedText(c, p, sm)
+		if err != nil {
+			return err
+		}
+		out = chat.StreamedText{MessageID: p.MessageID, RunID: sm.RunID, LastSeq: p.LastSeq,
+			Content: text, Chars: int64(utf8.RuneCountInString(text))}
+		return nil
+	})
+	return out, err
+}
+
+// streamedMessage is the stream buffer's record of p's message.
+type streamedMessage struct {
+	RunID    string `db:"run_id"`
+	FirstSeq int64  `db:"first_seq"`
+}
+
+// streamedMessage loads p's message from the stream buffer: not_found when
+// it never streamed in p's thread, fragment_unavailable when a crash lost
+// every delta of it.
+func (t *txn) streamedMessage(p chat.StreamedTextQuery) (streamedMessage, error) {
+	var sm streamedMessage
+	err := t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
+	if errors.Is(err, sql.ErrNoRows) {
+		// A message a crash lost whole (streambuf.go): the tab saw seqs
+		// that were recorded lost.
+		var lost struct {
+			First int64 `db:"first_seq"`
+			Last  int64 `db:"last_seq"`
+		}
+		err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ? LIMIT 1`,
+			p.ThreadID, p.LastSeq, p.LastSeq)
+		switch {
+		case err == nil:
+			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the server stopped before any of it was written (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
+				p.MessageID, lost.First, lost.Last).With("cause", chat.CauseServerStopped)
+		case !errors.Is(err, sql.ErrNoRows):
+			return sm, fmt.Errorf("look for lost stream seqs: %w", err)
+		}
+		return sm, chat.NotFound("streamed message", p.MessageID)
+	}
+	if err != nil {
+		return sm, fmt.Errorf("load streamed message: %w", err)
+	}
+	return sm, nil
+}
+
+// streamedText rebuilds the text of sm's deltas up to p.LastSeq, exactly,
+// or says why it cannot.
+func (t *txn) streamedText(c *threadCursor, p chat.StreamedTextQuery, sm streamedMessage) (string, error) {
+	if p.LastSeq < sm.FirstSeq {
+		return "", chat.Invalid("last_seq %d is before the first delta of message %s (seq %d): nothing of it was displayed", p.LastSeq, p.MessageID, sm.FirstSeq)
+	}
+	if p.LastSeq > c.row.LastSeq {
+		return "", chat.Invalid("last_seq %d is beyond the thread's last event (%d)", p.LastSeq, c.row.LastSeq)
+	}
+	var batches []deltaBatch
+	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`, p.MessageID, p.LastSeq); err != nil {
+		return "", fmt.Errorf("load deltas: %w", err)
+	}
+	deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= p.LastSeq })
+	if err != nil {
+		return "", err
+	}
+	if n := len(deltas); n > 0 && deltas[0].Part == 0 && deltas[n-1].Part == n-1 {
+		// What a crash lost of the message (streambuf.go) may lie
+		// between its last written delta and the seq the tab saw.
+		var lost struct {
+			First int64 `db:"first_seq"`
+			Last  int64 `db:"last_seq"`
+		}
+		err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq LIMIT 1`,
+			p.ThreadID, deltas[n-1].Seq, p.LastSeq)
+		switch {
+		case err == nil:
+			return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost when the server stopped (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
+				p.MessageID, deltas[n-1].Seq, lost.First, lost.Last, deltas[n-1].Seq, deltas[n-1].Seq).
+				With("cause", chat.CauseServerStopped).With("known_last_seq", deltas[n-1].Seq)
+		case !errors.Is(err, sql.ErrNoRows):
+			return "", fmt.Errorf("look for lost stream seqs: %w", err)
+		}
+	}
+	if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
+		return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID).
+			With("cause", chat.CauseExpired)
+	}
+	var b strings.Builder
+	for _, d := range deltas {
+		b.WriteString(d.Text)
+	}
+	return b.String(), nil
 }
 
 // DeleteDraft removes a saved fragment from history: a new head checkpoint

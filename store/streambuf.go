@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/mattn/go-sqlite3"
+
 	"github.com/honestcancel/gateway/chat"
 )
 
@@ -417,6 +419,41 @@ func (b *streamBuffer) flushChunk(t *txn, ids []string) (done int, extended bool
 		done++
 	}
 	return done, extended, nil
+}
+
+// WriteStreams writes every delta that only this process's memory holds
+// (fanned out to tabs, not yet written). A graceful stop calls it before
+// Close, and again while it fails because another process holds the
+// database's write lock (Busy): what tabs were shown must be written
+// before the process exits, or it is recorded lost at the next start.
+func (s *Store) WriteStreams(ctx context.Context) error {
+	b := s.buf
+	if b == nil {
+		return nil
+	}
+	// The flusher may have taken the dirty threads and not yet committed
+	// them: an empty write waits for its transaction.
+	for range 100 {
+		if err := b.flush(ctx); err != nil {
+			return err
+		}
+		if err := s.write(ctx, func(*txn) error { return nil }); err != nil {
+			return err
+		}
+		if b.pending.Load() == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("still %d deltas pending after 100 flushes", b.pending.Load())
+}
+
+// Busy reports whether err is SQLite's answer to a write while another
+// connection (another process: a backup, an sqlite3 shell) holds the
+// database's write lock longer than a transaction waits for it; trying
+// again later can succeed.
+func Busy(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked)
 }
 
 // close stops the flusher, writes what is pending and gives every unused
