@@ -135,7 +135,7 @@ test("save the visible fragment exactly as shown, the receipt says so, then dele
   // and the receipt says where the text went.
   assert.equal(await page.getByTestId("streaming").count(), 0);
   assert.equal(await page.getByTestId("action-save-fragment").count(), 0);
-  const savedNote = /; the part you saw is kept in the conversation as a saved fragment$/;
+  const savedNote = new RegExp(`; the part you saw \\(${[...shown].length} characters\\) is kept in the conversation as a saved fragment$`);
   assert.match(await page.getByTestId("receipt-discarded").textContent(), savedNote);
   assert.equal(await page.getByTestId("receipt-heading").textContent(), "Cancelled");
   await shot(page, "fragment-saved");

@@ -25,6 +25,41 @@ export function binary() {
   return built;
 }
 
+let lockBuilt = null;
+
+// holdWriteLock takes the write lock of the SQLite database at db from
+// another process (internal/sqlitelock), as a backup tool or an sqlite3
+// shell would: while it is held the gateway's writes wait, so what it
+// streams is in its memory only. It resolves once the lock is held, to a
+// function that lets it go.
+export async function holdWriteLock(db) {
+  if (!lockBuilt) {
+    const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-lock-"));
+    lockBuilt = join(dir, "sqlitelock");
+    execFileSync("go", ["build", "-o", lockBuilt, "./internal/sqlitelock"], { cwd: repo, stdio: "inherit" });
+    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+  }
+  const proc = spawn(lockBuilt, [db], { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise((resolve) => proc.once("exit", resolve));
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("sqlitelock did not take the lock in 40 s")), 40000);
+    proc.stdout.on("data", (chunk) => {
+      if (String(chunk).includes("locked")) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    proc.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`sqlitelock exited with ${code} before taking the lock`));
+    });
+  });
+  return async () => {
+    proc.stdin.end();
+    await exited;
+  };
+}
+
 // startServer runs the binary until stop(); start(server.addr) or restart()
 // runs it again on the same database and port, so open pages reconnect to
 // the new process.

@@ -7,6 +7,7 @@ import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { logLine, receiptLine, stepLine, toolName, type Line, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
+import { askHeld, canSave, notHeld, type Held } from "./seen";
 import { groupByDay } from "./sidebar";
 import {
   CommandError,
@@ -40,6 +41,9 @@ interface Streamed {
   // published: the attempt was interrupted (a server restart) and the reply
   // starts over.
   restarted?: boolean;
+  // held: once the run stopped, whether the server holds this text as shown
+  // (asked once: seen.ts).
+  held?: Held;
 }
 
 interface Receipt {
@@ -301,12 +305,17 @@ export class ThreadView {
     // while this tab was away: the snapshot alone does not say so). Until
     // the run streams again, what was shown stays, as after events.
     const prev = this.streamed;
-    const same = !!ar && !!prev && prev.runID === ar.run_id && !this.messages.some((m) => m.message_id === prev.messageID);
+    const unpublished = !!prev && !this.messages.some((m) => m.message_id === prev.messageID);
+    const same = !!ar && !!prev && prev.runID === ar.run_id && unpublished;
     const restarted = same && !!prev && (prev.messageID !== ar?.message_id || prev.restarted === true);
+    // What this tab showed of a run that stopped since (the snapshot of a
+    // reconnect after a server stop) stays on screen, as after
+    // run.cancelled: the user may save it, or learn that the server lost it.
+    const stopped = !ar && !!last && !!prev && prev.runID === last.run_id && unpublished && (last.status === "cancelled" || last.status === "failed");
     this.streamed =
-      ar && ar.message_id
+      ar && ar.message_id && !(same && this.keepsShown(ar.run_id))
         ? { runID: ar.run_id, messageID: ar.message_id, text: ar.partial_text, lastSeq: ar.last_seq, saved: false, restarted }
-        : same
+        : same || stopped
           ? prev
           : null;
     this.render();
@@ -370,6 +379,10 @@ export class ThreadView {
         this.pendingStep = false;
         break;
       case "message.delta":
+        // After the user pressed Cancel on the text shown, a new attempt of
+        // the same run (the server restarted meanwhile) is not shown in its
+        // place: what they saw, and may save, stays.
+        if (this.streamed && this.streamed.runID === ev.run_id && this.streamed.messageID !== ev.message_id && this.keepsShown(ev.run_id ?? "")) break;
         if (!this.streamed || this.streamed.messageID !== ev.message_id) {
           const restarted = this.streamed !== null && this.streamed.runID === ev.run_id;
           this.streamed = { runID: ev.run_id ?? "", messageID: ev.message_id ?? "", text: "", lastSeq: 0, saved: false, restarted };
@@ -519,6 +532,24 @@ export class ThreadView {
       if (s === "reconnecting") this.cancels.retry();
     }
     this.render();
+  }
+
+  // keepsShown: the user asked to cancel runID (the intent is kept or sent,
+  // or the server recorded it), so the text shown of it stays as it was.
+  private keepsShown(runID: string): boolean {
+    return this.cancels.state(runID) !== null || (this.run !== null && this.run.id === runID && this.cancelAccepted());
+  }
+
+  // checkHeld asks the server, once the run stopped, whether it holds the
+  // streamed text as this tab shows it (seen.ts); the receipt offers to save
+  // it only then.
+  private checkHeld(s: Streamed): void {
+    if (s.held || s.saved || !s.text || cardStart.test(s.text)) return;
+    s.held = { state: "checking" };
+    void askHeld(this.threadID, s.messageID, s.lastSeq, s.text).then((h) => {
+      s.held = h;
+      this.render();
+    });
   }
 
   private cancelAccepted(): boolean {
@@ -1196,11 +1227,13 @@ export class ThreadView {
           : mine === "kept"
           ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancel pending · not saved yet")
           : el("span", { class: "chip live", "data-testid": "run-chip" }, s.restarted ? "Interrupted, starting over · not saved yet" : "Streaming · not saved yet")
-        : el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation");
+        : canSave(s.held)
+          ? el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation")
+          : el("span", { class: "chip warn", "data-testid": "run-chip" }, "Not saved by the server · only on your screen");
       parts.push(
         el(
           "div",
-          { class: `msg role-assistant provisional${streaming ? "" : " discarded"}`, "data-testid": "streaming", "aria-busy": String(streaming) },
+          { class: `msg role-assistant provisional${streaming ? "" : canSave(s.held) ? " discarded" : " unsaved"}`, "data-testid": "streaming", "aria-busy": String(streaming) },
           chip,
           this.liveMarkdown(s, streaming),
         ),
@@ -1232,7 +1265,10 @@ export class ThreadView {
     for (const op of this.operations.values()) {
       if (op.phase === "prepared" && this.run && this.run.id === op.run_id) parts.push(this.confirmCard(op));
     }
-    if (this.receipt) parts.push(this.receiptCard(this.receipt));
+    if (this.receipt) {
+      if (s && s.runID === this.receipt.runID) this.checkHeld(s);
+      parts.push(this.receiptCard(this.receipt));
+    }
     if (this.failure) {
       parts.push(
         el(
@@ -1358,8 +1394,21 @@ export class ThreadView {
     actions.append(button("Start a new branch", "fork", "action-fork"));
     // (An unfinished card was never shown as text: there is no visible
     // fragment to save.)
-    if (this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved && !cardStart.test(this.streamed.text)) {
-      actions.append(button("Save visible fragment", "save-fragment", "action-save-fragment"));
+    const shown = this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved && !cardStart.test(this.streamed.text) ? this.streamed : null;
+    if (shown && canSave(shown.held)) {
+      const save = button("Save visible fragment", "save-fragment", "action-save-fragment");
+      // (Enabled once the server said it holds the text as shown.)
+      if (shown.held?.state === "checking") {
+        save.disabled = true;
+        save.setAttribute("aria-busy", "true");
+      }
+      actions.append(save);
+    } else if (shown) {
+      // The server does not hold it: the screen is the only copy.
+      const copy = copyButton("Copy the text on screen", () => shown.text);
+      copy.dataset.testid = "action-copy-unsaved";
+      copy.classList.remove("ghost", "small");
+      actions.append(copy);
     }
     // Who cancelled, when this tab saw the cancel recorded (a reload does
     // not know, and then says nothing about it).
@@ -1368,11 +1417,17 @@ export class ThreadView {
     // A cancel that deletes the conversation: nothing can continue here.
     const heading = this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : `Cancelled${where}`;
     if (this.closing || this.gone) actions.replaceChildren();
-    const saved = this.messages.some((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
+    const saved = this.messages.find((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
     const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, kept)];
-    if (r.discarded > 0 || saved) {
-      const what = r.discarded > 0 ? `${r.discarded} characters of unpublished text` : "the unpublished text";
-      rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, saved ? `${what}; the part you saw is kept in the conversation as a saved fragment` : what));
+    const lost = shown ? notHeld(shown.held, [...shown.text].length) : "";
+    if (r.discarded > 0 || saved || lost) {
+      const what = r.discarded > 0 ? `${r.discarded} characters of unpublished text${lost ? " that the server kept" : ""}` : "the unpublished text";
+      const more = saved
+        ? `; the part you saw (${[...saved.content].length} characters) is kept in the conversation as a saved fragment`
+        : lost
+          ? `. ${lost}: copy it from your screen if you need it (this page holds the only copy)`
+          : "";
+      rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, what + more));
     }
     rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))));
     return el(

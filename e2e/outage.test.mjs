@@ -1,0 +1,135 @@
+// What the user saw of a reply when the server went away, and what the page
+// says of it once it is back. A Cancel is pressed while the server is
+// down (kept, sent on reconnect); the restarted server has meanwhile begun
+// the reply again (a new attempt, a new message).
+//
+// - After a graceful stop (SIGTERM) every delta the server showed was
+//   written: the page keeps the text it showed (not the new attempt's),
+//   and "Save visible fragment" stores exactly it.
+// - After a crash (SIGKILL) while another process held the database's
+//   write lock, the deltas shown last were in memory only and are lost:
+//   the page keeps the text on screen, says the server did not save it and
+//   cannot keep it as a fragment, offers to copy it, and offers no save.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { serveForFile, openPage, shots, runStatus, longReply, expectCancelKept, eventually, holdWriteLock } from "./harness.mjs";
+
+let server, browser;
+serveForFile({ pace: "120ms" }, (s, b) => ([server, browser] = [s, b]));
+
+// While the server is down, Chromium logs each refused reconnect of the
+// page's WebSocket (and its HTTP retries) as console errors: the outage the
+// page shows as "Reconnecting…", not page errors.
+const refusedReconnect = /^(WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)|Failed to load resource: net::(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)$)/;
+
+// shownDeltas is what the page was given of runID before the stop: the
+// message it showed last, its text (the deltas, concatenated) and the seq
+// of its last delta.
+function shownDeltas(socket, runID) {
+  const deltas = socket.frames.filter((f) => f.from === "server" && f.obj.type === "message.delta" && f.obj.run_id === runID).map((f) => f.obj);
+  const messageID = deltas.at(-1).message_id;
+  const mine = deltas.filter((d) => d.message_id === messageID);
+  return { messageID, text: mine.map((d) => d.text).join(""), lastSeq: mine.at(-1).seq };
+}
+
+// stopMidReply streams a long reply, lets fn stop the server, presses
+// Cancel while it is down and starts it again once the new attempt of the
+// run has begun streaming (so the page is offered the new attempt's text
+// too). It answers what the page had on screen and was given.
+async function stopMidReply(page, socket, stop) {
+  const { threadID, runID } = await longReply(page, server);
+  await eventually(async () => assert.ok((await page.getByTestId("streaming-text").textContent()).length > 120, "a few lines on screen"));
+  await stop();
+  await page.locator("[data-testid=conn-status][data-state=reconnecting]").waitFor();
+  const screen = await page.getByTestId("streaming-text").textContent();
+  const given = shownDeltas(socket, runID);
+  // The page cannot reach the server until the retried attempt streams:
+  // neither its WebSocket nor the HTTP path a kept cancel also tries.
+  await socket.block();
+  const cancelURL = "**/api/runs/*/cancel";
+  await page.route(cancelURL, (route) => route.abort("connectionrefused"));
+  await page.getByTestId("cancel").click();
+  await expectCancelKept(page);
+  await server.start(server.addr);
+  await eventually(
+    async () => {
+      const ar = (await server.api(`/api/threads/${threadID}`)).active_run;
+      assert.ok(ar && ar.message_id && ar.message_id !== given.messageID && ar.partial_text, "the retried attempt streams another message");
+    },
+    { timeout: 20000 },
+  );
+  await page.unroute(cancelURL);
+  socket.unblock();
+  await page.locator("[data-testid=conn-status][data-state=live]").waitFor({ timeout: 15000 });
+  await page.getByTestId("receipt").waitFor({ timeout: 15000 });
+  await runStatus(page, "cancelled");
+  return { threadID, runID, screen, given };
+}
+
+test("graceful stop mid-reply, Cancel while down: the page keeps what it showed and saves exactly that", async () => {
+  const { page, errors, socket } = await openPage(browser, { intercept: true });
+  const { threadID, runID, screen, given } = await stopMidReply(page, socket, () => server.stop("SIGTERM"));
+
+  // The text on screen is the one shown before the stop, not the new
+  // attempt's start.
+  assert.equal(await page.getByTestId("streaming-text").textContent(), screen);
+  assert.equal(await page.getByTestId("run-chip").textContent(), "Discarded · not part of the conversation");
+  const save = page.getByTestId("action-save-fragment");
+  await save.and(page.locator(":enabled")).waitFor();
+  await shots(page, "outage-sigterm-receipt");
+
+  await save.click();
+  const fragment = page.locator("[data-testid=message][data-kind=fragment]");
+  await fragment.waitFor();
+  assert.equal(await fragment.getByTestId("message-body").textContent(), screen, "the fragment is the text shown before the stop");
+  const stored = (await server.api(`/api/threads/${threadID}`)).messages.at(-1);
+  assert.equal(stored.kind, "fragment");
+  assert.equal(stored.content, given.text, "the server kept every delta it had shown");
+  assert.deepEqual(stored.fragment_of, { run_id: runID, message_id: given.messageID, last_seq: given.lastSeq });
+  const chars = [...stored.content].length;
+  assert.match(await page.getByTestId("receipt-discarded").textContent(), new RegExp(`; the part you saw \\(${chars} characters\\) is kept in the conversation as a saved fragment$`));
+  await shots(page, "outage-sigterm-saved");
+  assert.deepEqual(errors.filter((e) => !refusedReconnect.test(e)), [], "no console errors");
+  await page.close();
+});
+
+test("crash mid-reply with the last deltas unwritten, Cancel while down: the page says the text it showed is lost and offers a copy, not a save", async () => {
+  const { page, errors, socket } = await openPage(browser, { intercept: true });
+  await page.context().grantPermissions(["clipboard-read", "clipboard-write"]);
+  let release;
+  const { threadID, screen, given } = await stopMidReply(page, socket, async () => {
+    // Another process holds the database's write lock: the next deltas
+    // reach the page but are only in the server's memory when it dies.
+    release = await holdWriteLock(server.db);
+    const before = socket.frames.length;
+    await eventually(() => assert.ok(socket.frames.slice(before).filter((f) => f.obj.type === "message.delta").length >= 4, "deltas shown after the lock"));
+    await server.stop("SIGKILL");
+    await release();
+  });
+
+  assert.equal(await page.getByTestId("streaming-text").textContent(), screen, "the text shown stays on screen");
+  await page.getByTestId("run-chip").filter({ hasText: "Not saved by the server · only on your screen" }).waitFor();
+  assert.equal(await page.getByTestId("action-save-fragment").count(), 0, "nothing is offered to save that the server does not hold");
+  const chars = [...given.text].length;
+  assert.match(
+    await page.getByTestId("receipt-discarded").textContent(),
+    new RegExp(`^\\d+ characters of unpublished text that the server kept\\. The text you saw \\(${chars} characters\\) was not all saved before the server stopped, so it cannot be kept as a fragment: copy it from your screen if you need it \\(this page holds the only copy\\)$`),
+  );
+  // The server agrees: what the page showed cannot be saved.
+  const r = await fetch(`${server.url}/api/threads/${threadID}/streamed/${given.messageID}?last_seq=${given.lastSeq}`);
+  assert.equal(r.status, 410);
+  assert.equal((await r.json()).cause, "server_stopped");
+  await shots(page, "outage-sigkill-receipt");
+
+  const copy = page.getByTestId("action-copy-unsaved");
+  await page.evaluate(() => navigator.clipboard.writeText("(nothing copied)"));
+  await copy.click();
+  await eventually(async () => assert.equal(await copy.getAttribute("data-copied"), "true"));
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), given.text, "the copy is the text the page was given");
+  assert.equal((await server.api(`/api/threads/${threadID}`)).messages.length, 1, "nothing was saved: only the request");
+  // The page's question (GET …/streamed/…) is answered 410, which Chromium
+  // logs like any failed request: the answer the page shows, not an error.
+  const asked = /^Failed to load resource: the server responded with a status of 410 \(Gone\)$/;
+  assert.deepEqual(errors.filter((e) => !refusedReconnect.test(e) && !asked.test(e)), [], "no console errors");
+  await page.close();
+});
