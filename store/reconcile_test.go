@@ -8,6 +8,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/store"
+	"github.com/honestcancel/gateway/tools/email"
 )
 
 // committingRun leaves a run whose confirmed email is being committed
@@ -183,6 +184,15 @@ func TestReconciliationFindsTheKey(t *testing.T) {
 	clock.Add(1000)
 	if got, err := st.DueReconciliations(ctx, 10); err != nil || len(got) != 1 {
 		t.Fatalf("due = %+v, %v", got, err)
+	}
+	// The provider did take the key (the answer was lost): what the lookup
+	// finds, and what check compares the committed outcome with.
+	outbox, err := email.NewOutbox(st.ServiceDB(), email.OutboxConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Send(ctx, "email:"+opID, email.Email{To: "a@example.com"}); err != nil {
+		t.Fatal(err)
 	}
 	op, err := st.SettleReconciliation(ctx, opID, chat.LookupFound)
 	if err != nil || op.Phase != chat.PhaseReconciled || op.Outcome == nil || *op.Outcome != chat.OutcomeCommitted || op.ReconcileNextAt != nil {
