@@ -87,7 +87,7 @@ func (l *laggingMailer) openAll() {
 // reconciler that polls every 20 ms, and confirms it.
 func confirmedLaggingEmail(t *testing.T) (*toolEnv, *laggingMailer, chat.RunStartAck, chat.Operation) {
 	t.Helper()
-	m := &toolModel{tool: "send_email", args: mailArgs}
+	m := &toolModel{tool: "fake_send_email", args: mailArgs}
 	mail := newLaggingMailer()
 	e := newToolEnv(t, m, mail)
 	e.startWith(func(c *engine.Config) { c.ReconcilePoll = 20 * time.Millisecond })
@@ -112,7 +112,7 @@ func TestCancelDuringReconciliationStaysUnknownUntilTheProviderAnswers(t *testin
 	})
 	e.cancel(ack.RunID)
 	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
-	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseUnknown, Outcome: chat.OutcomeUnknown})
+	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "fake_send_email", Phase: chat.PhaseUnknown, Outcome: chat.OutcomeUnknown})
 	got := e.onlyOp()
 	wantOp(t, got, chat.PhaseUnknown, chat.OutcomeUnknown)
 	if got.ReconcileNextAt == nil || got.ReconcileUntil == nil {
@@ -393,7 +393,7 @@ func TestForkReusesTheKeyOfAnActionAlreadyTaken(t *testing.T) {
 	for _, from := range []string{"before the draft", "at the prepared draft"} {
 		t.Run(from, func(t *testing.T) {
 			ctx := context.Background()
-			m := &toolModel{tool: "send_email", args: mailArgs}
+			m := &toolModel{tool: "fake_send_email", args: mailArgs}
 			mail := newMailer(mailAccepts, false)
 			e := newToolEnv(t, m, mail)
 			e.start()

@@ -569,7 +569,7 @@ func (r *ilRun) play() {
 		h.tools = reg
 	case "mail":
 		r.mail = newMailer(mailAccepts, true)
-		r.m.tool, r.m.args = "send_email", mailArgs
+		r.m.tool, r.m.args = "fake_send_email", mailArgs
 		reg, err := tools.NewRegistry(r.mail)
 		if err != nil {
 			r.t.Fatal(err)
@@ -677,7 +677,7 @@ func (r *ilRun) deadPrefix(kind string) {
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		out.Call = &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "send_email", Contract: tools.Consequential,
+		out.Call = &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "fake_send_email", Contract: tools.Consequential,
 			Args: args, Preview: preview, IdempotencyKey: key}
 	}
 	if err := h.st.PublishStep(ctx, lease, out); err != nil {

@@ -278,7 +278,7 @@ type email struct {
 }
 
 func (m *fakeMailer) Spec() tools.Spec {
-	return tools.Spec{Name: "send_email", Description: "sends an email", Contract: tools.Consequential,
+	return tools.Spec{Name: "fake_send_email", Description: "sends an email", Contract: tools.Consequential,
 		Parameters: json.RawMessage(`{"type":"object","properties":{"to":{"type":"string"},"subject":{"type":"string"},"body":{"type":"string"}},"required":["to","subject","body"]}`)}
 }
 
@@ -732,7 +732,7 @@ func (e *toolEnv) wantEmailed(mail *fakeMailer, runID string, op chat.Operation,
 func emailDrafted(t *testing.T, mode string, gated bool) (*toolEnv, *fakeMailer, chat.RunStartAck, chat.Operation, []*chat.Event) {
 	t.Helper()
 	mail := newMailer(mode, gated)
-	e := newToolEnv(t, &toolModel{tool: "send_email", args: mailArgs}, mail)
+	e := newToolEnv(t, &toolModel{tool: "fake_send_email", args: mailArgs}, mail)
 	e.start()
 	ack := e.ask("send the quote")
 	op, evs := e.waitConfirmation(ack.RunID)
@@ -748,7 +748,7 @@ func (e *toolEnv) wantEmailCancelled(runID string, op chat.Operation, phase, out
 	if got := opPhases(evs, op.OperationID); !slices.Equal(got, []string{phase}) {
 		e.t.Fatalf("tool.updated phases after the cancel = %v", got)
 	}
-	wantReceipt(e.t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: phase, Outcome: outcome})
+	wantReceipt(e.t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "fake_send_email", Phase: phase, Outcome: outcome})
 	wantOp(e.t, e.onlyOp(), phase, outcome)
 	e.wantRun(runID, chat.RunCancelled)
 }
@@ -1136,7 +1136,7 @@ func TestConsequentialLostAnswerIsReconciled(t *testing.T) {
 func TestLostAnswerIsNotResentToAProviderThatDoesNotDeduplicate(t *testing.T) {
 	mail := newMailer(mailAcceptTimeout, false)
 	mail.once = true
-	e := newToolEnv(t, &toolModel{tool: "send_email", args: mailArgs}, mail)
+	e := newToolEnv(t, &toolModel{tool: "fake_send_email", args: mailArgs}, mail)
 	e.start()
 	ack := e.ask("send the quote")
 	op, _ := e.waitConfirmation(ack.RunID)
@@ -1181,7 +1181,7 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 	// crashed leaves a run whose dead worker set the operation committing,
 	// after (reached) or before its Commit reached the provider.
 	crashed := func(t *testing.T, reached, cancelled bool) (*toolEnv, *fakeMailer, string, string) {
-		m := &toolModel{tool: "send_email", args: mailArgs}
+		m := &toolModel{tool: "fake_send_email", args: mailArgs}
 		mail := newMailer(mailAccepts, false)
 		e := newToolEnv(t, m, mail)
 		ack := e.startRun(e.thr.ThreadID, e.thr.StateVersion, ptr("send the quote"))
@@ -1194,7 +1194,7 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		call := &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "send_email", Contract: tools.Consequential,
+		call := &chat.ToolCall{OperationID: chat.NewID(chat.PrefixOperation), Tool: "fake_send_email", Contract: tools.Consequential,
 			Args: args, Preview: preview, IdempotencyKey: key}
 		if err := e.st.PublishStep(ctx, r.Lease, chat.StepOutput{Step: e.pending(ack.RunID), MessageID: chat.NewID(chat.PrefixMessage),
 			Kind: chat.KindText, Content: "I will send it.", Call: call}); err != nil {
@@ -1276,7 +1276,7 @@ func TestCrashDuringCommitIsReconciled(t *testing.T) {
 			}
 			e.wantHistory(tc.history)
 			if tc.cancelled {
-				wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: opID, Tool: "send_email", Phase: tc.phase, Outcome: tc.outcome})
+				wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: opID, Tool: "fake_send_email", Phase: tc.phase, Outcome: tc.outcome})
 				e.wantRun(runID, chat.RunCancelled)
 				// The outcome was settled before the cancel could report it.
 				settled := slices.IndexFunc(evs, func(ev *chat.Event) bool { return ev.Type == chat.EventToolUpdated })
@@ -1317,7 +1317,7 @@ func TestCancelAfterConfirmBeforeCommitVoids(t *testing.T) {
 				e.start()
 			}
 			evs := e.until("run.cancelled", isType(chat.EventRunCancelled, ack.RunID))
-			wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
+			wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "fake_send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
 			if viaEngine {
 				e.stop()
 				e.start() // a worker now finds nothing to commit
@@ -1435,7 +1435,7 @@ func (e *toolEnv) startHooked(hs *hookStore) {
 // A cancel that lands as the worker hands the run over to wait for a
 // confirmation (the worker is still registered) is finished at once.
 func TestCancelAsRunStartsWaitingIsFinished(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
+	m := &toolModel{tool: "fake_send_email", args: mailArgs}
 	mail := newMailer(mailAccepts, false)
 	e := newToolEnv(t, m, mail)
 	var runID string
@@ -1448,7 +1448,7 @@ func TestCancelAsRunStartsWaitingIsFinished(t *testing.T) {
 	e.startHooked(hs)
 	evs := e.until("run.cancelled", isType(chat.EventRunCancelled, runID))
 	op := e.onlyOp()
-	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
+	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "fake_send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
 	e.wantRun(runID, chat.RunCancelled)
 	mail.checkActions(t, 0)
 }
@@ -1456,7 +1456,7 @@ func TestCancelAsRunStartsWaitingIsFinished(t *testing.T) {
 // A cancel between a worker's claim of a confirmed run and its commit is
 // caught at the safe point before the commit: voided, nothing sent.
 func TestCancelAtSafePointBeforeCommitVoids(t *testing.T) {
-	m := &toolModel{tool: "send_email", args: mailArgs}
+	m := &toolModel{tool: "fake_send_email", args: mailArgs}
 	mail := newMailer(mailAccepts, false)
 	e := newToolEnv(t, m, mail)
 	var runID string
@@ -1477,7 +1477,7 @@ func TestCancelAtSafePointBeforeCommitVoids(t *testing.T) {
 	if n := countType(evs, chat.EventRunCancelling); n != 0 {
 		t.Fatalf("%d run.cancelling events: nothing was in flight", n)
 	}
-	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
+	wantReceipt(t, evs[len(evs)-1], chat.OperationOutcome{OperationID: op.OperationID, Tool: "fake_send_email", Phase: chat.PhaseVoided, Outcome: chat.OutcomeNotStarted})
 	e.wantRun(runID, chat.RunCancelled)
 	e.wantHistory("user assistant")
 	mail.wantCommits(t, *op.IdempotencyKey, 0, 0)

@@ -504,9 +504,9 @@ func TestCheckSaysWhatItCannotSee(t *testing.T) {
 		t.Fatalf("read %d threads, %d runs, %d operations; want 2, 4, 1", audit.Threads, audit.Runs, audit.Operations)
 	}
 
-	// A send_email committed while the embedded provider logged no call at
-	// all was served by a stand-in (the engine's tests use one): said, not
-	// judged.
+	// A send_email committed with every record of the embedded provider
+	// wiped is still a commit the provider never accepted (the gateway's
+	// send_email has no other provider; tests' stand-ins have other names).
 	h.exec(t, `UPDATE operations SET tool = 'send_email' WHERE operation_id = ?`, h.op)
 	h.exec(t, `DELETE FROM outbox WHERE idempotency_key = ?`, h.key)
 	h.exec(t, `DELETE FROM outbox_attempts WHERE idempotency_key = ?`, h.key)
@@ -514,8 +514,8 @@ func TestCheckSaysWhatItCannotSee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(audit.Violations) != 0 || len(audit.Unchecked) != 1 || !strings.Contains(audit.Unchecked[0], "logged no call at all") {
-		t.Fatalf("violations %v, unchecked %v; want none, and the stand-in's commits named", audit.Violations, audit.Unchecked)
+	if len(audit.Violations) != 1 || audit.Violations[0].Invariant != 10 || !strings.Contains(audit.Violations[0].Detail, h.op) {
+		t.Fatalf("violations %v; want invariant 10 naming operation %s, committed with the provider's records wiped", audit.Violations, h.op)
 	}
 }
 
