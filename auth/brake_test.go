@@ -303,3 +303,43 @@ func TestHeaderModeRefusesTwoNames(t *testing.T) {
 		}
 	}
 }
+
+// Header mode: the proxy naming the user "local" (any case) would make
+// the caller the one user of -auth none, and show them every conversation
+// made without accounts on the same database. It is refused with 403, a
+// message saying what to do and a log line, and nobody becomes that user.
+func TestHeaderModeRefusesTheLocalUser(t *testing.T) {
+	st := openStore(t)
+	var buf lockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st.Accounts(), ProxyHeader: "X-Remote-User", Log: log,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	for _, name := range []string{"local", "Local", "LOCAL", " lOcAl "} {
+		r := httptest.NewRequest("GET", "/api/threads", nil)
+		r.RemoteAddr = "127.0.0.1:4000"
+		r.Header.Set("X-Remote-User", name)
+		p, err := a.Authenticate(r)
+		if code(err) != chat.CodeForbidden || !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), "rename that user at the proxy") {
+			t.Errorf("X-Remote-User %q: %+v, %v; want 403 forbidden saying the name is reserved and to rename the user at the proxy", name, p, err)
+		}
+		if p.UserID != "" {
+			t.Errorf("X-Remote-User %q made the caller %s", name, p.UserID)
+		}
+	}
+	lines := buf.lines()
+	if len(lines) != 4 {
+		t.Fatalf("%d log lines for 4 refusals, want 4:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		if _, got, _ := strings.Cut(l, " "); got != `level=WARN msg="proxy user refused" user=local header=X-Remote-User addr=127.0.0.1 reason=reserved_name` {
+			t.Errorf("log line %q", got)
+		}
+	}
+	// Another name still works.
+	r := httptest.NewRequest("GET", "/api/threads", nil)
+	r.RemoteAddr = "127.0.0.1:4000"
+	r.Header.Set("X-Remote-User", "localhost")
+	if p, err := a.Authenticate(r); err != nil || p.Name != "localhost" || p.UserID == chat.LocalUserID {
+		t.Errorf("X-Remote-User localhost: %+v %v, want its own account", p, err)
+	}
+}

@@ -34,6 +34,14 @@ func NormalizeName(name string) (string, error) {
 	return n, nil
 }
 
+// Reserved reports whether a normalized name is one that a reverse proxy
+// may not give (header mode refuses it with 403): chat.LocalUserName, the
+// one user of -auth none, whose conversations a proxy user of that name
+// would see. (Password mode reaches it only once the operator gives it a
+// password with `gateway user passwd local`, the documented way to keep
+// what was made without accounts.)
+func Reserved(norm string) bool { return norm == chat.LocalUserName }
+
 // CheckPassword enforces the password rules: at least 8 characters, at
 // most 72 bytes (bcrypt reads no further).
 func CheckPassword(password string) error {
