@@ -273,11 +273,18 @@ func TestSecureSessionCookieHasHostPrefix(t *testing.T) {
 	db := dbWithUser(t, "alice", pw)
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-secure-cookies")
 	resp, body, _ := srv.login("alice", pw, "/", nil)
-	var session *http.Cookie
+	var session, device *http.Cookie
 	for _, c := range resp.Cookies() {
-		if c.Value != "" {
+		switch {
+		case c.Value == "":
+		case strings.HasSuffix(c.Name, "gateway_device"):
+			device = c
+		default:
 			session = c
 		}
+	}
+	if device == nil || device.Name != "__Host-gateway_device" || !device.Secure || !device.HttpOnly || device.Path != "/" || device.Domain != "" {
+		t.Errorf("sign in with -secure-cookies: device cookie %+v, want __Host-gateway_device, Secure, HttpOnly, Path=/, no Domain", device)
 	}
 	if resp.StatusCode != http.StatusSeeOther || session == nil || session.Name != "__Host-gateway_session" || !session.Secure || session.Path != "/" || session.Domain != "" {
 		t.Fatalf("sign in with -secure-cookies: %d Set-Cookie %q; want __Host-gateway_session, Secure, Path=/, no Domain; body %.300s", resp.StatusCode, resp.Header.Values("Set-Cookie"), body)
