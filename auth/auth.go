@@ -338,8 +338,9 @@ func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 	if Reserved(name) {
 		a.log.LogAttrs(r.Context(), slog.LevelWarn, AuditProxyNameRefused, slog.String("user", name),
 			slog.String("header", a.cfg.ProxyHeader), slog.String("addr", a.ClientIP(r)), slog.String("reason", "reserved_name"))
-		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy names the user %q in %s, a name reserved for the built-in user of -auth none: "+
-			"rename that user at the proxy (or map it to another name there)", name, a.cfg.ProxyHeader)
+		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy names the user %q in %s, "+
+			"a name reserved for the built-in user of -auth none: rename that user at the proxy "+
+			"(or map it to another name there)", name, a.cfg.ProxyHeader)
 	}
 	u, err := a.cfg.Store.EnsureUser(r.Context(), name)
 	if err != nil {

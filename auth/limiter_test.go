@@ -80,17 +80,17 @@ func TestBrakeSlowsAnAccountsUnknownClients(t *testing.T) {
 		b.fail(stranger(i), fmt.Sprintf("unknown address %d", i+1))
 	}
 	b.refused(stranger(10), refusedSlowed, time.Minute, "the 11th unknown address")
-	for range 59 { // one a second from new addresses: refused, uncharged
+	for s := 1; s < 60; s++ { // one a second from new addresses: refused, uncharged
 		b.now = b.now.Add(time.Second)
-		b.refused(stranger(11), refusedSlowed, time.Minute-time.Duration(b.now.Sub(time.Unix(1_800_000_000, 0))), "an unknown address asking every second")
+		b.refused(stranger(10+s), refusedSlowed, time.Minute-time.Duration(s)*time.Second, "an unknown address asking every second")
 	}
 	b.now = b.now.Add(time.Second)
-	b.fail(stranger(12), "the slot a minute later")
-	b.refused(stranger(13), refusedSlowed, time.Minute, "right after it")
+	b.fail(stranger(70), "the slot a minute later")
+	b.refused(stranger(71), refusedSlowed, time.Minute, "right after it")
 	b.now = b.now.Add(time.Minute)
-	b.succeed(stranger(14), "the owner from a new address, taking the next slot")
-	b.fail(stranger(15), "the slot the success gave back")
-	b.refused(stranger(16), refusedSlowed, time.Minute, "then: the success reset nothing")
+	b.succeed(stranger(72), "the owner from a new address, taking the next slot")
+	b.fail(stranger(73), "the slot the success gave back")
+	b.refused(stranger(74), refusedSlowed, time.Minute, "then: the success reset nothing")
 	if got := b.l.slowWait("bob", b.now); got != 0 {
 		t.Fatalf("bob waits %v because of alice's slowdown", got)
 	}
@@ -133,7 +133,8 @@ func TestBrakeKnownClientsPassTheSlowdown(t *testing.T) {
 	for i := range 10 {
 		b.fail(stranger(i), fmt.Sprintf("unknown address %d, a month later", i+1))
 	}
-	b.refused(signInAttempt{account: "alice", addr: "198.51.100.1"}, refusedSlowed, time.Minute, "alice's address 30 days after her last success there")
+	b.refused(signInAttempt{account: "alice", addr: "198.51.100.1"}, refusedSlowed, time.Minute,
+		"alice's address 30 days after her last success there")
 }
 
 // In flight is charged: a burst of AccountFree+n attempts at once from
