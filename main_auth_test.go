@@ -911,6 +911,79 @@ func TestLoginBruteForce(t *testing.T) {
 	checkDB(t, db)
 }
 
+// Issue 30's attack through the real sign-in form, behind a trusted proxy
+// whose X-Forwarded-For names a new client address for every wrong
+// password: the account takes 10 from addresses it does not know, then
+// slows them (429, Retry-After at most 60 s, the page saying how to
+// pass). Alice still gets in at once: from her browser, which signed in
+// before (its device cookie), at a new address; and from her home address
+// without any cookie. (The long run, one a second for ten minutes, is
+// TestRotatingAddressesCannotKeepTheOwnerOut with a clock the test moves.)
+func TestLoginOwnerGetsInWhileAddressesRotate(t *testing.T) {
+	const pw = "correct horse battery"
+	db := dbWithFastUser(t, "alice", pw)
+	srv := startServerWith(t, db, "5ms", "-auth", "password", "-trusted-proxies", "127.0.0.1")
+	from := func(addr string, cookies ...string) http.Header {
+		h := http.Header{"X-Forwarded-For": {addr}}
+		if len(cookies) > 0 {
+			h.Set("Cookie", strings.Join(cookies, "; "))
+		}
+		return h
+	}
+	resp, _, _ := srv.login("alice", pw, "/", from("198.51.100.1"))
+	var device string
+	for _, c := range resp.Cookies() {
+		if c.Name == "gateway_device" && c.HttpOnly && c.MaxAge > 0 {
+			device = c.Name + "=" + c.Value
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || device == "" {
+		t.Errorf("alice signs in at home: %d, device cookie %q; want 303 with an HttpOnly gateway_device cookie", resp.StatusCode, device)
+	}
+
+	began := time.Now()
+	checked := 0
+	for i := 1; ; i++ {
+		resp, body, _ := srv.login("alice", fmt.Sprintf("guess %d", i), "/", from(fmt.Sprintf("203.0.113.%d", i)))
+		if resp.StatusCode == http.StatusUnauthorized {
+			checked++
+			if allowed := 10 + int(time.Since(began)/time.Minute); checked > allowed {
+				t.Fatalf("%d wrong passwords from new addresses checked in %v, want at most %d", checked, time.Since(began), allowed)
+			}
+			continue
+		}
+		retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusTooManyRequests || err != nil || retry < 1 || retry > 60 || !strings.Contains(body, "signed in to it before") {
+			t.Errorf("wrong password %d from a new address: %d Retry-After %q; want 429 with Retry-After 1 to 60 saying how to pass; body %.400s", i, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+		break
+	}
+	if checked < 10 {
+		t.Errorf("the account slowed strangers after %d wrong passwords, want 10", checked)
+	}
+	// A stranger's browser with the right password is slowed too …
+	srv.wantSignInRefused("alice", pw, http.StatusTooManyRequests, "the right password from a browser and address alice does not know")
+	// … alice is not.
+	for _, try := range []struct {
+		what string
+		hdr  http.Header
+	}{{"her browser at a new address", from("192.0.2.7", device)}, {"her home address without cookies", from("198.51.100.1")}} {
+		resp, body, session := srv.login("alice", pw, "/", try.hdr)
+		if resp.StatusCode != http.StatusSeeOther || session == "" {
+			t.Errorf("alice from %s while strangers are slowed: %d; want 303 with a session; body %.300s", try.what, resp.StatusCode, body)
+			continue
+		}
+		srv.threadList(who{cookie: session})
+	}
+	srv.stop()
+	if n := srv.logged("sign-in failed"); n != checked+2 {
+		t.Errorf("%d sign-in failed lines, want %d", n, checked+2)
+	}
+	if !regexp.MustCompile(`(?m)msg="sign-in failed" user=alice addr=203\.0\.113\.\d+ reason=slowed retry_after_seconds=\d+$`).MatchString(srv.stderr()) {
+		t.Errorf("no reason=slowed audit line for the slowed stranger:\n%s", srv.stderr())
+	}
+}
+
 // ---------------------------------------------------------------------------
 // (c) Tokens.
 

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -257,6 +258,43 @@ func TestHostAllowlistStopsDNSRebinding(t *testing.T) {
 	}
 	srv.stop()
 	checkDB(t, db)
+}
+
+// /readyz answers whatever the Host (load balancers probe it by address),
+// but names the MCP servers only to a Host the server answers to: a page
+// on a rebinding name, or anyone probing by address, learns "ready" and
+// nothing of the configuration. The page's own fetch (its own Host) still
+// gets the list it shows.
+func TestReadyzNamesToolServersToItsOwnHostOnly(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "tools.json")
+	// A server that refuses connections: listed, not connected.
+	if err := os.WriteFile(cfg, []byte(`{"mcp_servers": [{"name": "crm_internal", "url": "http://127.0.0.1:1/"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServerWith(t, filepath.Join(dir, "gw.db"), "5ms", "-tools-config", cfg)
+	port := portOf(t, srv.base)
+	for _, host := range []string{"evil.example:" + port, "10.1.2.3:" + port, "127.0.0.1.nip.io"} {
+		status, _, raw := hostCall(t, srv.base, "GET", "/readyz", host, nil, "")
+		if status != http.StatusOK || strings.TrimSpace(string(raw)) != `{"status":"ready"}` {
+			t.Errorf("GET /readyz with the foreign Host %s: %d %s, want 200 {\"status\":\"ready\"} alone", host, status, raw)
+		}
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port} {
+		status, _, raw := hostCall(t, srv.base, "GET", "/readyz", host, nil, "")
+		var ready struct {
+			Status      string `json:"status"`
+			ToolServers []struct {
+				Name      string `json:"name"`
+				Connected bool   `json:"connected"`
+			} `json:"tool_servers"`
+		}
+		if err := json.Unmarshal(raw, &ready); err != nil || status != http.StatusOK || ready.Status != "ready" ||
+			len(ready.ToolServers) != 1 || ready.ToolServers[0].Name != "crm_internal" || ready.ToolServers[0].Connected {
+			t.Errorf("GET /readyz with its own Host %s: %d %s, want 200 naming crm_internal, not connected", host, status, raw)
+		}
+	}
+	srv.stop()
 }
 
 // -allowed-hosts adds names (and *.NAME patterns) to the loopback ones;

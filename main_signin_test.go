@@ -144,6 +144,49 @@ func TestAuthHeaderModeRefusesTwoNames(t *testing.T) {
 	}
 }
 
+// A database first served with -auth none, then with -auth header: a
+// proxy naming the user "Local" (any case) does not become the no-auth
+// user and does not see its conversations: every surface answers 403 with
+// what to do, and the server logs the refusal.
+func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	srv := startServer(t, db, "5ms")
+	private := srv.createThread()
+	srv.stop()
+
+	srv = startServerWith(t, db, "5ms", "-auth", "header", "-trusted-proxies", "127.0.0.1/32", "-auth-header", "X-Test-User")
+	for _, name := range []string{"Local", "local", "LOCAL"} {
+		as := who{proxy: [2]string{"X-Test-User", name}}
+		for _, path := range []string{"/api/threads", "/api/threads/" + private.ThreadID, "/", "/t/" + private.ThreadID} {
+			resp, raw := srv.send(as, "GET", path, nil)
+			if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(raw), "rename that user at the proxy") ||
+				strings.HasPrefix(path, "/api/") && !strings.Contains(string(raw), `"error":"forbidden"`) ||
+				strings.Contains(string(raw), private.ThreadID+`"`) {
+				t.Errorf("GET %s as the proxy's %q: %d %.300s; want 403 forbidden saying to rename the user at the proxy", path, name, resp.StatusCode, raw)
+			}
+		}
+	}
+	if n := srv.logged("proxy user refused"); n != 12 {
+		t.Errorf("%d \"proxy user refused\" log lines for 12 refused requests, want 12", n)
+	}
+	// A user of another name sees nothing of the no-auth user's.
+	if got := srv.threadList(who{proxy: [2]string{"X-Test-User", "carol"}}); len(got) != 0 {
+		t.Errorf("carol lists %v, want nothing", got)
+	}
+	srv.stop()
+	// What README documents stays: the operator gives the local user a
+	// password and signs in as local in -auth password.
+	if code, _, errOut := runCLIWith(t, nil, "correct horse battery\n", "user", "passwd", "local", "-db", db); code != 0 {
+		t.Fatalf("user passwd local: exit %d, %s", code, errOut)
+	}
+	srv = startServerWith(t, db, "5ms", "-auth", "password")
+	if got := srv.threadList(who{cookie: srv.signIn("local", "correct horse battery")}); len(got) != 1 || got[0] != private.ThreadID {
+		t.Errorf("signed in as local with the password its operator gave it: lists %v, want [%s]", got, private.ThreadID)
+	}
+	srv.stop()
+	checkDB(t, db)
+}
+
 // user sessions, user signout and user passwd --revoke-tokens, while the
 // server runs: a signed-out session and a revoked token are refused at
 // once.
@@ -230,11 +273,18 @@ func TestSecureSessionCookieHasHostPrefix(t *testing.T) {
 	db := dbWithUser(t, "alice", pw)
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-secure-cookies")
 	resp, body, _ := srv.login("alice", pw, "/", nil)
-	var session *http.Cookie
+	var session, device *http.Cookie
 	for _, c := range resp.Cookies() {
-		if c.Value != "" {
+		switch {
+		case c.Value == "":
+		case strings.HasSuffix(c.Name, "gateway_device"):
+			device = c
+		default:
 			session = c
 		}
+	}
+	if device == nil || device.Name != "__Host-gateway_device" || !device.Secure || !device.HttpOnly || device.Path != "/" || device.Domain != "" {
+		t.Errorf("sign in with -secure-cookies: device cookie %+v, want __Host-gateway_device, Secure, HttpOnly, Path=/, no Domain", device)
 	}
 	if resp.StatusCode != http.StatusSeeOther || session == nil || session.Name != "__Host-gateway_session" || !session.Secure || session.Path != "/" || session.Domain != "" {
 		t.Fatalf("sign in with -secure-cookies: %d Set-Cookie %q; want __Host-gateway_session, Secure, Path=/, no Domain; body %.300s", resp.StatusCode, resp.Header.Values("Set-Cookie"), body)

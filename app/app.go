@@ -390,7 +390,8 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	}
 	// Before any route: the Host allowlist (DNS rebinding), HSTS, and the
 	// body read deadline. /livez and /readyz answer whatever the Host:
-	// load balancers probe them by address, and they tell nothing.
+	// load balancers probe them by address. A foreign Host is told the
+	// status alone (gateway.AllowedHost).
 	return gateway.Edge(gateway.EdgeConfig{Hosts: cfg.Hosts, Unchecked: []string{"/livez", "/readyz"},
 		HTTPS: authn.HTTPS, BodyTimeout: cfg.BodyTimeout, Log: log}, mux), nil
 }

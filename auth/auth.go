@@ -335,12 +335,24 @@ func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 	if err != nil {
 		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy's %s is not a usable user name: %v", a.cfg.ProxyHeader, err)
 	}
+	if Reserved(name) {
+		a.log.LogAttrs(r.Context(), slog.LevelWarn, AuditProxyNameRefused, slog.String("user", name),
+			slog.String("header", a.cfg.ProxyHeader), slog.String("addr", a.ClientIP(r)), slog.String("reason", "reserved_name"))
+		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy names the user %q in %s, "+
+			"a name reserved for the built-in user of -auth none: rename that user at the proxy "+
+			"(or map it to another name there)", name, a.cfg.ProxyHeader)
+	}
 	u, err := a.cfg.Store.EnsureUser(r.Context(), name)
 	if err != nil {
 		return chat.Principal{}, err
 	}
 	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthHeader}, nil
 }
+
+// AuditProxyNameRefused is logged (warn: user, header, addr, reason) when
+// header mode refuses the name the proxy sent because no account may have
+// it (see Reserved).
+const AuditProxyNameRefused = "proxy user refused"
 
 // hashSecret is the stored form of a high-entropy secret (session cookie,
 // token secret): SHA-256, hex. Passwords use bcrypt instead.

@@ -248,8 +248,11 @@ func TestHostPrefixedCookieOverHTTPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := w.Result().Cookies()
-	if len(cl) != 1 || cl[0].Name != auth.SecureSessionCookie || !cl[0].Secure || cl[0].Path != "/" || cl[0].Domain != "" {
-		t.Fatalf("cookies %+v, want one __Host-gateway_session, Secure, Path=/, no Domain", cl)
+	if len(cl) != 2 || cl[0].Name != auth.SecureSessionCookie || !cl[0].Secure || cl[0].Path != "/" || cl[0].Domain != "" {
+		t.Fatalf("cookies %+v, want __Host-gateway_session, Secure, Path=/, no Domain (then the device cookie)", cl)
+	}
+	if d := cl[1]; d.Name != auth.SecureDeviceCookie || !d.Secure || !d.HttpOnly || d.Path != "/" || d.Domain != "" {
+		t.Fatalf("device cookie %+v, want __Host-gateway_device, Secure, HttpOnly, Path=/, no Domain", d)
 	}
 	c := cl[0]
 	p, err := a.Authenticate(withCookie(c))

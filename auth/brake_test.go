@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,4 +304,245 @@ func TestHeaderModeRefusesTwoNames(t *testing.T) {
 			t.Errorf("account %s after the refused requests: %v, want none", name, err)
 		}
 	}
+}
+
+// Header mode: the proxy naming the user "local" (any case) would make
+// the caller the one user of -auth none, and show them every conversation
+// made without accounts on the same database. It is refused with 403, a
+// message saying what to do and a log line, and nobody becomes that user.
+func TestHeaderModeRefusesTheLocalUser(t *testing.T) {
+	st := openStore(t)
+	var buf lockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, _ := newAuth(t, auth.Config{Mode: auth.ModeHeader, Store: st.Accounts(), ProxyHeader: "X-Remote-User", Log: log,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	for _, name := range []string{"local", "Local", "LOCAL", " lOcAl "} {
+		r := httptest.NewRequest("GET", "/api/threads", nil)
+		r.RemoteAddr = "127.0.0.1:4000"
+		r.Header.Set("X-Remote-User", name)
+		p, err := a.Authenticate(r)
+		if code(err) != chat.CodeForbidden || !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), "rename that user at the proxy") {
+			t.Errorf("X-Remote-User %q: %+v, %v; want 403 forbidden saying the name is reserved and to rename the user at the proxy", name, p, err)
+		}
+		if p.UserID != "" {
+			t.Errorf("X-Remote-User %q made the caller %s", name, p.UserID)
+		}
+	}
+	lines := buf.lines()
+	if len(lines) != 4 {
+		t.Fatalf("%d log lines for 4 refusals, want 4:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		if _, got, _ := strings.Cut(l, " "); got != `level=WARN msg="proxy user refused" user=local header=X-Remote-User addr=127.0.0.1 reason=reserved_name` {
+			t.Errorf("log line %q", got)
+		}
+	}
+	// Another name still works.
+	r := httptest.NewRequest("GET", "/api/threads", nil)
+	r.RemoteAddr = "127.0.0.1:4000"
+	r.Header.Set("X-Remote-User", "localhost")
+	if p, err := a.Authenticate(r); err != nil || p.Name != "localhost" || p.UserID == chat.LocalUserID {
+		t.Errorf("X-Remote-User localhost: %+v %v, want its own account", p, err)
+	}
+}
+
+// browser keeps the cookies a server sets, as a browser does, and sends
+// them back.
+type browser map[string]*http.Cookie
+
+func (b browser) keep(w *httptest.ResponseRecorder) {
+	for _, c := range w.Result().Cookies() {
+		if c.MaxAge < 0 {
+			delete(b, c.Name)
+		} else {
+			b[c.Name] = c
+		}
+	}
+}
+
+// signInFrom signs in from addr with the browser's cookies (nil: none,
+// a private window) and keeps what the server sets.
+func signInFrom(a *auth.Authenticator, b browser, addr, name, password string) error {
+	r := httptest.NewRequest("POST", "/login", nil)
+	r.RemoteAddr = addr
+	for _, c := range b {
+		r.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})
+	}
+	w := httptest.NewRecorder()
+	_, err := a.SignIn(w, r, name, password)
+	if b != nil {
+		b.keep(w)
+	}
+	return err
+}
+
+// The attack of issue 30: one wrong password a second for alice, each
+// from a new address, for ten minutes (the clock is the test's). With the
+// default brake, alice signs in every time she tries: from her laptop
+// (which signed in before) at a new address, and from her home address
+// in a private window. The attacker gets at most the account's allowance
+// for strangers checked (10, then one a minute); a stranger's right
+// password is slowed by at most a minute, never locked out.
+func TestRotatingAddressesCannotKeepTheOwnerOut(t *testing.T) {
+	st := openStore(t)
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts()})
+	addUser(t, st.Accounts(), "alice", "correct horse")
+	const home = "198.51.100.1:50000"
+	laptop := browser{}
+	if err := signInFrom(a, laptop, home, "alice", "correct horse"); err != nil {
+		t.Fatal(err)
+	}
+	var checked, slowed, ownerIn, ownerTries int
+	for sec := 1; sec <= 600; sec++ {
+		clk.Add(time.Second)
+		attacker := fmt.Sprintf("[2001:db8:%x::1]:443", sec)
+		switch err := signInFrom(a, nil, attacker, "alice", fmt.Sprintf("guess %d", sec)); code(err) {
+		case chat.CodeUnauthorized:
+			checked++
+		case chat.CodeRateLimited:
+			if secs, _ := chat.RetryAfter(err); secs < 1 || secs > 60 {
+				t.Fatalf("second %d: the attacker is told to wait %d s, want 1 to 60", sec, secs)
+			}
+			slowed++
+		default:
+			t.Fatalf("second %d: a wrong password from a new address: %v", sec, err)
+		}
+		if sec%30 != 15 {
+			continue
+		}
+		cafe := netip.AddrFrom4([4]byte{192, 0, 2, byte(sec / 30)}).String() + ":1"
+		for _, try := range []struct {
+			what, addr string
+			b          browser
+		}{{"her laptop at a café", cafe, laptop}, {"a private window at home", home, nil}} {
+			ownerTries++
+			if err := signInFrom(a, try.b, try.addr, "alice", "correct horse"); err != nil {
+				t.Errorf("second %d: alice from %s: %v", sec, try.what, err)
+				continue
+			}
+			ownerIn++
+		}
+	}
+	t.Logf("alice got in %d times of %d; of 600 wrong passwords %d were checked, %d slowed", ownerIn, ownerTries, checked, slowed)
+	if ownerIn != ownerTries {
+		t.Fatalf("alice got in %d times of %d under the attack", ownerIn, ownerTries)
+	}
+	if checked < 10 || checked > 10+10 || checked+slowed != 600 {
+		t.Fatalf("of 600 wrong passwords in 10 min, %d checked and %d slowed; want 10 to 20 checked (10, then one a minute), the rest slowed", checked, slowed)
+	}
+	// A stranger's browser with the right password (alice at a friend's):
+	// slowed, at most a minute, not locked.
+	err := signInFrom(a, browser{}, "192.0.2.250:1", "alice", "correct horse")
+	if secs, _ := chat.RetryAfter(err); code(err) != chat.CodeRateLimited || secs > 60 || !strings.Contains(err.Error(), "signed in to it before") {
+		t.Fatalf("alice from an unknown browser and address: %v (retry after %d s), want slowed at most 60 s, saying how to pass", err, secs)
+	}
+	clk.Add(time.Minute)
+	if err := signInFrom(a, browser{}, "192.0.2.250:1", "alice", "correct horse"); err != nil {
+		t.Fatalf("alice from an unknown browser a minute later: %v", err)
+	}
+}
+
+// drain spends alice's allowance for strangers: 10 wrong passwords from
+// as many new addresses.
+func drain(t *testing.T, a *auth.Authenticator, round int) {
+	t.Helper()
+	for i := range 10 {
+		if err := signInFrom(a, nil, fmt.Sprintf("203.0.%d.%d:1", round, i+1), "alice", "wrong guess"); code(err) != chat.CodeUnauthorized {
+			t.Fatalf("stranger %d: %v, want unauthorized", i+1, err)
+		}
+	}
+}
+
+// newAddress is an address no sign-in came from before.
+var newAddress atomic.Int32
+
+// wantSlowed requires alice's right password from browser b at a new
+// address to be slowed (the browser is not a device alice knows).
+func wantSlowed(t *testing.T, a *auth.Authenticator, b browser, why string) {
+	t.Helper()
+	addr := fmt.Sprintf("192.0.2.%d:1", newAddress.Add(1))
+	if err := signInFrom(a, b, addr, "alice", "correct horse"); code(err) != chat.CodeRateLimited {
+		t.Fatalf("%s: %v, want slowed (rate_limited)", why, err)
+	}
+}
+
+// The device cookie makes a browser known to the accounts that signed in
+// there, and to no other: not to an account another browser signed in
+// to, not once altered, not after the account's password changed, not
+// after DeviceTTL without a sign-in. It holds proofs for at most 4
+// accounts, the latest.
+func TestDeviceCookieProvesOnlyWhatItShould(t *testing.T) {
+	st := openStore(t)
+	a, clk := newAuth(t, auth.Config{Mode: auth.ModePassword, Store: st.Accounts()})
+	for _, n := range []string{"alice", "bob", "carol", "dave", "erin"} {
+		addUser(t, st.Accounts(), n, "correct horse")
+	}
+	laptop, bobs := browser{}, browser{}
+	for _, s := range []struct {
+		b    browser
+		name string
+	}{{laptop, "alice"}, {laptop, "bob"}, {bobs, "bob"}} {
+		if err := signInFrom(a, s.b, "198.51.100.1:1", s.name, "correct horse"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cookie := laptop[auth.DeviceCookie]
+	if cookie == nil || !cookie.HttpOnly || cookie.Path != "/" || cookie.MaxAge != int(auth.DeviceTTL/time.Second) || strings.Count(cookie.Value, "~") != 1 {
+		t.Fatalf("the laptop's device cookie %+v, want HttpOnly, Path=/, Max-Age of DeviceTTL, two proofs", cookie)
+	}
+	drain(t, a, 1)
+	wantSlowed(t, a, browser{}, "a browser without a device cookie")
+	wantSlowed(t, a, bobs, "bob's browser, for alice")
+	var altered []string // each proof issued a second earlier
+	for _, proof := range strings.Split(cookie.Value, "~") {
+		parts := strings.Split(proof, ".")
+		issued, err := strconv.ParseInt(parts[1], 10, 64)
+		if len(parts) != 3 || err != nil {
+			t.Fatalf("a proof %q is not id.issued.mac", proof)
+		}
+		altered = append(altered, parts[0]+"."+strconv.FormatInt(issued-1, 10)+"."+parts[2])
+	}
+	tampered := browser{auth.DeviceCookie: &http.Cookie{Name: auth.DeviceCookie, Value: strings.Join(altered, "~")}}
+	wantSlowed(t, a, tampered, "the laptop's cookie with its issue times changed")
+	if err := signInFrom(a, laptop, "198.51.100.200:1", "alice", "correct horse"); err != nil {
+		t.Fatalf("the laptop, for alice: %v", err)
+	}
+
+	// A new password forgets every device of the account.
+	hash, err := auth.HashPassword("correct horse", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Accounts().SetPassword(context.Background(), "alice", hash); err != nil {
+		t.Fatal(err)
+	}
+	wantSlowed(t, a, laptop, "the laptop after alice's password changed")
+
+	// A device stays known DeviceTTL after its last sign-in.
+	clk.Add(time.Hour) // the slowdown has room again
+	if err := signInFrom(a, laptop, "198.51.100.1:1", "alice", "correct horse"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(auth.DeviceTTL - time.Second)
+	drain(t, a, 2)
+	if err := signInFrom(a, laptop, "198.51.100.201:1", "alice", "correct horse"); err != nil {
+		t.Fatalf("the laptop a second before its proof ends: %v", err)
+	}
+	clk.Add(auth.DeviceTTL)
+	drain(t, a, 3)
+	wantSlowed(t, a, laptop, "the laptop DeviceTTL after its last sign-in")
+
+	// Five accounts on one browser: the latest four stay known.
+	shared := browser{}
+	for _, n := range []string{"alice", "bob", "carol", "dave", "erin"} {
+		clk.Add(time.Hour)
+		if err := signInFrom(a, shared, "198.51.100.1:1", n, "correct horse"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(shared[auth.DeviceCookie].Value, "~") + 1; n != 4 {
+		t.Fatalf("the shared browser's cookie holds %d proofs, want 4", n)
+	}
+	drain(t, a, 4)
+	wantSlowed(t, a, shared, "the shared browser, for alice, its oldest of five")
 }

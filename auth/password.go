@@ -34,6 +34,14 @@ func NormalizeName(name string) (string, error) {
 	return n, nil
 }
 
+// Reserved reports whether a normalized name is one that a reverse proxy
+// may not give (header mode refuses it with 403): chat.LocalUserName, the
+// one user of -auth none, whose conversations a proxy user of that name
+// would see. (Password mode reaches it only once the operator gives it a
+// password with `gateway user passwd local`, the documented way to keep
+// what was made without accounts.)
+func Reserved(norm string) bool { return norm == chat.LocalUserName }
+
 // CheckPassword enforces the password rules: at least 8 characters, at
 // most 72 bytes (bcrypt reads no further).
 func CheckPassword(password string) error {
@@ -62,12 +70,13 @@ func HashPassword(password string, cost int) (string, error) {
 }
 
 // SignIn checks name and password and, when they match, starts a session
-// and sets its cookie on w. Every attempt is charged to the name and the
-// client address before the password is checked (see LimiterConfig): while
-// one of them is locked the answer is rate_limited with
-// retry_after_seconds, and the password is not even checked; so it is when
-// Hashing checks are already running. Every outcome is written to the
-// audit log (never the password).
+// and sets its cookie on w, and the device cookie that makes this browser
+// a known client of the account (devices.go). Every attempt is charged to
+// the brake before the password is checked (see LimiterConfig): while its
+// client is locked, or the account slows clients it does not know, the
+// answer is rate_limited with retry_after_seconds, and the password is not
+// even checked; so it is when Hashing checks are already running. Every
+// outcome is written to the audit log (never the password).
 func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, password string) (chat.User, error) {
 	if a.cfg.Mode != ModePassword {
 		return chat.User{}, chat.Errorf(chat.CodeInvalidRequest, "this server signs users in through %s, not with a password", a.cfg.Mode)
@@ -75,10 +84,6 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 	now := a.cfg.Now()
 	addr := a.ClientIP(r)
 	norm, nameErr := NormalizeName(name)
-	keys := []string{"ip:" + addr}
-	if nameErr == nil {
-		keys = append(keys, "user:"+norm)
-	}
 	refused := func(reason string, err error) (chat.User, error) {
 		attrs := []slog.Attr{slog.String("user", norm), slog.String("addr", addr), slog.String("reason", reason)}
 		if secs, ok := chat.RetryAfter(err); ok {
@@ -87,10 +92,28 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 		a.log.LogAttrs(r.Context(), slog.LevelWarn, AuditSignInFailed, attrs...)
 		return chat.User{}, err
 	}
-	t, wait := a.limiter.admit(keys, now)
+	at := signInAttempt{addr: addr}
+	var acct *storedAccount
+	proofs := a.deviceProofs(r)
+	if nameErr == nil {
+		at.account = norm
+		if len(proofs) > 0 { // only a device proof needs the account before the brake
+			var err error
+			if acct, err = a.lookUp(r.Context(), norm); err != nil {
+				return refused("error", err)
+			}
+			at.device = knownDevice(proofs, acct.user.UserID, acct.hash, now)
+		}
+	}
+	t, wait, why := a.limiter.admit(at, now)
 	if t == nil {
-		secs := max(1, int(math.Ceil(wait.Seconds()))) // never sooner than the lock ends
-		return refused("locked", chat.Errorf(chat.CodeRateLimited, "too many failed sign-ins: wait %d s and try again", secs).With("retry_after_seconds", secs))
+		secs := max(1, int(math.Ceil(wait.Seconds()))) // never sooner than the refusal ends
+		msg := "too many failed sign-ins: wait %d s and try again"
+		if why == refusedSlowed {
+			msg = "too many failed sign-ins to this account from browsers and addresses it does not know: " +
+				"wait %d s and try again, or sign in from a browser or address that signed in to it before"
+		}
+		return refused(why, chat.Errorf(chat.CodeRateLimited, msg, secs).With("retry_after_seconds", secs))
 	}
 	select {
 	case a.hashing <- struct{}{}:
@@ -99,18 +122,19 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 		a.limiter.refund(t)
 		return refused("busy", chat.Errorf(chat.CodeRateLimited, "too many sign-ins at once: wait 1 s and try again").With("retry_after_seconds", 1))
 	}
-	u, ok, reason, err := func() (chat.User, bool, string, error) {
+	acct, reason, err := func() (*storedAccount, string, error) {
 		defer func() { <-a.hashing }()
-		return a.checkPassword(r.Context(), norm, nameErr, password)
+		return a.checkPassword(r.Context(), norm, nameErr, password, acct)
 	}()
 	if err != nil {
 		a.limiter.refund(t)
 		return refused("error", err)
 	}
-	if !ok {
+	if reason != "" {
 		return refused(reason, a.unauthorized("wrong user name or password"))
 	}
-	a.limiter.succeed(t)
+	u := acct.user
+	a.limiter.succeed(t, now)
 	value := rand.Text() + rand.Text()
 	expires := now.Add(a.cfg.SessionTTL)
 	if err := a.cfg.Store.CreateSession(r.Context(), hashSecret(value), u.UserID, expires); err != nil {
@@ -122,6 +146,7 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 	}
 	http.SetCookie(w, &http.Cookie{Name: a.cookieName(r), Value: value, Path: "/", Expires: expires,
 		MaxAge: int(a.cfg.SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: secure})
+	a.rememberDevice(w, r, proofs, u.UserID, acct.hash, at.device, now)
 	a.log.LogAttrs(r.Context(), slog.LevelInfo, AuditSignInSucceeded,
 		slog.String("user", u.Name), slog.String("user_id", u.UserID), slog.String("addr", addr))
 	return u, nil
@@ -133,30 +158,54 @@ const (
 	AuditSignInFailed    = "sign-in failed"    // warn: user ("" for a name that is none), addr, reason
 )
 
+// storedAccount is an account as sign-in reads it: found is false when
+// there is none of that name (user and hash are then empty); hash is ""
+// when it has no password.
+type storedAccount struct {
+	user  chat.User
+	hash  string
+	found bool
+}
+
+func (a *Authenticator) lookUp(ctx context.Context, norm string) (*storedAccount, error) {
+	u, hash, err := a.cfg.Store.UserByName(ctx, norm)
+	switch {
+	case chat.ErrorCode(err) == chat.CodeNotFound:
+		return &storedAccount{}, nil
+	case err != nil:
+		return nil, err
+	}
+	return &storedAccount{user: u, hash: hash, found: true}, nil
+}
+
 // checkPassword runs the one bcrypt comparison of an attempt: against the
 // account's hash, or against a dummy one when there is no such account
 // (or it has no password), so that a wrong name costs what a wrong
-// password costs. reason says why ok is false.
-func (a *Authenticator) checkPassword(ctx context.Context, norm string, nameErr error, password string) (u chat.User, ok bool, reason string, err error) {
+// password costs. acct is the account when it was read already. reason
+// says why the password does not sign in ("" when it does).
+func (a *Authenticator) checkPassword(ctx context.Context, norm string, nameErr error, password string,
+	acct *storedAccount) (*storedAccount, string, error) {
 	hash, reason := a.dummyHash, "invalid_name"
 	if nameErr == nil {
-		var stored string
-		u, stored, err = a.cfg.Store.UserByName(ctx, norm)
+		if acct == nil {
+			var err error
+			if acct, err = a.lookUp(ctx, norm); err != nil {
+				return nil, "", err
+			}
+		}
 		switch {
-		case chat.ErrorCode(err) == chat.CodeNotFound:
-			reason, err = "unknown_user", nil
-		case err != nil:
-			return chat.User{}, false, "", err
-		case stored == "":
+		case !acct.found:
+			reason = "unknown_user"
+		case acct.hash == "":
 			reason = "no_password"
 		default:
-			hash, reason = stored, "wrong_password"
+			hash, reason = acct.hash, "wrong_password"
 		}
 	}
 	if a.compare([]byte(hash), []byte(password)) != nil || hash == a.dummyHash {
-		return chat.User{}, false, reason, nil
+		return nil, reason, nil
 	}
-	return u, true, "", nil
+	return acct, "", nil
 }
 
 // SignOut ends the request's session (if any) and clears the cookie. The

@@ -57,7 +57,7 @@ type Principal struct {
 
 // LocalPrincipal is the one local user of auth mode none.
 func LocalPrincipal() Principal {
-	return Principal{UserID: LocalUserID, Name: "local", Method: AuthLocal}
+	return Principal{UserID: LocalUserID, Name: LocalUserName, Method: AuthLocal}
 }
 
 type principalKey struct{}

@@ -15,6 +15,11 @@ import (
 // without accounts): everything there is its.
 const LocalUserID = "usr_local"
 
+// LocalUserName is LocalUserID's name. A reverse proxy may not name it
+// (auth.Reserved): its user would see every conversation made without
+// accounts on the same database.
+const LocalUserName = "local"
+
 // DefaultTitle names a thread created without a title; its first user
 // message then names it (see TitleFrom).
 const DefaultTitle = "New conversation"

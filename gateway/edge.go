@@ -6,6 +6,7 @@ package gateway
 // puts a deadline on reading a request body.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -245,6 +246,8 @@ type EdgeConfig struct {
 	Hosts Hosts
 	// Unchecked paths answer whatever the Host: health probes that load
 	// balancers send to an address, not a name (e.g. /livez, /readyz).
+	// Edge marks such a request whose Host is allowed (AllowedHost), so
+	// that its handler tells a foreign Host its status only.
 	Unchecked []string
 	// HTTPS reports whether a request reached the user over HTTPS (TLS
 	// here, or a trusted proxy that says so); such answers carry
@@ -282,9 +285,13 @@ func Edge(cfg EdgeConfig, next http.Handler) http.Handler {
 		unchecked[p] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !unchecked[r.URL.Path] && !cfg.Hosts.Allows(r.Host) {
+		switch allowed := cfg.Hosts.Allows(r.Host); {
+		case !unchecked[r.URL.Path] && !allowed:
 			refuseHost(w, r, cfg.Log)
 			return
+		case unchecked[r.URL.Path] && allowed:
+			// Only such a request may be told more than its status.
+			r = r.WithContext(context.WithValue(r.Context(), allowedHostKey{}, true))
 		}
 		if cfg.HTTPS(r) {
 			w.Header().Set("Strict-Transport-Security", hstsValue)
@@ -303,6 +310,16 @@ func Edge(cfg EdgeConfig, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+type allowedHostKey struct{}
+
+// AllowedHost reports whether Edge found r, a request for one of its
+// Unchecked paths, to name a Host the server answers to. A request that
+// did not pass through Edge is not.
+func AllowedHost(r *http.Request) bool {
+	ok, _ := r.Context().Value(allowedHostKey{}).(bool)
+	return ok
 }
 
 // refuseHost answers a request for a Host the server does not answer to:

@@ -234,3 +234,70 @@ func TestEdgeBodyDeadlineEndsWithTheBody(t *testing.T) {
 		}
 	}
 }
+
+// /readyz answers any Host, since load balancers probe it by address; but
+// it names the tool servers (MCP) only to a request naming a Host the
+// server answers to. A foreign Host (a rebinding page, a scanner, a
+// balancer probing by address) learns the status and nothing else: not
+// the names, not how many there are. Before it is ready, the same for all.
+func TestReadyzTellsAForeignHostOnlyItsStatus(t *testing.T) {
+	since := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	api := gateway.New(gateway.Config{ToolServers: func() []gateway.ToolServer {
+		return []gateway.ToolServer{{Name: "crm-internal", Connected: true, Tools: 7, Since: since},
+			{Name: "payroll", Connected: false, Since: since}}
+	}})
+	mux := http.NewServeMux()
+	api.Routes(mux)
+	hosts, err := gateway.ParseHosts("chat.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gateway.Edge(gateway.EdgeConfig{Hosts: hosts.Union(gateway.LoopbackHosts()),
+		Unchecked: []string{"/livez", "/readyz"}}, mux))
+	defer srv.Close()
+	readyz := func(host string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest("GET", srv.URL+"/readyz", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(raw))
+	}
+	foreign := []string{"evil.example", "evil.example:8080", "10.0.0.1:8080", "[2001:db8::9]", "chat.example.com.evil.example"}
+	for _, host := range foreign {
+		if code, body := readyz(host); code != http.StatusServiceUnavailable || body != `{"status":"starting"}` {
+			t.Errorf("/readyz with Host %q before ready: %d %s, want 503 {\"status\":\"starting\"}", host, code, body)
+		}
+	}
+	api.SetReady(true)
+	for _, host := range foreign {
+		if code, body := readyz(host); code != http.StatusOK || body != `{"status":"ready"}` {
+			t.Errorf("/readyz with the foreign Host %q: %d %s, want 200 {\"status\":\"ready\"} and nothing else", host, code, body)
+		}
+	}
+	for _, host := range []string{"chat.example.com", "CHAT.example.com:443", "127.0.0.1:8080", "localhost"} {
+		code, body := readyz(host)
+		var got struct {
+			Status      string               `json:"status"`
+			ToolServers []gateway.ToolServer `json:"tool_servers"`
+		}
+		if err := json.Unmarshal([]byte(body), &got); err != nil || code != http.StatusOK || got.Status != "ready" ||
+			len(got.ToolServers) != 2 || got.ToolServers[0].Name != "crm-internal" || got.ToolServers[0].Tools != 7 ||
+			got.ToolServers[1].Name != "payroll" || got.ToolServers[1].Connected {
+			t.Errorf("/readyz with its own Host %q: %d %s, want 200 with both tool servers", host, code, body)
+		}
+	}
+	// Without the edge (nothing says the Host was checked), the status only.
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if body := strings.TrimSpace(rec.Body.String()); body != `{"status":"ready"}` {
+		t.Errorf("/readyz not served through the edge: %s, want the status only", body)
+	}
+}

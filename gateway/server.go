@@ -102,13 +102,16 @@ type Config struct {
 	// ToolServers reports the tool servers (MCP) the gateway calls, for
 	// /readyz (nil: none). One that is down does not make the gateway
 	// unready: every instance shares it, and its tools fail clearly.
+	// /readyz lists them only to a request that names an allowed Host
+	// (AllowedHost): a load balancer probing by address, or anyone else
+	// sending a foreign Host, is told the status alone.
 	ToolServers func() []ToolServer
 }
 
 // ToolServer is what /readyz tells of one tool server: its name, whether
 // it is connected, how many tools it offers and since when its connection
 // state holds. Why it is down is in the logs, not here: /readyz answers
-// whoever asks.
+// whoever can name the server.
 type ToolServer struct {
 	Name      string    `json:"name"`
 	Connected bool      `json:"connected"`
@@ -199,7 +202,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var servers []ToolServer
-	if s.servers != nil {
+	if s.servers != nil && AllowedHost(r) {
 		servers = s.servers()
 	}
 	writeJSON(w, http.StatusOK, struct {
