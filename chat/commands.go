@@ -227,6 +227,12 @@ func (e *ErrNotRunning) Error() string {
 // publishing it again would break invariant 9. The worker must stop.
 var ErrStepNotPending = errors.New("the step is no longer pending")
 
+// ErrDeltasLost refuses to stream on or publish a message some of whose
+// deltas were fanned out and then lost (another instance wrote past the
+// seqs they were given, PostgreSQL): its text would have a hole. The step
+// starts over under a new message (Store.RestartStep).
+var ErrDeltasLost = errors.New("deltas of the message were lost")
+
 // StepOutput is what one generate step produced: a message to publish
 // (Content "" = none) and, at most, one tool call to make next.
 type StepOutput struct {

@@ -30,6 +30,9 @@ const (
 	CauseServerStopped = "server_stopped"
 	// CauseExpired: the deltas aged out of the stream buffer.
 	CauseExpired = "expired"
+	// CauseWrittenPast: on PostgreSQL, another instance recorded the seqs
+	// lost because the instance streaming them stalled (streambuf.go).
+	CauseWrittenPast = "written_past"
 )
 
 // Error is the one error type that crosses package boundaries towards

@@ -81,6 +81,10 @@ type Execution interface {
 	// Complete in one transaction.
 	CompleteWith(ctx context.Context, lease chat.Lease, out chat.StepOutput) error
 	Fail(ctx context.Context, lease chat.Lease, message string) error
+	// RestartStep starts a step whose message lost deltas
+	// (chat.ErrDeltasLost) over, attempt + 1, under the same lease, or
+	// fails the run "interrupted" at MaxAttempts (again false).
+	RestartStep(ctx context.Context, lease chat.Lease, maxAttempts int) (again bool, err error)
 	Release(ctx context.Context, lease chat.Lease) error
 	AddUsage(ctx context.Context, runID string, u chat.Usage) error
 }

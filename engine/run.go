@@ -209,22 +209,42 @@ func (e *Engine) work(ctx context.Context, lease chat.Lease, first *firstToken) 
 		}
 		e.nameThread(in)
 		out, unbuffered, err := e.generate(ctx, in, lease, first)
+		if err == nil {
+			out.Step = *in.Pending
+			err = e.publish(write, lease, out)
+		}
+		if errors.Is(err, chat.ErrDeltasLost) {
+			// Another instance wrote past this process while it streamed
+			// (it did not answer in time): the reply has a hole, so the
+			// step starts over under a new message.
+			e.log.Warn("the reply lost deltas to another instance; the step starts over", "run_id", lease.RunID, "err", err)
+			again, err := e.store.RestartStep(write, lease, e.cfg.MaxAttempts)
+			if err != nil || !again {
+				return 0, err
+			}
+			continue
+		}
 		if err != nil {
 			return unbuffered, err
 		}
-		out.Step = *in.Pending
 		if out.Call == nil {
-			// The last step: published and completed in one commit.
-			return 0, e.store.CompleteWith(write, lease, out)
-		}
-		if err := e.store.PublishStep(write, lease, out); err != nil {
-			return 0, err
+			return 0, nil // the run's last step: it completed
 		}
 		if out.Call.Contract == tools.Consequential {
 			return 0, nil // waits for the user's decision; no worker holds it
 		}
 	}
 	return 0, fmt.Errorf("the run took more than %d steps; it was stopped to avoid a loop", maxSteps)
+}
+
+// publish records a generate step's output: the run's last step (no tool
+// call) published and the run completed in one commit, or the step and its
+// tool call.
+func (e *Engine) publish(ctx context.Context, lease chat.Lease, out chat.StepOutput) error {
+	if out.Call == nil {
+		return e.store.CompleteWith(ctx, lease, out)
+	}
+	return e.store.PublishStep(ctx, lease, out)
 }
 
 // usageReporter is a stream that knows the tokens its request used.

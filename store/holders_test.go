@@ -68,8 +68,9 @@ type sharedPair struct {
 
 // streamingOnA opens instances A and B, starts a run on a thread through
 // B, lets A claim it (as holder "gwA.p1") and stream three deltas, which
-// A fans out before it writes them.
-func streamingOnA(t *testing.T) *sharedPair {
+// A fans out before it writes them. before, if given, runs on the pair
+// right after the claim.
+func streamingOnA(t *testing.T, before ...func(p *sharedPair)) *sharedPair {
 	t.Helper()
 	dsn := postgresDSN(t)
 	p := &sharedPair{recA: &feedTap{}, net: &peerNet{stores: map[string]*store.Store{}, mute: map[string]bool{}, confused: map[string]bool{}}, dsn: dsn, holderA: "gwA.p1"}
@@ -94,6 +95,9 @@ func streamingOnA(t *testing.T) *sharedPair {
 		t.Fatalf("claim on A = %+v, %v", claim, err)
 	}
 	p.lease = claim.Lease
+	for _, f := range before {
+		f(p)
+	}
 	p.message = chat.NewID(chat.PrefixMessage)
 	for _, w := range []string{"Hel", "lo ", "there"} {
 		if err := p.a.AppendDeltas(ctx, p.lease, p.message, []string{w}); err != nil {

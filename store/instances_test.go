@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,8 +59,14 @@ func TestInstancesStartingAtOnceMigrateOnce(t *testing.T) {
 		Scan(&applied, &distinct, &latest); err != nil {
 		t.Fatal(err)
 	}
-	if applied != latest || distinct != latest || latest < 4 {
-		t.Fatalf("goose_db_version: %d rows, %d versions, latest %d; want each version once", applied, distinct, latest)
+	// (Counted from the files: their numbers may skip one that another
+	// branch takes.)
+	files, err := filepath.Glob("migrations/postgres/*.sql")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("migration files: %v, %v", files, err)
+	}
+	if applied != len(files) || distinct != len(files) || latest < len(files) {
+		t.Fatalf("goose_db_version: %d rows, %d versions, latest %d; want each of the %d migrations once", applied, distinct, latest, len(files))
 	}
 	var locals int
 	if err := db.QueryRow(`SELECT COUNT(*) FROM users WHERE user_id = ?`, chat.LocalUserID).Scan(&locals); err != nil || locals != 1 {

@@ -63,6 +63,11 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 	if err := waitsOn(head, out.Step); err != nil {
 		return row, err
 	}
+	if out.Content != "" {
+		if err := t.streamedWhole(out.MessageID, out.Content); err != nil {
+			return row, err
+		}
+	}
 	cpID := chat.NewID(chat.PrefixCheckpoint)
 	ids := append([]string{}, head.MessageIDs...)
 	if out.Content != "" {

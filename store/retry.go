@@ -56,5 +56,5 @@ func refusal(err error) bool {
 	var ce *chat.Error
 	var nr *chat.ErrNotRunning
 	var th *threadHeld
-	return errors.As(err, &ce) || errors.As(err, &nr) || errors.As(err, &th)
+	return errors.As(err, &ce) || errors.As(err, &nr) || errors.As(err, &th) || errors.Is(err, chat.ErrDeltasLost)
 }

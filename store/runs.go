@@ -579,6 +579,11 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 		return nil
 	}
 	if s.buf != nil {
+		// A message this process lost deltas of streams no further: what
+		// comes next would follow a hole (see streambuf.go).
+		if err := s.buf.lostDeltas(messageID); err != nil {
+			return err
+		}
 		if handled, err := s.buf.appendFast(ctx, lease, messageID, texts); handled {
 			return err
 		}
@@ -612,6 +617,12 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 		c, err := t.adoptThread(th)
 		if err != nil {
 			return err
+		}
+		if t.buf != nil {
+			// (adoptThread may just have dropped deltas of it.)
+			if err := t.buf.lostDeltas(messageID); err != nil {
+				return err
+			}
 		}
 		// One row for the whole batch, at the thread's next seqs (after
 		// the deltas adoptThread wrote from memory, if any).
@@ -701,6 +712,26 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 		return fmt.Errorf("finish run: %w", err)
 	}
 	return t.append(ev)
+}
+
+// RestartStep starts the step lease's execution streams over, after its
+// message lost deltas (chat.ErrDeltasLost): the run's attempt goes up by
+// one and the execution keeps its lease, to stream the step again under a
+// new message id. A run at maxAttempts fails "interrupted" instead; again
+// reports whether the step runs again.
+func (s *Store) RestartStep(ctx context.Context, lease chat.Lease, maxAttempts int) (again bool, err error) {
+	err = s.write(ctx, func(t *txn) error {
+		row, err := t.ownRunning(lease)
+		if err != nil {
+			return err
+		}
+		if again = row.Attempt < maxAttempts; !again {
+			return t.finish(row, chat.RunFailed, chat.ErrorInterrupted)
+		}
+		_, err = t.exec(`UPDATE runs SET attempt = attempt + 1, updated_at = ? WHERE run_id = ?`, ms(t.now), row.RunID)
+		return err
+	})
+	return again, err
 }
 
 // Release hands a running run back to the queue intact (shutdown): nothing

@@ -23,7 +23,7 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		return chat.FragmentSaved{}, err
 	}
 	var out chat.FragmentSaved
-	err := s.write(ctx, func(t *txn) error {
+	err := s.writeAnswering(ctx, func(t *txn) error {
 		c, err := t.thread(p.UserID, p.ThreadID)
 		if err != nil {
 			return err
@@ -66,6 +66,26 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 	return out, err
 }
 
+// writeAnswering is write for a read of the stream buffer that may answer
+// fragment_unavailable: when the transaction itself recorded lost the seqs
+// it answers about (their holder did not answer, see streambuf.go), that
+// is committed, so the answer holds.
+func (s *Store) writeAnswering(ctx context.Context, fn func(t *txn) error) error {
+	var unavailable error
+	err := s.write(ctx, func(t *txn) error {
+		unavailable = nil
+		err := fn(t)
+		if chat.ErrorCode(err) == chat.CodeFragmentUnavailable && t.wrotePast {
+			unavailable, err = err, nil
+		}
+		return err
+	})
+	if err == nil {
+		err = unavailable
+	}
+	return err
+}
+
 // StreamedText answers what SaveFragment would keep of p's message up to
 // p.LastSeq, or the error it would give, and changes nothing. It runs as a
 // write so that the deltas this process still holds in memory are written
@@ -75,7 +95,7 @@ func (s *Store) StreamedText(ctx context.Context, p chat.StreamedTextQuery) (cha
 		return chat.StreamedText{}, err
 	}
 	var out chat.StreamedText
-	err := s.write(ctx, func(t *txn) error {
+	err := s.writeAnswering(ctx, func(t *txn) error {
 		c, err := t.thread(p.UserID, p.ThreadID)
 		if err != nil {
 			return err
@@ -108,20 +128,18 @@ func (t *txn) streamedMessage(p chat.StreamedTextQuery) (streamedMessage, error)
 	var sm streamedMessage
 	err := t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
 	if errors.Is(err, sql.ErrNoRows) {
-		// A message a crash lost whole (streambuf.go): the tab saw seqs
-		// that were recorded lost.
-		var lost struct {
-			First int64 `db:"first_seq"`
-			Last  int64 `db:"last_seq"`
-		}
-		err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ? LIMIT 1`,
-			p.ThreadID, p.LastSeq, p.LastSeq)
+		// A message lost whole (streambuf.go): the tab saw seqs that were
+		// recorded lost.
+		lost, err := firstGap(t.ctx, t.tx, p.ThreadID, p.LastSeq, p.LastSeq)
 		switch {
-		case err == nil:
+		case err != nil:
+			return sm, err
+		case lost != nil && lost.Reason == gapWrittenPast:
+			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost before any of it was written: another instance wrote past this reply's reserved seqs while its holder was stalled (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
+				p.MessageID, lost.First, lost.Last).With("cause", chat.CauseWrittenPast)
+		case lost != nil:
 			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the server stopped before any of it was written (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
 				p.MessageID, lost.First, lost.Last).With("cause", chat.CauseServerStopped)
-		case !errors.Is(err, sql.ErrNoRows):
-			return sm, fmt.Errorf("look for lost stream seqs: %w", err)
 		}
 		return sm, chat.NotFound("streamed message", p.MessageID)
 	}
@@ -148,23 +166,28 @@ func (t *txn) streamedText(c *threadCursor, p chat.StreamedTextQuery, sm streame
 	if err != nil {
 		return "", err
 	}
-	if n := len(deltas); n > 0 && deltas[0].Part == 0 && deltas[n-1].Part == n-1 {
-		// What a crash lost of the message (streambuf.go) may lie
-		// between its last written delta and the seq the tab saw.
-		var lost struct {
-			First int64 `db:"first_seq"`
-			Last  int64 `db:"last_seq"`
+	// Seqs recorded lost among the message's (streambuf.go): what the tab
+	// saw there is gone, and no fragment is saved across it. (The first seq
+	// is a delta, so a gap starts after it.)
+	lost, err := firstGap(t.ctx, t.tx, p.ThreadID, sm.FirstSeq, p.LastSeq)
+	if err != nil {
+		return "", err
+	}
+	if lost != nil {
+		known := deltas
+		for len(known) > 0 && known[len(known)-1].Seq >= lost.First {
+			known = known[:len(known)-1]
 		}
-		err := t.get(&lost, `SELECT first_seq, last_seq FROM stream_gaps WHERE thread_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq LIMIT 1`,
-			p.ThreadID, deltas[n-1].Seq, p.LastSeq)
-		switch {
-		case err == nil:
+		if n := len(known); n > 0 && known[0].Part == 0 && known[n-1].Part == n-1 {
+			end := known[n-1].Seq
+			if lost.Reason == gapWrittenPast {
+				return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost: another instance wrote past this reply's reserved seqs while its holder was stalled (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
+					p.MessageID, end, lost.First, lost.Last, end, end).With("cause", chat.CauseWrittenPast).With("known_last_seq", end)
+			}
 			return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost when the server stopped (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
-				p.MessageID, deltas[n-1].Seq, lost.First, lost.Last, deltas[n-1].Seq, deltas[n-1].Seq).
-				With("cause", chat.CauseServerStopped).With("known_last_seq", deltas[n-1].Seq)
-		case !errors.Is(err, sql.ErrNoRows):
-			return "", fmt.Errorf("look for lost stream seqs: %w", err)
+				p.MessageID, end, lost.First, lost.Last, end, end).With("cause", chat.CauseServerStopped).With("known_last_seq", end)
 		}
+		deltas = nil // what is before the gap is not whole either
 	}
 	if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
 		return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID).
@@ -175,6 +198,91 @@ func (t *txn) streamedText(c *threadCursor, p chat.StreamedTextQuery, sm streame
 		b.WriteString(d.Text)
 	}
 	return b.String(), nil
+}
+
+// streamGap is one stream_gaps row: seqs recorded lost, and why.
+type streamGap struct {
+	First  int64  `db:"first_seq"`
+	Last   int64  `db:"last_seq"`
+	Reason string `db:"reason"` // gapStopped or gapWrittenPast
+}
+
+// firstGap is the first range of the thread's seqs recorded lost that
+// meets from..to (nil: none).
+func firstGap(ctx context.Context, q queryer, threadID string, from, to int64) (*streamGap, error) {
+	var g streamGap
+	err := q.GetContext(ctx, &g, q.Rebind(`SELECT first_seq, last_seq, reason FROM stream_gaps
+		WHERE thread_id = ? AND first_seq <= ? AND last_seq >= ? ORDER BY first_seq LIMIT 1`), threadID, to, from)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look for lost stream seqs: %w", err)
+	}
+	return &g, nil
+}
+
+// streamedWhole refuses (chat.ErrDeltasLost) to publish content as the
+// streamed message messageID unless it is exactly that message's deltas:
+// this process dropped none of them (streamBuffer.lost), no seq among
+// them is recorded lost, and the stored ones hold all of content. Called
+// once the thread's pending deltas are written. A message nothing of which
+// was stored or dropped here was not streamed: nothing to compare.
+func (t *txn) streamedWhole(messageID, content string) error {
+	if t.buf != nil {
+		if err := t.buf.lostDeltas(messageID); err != nil {
+			return err
+		}
+	}
+	var sm struct {
+		ThreadID string `db:"thread_id"`
+		FirstSeq int64  `db:"first_seq"`
+		LastSeq  int64  `db:"last_seq"`
+		Parts    int    `db:"parts"`
+		Chars    int64  `db:"chars"`
+	}
+	err := t.get(&sm, `SELECT thread_id, first_seq, parts, chars,
+		COALESCE((SELECT MAX(b.last_seq) FROM stream_batches b WHERE b.message_id = sm.message_id), first_seq) AS last_seq
+		FROM stream_messages sm WHERE message_id = ?`, messageID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load streamed message: %w", err)
+	}
+	lost, err := firstGap(t.ctx, t.tx, sm.ThreadID, sm.FirstSeq, sm.LastSeq)
+	if err != nil {
+		return err
+	}
+	if lost != nil {
+		return fmt.Errorf("%w: message %s: seqs %d–%d among its deltas were never written (%s)", chat.ErrDeltasLost, messageID, lost.First, lost.Last, lost.Reason)
+	}
+	if sm.Chars == int64(utf8.RuneCountInString(content)) {
+		return nil
+	}
+	// Deltas cut inside a character count its bytes apart: compare the
+	// text itself while all of it is held.
+	var batches []deltaBatch
+	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? ORDER BY first_seq`, messageID); err != nil {
+		return fmt.Errorf("load deltas: %w", err)
+	}
+	deltas, err := expandBatches(batches, nil)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	for i, d := range deltas {
+		if d.Part != i {
+			b.Reset()
+			break
+		}
+		b.WriteString(d.Text)
+	}
+	if len(deltas) == sm.Parts && b.String() == content {
+		return nil
+	}
+	return fmt.Errorf("%w: message %s: its stored deltas hold %d characters, the text to publish %d",
+		chat.ErrDeltasLost, messageID, sm.Chars, utf8.RuneCountInString(content))
 }
 
 // DeleteDraft removes a saved fragment from history: a new head checkpoint

@@ -65,16 +65,20 @@ import (
 // again. The holder's thread then streams through the slow path until its
 // next claim, so the asker is not overtaken by a new reservation. A holder
 // that does not confirm the request at once (dead, stopped, cut off: the
-// peers' own bound) or does not answer within yieldTimeout is written past: the whole reservation is recorded in stream_gaps, as after
-// a crash, and last_seq moves beyond it. The holder finds out at its next
-// transaction on the thread (the row no longer names it) and drops what
-// it held: those deltas were fanned out and are now a recorded gap, so a
-// tab that saw them gets a snapshot and a fragment naming them a clear
-// error. Deltas the holder still hands out from the lost reservation until
-// then carry seqs below the other instance's events: receivers drop them
-// as already delivered, or see the recorded gap. (A holder that stalled
-// past its lease hands out none, but for a stop in the instructions
-// between the last check and the fan-out: the fast path trusts a lease only for a
+// peers' own bound) or does not answer within yieldTimeout is written
+// past: the whole reservation is recorded in stream_gaps (reason
+// written_past), and last_seq moves beyond it. The holder finds out at its
+// next transaction on the thread (its flusher's, pgFlushDelay after its
+// next delta) and drops what it held as lost. A message that lost deltas
+// streams no further (chat.ErrDeltasLost): the engine starts its step over
+// under a new message. Where the data is, the store refuses to publish a
+// message whose stored deltas miss some of its text or meet a recorded
+// gap, or to save a fragment across one, so a hole is never published.
+// Deltas handed out from the lost reservation before the holder finds out
+// carry seqs below the other instance's events: receivers drop them as
+// already delivered, or see the gap. (A holder that stalled past its
+// lease hands out none, but for a stop in the instructions between the
+// last check and the fan-out: the fast path trusts a lease only for a
 // share of its TTL, see streamBuffer.until.) Cancels do not come this way:
 // the engine hands a cancel to the process executing the run
 // (engine.CancelForwarder), whose own transaction writes its pending
@@ -127,6 +131,10 @@ type streamBuffer struct {
 	// within those last instructions is not covered).
 	until map[string]leaseUntil
 	dirty map[string]struct{} // threads that may hold pending deltas: what the flusher visits
+	// lost names the messages (→ their run) this process dropped deltas
+	// of because another instance wrote past them (PostgreSQL): refused
+	// from then on (chat.ErrDeltasLost), until their run changes.
+	lost map[string]string
 
 	pending atomic.Int64 // deltas held in memory, all threads
 	stats   streamCounters
@@ -190,7 +198,7 @@ type stagedLive struct {
 func newStreamBuffer(s *Store) *streamBuffer {
 	ctx, stop := context.WithCancel(context.Background())
 	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{}, until: map[string]leaseUntil{}, dirty: map[string]struct{}{},
-		wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
+		lost: map[string]string{}, wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
 	go b.flusher(ctx)
 	return b
 }
@@ -249,6 +257,19 @@ func (b *streamBuffer) stillLive(lr liveRun) bool {
 func (b *streamBuffer) leaseTrusted(lr liveRun) bool {
 	u := b.until[lr.lease.RunID]
 	return u.lease == lr.lease && time.Now().Before(u.at)
+}
+
+// lostDeltas is chat.ErrDeltasLost for messageID, if this process dropped
+// deltas of it (see lost), else nil.
+func (b *streamBuffer) lostDeltas(messageID string) error {
+	b.mu.Lock()
+	_, lost := b.lost[messageID]
+	b.mu.Unlock()
+	if !lost {
+		return nil
+	}
+	return fmt.Errorf("%w: message %s: another instance wrote past the seqs its deltas were given while this process "+
+		"did not answer, so deltas already fanned out are lost and the message cannot be whole", chat.ErrDeltasLost, messageID)
 }
 
 // markDirty gives threads back to the flusher's next pass.
@@ -588,9 +609,12 @@ func (t *txn) adoptShared(c *threadCursor, ts *threadStream) error {
 	}
 	if len(ts.pending) > 0 {
 		var n int64
+		t.buf.mu.Lock()
 		for _, pb := range ts.pending {
 			n += int64(len(pb.texts))
+			t.buf.lost[pb.messageID] = pb.runID
 		}
+		t.buf.mu.Unlock()
 		ts.pending = nil
 		t.buf.pending.Add(-n)
 		t.buf.stats.deltasLost.Add(n)
@@ -602,10 +626,16 @@ func (t *txn) adoptShared(c *threadCursor, ts *threadStream) error {
 	}
 	switch {
 	case own || t.pastOK[row.ThreadID] == row.SeqReserved:
-		// This process's own reservation that no longer matches, or one
-		// whose holder did not answer: record it lost and go past it.
-		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at) VALUES (?, ?, ?, ?)`,
-			row.ThreadID, row.LastSeq+1, row.SeqReserved, ms(t.now)); err != nil {
+		// This process's own reservation that no longer matches (the
+		// database lost writes: it stopped), or one whose holder did not
+		// answer: record it lost and go past it.
+		reason := gapWrittenPast
+		if own {
+			reason = gapStopped
+		}
+		t.wrotePast = t.wrotePast || !own
+		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at, reason) VALUES (?, ?, ?, ?, ?)`,
+			row.ThreadID, row.LastSeq+1, row.SeqReserved, ms(t.now), reason); err != nil {
 			return fmt.Errorf("record the seqs reserved by %s as lost: %w", row.SeqHolder, err)
 		}
 		t.buf.stats.writtenPast.Add(1)
@@ -619,6 +649,12 @@ func (t *txn) adoptShared(c *threadCursor, ts *threadStream) error {
 		return &threadHeld{threadID: row.ThreadID, holder: row.SeqHolder, reserved: row.SeqReserved}
 	}
 }
+
+// Why a stream_gaps row's seqs were never written (its reason column).
+const (
+	gapStopped     = "stopped"      // a process (or the database) stopped before writing them
+	gapWrittenPast = "written_past" // another instance wrote past a holder that did not answer
+)
 
 // threadHeld refuses a write to a thread whose seqs another process
 // reserved (PostgreSQL): Store.acrossHolders asks the holder to yield and
@@ -818,6 +854,11 @@ func (t *txn) endStreams(committed bool) {
 			delete(b.until, runID)
 			lastChange[runID] = i + 1
 		}
+		for msg, runID := range b.lost {
+			if _, changed := lastChange[runID]; changed {
+				delete(b.lost, msg)
+			}
+		}
 		for _, u := range t.leases {
 			if cur, ok := b.until[u.lease.RunID]; !ok || cur.lease != u.lease || u.at.After(cur.at) {
 				b.until[u.lease.RunID] = u
@@ -844,8 +885,8 @@ func (t *txn) endStreams(committed bool) {
 func recoverStream(ctx context.Context, s *Store) (int64, error) {
 	var n int64
 	err := s.write(ctx, func(t *txn) error {
-		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at)
-			SELECT thread_id, last_seq + 1, seq_reserved, ? FROM threads WHERE seq_reserved > last_seq`, ms(t.now)); err != nil {
+		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at, reason)
+			SELECT thread_id, last_seq + 1, seq_reserved, ?, ? FROM threads WHERE seq_reserved > last_seq`, ms(t.now), gapStopped); err != nil {
 			return fmt.Errorf("record lost stream seqs: %w", err)
 		}
 		res, err := t.exec(`UPDATE threads SET last_seq = seq_reserved WHERE seq_reserved > last_seq`)

@@ -347,20 +347,33 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (cha
 	active := &chat.ActiveRun{RunID: run.RunID, Status: run.status(), LastSeq: row.LastSeq}
 	// The message in flight: the run's latest streamed message that was not
 	// published.
-	var msgID string
-	err = q.GetContext(ctx, &msgID, q.Rebind(`SELECT message_id FROM stream_messages WHERE run_id = ?
+	var streaming struct {
+		MessageID string `db:"message_id"`
+		FirstSeq  int64  `db:"first_seq"`
+	}
+	err = q.GetContext(ctx, &streaming, q.Rebind(`SELECT message_id, first_seq FROM stream_messages WHERE run_id = ?
 		AND message_id NOT IN (SELECT message_id FROM messages WHERE run_id = ?)
 		ORDER BY first_seq DESC LIMIT 1`), run.RunID, run.RunID)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return snap, fmt.Errorf("load streaming message: %w", err)
 	}
-	if msgID != "" {
+	if msgID := streaming.MessageID; msgID != "" {
 		active.MessageID = &msgID
+		// Up to the first seqs recorded lost among the message's, if any
+		// (streambuf.go): its text is whole only that far, and so is a
+		// fragment saved with this last_seq.
+		lost, err := firstGap(ctx, q, threadID, streaming.FirstSeq, row.LastSeq)
+		if err != nil {
+			return snap, err
+		}
+		if lost != nil {
+			active.LastSeq = lost.First - 1
+		}
 		var batches []deltaBatch
-		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`), msgID, row.LastSeq); err != nil {
+		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`), msgID, active.LastSeq); err != nil {
 			return snap, fmt.Errorf("load partial text: %w", err)
 		}
-		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= row.LastSeq })
+		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= active.LastSeq })
 		if err != nil {
 			return snap, err
 		}

@@ -52,6 +52,7 @@ type txn struct {
 	yield, unyield []string
 	pastOK         map[string]int64
 	skipHeld       bool
+	wrotePast      bool         // it recorded another process's reservation lost (adoptShared)
 	leases         []leaseUntil // granted or renewed here (leaseHolds)
 }
 

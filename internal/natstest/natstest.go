@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -84,6 +85,24 @@ func (s *Server) Start() {
 			s.t.Fatalf("nats-server on port %d exited at start (is the port taken?)", s.port)
 		case <-time.After(20 * time.Millisecond): // polling the port, bounded by the deadline
 		}
+	}
+}
+
+// Pause stops the server's process (SIGSTOP) without closing anything:
+// clients stay connected and their messages wait, as in a stall of NATS,
+// until Resume. Stop ends a paused server too.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause nats-server: %v", err)
+	}
+}
+
+// Resume lets a paused server go on (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("resume nats-server: %v", err)
 	}
 }
 
