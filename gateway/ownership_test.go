@@ -68,6 +68,7 @@ var routeCoverage = map[string]string{
 	"GET /api/runs/{id}":                                routeIDs,
 	"POST /api/runs/{id}/cancel":                        routeIDs,
 	"POST /api/threads/{id}/fragments":                  routeIDs,
+	"GET /api/threads/{id}/streamed/{message_id}":       routeIDs,
 	"POST /api/threads/{id}/drafts/{message_id}/delete": routeIDs,
 	"POST /api/threads/{id}/fork":                       routeIDs,
 	"GET /api/threads/{id}/operations":                  routeIDs,
@@ -640,6 +641,11 @@ func reqFragment(th, msg string, lastSeq, version int64) probeRequest {
 		body: f, ws: withFields(map[string]any{"type": "fragment.save", "thread_id": th}, f)}
 }
 
+func reqStreamed(th, msg string, lastSeq int64) probeRequest {
+	return probeRequest{route: "GET /api/threads/{id}/streamed/{message_id}", method: http.MethodGet,
+		path: fmt.Sprintf("/api/threads/%s/streamed/%s?last_seq=%d", th, msg, lastSeq)}
+}
+
 func reqDraftDelete(th, msg string, version int64) probeRequest {
 	f := map[string]any{"expected_state_version": version}
 	return probeRequest{route: "POST /api/threads/{id}/drafts/{message_id}/delete", method: http.MethodPost,
@@ -754,6 +760,9 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 	add("fragment.save of the streamed message", w.t1, nf, true, func(id string) probeRequest {
 		return reqFragment(id, w.streamed, w.deltaSeq, v1)
 	})
+	add("streamed text of the streamed message", w.t1, nf, true, func(id string) probeRequest {
+		return reqStreamed(id, w.streamed, w.deltaSeq)
+	})
 	add("draft.delete of the draft", w.t1, nf, true, func(id string) probeRequest { return reqDraftDelete(id, w.draft, v1) })
 	add("draft.delete of a published message", w.t1, nf, true, func(id string) probeRequest { return reqDraftDelete(id, w.a1, v1) })
 	for _, run := range w.runs() {
@@ -781,6 +790,9 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 	}
 	add("fragment.save on own thread of alice's streamed message", w.streamed, nf, false, func(id string) probeRequest {
 		return reqFragment(own, id, w.deltaSeq, ownVersion)
+	})
+	add("streamed text on own thread of alice's streamed message", w.streamed, nf, false, func(id string) probeRequest {
+		return reqStreamed(own, id, w.deltaSeq)
 	})
 	for _, m := range []string{w.draft, w.a1, w.u1} {
 		add("draft.delete on own thread of alice's message", m, nf, false, func(id string) probeRequest {
@@ -816,6 +828,8 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqCancel(w.r3, nil), true
 	case "POST /api/threads/{id}/fragments":
 		return reqFragment(w.t1, w.streamed, w.deltaSeq, w.version[w.t1]), true
+	case "GET /api/threads/{id}/streamed/{message_id}":
+		return reqStreamed(w.t1, w.streamed, w.deltaSeq), true
 	case "POST /api/threads/{id}/drafts/{message_id}/delete":
 		return reqDraftDelete(w.t1, w.draft, w.version[w.t1]), true
 	case "POST /api/threads/{id}/fork":
