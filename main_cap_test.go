@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,4 +115,66 @@ func TestEndlessUpstreamReplyIsCutAtTheSizeLimit(t *testing.T) {
 		t.Fatalf("max_completion_tokens of the requests: %v, want [%d]", fake.tokens, limit/4)
 	}
 	t.Logf("the endpoint wrote %d bytes of text before it saw the connection close (socket buffers included)", fake.sent)
+}
+
+// A conversation of replies cut at the size limit (the demo model's
+// endless reply) stays loadable: its page holds the latest messages up to
+// 1 MiB of content and says how many earlier ones it left out, while the
+// API's snapshot holds the whole history.
+func TestLongConversationPageIsBounded(t *testing.T) {
+	const limit, replies = 300000, 10
+	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-max-reply-bytes", fmt.Sprint(limit))
+	thread := srv.createThread()
+	evs := srv.events(thread.ThreadID, thread.LastSeq)
+	for i := range replies {
+		run := srv.startRun(thread.ThreadID, srv.snapshot(thread.ThreadID).StateVersion, fmt.Sprintf("an endless story about tomatoes, part %d", i+1))
+		if end := evs.waitFor(time.Now().Add(60*time.Second), "the run's end", isEnd(run.RunID)); end.Type != chat.EventRunCompleted {
+			t.Fatalf("run %d ended with %s", i+1, end.Raw)
+		}
+	}
+	full := srv.snapshot(thread.ThreadID)
+	var content int
+	for _, m := range full.Messages {
+		content += len(m.Content)
+		if m.Role == chat.RoleAssistant && (m.Truncated != chat.TruncatedSizeLimit || len(m.Content) > limit || len(m.Content) < limit-4) {
+			t.Fatalf("a reply of %d bytes marked %q, want one cut at %d", len(m.Content), m.Truncated, limit)
+		}
+	}
+	if len(full.Messages) != 2*replies || full.EarlierMessages != 0 || content < replies*limit {
+		t.Fatalf("the API's snapshot: %d messages, %d bytes, earlier %d; want the whole history", len(full.Messages), content, full.EarlierMessages)
+	}
+
+	resp, err := http.Get(srv.base + "/t/" + thread.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// The text shown and the embedded snapshot each hold at most 1 MiB of
+	// content and the latest reply.
+	if bound := 2*(chat.HistoryPageBytes+limit) + 64<<10; resp.StatusCode != http.StatusOK || len(page) > bound {
+		t.Fatalf("the page is %d bytes (status %d) for %d bytes of conversation, want at most %d", len(page), resp.StatusCode, content, bound)
+	}
+	start := strings.Index(string(page), `<script id="snapshot" type="application/json">`)
+	end := strings.Index(string(page[start:]), "</script>")
+	if start < 0 || end < 0 {
+		t.Fatal("the page embeds no snapshot")
+	}
+	var embedded chat.Snapshot
+	if err := json.Unmarshal(page[start+len(`<script id="snapshot" type="application/json">`):start+end], &embedded); err != nil {
+		t.Fatal(err)
+	}
+	shown := len(embedded.Messages)
+	if shown == 0 || shown >= len(full.Messages) || embedded.EarlierMessages != len(full.Messages)-shown {
+		t.Fatalf("the page holds %d messages and says %d are earlier, of %d", shown, embedded.EarlierMessages, len(full.Messages))
+	}
+	for i, m := range embedded.Messages {
+		if want := full.Messages[embedded.EarlierMessages+i]; m.MessageID != want.MessageID || m.Content != want.Content || m.Truncated != want.Truncated {
+			t.Fatalf("the page's message %d is not the history's %d", i, embedded.EarlierMessages+i)
+		}
+	}
+	if !strings.Contains(string(page), "Show earlier messages ("+fmt.Sprint(embedded.EarlierMessages)+" more)") {
+		t.Fatal("the page does not offer the earlier messages")
+	}
+	t.Logf("%d bytes of conversation; the page is %d bytes and holds the latest %d of %d messages", content, len(page), shown, len(full.Messages))
 }
