@@ -38,6 +38,11 @@ func clippedLabel(text string) string {
 	return fmt.Sprintf("Showing the first %s of %s.", size(displayBytes), size(len(text)))
 }
 
+// cutLabel says a reply was cut at the size limit, and where.
+func cutLabel(text string) string {
+	return fmt.Sprintf("Cut at the size limit: the model was stopped after %s, and nothing past that was kept.", size(len(text)))
+}
+
 // earlierLabel is the "Show earlier messages" button's text.
 func earlierLabel(n int) string {
 	if n == 1 {

@@ -35,7 +35,7 @@ func TestThreadPageShowsALongConversationInPart(t *testing.T) {
 	}
 	notes := doc.Find(byTestID("cut-note"))
 	if notes.Length() != 1 || notes.Closest(byTestID("message")).AttrOr("data-message-id", "") != "msg_cut" ||
-		!strings.Contains(notes.Text(), "Cut at the size limit") {
+		!strings.Contains(notes.Text(), "Cut at the size limit: the model was stopped after 13 bytes") {
 		t.Errorf("%d cut notes (want one, on msg_cut): %q", notes.Length(), notes.Text())
 	}
 
