@@ -18,6 +18,7 @@ import (
 
 	"github.com/honestcancel/gateway/app"
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/model/openai"
 	"github.com/honestcancel/gateway/store"
@@ -48,6 +49,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.duration(&c.ReconcileHorizon, "reconcile-horizon", "GATEWAY_RECONCILE_HORIZON", 24*time.Hour, "how long the outcome of a tool call nobody saw (a lost answer, a crash) is looked up by its key at the provider before the gateway stops asking and says so")
 	fs.StringVar(&c.Model, "model", env("GATEWAY_MODEL", "demo"), "model backend: demo or openai (GATEWAY_MODEL)")
 	ef.duration(&c.DemoPace, "demo-pace", "GATEWAY_DEMO_PACE", 30*time.Millisecond, "demo model: time per streamed word")
+	ef.int(&c.MaxReplyBytes, "max-reply-bytes", "GATEWAY_MAX_REPLY_BYTES", chat.DefaultReplyBytes, fmt.Sprintf("size limit of one model reply, in bytes of text (UTF-8), from %d to %d: a reply that reaches it is stopped there (the model call ends, as on a cancel) and kept up to it, marked as cut at the size limit", chat.MinReplyBytes, chat.MaxReplyBytes))
 	fs.BoolVar(&c.NoModelTitles, "no-model-titles", env("GATEWAY_NO_MODEL_TITLES", "") == "1", "name a new conversation after the start of its first request instead of asking the model for a title (with -model openai the title is one short extra request per new conversation) (GATEWAY_NO_MODEL_TITLES=1)")
 	ef.duration(&c.StreamTTL, "stream-ttl", "GATEWAY_STREAM_TTL", 10*time.Minute, "how long streamed deltas stay buffered")
 	ef.duration(&c.EventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
@@ -147,6 +149,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if c.Workers < 1 {
 		return c, errors.New("-workers must be 1 or more")
 	}
+	if c.MaxReplyBytes < chat.MinReplyBytes || c.MaxReplyBytes > chat.MaxReplyBytes {
+		return c, fmt.Errorf("-max-reply-bytes %d is out of range: use %d to %d (the default is %d, 256 KiB); a larger reply would make its conversation page too heavy to load", c.MaxReplyBytes, chat.MinReplyBytes, chat.MaxReplyBytes, chat.DefaultReplyBytes)
+	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return c, fmt.Errorf("-log-format %q: use text or json", c.logFormat)
 	}
@@ -216,7 +221,7 @@ var natsToken = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 // x-api-key, a router's or gateway's own key) that no rule on its name
 // could recognise reliably.
 type openaiSettings struct {
-	baseURL, model, keyFile, headersFile, temperature string
+	baseURL, model, keyFile, headersFile, temperature, maxTokens string
 }
 
 func openaiFlags(fs *flag.FlagSet) *openaiSettings {
@@ -226,6 +231,7 @@ func openaiFlags(fs *flag.FlagSet) *openaiSettings {
 	fs.StringVar(&o.keyFile, "openai-api-key-file", env("GATEWAY_OPENAI_API_KEY_FILE", ""), "-model openai: file holding the API key (GATEWAY_OPENAI_API_KEY_FILE); or set GATEWAY_OPENAI_API_KEY")
 	fs.StringVar(&o.headersFile, "openai-headers-file", env("GATEWAY_OPENAI_HEADERS_FILE", ""), "-model openai: file of extra request headers, one `Name: value` per line, # comments (GATEWAY_OPENAI_HEADERS_FILE); or set GATEWAY_OPENAI_HEADERS, comma-separated. Never a flag: header values are often credentials")
 	fs.StringVar(&o.temperature, "openai-temperature", env("GATEWAY_OPENAI_TEMPERATURE", ""), "-model openai: sampling temperature from 0 to 2; unset leaves the endpoint's default (GATEWAY_OPENAI_TEMPERATURE)")
+	fs.StringVar(&o.maxTokens, "openai-max-completion-tokens", env("GATEWAY_OPENAI_MAX_COMPLETION_TOKENS", ""), fmt.Sprintf("-model openai: max_completion_tokens sent with every reply request; unset: a quarter of -max-reply-bytes, at most %d (what common chat models accept; raise it for a model that may write more, such as a reasoning model) (GATEWAY_OPENAI_MAX_COMPLETION_TOKENS)", openai.MaxDerivedCompletionTokens))
 	return o
 }
 
@@ -342,6 +348,13 @@ func (o *openaiSettings) settings() (openai.Config, error) {
 			return openai.Config{}, fmt.Errorf("-openai-temperature (GATEWAY_OPENAI_TEMPERATURE) %q is not a number from 0 to 2", o.temperature)
 		}
 		cfg.Temperature = &t
+	}
+	if o.maxTokens != "" {
+		n, err := strconv.ParseInt(o.maxTokens, 10, 64)
+		if err != nil || n < 1 {
+			return openai.Config{}, fmt.Errorf("-openai-max-completion-tokens (GATEWAY_OPENAI_MAX_COMPLETION_TOKENS) %q is not a whole number of tokens of 1 or more: leave it unset to derive it from -max-reply-bytes", o.maxTokens)
+		}
+		cfg.MaxCompletionTokens = n
 	}
 	if err := cfg.Validate(); err != nil {
 		return openai.Config{}, fmt.Errorf("-model openai: %w (settings: -openai-base-url, -openai-model, -openai-headers-file, or their GATEWAY_OPENAI_* variables)", err)

@@ -191,6 +191,9 @@ func TestCLIOpenAIConfig(t *testing.T) {
 		{"bad header env", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_HEADERS=X-A: 1, broken"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_HEADERS"},
 		{"bad temperature", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_TEMPERATURE=hot"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_TEMPERATURE"},
 		{"unknown model backend", nil, []string{"-model", "claude"}, "demo or openai"},
+		{"bad max completion tokens", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey, "GATEWAY_OPENAI_MAX_COMPLETION_TOKENS=0"}, []string{"-openai-model", "m"}, "GATEWAY_OPENAI_MAX_COMPLETION_TOKENS"},
+		{"reply limit too small", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, []string{"-openai-model", "m", "-max-reply-bytes", "10"}, "-max-reply-bytes 10 is out of range: use 1024 to 4194304"},
+		{"reply limit too large", []string{"GATEWAY_OPENAI_API_KEY=" + fakeKey}, []string{"-openai-model", "m", "-max-reply-bytes", "4194305"}, "-max-reply-bytes 4194305 is out of range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCLI(t, tc.env, append(append([]string{}, base...), tc.args...)...)

@@ -58,6 +58,9 @@ type Config struct {
 	OpenAI        openai.Config
 	DemoPace      time.Duration
 	NoModelTitles bool
+	// MaxReplyBytes is the size limit of one reply's text
+	// (engine.Config.MaxReplyBytes; 0: chat.DefaultReplyBytes).
+	MaxReplyBytes int
 	// Retention; 0 keeps forever (StreamTTL must be more than 0).
 	StreamTTL, EventTTL, AuditTTL, DraftTTL time.Duration
 	Workers                                 int
@@ -195,7 +198,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 		return nil, err
 	}
 	engCfg := engine.Config{
-		Store: st, Retention: st.Retention(), Model: backend, ModelName: modelName, Titler: titler, Tools: registry, Log: log,
+		Store: st, Retention: st.Retention(), Model: backend, ModelName: modelName, MaxReplyBytes: cfg.MaxReplyBytes,
+		Titler: titler, Tools: registry, Log: log,
 		InstanceID: leaseOwner, SingleInstance: !st.Postgres(), LeaseTTL: cfg.LeaseTTL,
 		Workers: cfg.Workers, ClaimBatch: st.ClaimsPerTransaction(), StreamTTL: cfg.StreamTTL,
 		EventTTL: cfg.EventTTL, AuditTTL: cfg.AuditTTL, DraftTTL: cfg.DraftTTL,

@@ -165,7 +165,18 @@ type Message struct {
 	// sent to an OpenAI-compatible server: what the server routed it to is
 	// not known); absent on every other message.
 	Model string `json:"model,omitempty"`
+	// Truncated says why a reply is not the whole of what the model would
+	// have written: TruncatedSizeLimit when it was cut at the size limit
+	// (the engine's -max-reply-bytes, or the model endpoint's own length
+	// limit). Content is still exactly the concatenated text of the
+	// message's deltas: nothing past the cut was streamed. Absent on every
+	// other message.
+	Truncated string `json:"truncated,omitempty"`
 }
+
+// TruncatedSizeLimit is Message.Truncated of a reply cut at the size
+// limit.
+const TruncatedSizeLimit = "size_limit"
 
 // Run is one execution attempt on a thread.
 type Run struct {
@@ -253,6 +264,25 @@ type Snapshot struct {
 	// LastRun is how the thread's latest run ended, when no run is active:
 	// a page opened after a cancel can still show the receipt.
 	LastRun *LastRun `json:"last_run"`
+	// EarlierMessages counts the messages at the start of the head's
+	// history that Messages leaves out. Only the conversation page's own
+	// snapshot leaves any out (it holds the latest messages up to a size,
+	// and fetches the rest with GET /api/threads/{id}/messages); the API's
+	// and the WebSocket's snapshots always hold the whole history, so
+	// there it is absent.
+	EarlierMessages int `json:"earlier_messages,omitempty"`
+}
+
+// HistoryPage is a page of a thread's history (the head checkpoint's
+// messages), oldest first: GET /api/threads/{id}/messages. NextBefore is
+// the before to ask for the page of older messages, nil when this page
+// starts the history.
+type HistoryPage struct {
+	ThreadID         string    `json:"thread_id"`
+	HeadCheckpointID string    `json:"head_checkpoint_id"`
+	StateVersion     int64     `json:"state_version"`
+	Messages         []Message `json:"messages"`
+	NextBefore       *string   `json:"next_before"`
 }
 
 // LastRun is the outcome of a thread's latest finished run.

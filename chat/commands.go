@@ -245,6 +245,7 @@ type StepOutput struct {
 	Content   string
 	Call      *ToolCall
 	Model     string // the model the step was asked of (chat.Message.Model)
+	Truncated string // why Content is not the whole reply (chat.Message.Truncated)
 }
 
 // ToolCall is a tool call the engine has validated and is about to record

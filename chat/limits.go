@@ -16,6 +16,23 @@ const (
 	MaxSearchBytes          = 200   // the thread list's q
 )
 
+// Limits on what a model may write and what a page of history holds. A
+// reply is cut at the reply limit (the engine stops the model there and
+// publishes what was streamed, marked TruncatedSizeLimit); the operator
+// sets it (-max-reply-bytes) between MinReplyBytes and MaxReplyBytes,
+// a bound that keeps the conversation page loadable with the longest reply
+// allowed. A page of history (GET /api/threads/{id}/messages, and the
+// conversation page's first paint) holds at most MaxHistoryPage messages
+// and, but for its latest message, HistoryPageBytes of their content.
+const (
+	DefaultReplyBytes  = 256 << 10
+	MinReplyBytes      = 1 << 10
+	MaxReplyBytes      = 4 << 20
+	DefaultHistoryPage = 50
+	MaxHistoryPage     = 200
+	HistoryPageBytes   = 1 << 20
+)
+
 // CheckText validates a text field's length in bytes and its encoding.
 func CheckText(field, v string, minBytes, maxBytes int) error {
 	if len(v) < minBytes {

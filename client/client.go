@@ -363,6 +363,24 @@ func (c *Client) Checkpoints(ctx context.Context, threadID string) (Checkpoints,
 	return callFor[Checkpoints](ctx, c, http.MethodGet, "/api/threads/"+esc(threadID)+"/checkpoints", nil)
 }
 
+// History returns a page of a thread's history, oldest first
+// (GET /api/threads/{id}/messages): the messages just before the message
+// before ("": the latest), at most limit of them (0: the server's default,
+// 50) and 1 MiB of content but for the newest. Its NextBefore is the before
+// of the next older page, nil when the page starts the history.
+func (c *Client) History(ctx context.Context, threadID, before string, limit int) (chat.HistoryPage, error) {
+	q := url.Values{}
+	if before != "" {
+		q.Set("before", before)
+	}
+	if limit != 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out chat.HistoryPage
+	err := c.call(ctx, http.MethodGet, "/api/threads/"+esc(threadID)+"/messages", q, nil, &out)
+	return out, err
+}
+
 // The bodies of the commands, shared by HTTP (where the ids in the path
 // are left out) and WebSocket (where they are fields).
 

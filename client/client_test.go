@@ -272,6 +272,29 @@ func everyCommand(t *testing.T, c *client.Client, cmd client.Commander, r *reade
 		t.Fatalf("checkpoints: %+v, %v", cps, err)
 	}
 
+	// The history, read back one message a page, is the snapshot's.
+	snap, err := c.Thread(ctx, thread)
+	if err != nil || len(snap.Messages) == 0 {
+		t.Fatalf("the thread: %+v, %v", snap, err)
+	}
+	var paged []string
+	for before := ""; ; {
+		page, err := c.History(ctx, thread, before, 1)
+		if err != nil || len(page.Messages) != 1 || page.HeadCheckpointID != snap.HeadCheckpointID {
+			t.Fatalf("history before %q: %+v, %v", before, page, err)
+		}
+		paged = append([]string{page.Messages[0].MessageID}, paged...)
+		if page.NextBefore == nil {
+			break
+		}
+		before = *page.NextBefore
+	}
+	for i, m := range snap.Messages {
+		if i >= len(paged) || paged[i] != m.MessageID {
+			t.Fatalf("history paged %v, the snapshot holds %d messages", paged, len(snap.Messages))
+		}
+	}
+
 	// thread.checkout of the thread's first checkpoint.
 	first := cps.Checkpoints[0].CheckpointID
 	co, err := cmd.Checkout(ctx, client.CheckoutRequest{ThreadID: thread, CheckpointID: first, ExpectedStateVersion: draft.StateVersion})

@@ -8,7 +8,7 @@
 //   - HTTP: one method per API route (CreateThread, ListThreads, Thread,
 //     StartRun, CancelRun, SaveFragment, DeleteDraft, Fork, Checkout,
 //     DeleteThread, ConfirmTool, RejectTool, Run, Operations,
-//     Checkpoints). Answers are the chat package's types.
+//     Checkpoints, History). Answers are the chat package's types.
 //   - Events: a thread's Server-Sent Events as a Stream.
 //   - Connect: a WebSocket Conn, as a browser tab holds one: the same
 //     commands (Conn and Client both implement Commander), each answered

@@ -118,6 +118,13 @@ type Config struct {
 	// ModelName is what a published reply says it was asked of
 	// (chat.Message.Model): "demo", or the OpenAI model name.
 	ModelName string
+	// MaxReplyBytes is the size limit of one reply's text, in UTF-8 bytes
+	// of the published content (default chat.DefaultReplyBytes): a reply
+	// that reaches it is stopped there (the model call is ended as a
+	// cancel ends it, closing the upstream connection) and published up
+	// to it, marked chat.TruncatedSizeLimit; a card cut there fails its
+	// run (a cut JSON document is no card).
+	MaxReplyBytes int
 	// Titler names a new conversation from its first request (nil: the
 	// title stays the start of that request).
 	Titler Titler
@@ -250,6 +257,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = chat.DefaultReplyBytes
 	}
 	if cfg.PurgeEvery <= 0 {
 		cfg.PurgeEvery = min(cfg.StreamTTL/4, time.Minute)

@@ -308,7 +308,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 				pumpErr = err
 				return
 			}
-			if c.Text == "" && c.Call == nil {
+			if c.Text == "" && c.Call == nil && !c.Truncated {
 				continue
 			}
 			received.Add(int64(utf8.RuneCountInString(c.Text)))
@@ -341,18 +341,36 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 	var full strings.Builder
 	var call *model.ToolCall
 	batch := make([]string, 0, e.cfg.MaxBatch)
+	// The reply's size limit: what is taken into batches (and so streamed
+	// and published) never passes it; the chunk that would is cut at the
+	// limit, on a code point boundary, and the stream is stopped.
+	limit := e.cfg.MaxReplyBytes
+	var taken int
+	cut := false
 	take := func(c model.Chunk) {
+		if cut {
+			return // past the limit: nothing more is streamed or kept
+		}
 		if c.Card {
 			out.Kind = chat.KindCard
 		}
 		if c.Call != nil && call == nil {
 			call = c.Call
 		}
-		if c.Text != "" {
-			batch = append(batch, c.Text)
+		if c.Truncated {
+			out.Truncated = chat.TruncatedSizeLimit // the endpoint's own length limit
+		}
+		text := c.Text
+		if taken+len(text) > limit {
+			text, cut = cutUTF8(text, limit-taken), true
+			out.Truncated = chat.TruncatedSizeLimit
+		}
+		if text != "" {
+			taken += len(text)
+			batch = append(batch, text)
 		}
 	}
-	for {
+	for !cut {
 		c, ok := <-chunks
 		if !ok {
 			break
@@ -361,7 +379,7 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 		batch = batch[:0]
 		take(c)
 	drain:
-		for len(batch) < e.cfg.MaxBatch {
+		for len(batch) < e.cfg.MaxBatch && !cut {
 			select {
 			case c, ok := <-chunks:
 				if !ok {
@@ -371,6 +389,12 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 			default:
 				break drain
 			}
+		}
+		if cut {
+			// Stop the model call before the last batch is written: the
+			// upstream connection closes as on a cancel, and nothing past
+			// the limit is read.
+			stop()
 		}
 		if ctx.Err() != nil { // safe point: a cancel wake-up or shutdown
 			return out, unbuffered(), ctx.Err()
@@ -390,13 +414,24 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 			full.WriteString(t)
 		}
 	}
-	if !errors.Is(pumpErr, model.EOF) {
+	if !cut && !errors.Is(pumpErr, model.EOF) {
 		return out, unbuffered(), pumpErr
 	}
 	if ctx.Err() != nil {
 		return out, unbuffered(), ctx.Err()
 	}
 	out.Content = full.String()
+	if cut {
+		e.log.Info("reply cut at the size limit; the model call was stopped", "run_id", runID, "message_id", out.MessageID, "bytes", len(out.Content))
+	}
+	if out.Kind == chat.KindCard && out.Truncated != "" {
+		// A cut JSON document is no card: nothing of it can be published.
+		at := "the model endpoint's length limit"
+		if cut {
+			at = fmt.Sprintf("the size limit of %d bytes", limit)
+		}
+		return out, 0, chat.Errorf(chat.CodeInternal, "the model's card reached %s before it was complete, so nothing of it was published. Continue from the saved point to try again, or ask for a smaller card.", at)
+	}
 	if out.Kind == chat.KindCard && !json.Valid([]byte(out.Content)) {
 		return out, 0, chat.Errorf(chat.CodeInternal, "the model's card is not valid JSON, so nothing of it was published. Continue from the saved point to try again.")
 	}
@@ -413,10 +448,25 @@ func (e *Engine) generate(ctx context.Context, in chat.RunInput, lease chat.Leas
 	return out, 0, nil
 }
 
+// cutUTF8 is the longest start of s of at most n bytes that ends on a
+// code point boundary (an invalid byte counts as one code point).
+func cutUTF8(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if len(s) <= n {
+		return s
+	}
+	for back := 0; back < utf8.UTFMax-1 && n > 0 && !utf8.RuneStart(s[n]); back++ {
+		n--
+	}
+	return s[:n]
+}
+
 // modelRequest builds the model's input from the confirmed context only:
 // published messages (tool results included) and the tools on offer.
 func (e *Engine) modelRequest(in chat.RunInput) model.Request {
-	req := model.Request{ResumeNote: in.ResumeNote, Messages: make([]model.Message, 0, len(in.Messages))}
+	req := model.Request{ResumeNote: in.ResumeNote, Messages: make([]model.Message, 0, len(in.Messages)), MaxBytes: e.cfg.MaxReplyBytes}
 	for _, m := range in.Messages {
 		msg := model.Message{Role: model.RoleUser, Content: m.Content, Fragment: m.Kind == chat.KindFragment, Card: m.Kind == chat.KindCard}
 		switch m.Role {

@@ -68,6 +68,11 @@ func (f *fuzzFake) Snapshot(_ context.Context, userID, threadID string) (chat.Sn
 	return chat.Snapshot{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) History(_ context.Context, userID, threadID, _ string, _ int, _ int64) (chat.HistoryPage, error) {
+	f.record("History", userID, threadID)
+	return chat.HistoryPage{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) Run(_ context.Context, userID, runID string) (chat.Run, error) {
 	f.record("Run", userID, runID)
 	return chat.Run{}, errFuzzNotFound

@@ -75,6 +75,7 @@ var routeCoverage = map[string]string{
 	"POST /api/operations/{id}/confirm":                 routeIDs,
 	"POST /api/operations/{id}/reject":                  routeIDs,
 	"GET /api/threads/{id}/checkpoints":                 routeIDs,
+	"GET /api/threads/{id}/messages":                    routeIDs,
 	"POST /api/threads/{id}/head":                       routeIDs,
 	"DELETE /api/threads/{id}":                          routeIDs,
 	"GET /api/threads/{id}/events":                      routeIDs,
@@ -589,6 +590,14 @@ func reqCheckpoints(th string) probeRequest {
 	return probeRequest{route: "GET /api/threads/{id}/checkpoints", method: http.MethodGet, path: "/api/threads/" + th + "/checkpoints"}
 }
 
+func reqHistory(th, before string) probeRequest {
+	r := probeRequest{route: "GET /api/threads/{id}/messages", method: http.MethodGet, path: "/api/threads/" + th + "/messages"}
+	if before != "" {
+		r.path += "?before=" + before
+	}
+	return r
+}
+
 func reqOperations(th string) probeRequest {
 	return probeRequest{route: "GET /api/threads/{id}/operations", method: http.MethodGet, path: "/api/threads/" + th + "/operations"}
 }
@@ -719,6 +728,7 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		v, head := w.version[th], w.head[th]
 		add("snapshot", th, nf, true, reqSnapshot)
 		add("checkpoints", th, nf, true, reqCheckpoints)
+		add("history", th, nf, true, func(id string) probeRequest { return reqHistory(id, "") })
 		add("operations", th, nf, true, reqOperations)
 		add("events from a snapshot", th, nf, true, func(id string) probeRequest { return reqEvents(id, "", "") })
 		add("events after_seq=0", th, nf, true, func(id string) probeRequest { return reqEvents(id, "after_seq=0", "") })
@@ -735,7 +745,7 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		add("fork", th, nf, true, func(id string) probeRequest { return reqFork(id, head) })
 		add("checkout", th, nf, true, func(id string) probeRequest { return reqCheckout(id, head, v) })
 		add("unknown endpoint under the thread", th, nf, false, func(id string) probeRequest {
-			return reqUnknownEndpoint(http.MethodGet, "/api/threads/"+id+"/messages")
+			return reqUnknownEndpoint(http.MethodGet, "/api/threads/"+id+"/archive")
 		})
 		add("unregistered method on the thread", th, nf, false, func(id string) probeRequest {
 			return reqUnknownEndpoint(http.MethodPut, "/api/threads/"+id)
@@ -798,7 +808,9 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		add("draft.delete on own thread of alice's message", m, nf, false, func(id string) probeRequest {
 			return reqDraftDelete(own, id, ownVersion)
 		})
+		add("history of own thread before alice's message", m, nf, false, func(id string) probeRequest { return reqHistory(own, id) })
 	}
+	add("history of alice's thread before her message", w.a1, nf, true, func(id string) probeRequest { return reqHistory(w.t1, id) })
 	return ps
 }
 
@@ -846,6 +858,8 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqDecide(w.op, false, w.version[w.t2]), true
 	case "GET /api/threads/{id}/checkpoints":
 		return reqCheckpoints(w.t1), true
+	case "GET /api/threads/{id}/messages":
+		return reqHistory(w.t1, w.a1), true
 	case "GET /api/threads/{id}/events":
 		return reqEvents(w.t1, "after_seq=0", ""), true
 	case "/api/":

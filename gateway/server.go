@@ -23,6 +23,9 @@ type Store interface {
 	CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error)
 	ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error)
 	Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error)
+	// History is a page of the head's history before the message before
+	// ("": the latest), oldest first (store.History).
+	History(ctx context.Context, userID, threadID, before string, limit int, maxBytes int64) (chat.HistoryPage, error)
 	Run(ctx context.Context, userID, runID string) (chat.Run, error)
 	Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error)
 	Operations(ctx context.Context, userID, threadID string) ([]chat.Operation, error)
@@ -190,6 +193,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("POST /api/operations/{id}/confirm", changing(s.decide(true)))
 	mux.Handle("POST /api/operations/{id}/reject", changing(s.decide(false)))
 	mux.Handle("GET /api/threads/{id}/checkpoints", s.authed(s.listCheckpoints))
+	mux.Handle("GET /api/threads/{id}/messages", s.authed(s.listMessages))
 	mux.Handle("GET /api/threads/{id}/events", s.authed(s.events))
 	mux.Handle("/api/", s.authed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, chat.Errorf(chat.CodeNotFound, "no API endpoint %s %s: see the README's API section", r.Method, r.URL.Path))

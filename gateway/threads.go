@@ -153,6 +153,33 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// listMessages answers a page of the thread's history
+// (GET /api/threads/{id}/messages?before=&limit=): the messages just
+// before the message before (none: the latest ones), oldest first, at most
+// limit (default chat.DefaultHistoryPage, at most chat.MaxHistoryPage) and,
+// but for the newest of them, at most chat.HistoryPageBytes of content;
+// next_before continues with the older ones (null: the page starts the
+// history).
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+	limit := chat.DefaultHistoryPage
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > chat.MaxHistoryPage {
+			writeError(w, s.log, chat.Invalid("limit must be a whole number from 1 to %d", chat.MaxHistoryPage))
+			return
+		}
+		limit = n
+	}
+	before := r.URL.Query().Get("before")
+	if _, given := r.URL.Query()["before"]; given && (before == "" || len(before) > chat.MaxIDBytes) {
+		writeError(w, s.log, chat.Invalid("before must name a message of the history (the next_before of the page you have, at most %d bytes), or be left out for the latest messages", chat.MaxIDBytes))
+		return
+	}
+	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (chat.HistoryPage, error) {
+		return s.store.History(ctx, userID, threadID, before, limit, chat.HistoryPageBytes)
+	})
+}
+
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (map[string]any, error) {
 		ops, err := s.store.Operations(ctx, userID, threadID)

@@ -62,6 +62,12 @@ type Request struct {
 	ResumeNote string
 	// Tools the model may call in this step.
 	Tools []ToolSpec
+	// MaxBytes is the size limit of the reply's text (UTF-8 bytes): the
+	// engine stops the stream there and keeps nothing past it. A backend
+	// may ask its endpoint for no more than that (openai derives
+	// max_completion_tokens from it) and should hold no more than about
+	// that of anything it assembles (a tool call's arguments). 0: no limit.
+	MaxBytes int
 }
 
 // Chunk is one piece of streamed output: text, or (at most once per
@@ -73,6 +79,11 @@ type Chunk struct {
 	Card bool
 	// Call is a complete tool call; the step ends with it.
 	Call *ToolCall
+	// Truncated says the endpoint stopped the reply at a length limit (its
+	// own, or the one it was asked for) rather than at its end; it comes
+	// last, on a chunk without text, and the reply is marked cut at the
+	// size limit (chat.TruncatedSizeLimit).
+	Truncated bool
 }
 
 // Stream yields the chunks of one reply. Next returns io.EOF after the last

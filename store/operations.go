@@ -75,7 +75,8 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 		if kind == "" {
 			kind = chat.KindText
 		}
-		if _, err := t.publishMessage(c, chat.Message{MessageID: out.MessageID, Role: chat.RoleAssistant, Kind: kind, Content: out.Content, Model: out.Model}, cpID, runID); err != nil {
+		if _, err := t.publishMessage(c, chat.Message{MessageID: out.MessageID, Role: chat.RoleAssistant, Kind: kind, Content: out.Content, Model: out.Model,
+			Truncated: out.Truncated}, cpID, runID); err != nil {
 			return row, err
 		}
 		ids = append(ids, out.MessageID)

@@ -120,7 +120,7 @@ func (r checkpointRow) checkpoint() (chat.Checkpoint, error) {
 }
 
 const messageCols = `message_id, thread_id, role, kind, content, state_version, checkpoint_id, run_id,
-	fragment_of, created_at, deleted_at, redacted_at, model`
+	fragment_of, created_at, deleted_at, redacted_at, model, truncated`
 
 type messageRow struct {
 	MessageID    string         `db:"message_id"`
@@ -136,13 +136,14 @@ type messageRow struct {
 	DeletedAt    sql.NullInt64  `db:"deleted_at"`  // a draft removed from history
 	RedactedAt   sql.NullInt64  `db:"redacted_at"` // its text purged (see RedactDeletedDrafts)
 	Model        string         `db:"model"`
+	Truncated    string         `db:"truncated"`
 }
 
 func (r messageRow) message() (chat.Message, error) {
 	m := chat.Message{
 		MessageID: r.MessageID, ThreadID: r.ThreadID, Role: r.Role, Kind: r.Kind, Content: r.Content,
 		StateVersion: r.StateVersion, CheckpointID: r.CheckpointID, RunID: fromNullString(r.RunID),
-		CreatedAt: fromMS(r.CreatedAt), Model: r.Model,
+		CreatedAt: fromMS(r.CreatedAt), Model: r.Model, Truncated: r.Truncated,
 	}
 	if r.FragmentOf.Valid {
 		m.FragmentOf = &chat.FragmentOf{}

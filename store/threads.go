@@ -107,9 +107,9 @@ func (t *txn) publishMessage(c *threadCursor, m chat.Message, checkpointID, runI
 		fragmentOf = mustJSON(m.FragmentOf)
 	}
 	if _, err := t.exec(`INSERT INTO messages (message_id, thread_id, role, kind, content, state_version,
-		checkpoint_id, run_id, fragment_of, created_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		checkpoint_id, run_id, fragment_of, created_at, model, truncated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		m.MessageID, m.ThreadID, m.Role, m.Kind, m.Content, m.StateVersion, checkpointID, nullStr(runID),
-		fragmentOf, ms(t.now), m.Model); err != nil {
+		fragmentOf, ms(t.now), m.Model, m.Truncated); err != nil {
 		return m, fmt.Errorf("insert message: %w", err)
 	}
 	ev.Body = chat.MessagePublishedBody{Message: m, CheckpointID: checkpointID}
@@ -265,6 +265,12 @@ func (s *Store) Thread(ctx context.Context, userID, threadID string) (chat.Threa
 // it: the snapshot ends at the last seq handed out, and the partial text
 // includes them.
 func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error) {
+	return s.snapshot(ctx, userID, threadID, nil)
+}
+
+// snapshot is Snapshot whose history is only the part w picks (nil: the
+// whole history).
+func (s *Store) snapshot(ctx context.Context, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
 	var snap chat.Snapshot
 	var pending []*pendingBatch
 	if s.buf != nil {
@@ -275,7 +281,7 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		var err error
-		snap, err = readSnapshot(ctx, q, userID, threadID)
+		snap, err = readSnapshot(ctx, q, userID, threadID, w)
 		return err
 	})
 	if err != nil || len(pending) == 0 {
@@ -317,7 +323,7 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 	return snap, nil
 }
 
-func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (chat.Snapshot, error) {
+func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
 	row, err := readThread(ctx, q, userID, threadID)
 	if err != nil {
 		return chat.Snapshot{}, err
@@ -326,13 +332,21 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string) (cha
 	if err != nil {
 		return chat.Snapshot{}, err
 	}
-	msgs, err := loadMessages(ctx, q, head.MessageIDs)
+	ids, earlier := head.MessageIDs, 0
+	if w != nil {
+		from, to, err := w.pick(ctx, q, head.MessageIDs)
+		if err != nil {
+			return chat.Snapshot{}, err
+		}
+		ids, earlier = head.MessageIDs[from:to], from
+	}
+	msgs, err := loadMessages(ctx, q, ids)
 	if err != nil {
 		return chat.Snapshot{}, err
 	}
 	snap := chat.Snapshot{
 		ThreadID: row.ThreadID, Title: row.Title, StateVersion: row.StateVersion,
-		HeadCheckpointID: row.HeadCheckpointID, LastSeq: row.LastSeq, Messages: msgs,
+		HeadCheckpointID: row.HeadCheckpointID, LastSeq: row.LastSeq, Messages: msgs, EarlierMessages: earlier,
 	}
 	var run runRow
 	err = q.GetContext(ctx, &run, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ?

@@ -513,6 +513,7 @@ type fakeStore struct {
 	listErr error
 	next    int
 	users   map[string]bool // user ids seen
+	window  [2]int64        // the limit and size SnapshotLatest was last asked for
 }
 
 func newFakeStore(snaps ...chat.Snapshot) *fakeStore {
@@ -545,10 +546,14 @@ func (f *fakeStore) ListThreads(_ context.Context, userID string, limit int, cur
 	return out, "", nil
 }
 
-func (f *fakeStore) Snapshot(_ context.Context, userID, threadID string) (chat.Snapshot, error) {
+// SnapshotLatest answers the snapshot as it was given (a test that needs
+// earlier messages left out says so in it) and records the window asked
+// for.
+func (f *fakeStore) SnapshotLatest(_ context.Context, userID, threadID string, limit int, maxBytes int64) (chat.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.users[userID] = true
+	f.window = [2]int64{int64(limit), maxBytes}
 	if threadID == boomID {
 		return chat.Snapshot{}, errors.New("disk on fire")
 	}

@@ -24,7 +24,9 @@ import (
 // Store is what the pages read and the forms change.
 type Store interface {
 	ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error)
-	Snapshot(ctx context.Context, userID, threadID string) (chat.Snapshot, error)
+	// SnapshotLatest is a snapshot with only the latest messages of the
+	// history (store.SnapshotLatest): the page's first paint.
+	SnapshotLatest(ctx context.Context, userID, threadID string, limit int, maxBytes int64) (chat.Snapshot, error)
 	CreateThread(ctx context.Context, userID, title string) (chat.Snapshot, error)
 	RenameThread(ctx context.Context, userID, threadID, title string) error
 }
@@ -271,7 +273,7 @@ func (p *Pages) home(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
-	snap, err := p.store.Snapshot(r.Context(), userID(r), r.PathValue("id"))
+	snap, err := p.store.SnapshotLatest(r.Context(), userID(r), r.PathValue("id"), firstPaintMessages, chat.HistoryPageBytes)
 	if chat.ErrorCode(err) == chat.CodeNotFound {
 		r, links := p.links(r, "")
 		p.render(w, r, http.StatusNotFound, NotFound(links))

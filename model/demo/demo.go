@@ -5,7 +5,9 @@
 // It also drives the product's tool flows (see tools.go): it asks for
 // catalog_search and send_email when they are offered and the last user
 // message asks for them, answers an "order" request with a JSON card, and
-// answers a tool result in words.
+// answers a tool result in words. A request with the word "endless" gets a
+// reply that never ends (a paragraph per pace), for the engine's size limit
+// to stop.
 package demo
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +48,9 @@ func (b *Backend) Stream(ctx context.Context, req model.Request) (model.Stream, 
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
+	if more := endless(req); more != nil {
+		return &stream{ctx: ctx, pace: b.pace, more: more, done: make(chan struct{})}, nil
+	}
 	return &stream{ctx: ctx, pace: b.pace, chunks: reply(req), done: make(chan struct{})}, nil
 }
 
@@ -54,9 +60,12 @@ type stream struct {
 	ctx    context.Context
 	pace   time.Duration
 	chunks []model.Chunk
-	next   int
-	done   chan struct{}
-	once   sync.Once
+	// more, when set, makes the chunks after chunks: a reply that never
+	// ends (endless), made one chunk at a time and never held whole.
+	more func(i int) model.Chunk
+	next int
+	done chan struct{}
+	once sync.Once
 }
 
 // Next waits one pace and returns the next chunk: a word of a text reply
@@ -67,7 +76,7 @@ func (s *stream) Next(ctx context.Context) (model.Chunk, error) {
 	if err := s.check(ctx); err != nil {
 		return model.Chunk{}, err
 	}
-	if s.next >= len(s.chunks) {
+	if s.next >= len(s.chunks) && s.more == nil {
 		return model.Chunk{}, model.EOF
 	}
 	if s.pace > 0 {
@@ -83,7 +92,12 @@ func (s *stream) Next(ctx context.Context) (model.Chunk, error) {
 			return model.Chunk{}, err
 		}
 	}
-	c := s.chunks[s.next]
+	var c model.Chunk
+	if s.next < len(s.chunks) {
+		c = s.chunks[s.next]
+	} else {
+		c = s.more(s.next - len(s.chunks))
+	}
 	s.next++
 	return c, nil
 }
@@ -274,4 +288,40 @@ func why(note string) string {
 		return "interrupted"
 	}
 	return "stopped"
+}
+
+var endlessWord = regexp.MustCompile(`(?i)\bendless\b`)
+
+// endless is the reply to a user message with the word "endless": one that
+// never ends, a paragraph per chunk (so that the size limit, which stops
+// it, is reached in a few hundred chunks), or nil for any other request.
+func endless(req model.Request) func(i int) model.Chunk {
+	n := len(req.Messages)
+	if n == 0 {
+		return nil
+	}
+	last := req.Messages[n-1]
+	if last.Role != model.RoleUser || last.Fragment || !endlessWord.MatchString(last.Content) {
+		return nil
+	}
+	words, _ := topics(endlessWord.ReplaceAllString(last.Content, ""))
+	all, topic := "your question", func(int) string { return "your question" }
+	if len(words) > 0 {
+		all, topic = list(words), func(i int) string { return words[i%len(words)] }
+	}
+	return func(i int) model.Chunk {
+		if i == 0 {
+			return model.Chunk{Text: "Here is an endless answer about " + all + ": it goes on until the gateway stops it at its size limit.\n\n"}
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "**Part %d.** ", i)
+		for k := range 5 {
+			if k > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, considerations[(3*i+k)%len(considerations)], topic(i+k))
+		}
+		b.WriteString("\n\n")
+		return model.Chunk{Text: b.String()}
+	}
 }

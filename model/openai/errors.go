@@ -76,9 +76,20 @@ func requestError(err error, status int, res *http.Response, retries int, model 
 		return &Error{Kind: KindUpstream, StatusCode: status, msg: with(fmt.Sprintf("the model endpoint had an upstream error (HTTP %d)%s; try again later", status, after)), err: err}
 	case status == http.StatusNotFound:
 		return &Error{Kind: KindRequest, StatusCode: status, msg: with(fmt.Sprintf("the model endpoint answered 404 for model %q: check GATEWAY_OPENAI_MODEL and GATEWAY_OPENAI_BASE_URL (it usually ends in /v1)", model)), err: err}
+	case tokensRefused(detail):
+		return &Error{Kind: KindRequest, StatusCode: status, msg: with(fmt.Sprintf("the model endpoint rejected the request (HTTP %d)", status)) +
+			". The request's max_completion_tokens comes from the reply size limit: set -openai-max-completion-tokens (GATEWAY_OPENAI_MAX_COMPLETION_TOKENS) to what this model allows", err: err}
 	default:
 		return &Error{Kind: KindRequest, StatusCode: status, msg: with(fmt.Sprintf("the model endpoint rejected the request (HTTP %d)", status)), err: err}
 	}
+}
+
+// tokensRefused reports whether an endpoint's explanation of a refused
+// request is about the completion tokens asked for (OpenAI names the
+// field; vLLM and others say how many tokens went "in the completion").
+func tokensRefused(detail string) bool {
+	d := strings.ToLower(detail)
+	return strings.Contains(d, "max_completion_tokens") || strings.Contains(d, "max_tokens") || strings.Contains(d, "in the completion")
 }
 
 // responseMessage is the upstream's own explanation of a refused request,

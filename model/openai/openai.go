@@ -23,6 +23,14 @@
 // and 5xx answers to the request itself are retried up to Config.MaxRetries
 // times with a short backoff; a stream that breaks after it started is never
 // retried (its text would be sent twice).
+//
+// Size: a request carries max_completion_tokens (Config.MaxCompletionTokens,
+// or derived from the request's size limit, model.Request.MaxBytes); a
+// reply the endpoint stops at a length limit (finish_reason "length") ends
+// with a Truncated chunk. Within the size limit one event may hold at most
+// maxEventBytes and a tool call's arguments at most the limit: past either
+// the stream fails and its connection is closed, so an endpoint cannot
+// make the gateway hold more than about a reply's worth of its output.
 package openai
 
 import (
@@ -53,6 +61,27 @@ const (
 	DefaultMaxRetries  = 2
 )
 
+// MaxDerivedCompletionTokens bounds the max_completion_tokens derived from
+// a request's size limit: 16384 is the most that common chat models
+// (gpt-4o, gpt-4o-mini) accept, and a larger value makes them refuse every
+// request. A model that may write more (reasoning models count their
+// reasoning in it) needs Config.MaxCompletionTokens.
+const MaxDerivedCompletionTokens = 16384
+
+// completionTokens is the max_completion_tokens asked for a reply of at
+// most maxBytes bytes of text (0: no limit): explicit when the operator
+// set it, otherwise a quarter of maxBytes rounded up (about four bytes of
+// English per token), at most MaxDerivedCompletionTokens. 0: none sent.
+func completionTokens(explicit int64, maxBytes int) int64 {
+	switch {
+	case explicit > 0:
+		return explicit
+	case maxBytes <= 0:
+		return 0
+	}
+	return min(int64(maxBytes+3)/4, MaxDerivedCompletionTokens)
+}
+
 // FragmentPrefix starts the text of a user-saved fragment when it is sent
 // upstream, so the model reads it as partial output and not a finished answer.
 const FragmentPrefix = "[Saved fragment of an interrupted reply, kept by the user] "
@@ -81,6 +110,10 @@ type Config struct {
 	// HTTPClient sends the requests; nil means a client of its own. Leave its
 	// Timeout 0: it would cap the whole stream (use IdleTimeout instead).
 	HTTPClient *http.Client
+	// MaxCompletionTokens is sent as max_completion_tokens with every
+	// reply request. 0 derives it from the request's size limit
+	// (model.Request.MaxBytes; see completionTokens).
+	MaxCompletionTokens int64
 }
 
 // String describes c without its API key.
@@ -105,6 +138,7 @@ type Backend struct {
 	svc         sdk.ChatCompletionService
 	model       string
 	temperature *float64
+	maxTokens   int64 // Config.MaxCompletionTokens
 	idle        time.Duration
 	retries     int
 	backoff     time.Duration // first retry delay, doubled per retry
@@ -149,6 +183,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.IdleTimeout < 0 {
 		return errors.New("the idle timeout must not be negative")
+	}
+	if cfg.MaxCompletionTokens < 0 {
+		return errors.New("max_completion_tokens must not be negative: use 0 to derive it from the reply size limit")
 	}
 	return nil
 }
@@ -198,6 +235,7 @@ func New(cfg Config) (*Backend, error) {
 		svc:         sdk.NewChatCompletionService(opts...),
 		model:       cfg.Model,
 		temperature: temp,
+		maxTokens:   cfg.MaxCompletionTokens,
 		idle:        idle,
 		retries:     retries,
 		backoff:     250 * time.Millisecond,
@@ -216,7 +254,7 @@ func (b *Backend) Stream(ctx context.Context, req model.Request) (model.Stream, 
 	if err != nil {
 		return nil, err
 	}
-	return newStream(ctx, b, params), nil
+	return newStream(ctx, b, params, req.MaxBytes), nil
 }
 
 // params builds the streaming chat completion request for req.
@@ -228,6 +266,9 @@ func (b *Backend) params(req model.Request) (sdk.ChatCompletionNewParams, error)
 	}
 	if b.temperature != nil {
 		p.Temperature = sdk.Float(*b.temperature)
+	}
+	if n := completionTokens(b.maxTokens, req.MaxBytes); n > 0 {
+		p.MaxCompletionTokens = sdk.Int(n)
 	}
 	for _, t := range req.Tools {
 		def := shared.FunctionDefinitionParam{Name: t.Name}

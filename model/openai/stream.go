@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -27,11 +28,29 @@ var ErrClosed = errors.New("openai: stream closed")
 // errIdle is the cause the idle watchdog cancels a request with.
 var errIdle = errors.New("openai: idle timeout")
 
+// errEventTooLarge is the error a response body gives once one of its
+// events passes maxEventBytes.
+var errEventTooLarge = errors.New("openai: stream event too large")
+
+// maxEventBytes bounds one server-sent event (one chunk) of a reply of at
+// most limit bytes of text (0: no bound): six times the limit (a byte of
+// text written as a JSON \u escape) and 64 KiB for the rest of the chunk.
+// An event is read whole before it is decoded, so without a bound one
+// event could hold any amount of text, none of which the size limit would
+// ever see.
+func maxEventBytes(limit int) int {
+	if limit <= 0 {
+		return 0
+	}
+	return 6*limit + 64<<10
+}
+
 // Stream is one streamed reply. Next is called by one goroutine; Close may be
 // called from any goroutine at any time. Usage may be called at any time.
 type Stream struct {
 	b      *Backend
 	params sdk.ChatCompletionNewParams
+	limit  int             // model.Request.MaxBytes: bounds one event and a tool call's arguments (0: none)
 	ctx    context.Context // the request's context: cancelled by Close, a Next ctx, or the watchdog
 	cancel context.CancelCauseFunc
 	closed atomic.Bool
@@ -44,6 +63,8 @@ type Stream struct {
 	started bool
 	queue   []model.Chunk
 	calls   []*callParts
+	args    int   // bytes of tool call arguments so far
+	tooLong error // the tool call's arguments passed the limit
 	finish  string
 	ended   bool  // everything was read: queue then EOF
 	err     error // sticky
@@ -51,9 +72,9 @@ type Stream struct {
 
 var _ model.Stream = (*Stream)(nil)
 
-func newStream(ctx context.Context, b *Backend, params sdk.ChatCompletionNewParams) *Stream {
+func newStream(ctx context.Context, b *Backend, params sdk.ChatCompletionNewParams, limit int) *Stream {
 	rctx, cancel := context.WithCancelCause(ctx)
-	return &Stream{b: b, params: params, ctx: rctx, cancel: cancel}
+	return &Stream{b: b, params: params, ctx: rctx, cancel: cancel, limit: limit}
 }
 
 // callParts is one tool call being assembled from deltas.
@@ -158,6 +179,9 @@ func (s *Stream) next(ctx context.Context) (model.Chunk, error) {
 			return model.Chunk{}, s.stopped(ctx, context.Cause(s.ctx))
 		}
 		s.take(s.sse.Current())
+		if s.tooLong != nil {
+			return model.Chunk{}, s.tooLong
+		}
 	}
 }
 
@@ -178,6 +202,10 @@ func (s *Stream) take(ch sdk.ChatCompletionChunk) {
 		}
 		for _, tc := range d.ToolCalls {
 			s.part(tc)
+			s.args += len(tc.Function.Arguments)
+		}
+		if s.limit > 0 && s.args > s.limit && s.tooLong == nil {
+			s.tooLong = &Error{Kind: KindBadReply, msg: fmt.Sprintf("the model's tool call arguments passed the reply size limit of %d bytes; the reply was stopped", s.limit)}
 		}
 		if choice.FinishReason != "" {
 			s.finish = choice.FinishReason
@@ -223,6 +251,9 @@ func (s *Stream) end() error {
 		if len(s.calls) > 0 {
 			return &Error{Kind: KindBadReply, msg: "the model's reply hit its length limit in the middle of a tool call"}
 		}
+		// The endpoint stopped the text at a length limit: it is kept as
+		// streamed, and said to be cut.
+		s.queue = append(s.queue, model.Chunk{Truncated: true})
 	}
 	// A call is handed over when the reply finished for it ("tool_calls"),
 	// and also when a compatible server streamed one but reported "stop"
@@ -255,7 +286,7 @@ func (s *Stream) end() error {
 func (s *Stream) open(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		var res *http.Response
-		spy := &doneSpy{}
+		spy := &doneSpy{maxEvent: maxEventBytes(s.limit)}
 		watchdog := time.AfterFunc(s.b.idle, func() { s.cancel(errIdle) })
 		sse := s.b.svc.NewStreaming(s.ctx, s.params,
 			option.WithResponseInto(&res),
@@ -336,6 +367,9 @@ func (s *Stream) streamError(ctx context.Context, err error) error {
 		}
 		return &Error{Kind: KindUpstream, msg: "the model endpoint reported an error mid-stream: " + msg, err: err}
 	}
+	if errors.Is(err, errEventTooLarge) {
+		return &Error{Kind: KindBadReply, msg: fmt.Sprintf("the model endpoint sent one chunk of more than %d bytes, more than a reply may hold; the reply was stopped", maxEventBytes(s.limit)), err: err}
+	}
 	var syn *json.SyntaxError
 	if errors.As(err, &syn) {
 		return &Error{Kind: KindBadReply, msg: "the model's stream could not be read (a chunk is not valid JSON)", err: err}
@@ -374,11 +408,17 @@ func seconds(d time.Duration) string {
 
 // doneSpy passes a streaming response body through and notes whether the
 // "data: [DONE]" terminator went by, which tells a finished stream from one
-// whose body merely ended.
+// whose body merely ended. With maxEvent set, it fails the body
+// (errEventTooLarge) once one event (the lines up to a blank one) passes
+// that many bytes.
 type doneSpy struct {
 	rc   io.ReadCloser
 	tail []byte
 	done bool
+
+	maxEvent          int
+	lineLen, eventLen int
+	afterCR           bool
 }
 
 var (
@@ -388,6 +428,9 @@ var (
 
 func (d *doneSpy) Read(p []byte) (int, error) {
 	n, err := d.rc.Read(p)
+	if d.maxEvent > 0 && n > 0 && !d.measure(p[:n]) {
+		return n, errEventTooLarge
+	}
 	if n > 0 && !d.done {
 		edge := append(d.tail, p[:min(n, spyTail)]...)
 		for _, m := range doneMarks {
@@ -406,3 +449,28 @@ func (d *doneSpy) Read(p []byte) (int, error) {
 }
 
 func (d *doneSpy) Close() error { return d.rc.Close() }
+
+// measure counts the bytes of the event being read (line ends are \n, \r\n
+// or \r; an empty line ends an event) and reports whether it is still
+// within maxEvent.
+func (d *doneSpy) measure(p []byte) bool {
+	for _, c := range p {
+		if c == '\n' && d.afterCR {
+			d.afterCR = false
+			continue
+		}
+		d.afterCR = c == '\r'
+		if c == '\n' || c == '\r' {
+			if d.lineLen == 0 {
+				d.eventLen = 0
+			}
+			d.lineLen = 0
+			continue
+		}
+		d.lineLen++
+		if d.eventLen++; d.eventLen > d.maxEvent {
+			return false
+		}
+	}
+	return true
+}

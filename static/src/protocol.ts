@@ -22,6 +22,9 @@ export interface Message {
   fragment_of: { run_id: string; message_id: string; last_seq: number } | null;
   created_at: string;
   model?: string; // the model a reply was asked of
+  // truncated: the reply was cut at the size limit (the model was stopped
+  // there); content is still exactly what was streamed.
+  truncated?: "size_limit";
 }
 
 export interface ActiveRun {
@@ -51,6 +54,19 @@ export interface Snapshot {
   messages: Message[];
   active_run: ActiveRun | null;
   last_run: LastRun | null;
+  // earlier_messages: how many messages at the start of the history the
+  // page's own snapshot left out (never in the API's snapshots).
+  earlier_messages?: number;
+}
+
+// HistoryPage is GET /api/threads/{id}/messages: a page of the head's
+// history, oldest first; next_before continues with older ones.
+export interface HistoryPage {
+  thread_id: string;
+  head_checkpoint_id: string;
+  state_version: number;
+  messages: Message[];
+  next_before: string | null;
 }
 
 export interface Checkpoint {

@@ -9,6 +9,7 @@ import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdo
 import { cardText, renderCard } from "./card";
 import { askHeld, canSave, notHeld, type Held } from "./seen";
 import { groupByDay } from "./sidebar";
+import { clipUTF8, clippedNote, cutNote, displayBytes, earlierLabel, fetchEarlier, historyIDs, windowStart } from "./history";
 import {
   CommandError,
   type Checkpoint,
@@ -128,6 +129,11 @@ export class ThreadView {
   private lastSeq: number;
   private head = "";
   private messages: Message[] = [];
+  // earlier counts the messages of the history before those shown (and
+  // held): "Show earlier messages" brings them in (history.ts).
+  private earlier = 0;
+  private loadingEarlier = false;
+  private readonly expanded = new Set<string>(); // long replies shown whole
   private run: Run | null = null;
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
@@ -182,6 +188,7 @@ export class ThreadView {
   private readonly opsPanel: HTMLElement;
   private readonly jump: HTMLButtonElement;
   private readonly heading: HTMLElement;
+  private readonly earlierBox: HTMLElement;
 
   constructor(private readonly root: HTMLElement) {
     const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
@@ -202,6 +209,7 @@ export class ThreadView {
     this.opsPanel = $(root, "[data-testid=operations]");
     this.jump = $(root, "[data-testid=jump-latest]");
     this.heading = $(root, "[data-testid=thread-heading]");
+    this.earlierBox = $(root, "[data-testid=earlier]");
     this.socket = new Socket({
       // A cancel the user pressed while offline goes first, before this tab
       // follows the thread again (the run may be streaming once more).
@@ -278,7 +286,7 @@ export class ThreadView {
     this.stateVersion = s.state_version;
     this.lastSeq = s.last_seq;
     this.head = s.head_checkpoint_id;
-    this.messages = s.messages ?? [];
+    this.takeHistory(s);
     this.receipt = null;
     this.failure = null;
     // How the latest run ended, while it is still the last word on the
@@ -875,6 +883,10 @@ export class ThreadView {
         });
         this.render();
         return;
+      case "show-earlier":
+        return this.showEarlier();
+      case "show-whole":
+        return this.showWhole(target.dataset.messageId ?? "");
       case "reload":
         this.conflictFrom = null;
         this.banner.hidden = true;
@@ -997,6 +1009,7 @@ export class ThreadView {
     this.frame = 0;
     const atBottom = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
     this.renderMessages();
+    this.renderEarlier();
     this.renderToolSteps();
     this.renderLive();
     this.renderOperations();
@@ -1096,7 +1109,7 @@ export class ThreadView {
   // latest state of that branch).
   private branches(): Map<string, Branch> {
     const out = new Map<string, Branch>();
-    const hist = this.messages.map((m) => m.message_id);
+    const hist = historyIDs(this.messages, this.earlier, this.checkpoints.find((c) => c.checkpoint_id === this.head));
     if (hist.length === 0 || this.checkpoints.length === 0) return out;
     const byID = new Map(this.checkpoints.map((c) => [c.checkpoint_id, c]));
     const ancestors = new Set<string>();
@@ -1168,9 +1181,7 @@ export class ThreadView {
     } else if (m.role === "assistant") {
       // Replies and fragments are Markdown; the user's own text is shown
       // as typed.
-      const body = el("div", { class: "body md", "data-testid": "message-body" });
-      body.append(renderMarkdown(m.content));
-      li.append(body);
+      li.append(...this.replyBody(m));
     } else {
       li.append(el("div", { class: "body", "data-testid": "message-body" }, m.content));
     }
@@ -1197,6 +1208,78 @@ export class ThreadView {
       li.append(actions);
     }
     return li;
+  }
+
+  // ---- a long conversation, shown in part (history.ts) ----
+
+  // takeHistory keeps the part of a snapshot's history the page shows: from
+  // the first message this tab already showed, when the snapshot still
+  // holds it, else its latest messages.
+  private takeHistory(s: Snapshot): void {
+    const all = s.messages ?? [];
+    const from = windowStart(all, this.messages[0]?.message_id);
+    this.messages = all.slice(from);
+    this.earlier = (s.earlier_messages ?? 0) + from;
+  }
+
+  // renderEarlier offers the messages before those shown.
+  private renderEarlier(): void {
+    this.earlierBox.hidden = this.earlier === 0;
+    if (!this.loadingEarlier) $(this.earlierBox, "[data-testid=show-earlier]").textContent = earlierLabel(this.earlier);
+  }
+
+  // showEarlier brings in the page of the history before the messages
+  // shown, and keeps in view the message the user was reading.
+  private async showEarlier(): Promise<void> {
+    const first = this.messages[0];
+    if (!first || this.earlier === 0 || this.loadingEarlier) return;
+    const button = $<HTMLButtonElement>(this.earlierBox, "[data-testid=show-earlier]");
+    const status = $(this.earlierBox, "[data-testid=earlier-status]");
+    this.loadingEarlier = true;
+    button.disabled = true;
+    status.textContent = "Loading earlier messages…";
+    try {
+      const page = await fetchEarlier(this.threadID, first.message_id);
+      status.textContent = "";
+      if (page.head_checkpoint_id !== this.head || this.messages[0] !== first) {
+        this.resync(); // the history changed meanwhile: read it again
+        return;
+      }
+      const was = this.list.querySelector(`[data-message-id="${CSS.escape(first.message_id)}"]`)?.getBoundingClientRect().top ?? 0;
+      this.messages = [...page.messages, ...this.messages];
+      this.earlier = page.next_before === null ? 0 : Math.max(this.earlier - page.messages.length, 1);
+      this.render();
+      const now = this.list.querySelector(`[data-message-id="${CSS.escape(first.message_id)}"]`)?.getBoundingClientRect().top ?? 0;
+      window.scrollBy(0, now - was);
+    } catch (err) {
+      status.textContent = `Could not load the earlier messages (${(err as Error).message}): press the button to try again.`;
+    } finally {
+      this.loadingEarlier = false;
+      button.disabled = false;
+      this.renderEarlier();
+    }
+  }
+
+  // showWhole shows the whole of a reply shown in part.
+  private showWhole(id: string): void {
+    const m = this.messages.find((x) => x.message_id === id);
+    const li = this.list.querySelector<HTMLElement>(`[data-message-id="${CSS.escape(id)}"]`);
+    if (!m || !li) return;
+    this.expanded.add(id);
+    const item = this.messageItem(m, this.branches().get(id));
+    li.replaceWith(item);
+    item.tabIndex = -1;
+    item.focus({ preventScroll: true });
+  }
+
+  // replyBody is an assistant's reply as Markdown: of a long one only its
+  // start (until shown whole), and a note when it was cut at the size limit.
+  private replyBody(m: Message): HTMLElement[] {
+    const { text, clipped } = this.expanded.has(m.message_id) ? { text: m.content, clipped: false } : clipUTF8(m.content, displayBytes);
+    const body = el("div", { class: "body md", "data-testid": "message-body" });
+    body.append(renderMarkdown(text));
+    if (clipped) body.dataset.clipped = "true";
+    return [body, ...(clipped ? [clippedNote(m)] : []), ...(m.truncated === "size_limit" ? [cutNote(m)] : [])];
   }
 
   // renderToolSteps says under each consequential call's result what became
