@@ -127,7 +127,7 @@ func TestLongConversationPageIsBounded(t *testing.T) {
 	thread := srv.createThread()
 	evs := srv.events(thread.ThreadID, thread.LastSeq)
 	for i := range replies {
-		run := srv.startRun(thread.ThreadID, srv.snapshot(thread.ThreadID).StateVersion, fmt.Sprintf("an endless story about tomatoes, part %d", i+1))
+		run := srv.startRun(thread.ThreadID, srv.snapshot(thread.ThreadID).StateVersion, fmt.Sprintf("endless: a story about tomatoes, part %d", i+1))
 		if end := evs.waitFor(time.Now().Add(60*time.Second), "the run's end", isEnd(run.RunID)); end.Type != chat.EventRunCompleted {
 			t.Fatalf("run %d ended with %s", i+1, end.Raw)
 		}

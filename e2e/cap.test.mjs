@@ -14,7 +14,7 @@ serveForFile({ pace: "1ms", args: ["-max-reply-bytes", String(limit)] }, (s, b) 
 test("a conversation of five replies cut at the size limit opens at its latest, says each was cut, and brings the earlier ones on demand", async () => {
   const created = await server.api("/api/threads", { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
   const threadID = created.thread_id;
-  for (let i = 1; i <= 5; i++) await apiExchange(server, threadID, `Tell me an endless story about tomatoes, part ${i}`);
+  for (let i = 1; i <= 5; i++) await apiExchange(server, threadID, `Endless: a story about tomatoes, part ${i}`);
   const history = (await server.api(`/api/threads/${threadID}`)).messages;
   assert.equal(history.length, 10);
   for (const m of history.filter((m) => m.role === "assistant")) {

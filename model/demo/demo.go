@@ -5,8 +5,8 @@
 // It also drives the product's tool flows (see tools.go): it asks for
 // catalog_search and send_email when they are offered and the last user
 // message asks for them, answers an "order" request with a JSON card, and
-// answers a tool result in words. A request with the word "endless" gets a
-// reply that never ends (a paragraph per pace), for the engine's size limit
+// answers a tool result in words. A request that starts with "endless:"
+// gets a reply that never ends (a paragraph per pace), for the engine's size limit
 // to stop.
 package demo
 
@@ -290,9 +290,10 @@ func why(note string) string {
 	return "stopped"
 }
 
-var endlessWord = regexp.MustCompile(`(?i)\bendless\b`)
+var endlessWord = regexp.MustCompile(`(?i)^\s*endless:`)
 
-// endless is the reply to a user message with the word "endless": one that
+// endless is the reply to a user message that starts with "endless:" (a
+// prefix, so that "search for endless summer" still searches): one that
 // never ends, a paragraph per chunk (so that the size limit, which stops
 // it, is reached in a few hundred chunks), or nil for any other request.
 func endless(req model.Request) func(i int) model.Chunk {

@@ -8,12 +8,12 @@ import (
 	"github.com/honestcancel/gateway/model"
 )
 
-// A request with the word "endless" gets a reply that does not end: the
+// A request that starts with "endless:" gets a reply that does not end: the
 // same paragraphs for the same request, each one chunk, about the
 // request's words; a Close stops it. Other requests end as before.
 func TestEndlessReplyNeverEnds(t *testing.T) {
 	read := func(n int) []string {
-		s, err := New(0).Stream(context.Background(), user("Tell me an endless story about tomatoes"))
+		s, err := New(0).Stream(context.Background(), user("Endless: tell me a story about tomatoes"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func TestEndlessReplyNeverEnds(t *testing.T) {
 		t.Fatal("the same request streamed another reply")
 	}
 
-	s, _ := New(0).Stream(context.Background(), user("endless"))
+	s, _ := New(0).Stream(context.Background(), user("endless: anything"))
 	s.Close()
 	if _, err := s.Next(context.Background()); err != ErrClosed {
 		t.Fatalf("Next after Close: %v, want ErrClosed", err)
@@ -48,7 +48,10 @@ func TestEndlessReplyNeverEnds(t *testing.T) {
 	if n := len(collect(t, user("tell me about summers that never end"))); n == 0 {
 		t.Fatal("no reply")
 	}
-	req := model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: "endless"}, {Role: model.RoleAssistant, Content: "ok"}}}
+	if more := endless(user("tell me about an endless summer")); more != nil {
+		t.Fatal(`"endless" inside a request, not as its "endless:" prefix, got an endless reply`)
+	}
+	req := model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: "endless: anything"}, {Role: model.RoleAssistant, Content: "ok"}}}
 	if more := endless(req); more != nil {
 		t.Fatal("a conversation whose last message is a reply got an endless reply")
 	}
