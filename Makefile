@@ -42,7 +42,7 @@ fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "== $$name ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) $$pkg; \
 	done
 
 test-go: node-deps
@@ -75,10 +75,14 @@ test-e2e: node-deps browser
 # them: Go 1.26's fuzz coordinator can fail a timed run with a bare
 # "context deadline exceeded" when its deadline races a worker
 # (go.dev/issue/75804, fixed in Go 1.27); a count has no deadline to race.
+# Minimizing each new input is bounded by a count too: by default it may
+# take up to a minute per input, during which the run shows 0 execs/s (a
+# fresh cache on a loaded machine spent minutes there).
 test-fuzz:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME) FUZZ_FLAGS=-fuzzminimizetime=$(CI_FUZZMINIMIZE)
 
 CI_FUZZTIME ?= 15000x
+CI_FUZZMINIMIZE ?= 1000x
 
 test: lint generate-check test-go test-store-postgres test-fuzz test-e2e
 
