@@ -30,8 +30,10 @@ let lockBuilt = null;
 // holdWriteLock takes the write lock of the SQLite database at db from
 // another process (internal/sqlitelock), as a backup tool or an sqlite3
 // shell would: while it is held the gateway's writes wait, so what it
-// streams is in its memory only. It resolves once the lock is held, to a
-// function that lets it go.
+// streams is in its memory only. It resolves once the lock is held, to
+// { release, written }: release lets it go; written maps each thread id to
+// the last seq written of it, which cannot move while the lock is held (a
+// delta with a larger seq is in the gateway's memory only).
 export async function holdWriteLock(db) {
   if (!lockBuilt) {
     const dir = mkdtempSync(join(tmpdir(), "gateway-e2e-lock-"));
@@ -41,23 +43,27 @@ export async function holdWriteLock(db) {
   }
   const proc = spawn(lockBuilt, [db], { stdio: ["pipe", "pipe", "inherit"] });
   const exited = new Promise((resolve) => proc.once("exit", resolve));
-  await new Promise((resolve, reject) => {
+  const written = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("sqlitelock did not take the lock in 40 s")), 40000);
+    let out = "";
     proc.stdout.on("data", (chunk) => {
-      if (String(chunk).includes("locked")) {
-        clearTimeout(timer);
-        resolve();
-      }
+      out += chunk;
+      if (!/^end$/m.test(out)) return;
+      clearTimeout(timer);
+      const seqs = new Map();
+      for (const m of out.matchAll(/^thread (\S+) (\d+)$/gm)) seqs.set(m[1], Number(m[2]));
+      resolve(seqs);
     });
     proc.once("exit", (code) => {
       clearTimeout(timer);
       reject(new Error(`sqlitelock exited with ${code} before taking the lock`));
     });
   });
-  return async () => {
+  const release = async () => {
     proc.stdin.end();
     await exited;
   };
+  return { release, written };
 }
 
 // startServer runs the binary until stop(); start(server.addr) or restart()
