@@ -130,6 +130,7 @@ func FuzzStreamParser(f *testing.F) {
 		defer s.Close()
 		var text strings.Builder
 		var calls int
+		var cut bool // the endpoint's length limit was reported: nothing may follow
 		var end error
 		for i := 0; ; i++ {
 			if i > len(body)+2 {
@@ -140,10 +141,16 @@ func FuzzStreamParser(f *testing.F) {
 				end = err
 				break
 			}
-			if calls > 0 {
-				t.Fatalf("chunk %+v after the tool call", c)
+			if calls > 0 || cut {
+				t.Fatalf("chunk %+v after the tool call or the length limit", c)
 			}
 			switch {
+			case c.Truncated:
+				// The mark of a reply the endpoint cut: on its own, last.
+				cut = true
+				if c.Text != "" || c.Call != nil {
+					t.Fatalf("length-limit chunk %+v carries more than the mark", c)
+				}
 			case c.Call != nil:
 				calls++
 				if c.Text != "" || c.Call.Name == "" || !json.Valid(c.Call.Arguments) {
