@@ -196,6 +196,10 @@ type Run struct {
 	// Usage adds up the tokens the model endpoint reported for the run's
 	// steps (zero when it reports none, as the demo model).
 	Usage Usage `json:"usage"`
+	// QueuePosition is set while the run waits for capacity (PROTOCOL.md
+	// "Admission"): 1 = the next to start. Zero (omitted) when it does not
+	// wait: it runs, has ended, or a slot is free for it.
+	QueuePosition int `json:"queue_position,omitempty"`
 }
 
 // Usage is a token count.
@@ -248,6 +252,9 @@ type ActiveRun struct {
 	MessageID   *string   `json:"message_id"`
 	PartialText string    `json:"partial_text"`
 	LastSeq     int64     `json:"last_seq"`
+	// QueuePosition: as Run.QueuePosition (status queued, waiting for
+	// capacity; omitted otherwise).
+	QueuePosition int `json:"queue_position,omitempty"`
 }
 
 // Snapshot is the state of a thread as one consistent read: its head's

@@ -26,6 +26,9 @@ type RunStartAck struct {
 	RunID        string    `json:"run_id"`
 	Status       RunStatus `json:"status"`
 	StateVersion int64     `json:"state_version"`
+	// QueuePosition is set when the server is at capacity and the run
+	// waits for a slot (1 = the next to start; PROTOCOL.md "Admission").
+	QueuePosition int `json:"queue_position,omitempty"`
 }
 
 // CancelRun are the fields of run.cancel.
