@@ -64,6 +64,7 @@ type Config struct {
 	// Retention; 0 keeps forever (StreamTTL must be more than 0).
 	StreamTTL, EventTTL, AuditTTL, DraftTTL time.Duration
 	Workers                                 int
+	MaxRunsPerUser                          int // a user's share of the workers (store.Options.MaxRunsPerUser)
 	// Tools: the catalog search's and the embedded email provider's
 	// behaviour, and the webhook tools' file.
 	SearchLatency, OutboxLatency time.Duration
@@ -156,7 +157,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 
 	// Construct.
 	st, err := store.Open(ctx, cfg.DB, store.Options{Metrics: a.metrics, Exclusive: true, StreamBuffer: true,
-		ReconcileHorizon: cfg.ReconcileHorizon, Synchronous: cfg.SQLiteSynchronous})
+		ReconcileHorizon: cfg.ReconcileHorizon, Synchronous: cfg.SQLiteSynchronous, MaxRunsPerUser: cfg.MaxRunsPerUser})
 	if err != nil {
 		if store.IsPostgres(cfg.DB) {
 			return nil, fmt.Errorf("%w (is PostgreSQL running, and does -db %s name a database this user may use?)", err, RedactedURL(cfg.DB))
@@ -369,11 +370,13 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 			log.Warn("no account can sign in yet: create one with `gateway user add NAME`")
 		}
 	}
+	reads := queueAware{Store: a.store, engine: a.engine}
 	a.api = gateway.New(gateway.Config{
-		Auth: authn, Store: a.store, Runs: a.engine, Log: log,
+		Auth: authn, Store: reads, Runs: a.engine, Log: log,
 		Feed:        feed,
 		Metrics:     a.metrics,
 		ToolServers: a.toolServers,
+		Admission:   a.engine.Admission,
 		// Event streams re-check their credential at each keep-alive, as
 		// the WebSocket does at each ping: one interval for both.
 		KeepAlive: cfg.WSPing,
@@ -384,7 +387,7 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	mux := http.NewServeMux()
 	a.api.Routes(mux)
 	// The page forms draw from the same per-user command budget as the API.
-	web.New(a.store, authn, a.api, log).Routes(mux)
+	web.New(reads, authn, a.api, log).Routes(mux)
 	// Metrics hold no user content, but they are the server's own business:
 	// on the main listener only when everyone who reaches it is trusted
 	// anyway (-auth none) or when asked for (-metrics-public); always on the

@@ -31,6 +31,15 @@ type RunStartAck struct {
 	QueuePosition int `json:"queue_position,omitempty"`
 }
 
+// Admission is an engine's admission state (PROTOCOL.md "Admission"), as
+// /readyz shows it: Capacity runs may execute at once, Executing do now,
+// and Waiting queued runs are not yet claimed by any instance.
+type Admission struct {
+	Capacity  int `json:"capacity"`
+	Executing int `json:"executing"`
+	Waiting   int `json:"waiting"`
+}
+
 // CancelRun are the fields of run.cancel.
 type CancelRun struct {
 	UserID      string

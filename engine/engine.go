@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
@@ -65,6 +66,11 @@ type Leases interface {
 	// RunHolder is the lease owner of an active run ("" none), as last
 	// committed (it may change right after).
 	RunHolder(ctx context.Context, runID string) (string, error)
+	// QueueState is a queued run's place in the claim order (0: not
+	// waiting to be claimed) and whether its user holds their share of
+	// executing runs; QueuedRuns counts the queued runs not yet claimed.
+	QueueState(ctx context.Context, runID string) (position int, atShare bool, err error)
+	QueuedRuns(ctx context.Context) (int, error)
 }
 
 // Execution is what one execution of a run writes under its lease.
@@ -226,6 +232,14 @@ type Engine struct {
 	wake       chan struct{}
 	cancelWake chan struct{} // WakeCancels -> watchCancels
 
+	// slots holds one token per execution running here (capacity
+	// Config.Workers); only dispatch adds tokens, each execution takes its
+	// own back when it ends.
+	slots chan struct{}
+	// waiting is the queued runs not yet claimed, as dispatch last
+	// counted them (Admission).
+	waiting atomic.Int64
+
 	mu      sync.Mutex
 	running map[string]*liveRun // run id -> the execution holding it here
 }
@@ -286,7 +300,7 @@ func New(cfg Config) *Engine {
 	return &Engine{
 		cfg: cfg, store: cfg.Store, model: cfg.Model, tools: cfg.Tools, log: cfg.Log, metrics: cfg.Metrics,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), cancelWake: make(chan struct{}, 1),
-		running: map[string]*liveRun{},
+		running: map[string]*liveRun{}, slots: make(chan struct{}, cfg.Workers),
 	}
 }
 
@@ -321,10 +335,48 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 		return chat.RunStartAck{}, err
 	}
 	ack, err := e.store.StartRun(ctx, p)
-	if err == nil {
-		e.poke()
+	if err != nil {
+		return ack, err
 	}
-	return ack, err
+	e.poke()
+	if ack.Status == chat.RunQueued {
+		// The run exists whatever this read says: a failed read leaves the
+		// position out, it does not fail the start.
+		if pos, err := e.QueuePosition(ctx, ack.RunID); err == nil {
+			ack.QueuePosition = pos
+		} else {
+			e.log.Warn("read the new run's place in the queue", "run_id", ack.RunID, "err", err)
+		}
+	}
+	return ack, nil
+}
+
+// QueuePosition is PROTOCOL.md's queue_position of a run: 0 when it does
+// not wait for capacity (it is not queued, or a worker here is free for it
+// and it will be claimed in a moment), else its place among the runs that
+// wait for a slot (1 = the next to start). A run of a user who holds their
+// share of executing runs waits whatever slots are free (store.Options
+// MaxRunsPerUser). With several instances each counts only its own free
+// slots, so a run another instance is about to claim may be said to wait
+// for a moment.
+func (e *Engine) QueuePosition(ctx context.Context, runID string) (int, error) {
+	pos, atShare, err := e.store.QueueState(ctx, runID)
+	if err != nil || pos == 0 || atShare {
+		return pos, err
+	}
+	free := cap(e.slots) - len(e.slots)
+	if pos <= free {
+		return 0, nil
+	}
+	return pos - free, nil
+}
+
+// Admission is the engine's admission state for /readyz: its capacity,
+// the runs its workers execute now, and the queued runs not yet claimed
+// as dispatch last counted them (they wait for a slot, or for a moment
+// for the next claim).
+func (e *Engine) Admission() chat.Admission {
+	return chat.Admission{Capacity: cap(e.slots), Executing: len(e.slots), Waiting: int(e.waiting.Load())}
 }
 
 // liveRun is one execution of a run by this engine; its identity tells a
@@ -556,9 +608,9 @@ func (e *Engine) poke() {
 const defaultClaimBatch = 16
 
 func (e *Engine) dispatch() {
-	// slots holds one token per execution running; only this goroutine
-	// adds them, so the free ones counted here stay free.
-	slots := make(chan struct{}, e.cfg.Workers)
+	// Only this goroutine adds tokens to e.slots, so the free ones counted
+	// here stay free.
+	slots := e.slots
 	poll := time.NewTicker(e.cfg.ClaimPoll)
 	defer poll.Stop()
 	for {
@@ -582,6 +634,7 @@ func (e *Engine) dispatch() {
 				continue // there may be more to claim
 			}
 		}
+		e.countWaiting()
 		select {
 		case <-e.wake:
 		case <-poll.C:
@@ -589,6 +642,22 @@ func (e *Engine) dispatch() {
 			return
 		}
 	}
+}
+
+// countWaiting counts the queued runs no instance has claimed, for the
+// metrics and /readyz, after a claim pass.
+func (e *Engine) countWaiting() {
+	read, stop := context.WithTimeout(e.ctx, storeTimeout)
+	n, err := e.store.QueuedRuns(read)
+	stop()
+	if err != nil {
+		if e.ctx.Err() == nil {
+			e.log.Warn("count the runs waiting for a slot", "err", err)
+		}
+		return
+	}
+	e.waiting.Store(int64(n))
+	e.metrics.Admission(cap(e.slots), n)
 }
 
 // maintain renews the leases of the executions running here, applies

@@ -9,6 +9,9 @@ type Metrics interface {
 	// RunsExecuting moves the count of runs this engine's workers hold:
 	// +1 when a worker takes a claimed run, -1 when it lets go.
 	RunsExecuting(delta int)
+	// Admission reports the workers' capacity and the queued runs not yet
+	// claimed, as dispatch last counted them.
+	Admission(capacity, waiting int)
 	// FirstToken observes the time from a run's claim to the first chunk
 	// of its model's reply.
 	FirstToken(d time.Duration)
@@ -20,6 +23,7 @@ type Metrics interface {
 type noMetrics struct{}
 
 func (noMetrics) RunsExecuting(int)        {}
+func (noMetrics) Admission(int, int)       {}
 func (noMetrics) FirstToken(time.Duration) {}
 func (noMetrics) TokensUsed(int64, int64)  {}
 

@@ -109,6 +109,9 @@ type Config struct {
 	// (AllowedHost): a load balancer probing by address, or anyone else
 	// sending a foreign Host, is told the status alone.
 	ToolServers func() []ToolServer
+	// Admission reports the engine's capacity, runs executing and runs
+	// waiting for a slot, for /readyz (nil: not shown).
+	Admission func() chat.Admission
 }
 
 // ToolServer is what /readyz tells of one tool server: its name, whether
@@ -133,6 +136,7 @@ type Server struct {
 	log       *slog.Logger
 	keepAlive time.Duration
 	servers   func() []ToolServer
+	admission func() chat.Admission
 	ready     atomic.Bool
 	ws        *wsHub
 	limits    *userLimits
@@ -153,7 +157,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)
@@ -206,13 +210,21 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var servers []ToolServer
-	if s.servers != nil && AllowedHost(r) {
-		servers = s.servers()
+	var admission *chat.Admission
+	if AllowedHost(r) {
+		if s.servers != nil {
+			servers = s.servers()
+		}
+		if s.admission != nil {
+			a := s.admission()
+			admission = &a
+		}
 	}
 	writeJSON(w, http.StatusOK, struct {
-		Status      string       `json:"status"`
-		ToolServers []ToolServer `json:"tool_servers,omitempty"`
-	}{"ready", servers})
+		Status      string          `json:"status"`
+		ToolServers []ToolServer    `json:"tool_servers,omitempty"`
+		Admission   *chat.Admission `json:"admission,omitempty"`
+	}{"ready", servers, admission})
 }
 
 // guard refuses state-changing requests that a browser sends from another

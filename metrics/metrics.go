@@ -81,6 +81,8 @@ type Metrics struct {
 	runsFailed     prometheus.Counter
 	runsCancelled  prometheus.Counter
 	runsExecuting  prometheus.Gauge
+	runCapacity    prometheus.Gauge
+	runsWaiting    prometheus.Gauge
 	firstToken     prometheus.Histogram
 	cancelSettle   prometheus.Histogram
 	tokens         *prometheus.CounterVec
@@ -140,6 +142,10 @@ func New() *Metrics {
 			"status", finishStatuses),
 		runsExecuting: f.gauge("gateway_runs_executing",
 			"Runs this process's workers hold now: claimed and not yet completed, failed, cancelled, handed back or left waiting for a decision."),
+		runCapacity: f.gauge("gateway_run_capacity",
+			"Runs this process's workers may execute at once (-workers): its admission capacity."),
+		runsWaiting: f.gauge("gateway_runs_waiting",
+			"Runs queued and not yet claimed by any instance, as this process last counted them (after each claim pass): the runs waiting for a free slot, or for a moment for the next claim."),
 		firstToken: f.histogram("gateway_run_first_token_seconds",
 			"Time from a worker claiming a run to the model's first chunk (text or tool call); claims that start with a tool step are not measured.",
 			slowBuckets),
@@ -366,6 +372,13 @@ func (m *Metrics) CancelAcked(transport string, d time.Duration) { m.cancelAck.o
 
 // RunsExecuting moves the gauge of runs this process's workers hold.
 func (m *Metrics) RunsExecuting(delta int) { m.runsExecuting.Add(float64(delta)) }
+
+// Admission records the engine's capacity and the runs it last counted
+// waiting (engine.Metrics).
+func (m *Metrics) Admission(capacity, waiting int) {
+	m.runCapacity.Set(float64(capacity))
+	m.runsWaiting.Set(float64(waiting))
+}
 
 // FirstToken observes a claim's time to the model's first chunk.
 func (m *Metrics) FirstToken(d time.Duration) { m.firstToken.Observe(d.Seconds()) }

@@ -153,6 +153,10 @@ func (s *Store) ChangeRunThenLoadThread(ctx context.Context, runID, threadID str
 // ClaimCandidate is the query by which a claim picks its run.
 const ClaimCandidate = `SELECT run_id FROM runs WHERE ` + claimable + ` ORDER BY updated_at, run_id LIMIT 1`
 
+// ClaimCandidateShared is ClaimCandidate with a user's share of 2
+// (Options.MaxRunsPerUser).
+var ClaimCandidateShared = `SELECT run_id FROM runs WHERE ` + claimable + ` AND (status <> 'queued' OR ` + userExecuting(`runs.thread_id`) + ` < 2) ORDER BY updated_at, run_id LIMIT 1`
+
 // PauseFlusher stops the stream buffer's flusher and nothing else: deltas
 // keep taking the fast path and stay pending until a write of their
 // thread (or FlushStream) takes them along. Close still writes them.

@@ -424,6 +424,76 @@ const claimable = `lease_owner IS NULL AND status NOT IN ('completed', 'failed',
 			WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)
 		ELSE FALSE END`
 
+// userExecuting is a scalar subquery: how many runs of the user who owns
+// the thread named by the SQL expression threadID are executing (leased
+// and not ended), on any instance. Options.MaxRunsPerUser compares it.
+func userExecuting(threadID string) string {
+	return `(SELECT count(*) FROM threads this_thread JOIN threads mine ON mine.user_id = this_thread.user_id
+		JOIN runs held ON held.thread_id = mine.thread_id
+		WHERE this_thread.thread_id = ` + threadID + ` AND held.lease_owner IS NOT NULL
+		AND held.status NOT IN ('completed', 'failed', 'cancelled'))`
+}
+
+// QueueState tells where a run waiting for a worker stands (PROTOCOL.md
+// "Admission"): its place in the claim order (1 = the next claimed; 0
+// when the run is not queued or is claimed already), counting only the
+// runs a claim would take before it (runs handed over between steps, and
+// queued runs of users below their share or of the same user); and
+// whether its user has their share of runs executing already
+// (Options.MaxRunsPerUser), so that it waits whatever slots are free. It
+// is one read: the answer may be stale by the time it is used. The engine
+// decides from it and its free slots whether the run waits
+// (engine.QueuePosition).
+func (s *Store) QueueState(ctx context.Context, runID string) (position int, atShare bool, err error) {
+	err = s.read(ctx, func(q *sqlx.Tx) error {
+		var row struct {
+			Status    string         `db:"status"`
+			Owner     sql.NullString `db:"lease_owner"`
+			UpdatedAt int64          `db:"updated_at"`
+			ThreadID  string         `db:"thread_id"`
+		}
+		err := q.GetContext(ctx, &row, q.Rebind(`SELECT status, lease_owner, updated_at, thread_id FROM runs WHERE run_id = ?`), runID)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && (row.Status != string(chat.RunQueued) || row.Owner.Valid)) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("load run: %w", err)
+		}
+		if s.perUser > 0 {
+			var executing int
+			if err := q.GetContext(ctx, &executing, q.Rebind(`SELECT `+userExecuting(`?`)), row.ThreadID); err != nil {
+				return fmt.Errorf("count the user's runs: %w", err)
+			}
+			atShare = executing >= s.perUser
+		}
+		args := []any{row.UpdatedAt, row.UpdatedAt, runID}
+		share := ""
+		if s.perUser > 0 {
+			share = ` AND (status <> 'queued' OR thread_id IN (SELECT thread_id FROM threads WHERE user_id = (SELECT user_id FROM threads WHERE thread_id = ?))
+				OR ` + userExecuting(`runs.thread_id`) + ` < ?)`
+			args = append(args, row.ThreadID, s.perUser)
+		}
+		var ahead int
+		if err := q.GetContext(ctx, &ahead, q.Rebind(`SELECT count(*) FROM runs WHERE `+claimable+`
+			AND (updated_at < ? OR (updated_at = ? AND run_id < ?))`+share), args...); err != nil {
+			return fmt.Errorf("count the runs ahead: %w", err)
+		}
+		position = ahead + 1
+		return nil
+	})
+	return position, atShare, err
+}
+
+// QueuedRuns counts the queued runs no instance has claimed yet.
+func (s *Store) QueuedRuns(ctx context.Context) (int, error) {
+	var n int
+	err := s.reader.GetContext(ctx, &n, `SELECT count(*) FROM runs WHERE status = 'queued' AND lease_owner IS NULL`)
+	if err != nil {
+		return 0, fmt.Errorf("count queued runs: %w", err)
+	}
+	return n, nil
+}
+
 // Claim hands the oldest claimable run to owner with a lease of ttl
 // (granted by the lease clock, see txn.leaseClock) and the run's next
 // epoch, and marks a queued run running. It returns nil when nothing is
@@ -456,6 +526,7 @@ func (s *Store) ClaimsPerTransaction() int {
 // 26–30 ms with batches of 16).
 func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
 	max = min(max, s.ClaimsPerTransaction())
+	perUser := s.perUser
 	var out []*chat.Claim
 	err := s.write(ctx, func(t *txn) error {
 		out = nil
@@ -468,10 +539,15 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 		// claim or two, not sixteen.
 		for len(out) < max && (len(out) == 0 || s.queue.waiting.Load() == 0) {
 			var row runRow
+			args := []any{owner, now + ttl.Milliseconds(), ms(t.now)}
+			share := ""
+			if perUser > 0 {
+				share, args = ` AND (status <> 'queued' OR `+userExecuting(`runs.thread_id`)+` < ?)`, append(args, perUser)
+			}
 			err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
 				lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
-				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
-				AND lease_owner IS NULL RETURNING `+runCols, owner, now+ttl.Milliseconds(), ms(t.now))
+				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+share+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
+				AND lease_owner IS NULL RETURNING `+runCols, args...)
 			if errors.Is(err, sql.ErrNoRows) {
 				return nil
 			}

@@ -75,6 +75,12 @@ type Options struct {
 	// On PostgreSQL leases always follow the database's clock, so that
 	// instances whose clocks differ agree on when a lease expired.
 	Clock func() time.Time
+	// MaxRunsPerUser is one user's share of the workers (PROTOCOL.md
+	// "Admission"): a claim skips a queued run of a user who has that many
+	// runs executing, on any instance, and takes the next one in line. Runs
+	// handed over between steps are not counted against it when claimed:
+	// they were admitted before. 0: no share.
+	MaxRunsPerUser int
 	// ReconcileHorizon is how long the outcome of a call left unknown is
 	// looked up by its key before the gateway gives up asking and says so
 	// (default 24h; see reconcile.go).
@@ -145,6 +151,7 @@ type Store struct {
 	retries  atomic.Int64             // transactions run again (retry.go)
 	clock    func() time.Time
 	horizon  time.Duration // Options.ReconcileHorizon
+	perUser  int           // Options.MaxRunsPerUser
 }
 
 // IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
@@ -268,7 +275,7 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 	if horizon <= 0 {
 		horizon = DefaultReconcileHorizon
 	}
-	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon}
+	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon, perUser: max(opts.MaxRunsPerUser, 0)}
 	st.SetOnCommit(opts.OnCommit)
 	st.gate = newWriterGate(&st.queue.waiting)
 	return st, nil
