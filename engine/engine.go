@@ -360,11 +360,16 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 // slots, so a run another instance is about to claim may be said to wait
 // for a moment.
 func (e *Engine) QueuePosition(ctx context.Context, runID string) (int, error) {
+	// Free slots first, then the queue: dispatch takes a slot only after
+	// its claim committed, so a slot counted free here and taken in the
+	// meantime shows as the run claimed (position 0) in the read below;
+	// counted the other way round, a run claimed between the two reads
+	// would be said to wait for the slot it holds.
+	free := cap(e.slots) - len(e.slots)
 	pos, atShare, err := e.store.QueueState(ctx, runID)
 	if err != nil || pos == 0 || atShare {
 		return pos, err
 	}
-	free := cap(e.slots) - len(e.slots)
 	if pos <= free {
 		return 0, nil
 	}
