@@ -209,7 +209,10 @@ func (c *wsConn) command(data []byte) {
 			c.hub.s.metrics.CancelAcked(transportWebSocket, time.Since(received))
 		}
 	}
-	c.release(frame, extra)
+	// A cancel's answer is the control plane: it goes ahead of the events
+	// already queued for a tab that is behind (they were queued before
+	// the cancel was read, so none of them is caused by it).
+	c.release(frame, extra, typ == "run.cancel")
 }
 
 // admit charges one frame of type typ ("" when unreadable) to the rate

@@ -49,6 +49,7 @@ type wsConn struct {
 	queue       [][]byte
 	queuedBytes int // live frames queued (the QueueBytes bound)
 	replayBytes int // subscribe replays queued (see queueReplayLocked)
+	answered    int // queue[:answered] ends with the last command's frames (release): an urgent answer goes no further ahead
 	holding     bool
 	held        []*chat.Event
 	heldBytes   int
@@ -157,7 +158,7 @@ func (c *wsConn) write() {
 		}
 		c.mu.Lock()
 		frames, code, reason := c.queue, c.closeCode, c.closeReason
-		c.queue, c.queuedBytes, c.replayBytes = nil, 0, 0
+		c.queue, c.queuedBytes, c.replayBytes, c.answered = nil, 0, 0, 0
 		c.mu.Unlock()
 		if code != 0 {
 			c.ws.Close(code, reason)
@@ -382,7 +383,7 @@ func (c *wsConn) closeLocked(code websocket.StatusCode, reason string) {
 		return
 	}
 	c.closeCode, c.closeReason = code, reason
-	c.queue, c.queuedBytes, c.replayBytes, c.held, c.heldBytes = nil, 0, 0, nil, 0
+	c.queue, c.queuedBytes, c.replayBytes, c.held, c.heldBytes, c.answered = nil, 0, 0, nil, 0, 0
 	c.nudge()
 }
 
@@ -412,11 +413,28 @@ func (c *wsConn) hold() {
 }
 
 // release queues the command's answer, then whatever it made wait, then
-// more frames (replay) given by extra, which runs with the lock held.
-func (c *wsConn) release(answer []byte, extra func()) {
+// more frames (replay) given by extra, which runs with the lock held. An
+// urgent answer (a cancel's) goes ahead of the frames the writer has not
+// taken yet that came after the previous command's frames: events queued
+// before the command was read, none of which it caused, so an ack still
+// precedes every event its command caused, answers keep the order of
+// their commands, and a tab that is behind learns its cancel was accepted
+// without waiting for its backlog. (Not for every command: an
+// unsubscribe's ack must follow the events of the thread queued before
+// it.)
+func (c *wsConn) release(answer []byte, extra func(), urgent bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.queueLocked(answer)
+	if at := c.answered; urgent && at < len(c.queue) && c.closeCode == 0 {
+		c.queue = append(c.queue, nil)
+		copy(c.queue[at+1:], c.queue[at:])
+		c.queue[at] = answer
+		c.queuedBytes += len(answer)
+		c.nudge()
+	} else {
+		c.queueLocked(answer)
+	}
+	defer func() { c.answered = len(c.queue) }()
 	if extra != nil {
 		extra()
 	}
@@ -432,4 +450,5 @@ func (c *wsConn) reply(frame []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.queueLocked(frame)
+	c.answered = len(c.queue)
 }
