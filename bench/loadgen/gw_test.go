@@ -142,6 +142,8 @@ func TestGatewayAdmission(t *testing.T) {
 	}
 	at, ct := mergeAdmission(adm), mergeCancels(stats)
 	p.finish(ctx, &s)
+	t.Logf("runs: %d admitted, %d queued (position max %v), %d waits measured (p50 %.0f ms), %d cancelled while waiting; cancels: %d sent, %d of a waiting run, %d of a streaming run",
+		at.admitted, at.queued, at.positions.Max, at.wait.N, at.wait.P50, at.neverStarted, ct.sent, ct.byWhen[cancelWaiting].ack.N, ct.byWhen[cancelStreaming].ack.N)
 
 	if len(s.GatewayErrors) != 0 || s.Check == nil || !s.Check.OK {
 		t.Fatalf("errors %+v, check %+v", s.GatewayErrors, s.Check)
