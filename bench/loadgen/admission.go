@@ -228,7 +228,7 @@ func admissionMetrics(at admissionTotals, dAdm, dQ deltaClassTotals, fdAdm, fdQ 
 	within := fmt.Sprintf("pace + %s", paceSlack)
 	firstTarget := fmt.Sprintf("≤ %s", pace+paceSlack)
 	return []Metric{
-		metric("admitted: runs started with a free slot", "count", float64(at.admitted), ""),
+		metric("admitted: runs started with a free slot (acked in the window)", "count", float64(at.admitted), ""),
 		metric("admitted: run.start ack → first delta p50 (tab 0)", "ms", at.firstDelta.P50, ""),
 		metric("admitted: run.start ack → first delta p99 (tab 0)", "ms", at.firstDelta.P99, firstTarget),
 		metric("admitted: server: run.started → first delta p99 (store ts)", "ms", fdAdm.P99, firstTarget),
@@ -236,9 +236,9 @@ func admissionMetrics(at admissionTotals, dAdm, dQ deltaClassTotals, fdAdm, fdQ 
 		metric("admitted: delta delivery latency p99", "ms", dAdm.lat.P99, ""),
 		metric("admitted: deltas at pace (within "+within+" of the run's previous delta)", "%", dAdm.gapWithin, "≥ 99 %"),
 		metric("admitted: deltas delivered within "+within+" of their ts", "%", dAdm.latWithin, "≥ 99 %"),
-		metric("admitted: deltas measured", "count", float64(dAdm.deltas), ""),
-		metric("queued: runs that waited for a slot", "count", float64(at.queued), ""),
-		metric("queued: share of the runs started", "%", share(int64(at.queued), int64(at.queued+at.admitted)), ""),
+		metric("admitted: deltas measured (runs acked any time)", "count", float64(dAdm.deltas), ""),
+		metric("queued: runs that waited for a slot (acked in the window)", "count", float64(at.queued), ""),
+		metric("queued: share of the runs acked in the window", "%", share(int64(at.queued), int64(at.queued+at.admitted)), ""),
 		metric("queued: queue_position p50", "count", at.positions.P50, ""),
 		metric("queued: queue_position max", "count", at.positions.Max, ""),
 		metric("queued: wait, run.start ack → first delta p50 (tab 0)", "ms", at.wait.P50, ""),

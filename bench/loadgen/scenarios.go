@@ -759,7 +759,7 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	}
 	s.Notes = append(s.Notes,
 		"delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, and with admission a run waits queued without streaming, so the offer is more than the shape can ask for",
-		"admitted: runs whose run.start ack carried no queue_position; queued: runs whose ack carried one (counted when acked in the window); a run queued near the window's end that was cancelled before it started (by its thread, or when the phase stopped) has no wait figure and is counted as cancelled before it started")
+		"admitted: runs whose run.start ack carried no queue_position; queued: runs whose ack carried one. Run counts, first deltas and waits are of the runs acked in the window; delta figures are of the deltas received in the window, whenever their run was acked (runs admitted in the warm-up stream into the window); a run queued near the window's end that was cancelled before it started (by its thread, or when the phase stopped) has no wait figure and is counted as cancelled before it started")
 	firstTarget := fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)
 	s.Metrics = slices.Concat([]Metric{
 		metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
