@@ -272,28 +272,37 @@ func waitCancelMetrics(t cancelTotals) []Metric {
 
 // The gateway's admission gauges (PROTOCOL.md "Admission").
 const (
-	promRunCapacity = "gateway_run_capacity" // slots: runs executing at once
-	promRunsWaiting = "gateway_runs_waiting" // queued runs waiting for a slot
+	promRunCapacity   = "gateway_run_capacity"   // slots: runs executing at once
+	promRunsWaiting   = "gateway_runs_waiting"   // queued runs not yet claimed
+	promRunsExecuting = "gateway_runs_executing" // runs the workers hold
 )
 
 // gaugeEvery is how often a gauge is scraped through a window.
 const gaugeEvery = 500 * time.Millisecond
 
 // capacityMetrics are the gateway's admission gauges over a window: its
-// capacity at the window's end, and the runs waiting for a slot over
-// waiting (scrapes through the window); none when the gateway lacks them.
-func capacityMetrics(pw *promWindow, waiting []float64) []Metric {
+// capacity at the window's end, and the runs waiting for a slot and the
+// runs executing over gauges (scrapes through the window, by name); none
+// of those the gateway lacks.
+func capacityMetrics(pw *promWindow, gauges map[string][]float64) []Metric {
 	var out []Metric
 	if pw != nil && pw.after != nil {
 		if v, ok := pw.after.sum(promRunCapacity); ok {
 			out = append(out, metric("server metric: run capacity ("+promRunCapacity+")", "runs", v, ""))
 		}
 	}
-	if len(waiting) > 0 {
-		mean, top := meanMax(waiting)
+	for _, g := range []struct{ name, what string }{
+		{promRunsWaiting, "runs waiting for a slot"},
+		{promRunsExecuting, "runs executing"},
+	} {
+		v := gauges[g.name]
+		if len(v) == 0 {
+			continue
+		}
+		mean, top := meanMax(v)
 		out = append(out,
-			metric(fmt.Sprintf("server metric: runs waiting for a slot, mean of %d scrapes (%s)", len(waiting), promRunsWaiting), "runs", mean, ""),
-			metric("server metric: runs waiting for a slot, max", "runs", top, ""),
+			metric(fmt.Sprintf("server metric: %s, mean of %d scrapes (%s)", g.what, len(v), g.name), "runs", mean, ""),
+			metric("server metric: "+g.what+", max", "runs", top, ""),
 		)
 	}
 	return out

@@ -197,7 +197,7 @@ func TestCapacityMetrics(t *testing.T) {
 		t.Errorf("a gateway without the gauges got figures: %+v", got)
 	}
 	pw := &promWindow{before: promSample{}, after: promSample{promRunCapacity: 48, promRunsWaiting: 2}}
-	got := capacityMetrics(pw, []float64{1, 5, 3})
+	got := capacityMetrics(pw, map[string][]float64{promRunsWaiting: {1, 5, 3}})
 	var names []string
 	for _, m := range got {
 		names = append(names, m.Name)
@@ -205,6 +205,10 @@ func TestCapacityMetrics(t *testing.T) {
 	if len(got) != 3 || *got[0].Gateway != 48 || *got[1].Gateway != 3 || *got[2].Gateway != 5 ||
 		!strings.Contains(names[1], "mean of 3 scrapes") {
 		t.Errorf("figures = %q %+v", names, got)
+	}
+	got = capacityMetrics(pw, map[string][]float64{promRunsWaiting: {1}, promRunsExecuting: {40, 48}})
+	if len(got) != 5 || *got[3].Gateway != 44 || *got[4].Gateway != 48 {
+		t.Errorf("with runs executing: %+v", got)
 	}
 }
 

@@ -637,15 +637,16 @@ func (p *perfRecord) wait(r *runner) {
 	r.logf("profile written to %s", p.file)
 }
 
-// sampleGauge scrapes the gateway's metrics every interval until ctx
-// ends and returns the values of the gauge name (summed over its series)
-// it read; nothing when the gateway has no admin listener or lacks it.
-func (p *gwPhase) sampleGauge(ctx context.Context, name string, every time.Duration) []float64 {
+// sampleGauges scrapes the gateway's metrics every interval until ctx
+// ends and returns, for each of the gauges names that it has, the values
+// it read (summed over the gauge's series); nothing when the gateway has
+// no admin listener.
+func (p *gwPhase) sampleGauges(ctx context.Context, every time.Duration, names ...string) map[string][]float64 {
 	admin := p.proc.adminURL()
 	if admin == "" {
 		return nil
 	}
-	var out []float64
+	out := map[string][]float64{}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -660,11 +661,11 @@ func (p *gwPhase) sampleGauge(ctx context.Context, name string, every time.Durat
 				}
 				continue
 			}
-			v, ok := s.sum(name)
-			if !ok {
-				return out
+			for _, name := range names {
+				if v, ok := s.sum(name); ok {
+					out[name] = append(out[name], v)
+				}
 			}
-			out = append(out, v)
 		}
 	}
 }

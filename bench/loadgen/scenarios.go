@@ -720,9 +720,9 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	r.logf("scale: warming up %s", c.Warmup)
 	sleep(ctx, c.Warmup)
 	r.logf("scale: measuring %s", c.ScaleWindow)
-	var waiting []float64 // gateway_runs_waiting, scraped through the window
+	var gauges map[string][]float64 // the admission gauges, scraped through the window
 	w0, w1 := r.measureGateway(ctx, p, "scale-gateway", c.ScaleWindow, &f, func(ctx context.Context) {
-		waiting = p.sampleGauge(ctx, promRunsWaiting, gaugeEvery)
+		gauges = p.sampleGauges(ctx, gaugeEvery, promRunsWaiting, promRunsExecuting)
 	})
 	pw := f.prom
 	p.endDrivers(ctx, &drivers, 10*time.Second)
@@ -740,7 +740,7 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	at := mergeAdmission(adm)
 	dAdm, dQ := mergeDeltaClass(classes[classAdmitted]), mergeDeltaClass(classes[classQueued])
 	p.finish(ctx, &s)
-	f.readStore(ctx, p.db, w0, w1)
+	st := f.readStore(ctx, p.db, w0, w1)
 	g := summarize(storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1))
 	byRun, err := firstDeltaRuns(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
 	if err != nil {
@@ -777,7 +777,8 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 		metric("delta delivery latency p99", "ms", l.P99, ""),
 	}, admissionMetrics(at, dAdm, dQ, summarize(fdAdm), summarize(fdQ), c.ScalePace),
 		waitCancelMetrics(ct),
-		capacityMetrics(pw, waiting),
+		[]Metric{metric("runs streaming at once (deltas committed/s × pace)", "runs", f.runsStreaming(st.Deltas, c.ScalePace), "")},
+		capacityMetrics(pw, gauges),
 		cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
 	return s
 }
