@@ -114,9 +114,39 @@ func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error)
 // the model's first word (one pace of the demo model) and the writes
 // between, each waiting for the writer.
 func firstDeltaGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT f.first_ts - e.ts FROM events e
+	return gaps(ctx, db, `SELECT f.first_ts - e.ts `+firstDeltaFrom, from, to)
+}
+
+// firstDeltaFrom is the FROM and WHERE of firstDeltaGaps and
+// firstDeltaRuns.
+const firstDeltaFrom = `FROM events e
 		JOIN (SELECT run_id, MIN(ts) AS first_ts FROM {stream} AS b GROUP BY run_id) f ON f.run_id = e.run_id
-		WHERE e.type = 'run.started' AND e.ts >= ? AND e.ts < ?`, from, to)
+		WHERE e.type = 'run.started' AND e.ts >= ? AND e.ts < ?`
+
+// firstDeltaRuns is firstDeltaGaps with each figure's run.
+func firstDeltaRuns(ctx context.Context, db string, from, to int64) ([]runGap, error) {
+	conn, err := openRead(db)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	query := strings.ReplaceAll(`SELECT e.run_id, f.first_ts - e.ts `+firstDeltaFrom, "{stream}", streamTable(ctx, conn))
+	rows, err := conn.QueryContext(ctx, rebind(db, query), from, to)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", redactDB(db), err)
+	}
+	defer rows.Close()
+	var out []runGap
+	for rows.Next() {
+		var g runGap
+		var ms int64
+		if err := rows.Scan(&g.runID, &ms); err != nil {
+			return nil, err
+		}
+		g.us = int32(ms * 1000)
+		out = append(out, g)
+	}
+	return out, rows.Err()
 }
 
 // streamTable is what the queries here read as {stream}: the gateway's

@@ -81,3 +81,83 @@ func TestGatewayClients(t *testing.T) {
 		t.Error("no delta counted as produced")
 	}
 }
+
+// Admission against the real gateway: at capacity 1, three threads want a
+// run each at once, so runs wait queued. Every queued run either starts
+// (with a wait measured) or is cancelled while it waits (acked, then
+// run.cancelled); neither the wait nor those cancels count as protocol
+// errors, and the admission figures see both classes of runs.
+func TestGatewayAdmission(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts the gateway")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{Repo: repo, Auth: "header"}, start: time.Now(), dir: t.TempDir()}
+	if r.gateway, err = build(ctx, repo, ".", r.dir, "gateway"); err != nil {
+		t.Fatal(err)
+	}
+	r.admin = supportsFlag(r.gateway, "admin-addr")
+	const pace = 5 * time.Millisecond
+	p, err := r.startGateway("admission", pace, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s ScenarioReport
+	defer p.finish(ctx, &s)
+	if m := p.scrape(ctx); m == nil {
+		t.Skip("this gateway has no admin listener with /metrics")
+	} else if _, ok := m.sum(promRunCapacity); !ok {
+		t.Skip("this gateway has no admission (no " + promRunCapacity + ")")
+	}
+	const window = 4 * time.Second
+	p.env.admission = true
+	p.env.queueAllowance = window
+	if err := p.setup(ctx, 4, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	stopAt := time.Now().Add(window)
+	p.env.measuring.Store(true)
+	stats := make([]cancelStats, len(p.threads))
+	var drivers sync.WaitGroup
+	for i, th := range p.threads {
+		if i == 0 {
+			rng := rand.New(rand.NewPCG(1, 3))
+			drivers.Go(func() { th.driveCancels(ctx, stopAt, 300*time.Millisecond, pace, rng, anyTab(th, rng), &stats[i]) })
+			continue
+		}
+		drivers.Go(func() { th.driveContinuous(ctx, stopAt, pace) })
+	}
+	drivers.Wait()
+	p.env.measuring.Store(false)
+	p.env.verifyEnd(ctx, p.threads, 5*time.Second)
+	p.closeTabs()
+	adm := make([]admissionStats, len(p.threads))
+	for i, th := range p.threads {
+		adm[i] = th.adm
+	}
+	at, ct := mergeAdmission(adm), mergeCancels(stats)
+	p.finish(ctx, &s)
+	t.Logf("runs: %d admitted, %d queued (position max %v), %d waits measured (p50 %.0f ms), %d cancelled while waiting; cancels: %d sent, %d of a waiting run, %d of a streaming run",
+		at.admitted, at.queued, at.positions.Max, at.wait.N, at.wait.P50, at.neverStarted, ct.sent, ct.byWhen[cancelWaiting].ack.N, ct.byWhen[cancelStreaming].ack.N)
+
+	if len(s.GatewayErrors) != 0 || s.Check == nil || !s.Check.OK {
+		t.Fatalf("errors %+v, check %+v", s.GatewayErrors, s.Check)
+	}
+	if at.queued == 0 || at.positions.Max < 1 {
+		t.Errorf("no run waited at capacity 1: %+v", at)
+	}
+	if at.wait.N+at.neverStarted != at.queued {
+		t.Errorf("queued runs %d: %d waits measured and %d cancelled before they started", at.queued, at.wait.N, at.neverStarted)
+	}
+	if at.wait.N == 0 {
+		t.Errorf("no queued run started: %+v", at)
+	}
+	if ct.sent == 0 || ct.ack.N != ct.byWhen[cancelWaiting].ack.N+ct.byWhen[cancelStreaming].ack.N {
+		t.Errorf("cancels: %d sent, %d acks, split %d waiting + %d streaming", ct.sent, ct.ack.N, ct.byWhen[cancelWaiting].ack.N, ct.byWhen[cancelStreaming].ack.N)
+	}
+}

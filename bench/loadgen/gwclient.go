@@ -35,6 +35,14 @@ type gwEnv struct {
 	dialSem   chan struct{} // bounds concurrent connects
 	measuring atomic.Bool   // latency samples are taken while true
 	start     time.Time     // monotonic base of spread measurements
+
+	pace time.Duration // the demo model's time per word
+	// admission: the tabs measure the deltas of admitted and queued runs
+	// apart (deltaClass); scale sets it.
+	admission bool
+	// queueAllowance is how long a queued run may wait for a slot, beyond
+	// runTimeout, before it counts as never started.
+	queueAllowance time.Duration
 }
 
 func newGWEnv(base, auth, scenario string) *gwEnv {
@@ -149,6 +157,21 @@ type gwThread struct {
 	// counted by tab 0 while measuring
 	deltasProduced atomic.Int64
 	deltaBytes     atomic.Int64
+
+	// queued holds the runs whose run.start ack carried a queue_position
+	// (run ID → position): the driver stores, the tabs read.
+	queued sync.Map
+	// adm is what the driver measured of its runs' admission (driver-owned).
+	adm admissionStats
+}
+
+// classOf is the class of runID's figures: queued when its ack carried a
+// queue_position, else admitted.
+func (th *gwThread) classOf(runID string) int {
+	if _, ok := th.queued.Load(runID); ok {
+		return classQueued
+	}
+	return classAdmitted
 }
 
 const spreadRing = 1024
@@ -212,6 +235,8 @@ type gwTab struct {
 	lastDeltaAt   time.Time
 	lat, spreadUs samples
 	publishUs     samples
+	paced         paceTracker   // when env.admission
+	classes       [2]deltaClass // by classAdmitted, classQueued; when env.admission
 }
 
 func newGWTab(th *gwThread, k int) *gwTab {
@@ -358,8 +383,21 @@ func (t *gwTab) handle(ev client.Event) {
 	switch ev.Type {
 	case chat.EventMessageDelta:
 		t.deltas.Add(1)
+		var gap time.Duration
+		var follows bool
+		if e.admission {
+			if live {
+				gap, follows = t.paced.gap(ev.RunID, now)
+			} else {
+				t.paced = paceTracker{} // a replay's gaps say nothing of the pace
+			}
+		}
 		if live && e.measuring.Load() {
-			t.lat.add(now.UnixMicro() - ev.TS*1000)
+			lat := now.UnixMicro() - ev.TS*1000
+			t.lat.add(lat)
+			if e.admission {
+				t.classes[t.th.classOf(ev.RunID)].observe(lat, gap, follows, e.pace)
+			}
 			t.spreadUs.add(t.th.spread(ev.Seq, now.Sub(e.start).Microseconds()))
 			if t.k == 0 {
 				t.th.deltasProduced.Add(1)

@@ -57,16 +57,47 @@ func (e *gwEnv) connect(ctx context.Context, threads []*gwThread, tabsPer int, n
 }
 
 // startRun starts a run from tab 0 with the driver's known state_version.
-func (th *gwThread) startRun(ctx context.Context, text string) (string, bool) {
-	cctx, cancel := context.WithTimeout(ctx, commandTimeout)
+// A run whose ack carries a queue_position waits for a slot: it is
+// recorded in th.queued before startRun returns.
+func (th *gwThread) startRun(ctx context.Context, text string) (started, bool) {
+	var tm client.CommandTiming
+	cctx, cancel := context.WithTimeout(client.WithCommandTiming(ctx, &tm), commandTimeout)
 	defer cancel()
 	ack, err := th.tabs[0].conn.StartRun(cctx, client.StartRunRequest{ThreadID: th.id, ExpectedStateVersion: th.version, UserMessage: text})
 	if err != nil {
 		th.env.commandFailed(ctx, "run.start", th.id, err)
-		return "", false
+		return started{}, false
 	}
 	th.version = ack.StateVersion
-	return ack.RunID, true
+	s := started{runID: ack.RunID, position: ack.QueuePosition, acked: tm.Answered, sampled: th.env.measuring.Load()}
+	if s.acked.IsZero() {
+		s.acked = time.Now()
+	}
+	if s.queued() {
+		th.queued.Store(s.runID, s.position)
+	}
+	return s, true
+}
+
+// startLimit bounds the wait for a run's first delta: runTimeout, and for
+// a queued run also the environment's queueAllowance (it may wait for a
+// slot that long without counting as an error).
+func (th *gwThread) startLimit(s started, pace time.Duration) time.Duration {
+	if s.queued() {
+		return runTimeout(pace) + th.env.queueAllowance
+	}
+	return runTimeout(pace)
+}
+
+// neverStarted records that run s had no delta within startLimit: an
+// admitted run the server said it started (run_never_streamed), or a
+// queued run that waited longer than allowed (queued_run_never_started).
+func (th *gwThread) neverStarted(s started, pace time.Duration) {
+	kind := "run_never_streamed"
+	if s.queued() {
+		kind = "queued_run_never_started"
+	}
+	th.env.errs.add(kind, fmt.Sprintf("%s: no delta within %s of its ack (queue_position %d)", s.runID, th.startLimit(s, pace), s.position))
 }
 
 // cancelRun sends run.cancel from tab k; timing, when not nil, gets when
@@ -83,20 +114,31 @@ func (th *gwThread) cancelRun(ctx context.Context, k int, r client.CancelRunRequ
 // runTimeout bounds the wait for one run's end.
 func runTimeout(pace time.Duration) time.Duration { return 30*time.Second + 300*pace }
 
-// awaitEnd waits for tab 0's terminal event of runID, cancelling the run
-// from tab 0 once stopAt passes. It updates the driver's state_version and
-// reports whether the run ended.
-func (th *gwThread) awaitEnd(ctx context.Context, runID string, stopAt time.Time, pace time.Duration) bool {
-	e := th.env
+// awaitEnd waits for tab 0's terminal event of run s, cancelling the run
+// from tab 0 once stopAt passes. A run must stream within startLimit of
+// its ack and end within runTimeout of its first delta. It updates the
+// driver's state_version and admission figures and reports whether the
+// run ended.
+func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, pace time.Duration) bool {
+	e, runID := th.env, s.runID
 	stop := time.NewTimer(time.Until(stopAt))
 	defer stop.Stop()
-	limit := time.NewTimer(runTimeout(pace))
+	limit := time.NewTimer(th.startLimit(s, pace))
 	defer limit.Stop()
+	var first time.Time
 	for {
 		select {
 		case n := <-th.notes:
-			if n.tab == 0 && n.runID == runID && terminal(n.typ) {
+			if n.tab != 0 || n.runID != runID {
+				continue
+			}
+			if n.typ == noteFirstDelta && first.IsZero() {
+				first = n.at
+				limit.Reset(runTimeout(pace))
+			}
+			if terminal(n.typ) {
 				th.version = n.stateVersion
+				th.adm.counted(s, first)
 				return true
 			}
 		case <-stop.C:
@@ -106,7 +148,11 @@ func (th *gwThread) awaitEnd(ctx context.Context, runID string, stopAt time.Time
 				return false
 			}
 		case <-limit.C:
-			e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s", runID, runTimeout(pace)))
+			if first.IsZero() {
+				th.neverStarted(s, pace)
+			} else {
+				e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s of its first delta", runID, runTimeout(pace)))
+			}
 			return false
 		case <-ctx.Done():
 			return false
@@ -122,8 +168,8 @@ func (th *gwThread) driveContinuous(ctx context.Context, stopAt time.Time, pace 
 		if ctx.Err() != nil || !time.Now().Before(stopAt) {
 			return
 		}
-		runID, ok := th.startRun(ctx, longMessage(th.env.scenario, th.idx, i))
-		if !ok || !th.awaitEnd(ctx, runID, stopAt, pace) {
+		s, ok := th.startRun(ctx, longMessage(th.env.scenario, th.idx, i))
+		if !ok || !th.awaitEnd(ctx, s, stopAt, pace) {
 			return
 		}
 	}
@@ -134,25 +180,37 @@ type cancelStats struct {
 	ack, cancelled samples // µs from sending run.cancel
 	sent, missed   int     // cancels sent; runs that completed first
 	unsampled      int     // cluster: cancels not sampled (the run's lease owner was unknown)
+	// the same samples split by where the cancel found its run
+	// (cancelStreaming, cancelWaiting: see cancelWhen)
+	byWhen [2]struct{ ack, cancelled samples }
 }
 
 // cancelTotals is what all the cancel drivers of a scenario measured.
 type cancelTotals struct {
 	ack, done               Dist // cancel → ack, cancel → run.cancelled
 	sent, missed, unsampled int  // cancelStats' counts, summed
+	byWhen                  [2]struct{ ack, done Dist }
 }
 
 // mergeCancels merges the cancel drivers' samples and sums their counts.
 func mergeCancels(stats []cancelStats) cancelTotals {
 	var ack, done []*samples
+	var byWhen [2]struct{ ack, done []*samples }
 	var t cancelTotals
 	for i := range stats {
 		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
+		for w := range byWhen {
+			byWhen[w].ack = append(byWhen[w].ack, &stats[i].byWhen[w].ack)
+			byWhen[w].done = append(byWhen[w].done, &stats[i].byWhen[w].cancelled)
+		}
 		t.sent += stats[i].sent
 		t.missed += stats[i].missed
 		t.unsampled += stats[i].unsampled
 	}
 	t.ack, t.done = summarize(merged(ack...)), summarize(merged(done...))
+	for w := range byWhen {
+		t.byWhen[w].ack, t.byWhen[w].done = summarize(merged(byWhen[w].ack...)), summarize(merged(byWhen[w].done...))
+	}
 	return t
 }
 
@@ -193,35 +251,95 @@ func (th *gwThread) awaitNote(ctx context.Context, runID string, tab int, typ st
 	}
 }
 
+// watch reads the thread's notes about runID for d (or until ctx ends),
+// noting in *first when tab 0 received the run's first delta (if it had
+// not yet), and stops early at tab 0's terminal event of the run, which
+// it returns (ended true; the driver's state_version follows it). Notes
+// already waiting when d passes are read too, so *first is what tab 0 had
+// told the driver by then.
+func (th *gwThread) watch(ctx context.Context, runID string, d time.Duration, first *time.Time) (end note, ended bool) {
+	limit := time.NewTimer(d)
+	defer limit.Stop()
+	apply := func(n note) bool {
+		if n.tab != 0 || n.runID != runID {
+			return false
+		}
+		if n.typ == noteFirstDelta && first.IsZero() {
+			*first = n.at
+		}
+		if terminal(n.typ) {
+			th.version = n.stateVersion
+			return true
+		}
+		return false
+	}
+	for {
+		select {
+		case n := <-th.notes:
+			if apply(n) {
+				return n, true
+			}
+		case <-limit.C:
+			for {
+				select {
+				case n := <-th.notes:
+					if apply(n) {
+						return n, true
+					}
+				default:
+					return note{}, false
+				}
+			}
+		case <-ctx.Done():
+			return note{}, false
+		}
+	}
+}
+
 // driveCancels repeats, until stopAt: start a run, wait until it streams,
 // wait a random moment in [0, maxDelay], cancel it from the tab pick
-// chooses, and wait for run.cancelled on that tab and on tab 0. Only
-// cancels sent while the environment measures (and that pick samples) are
-// sampled.
+// chooses, and wait for run.cancelled on that tab and on tab 0. A run
+// whose ack said it is queued (waits for a slot) is, every other time at
+// random, instead cancelled at a random moment in [0, maxDelay] after its
+// ack, which may find it still waiting; a cancel counts as "waiting" when
+// the run was queued and tab 0 had seen none of its deltas when the
+// cancel left, else as "streaming". Only cancels sent while the
+// environment measures (and that pick samples) are sampled.
 func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay, pace time.Duration, rng *rand.Rand, pick cancelTab, st *cancelStats) {
 	e := th.env
 	for round := range maxRunsPerThread {
 		if ctx.Err() != nil || !time.Now().Before(stopAt) {
 			return
 		}
-		runID, ok := th.startRun(ctx, longMessage(e.scenario, th.idx, round))
+		s, ok := th.startRun(ctx, longMessage(e.scenario, th.idx, round))
 		if !ok {
 			return
 		}
-		n, ok := th.awaitNote(ctx, runID, 0, noteFirstDelta, runTimeout(pace))
-		if !ok {
-			if ctx.Err() == nil {
-				e.errs.add("run_never_streamed", runID)
+		runID := s.runID
+		var first time.Time
+		if fromAck := s.queued() && rng.IntN(2) == 0; !fromAck {
+			n, ok := th.awaitNote(ctx, runID, 0, noteFirstDelta, th.startLimit(s, pace))
+			if !ok {
+				if ctx.Err() == nil {
+					th.neverStarted(s, pace)
+				}
+				return
 			}
-			return
-		}
-		if terminal(n.typ) {
-			e.errs.add("run_ended_before_streaming", fmt.Sprintf("%s: %s", runID, n.typ))
-			continue
+			if terminal(n.typ) {
+				e.errs.add("run_ended_before_streaming", fmt.Sprintf("%s: %s", runID, n.typ))
+				th.adm.counted(s, first)
+				continue
+			}
+			first = n.at
 		}
 		delay := time.Duration(rng.Int64N(int64(maxDelay) + 1))
-		if n, ok := th.awaitNote(ctx, runID, -1, "", delay); ok && terminal(n.typ) {
-			st.missed++ // it completed before its cancel moment
+		if n, ended := th.watch(ctx, runID, delay, &first); ended {
+			if first.IsZero() {
+				e.errs.add("run_ended_before_streaming", fmt.Sprintf("%s: %s", runID, n.typ))
+			} else {
+				st.missed++ // it completed before its cancel moment
+			}
+			th.adm.counted(s, first)
 			continue
 		}
 		if ctx.Err() != nil {
@@ -235,6 +353,7 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 			st.unsampled++
 		}
 		sampled := e.measuring.Load() && sample
+		when := cancelWhen(s.queued(), !first.IsZero())
 		var tm client.CommandTiming
 		ack, err := th.cancelRun(ctx, k, client.CancelRunRequest{RunID: runID}, &tm)
 		st.sent++
@@ -249,6 +368,7 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 			if _, ok := th.awaitNote(ctx, runID, 0, chat.EventRunCompleted, runTimeout(pace)); !ok {
 				return
 			}
+			th.adm.counted(s, first)
 			continue
 		case err != nil:
 			e.commandFailed(ctx, "run.cancel", runID, err)
@@ -259,7 +379,9 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 		}
 		sent := tm.Sent
 		if sampled {
-			st.ack.add(tm.Answered.Sub(sent).Microseconds())
+			us := tm.Answered.Sub(sent).Microseconds()
+			st.ack.add(us)
+			st.byWhen[when].ack.add(us)
 		}
 		gotK, got0 := false, false
 		limit := time.NewTimer(runTimeout(pace))
@@ -267,7 +389,13 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 		for !gotK || !got0 {
 			select {
 			case n := <-th.notes:
-				if n.runID != runID || !terminal(n.typ) {
+				if n.runID != runID {
+					continue
+				}
+				if n.tab == 0 && n.typ == noteFirstDelta && first.IsZero() {
+					first = n.at // it started before the cancel took hold
+				}
+				if !terminal(n.typ) {
 					continue
 				}
 				if n.typ != chat.EventRunCancelled {
@@ -276,7 +404,9 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 				if n.tab == k && !gotK {
 					gotK = true
 					if sampled {
-						st.cancelled.add(n.at.Sub(sent).Microseconds())
+						us := n.at.Sub(sent).Microseconds()
+						st.cancelled.add(us)
+						st.byWhen[when].cancelled.add(us)
 					}
 				}
 				if n.tab == 0 {
@@ -294,6 +424,7 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 		if !got0 {
 			return
 		}
+		th.adm.counted(s, first)
 	}
 }
 

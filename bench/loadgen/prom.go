@@ -231,3 +231,14 @@ func (w *promWindow) quantile(name, labels string, q float64) float64 {
 	}
 	return math.Inf(1)
 }
+
+// sum adds up every series of the metric name (whatever its labels): a
+// gauge's value over its series; ok false when it has none.
+func (s promSample) sum(name string) (v float64, ok bool) {
+	for series, x := range s {
+		if series == name || strings.HasPrefix(series, name+"{") {
+			v, ok = v+x, true
+		}
+	}
+	return v, ok
+}

@@ -51,6 +51,10 @@ type Config struct {
 	ScalePace            time.Duration
 	ScaleWindow          time.Duration
 	ScaleCancelEvery     int
+	// ScaleCapacity is passed to scale's gateway as -workers (runs
+	// executing at once; more wait queued, PROTOCOL.md "Admission"); 0
+	// passes nothing, so the gateway's default capacity applies.
+	ScaleCapacity int
 
 	// cluster: two gateway processes on one PostgreSQL schema and NATS.
 	// Postgres is the base URL (a schema is created in it per run and
@@ -83,7 +87,7 @@ func (c Config) summary() map[string]any {
 		"fanout_threads": c.FanoutThreads, "fanout_tabs_per_thread": c.FanoutTabs, "reconnect_fraction": c.ReconnectFraction,
 		"cancel_runs": c.CancelRuns, "cancel_tabs_per_run": c.CancelTabs, "cancel_window": c.CancelWindow.String(), "cancel_max_delay": c.cancelMaxDelay().String(),
 		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
-		"scale_runs": c.ScaleRuns, "scale_tabs_per_run": c.ScaleTabs, "scale_pace": c.ScalePace.String(), "scale_window": c.ScaleWindow.String(), "scale_cancel_every": c.ScaleCancelEvery,
+		"scale_runs": c.ScaleRuns, "scale_tabs_per_run": c.ScaleTabs, "scale_pace": c.ScalePace.String(), "scale_window": c.ScaleWindow.String(), "scale_cancel_every": c.ScaleCancelEvery, "scale_capacity": c.ScaleCapacity,
 		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
 		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
 		"sqlite_synchronous": c.Synchronous, "seed": c.Seed, "perf": c.PerfDir != "",
@@ -121,6 +125,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("storage needs runs")
 	case slices.Contains(c.Scenarios, "scale") && (c.ScaleRuns <= 0 || c.ScaleTabs <= 0 || c.ScalePace <= 0 || c.ScaleWindow <= 0 || c.ScaleCancelEvery <= 0):
 		return fmt.Errorf("scale needs runs, tabs, a pace, a window and -scale-cancel-every ≥ 1")
+	case c.ScaleCapacity < 0:
+		return fmt.Errorf("-scale-capacity is 0 (the gateway's default) or more")
 	case c.ReconnectFraction < 0 || c.ReconnectFraction > 1:
 		return fmt.Errorf("-reconnect-fraction is between 0 and 1")
 	case c.Synchronous != "" && c.Synchronous != "normal" && c.Synchronous != "full":
@@ -313,12 +319,34 @@ type gwPhase struct {
 	closed   bool
 }
 
+// startGateway starts a gateway for the scenario name with the demo
+// model at pace and -workers workers (its capacity: runs executing at
+// once); workers 0 passes no -workers, so the gateway's default applies.
 func (r *runner) startGateway(name string, pace time.Duration, workers int) (*gwPhase, error) {
 	r.seq++
 	db := filepath.Join(r.dir, fmt.Sprintf("%02d-%s.db", r.seq, name))
-	args := []string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace.String(),
-		"-workers", strconv.Itoa(workers), "-auth", r.cfg.Auth,
+	p, err := startProcess("gateway", r.gateway, r.gatewayArgs(db, pace, workers), 60*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	capacity := "the default number of workers"
+	if workers > 0 {
+		capacity = fmt.Sprintf("%d workers", workers)
+	}
+	r.logf("%s: gateway pid %d at %s (pace %s, %s)", name, p.pid, p.addr, pace, capacity)
+	env := newGWEnv(p.addr, r.cfg.Auth, name)
+	env.pace = pace
+	return &gwPhase{r: r, proc: p, db: db, env: env}, nil
+}
+
+// gatewayArgs are the flags of a gateway on the SQLite database db (see
+// startGateway).
+func (r *runner) gatewayArgs(db string, pace time.Duration, workers int) []string {
+	args := []string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", pace.String(), "-auth", r.cfg.Auth,
 		"-max-conns-per-user", "100000", "-max-subscriptions-per-user", "100000", "-user-command-rate", "100000"}
+	if workers > 0 {
+		args = append(args, "-workers", strconv.Itoa(workers))
+	}
 	if r.cfg.Auth == "header" {
 		args = append(args, "-trusted-proxies", "127.0.0.1")
 	}
@@ -328,12 +356,7 @@ func (r *runner) startGateway(name string, pace time.Duration, workers int) (*gw
 	if r.cfg.Synchronous != "" {
 		args = append(args, "-sqlite-synchronous", r.cfg.Synchronous)
 	}
-	p, err := startProcess("gateway", r.gateway, args, 60*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	r.logf("%s: gateway pid %d at %s (pace %s, %d workers)", name, p.pid, p.addr, pace, workers)
-	return &gwPhase{r: r, proc: p, db: db, env: newGWEnv(p.addr, r.cfg.Auth, name)}, nil
+	return args
 }
 
 // createThreads creates the phase's threads over HTTP.
@@ -612,4 +635,37 @@ func (p *perfRecord) wait(r *runner) {
 		return
 	}
 	r.logf("profile written to %s", p.file)
+}
+
+// sampleGauges scrapes the gateway's metrics every interval until ctx
+// ends and returns, for each of the gauges names that it has, the values
+// it read (summed over the gauge's series); nothing when the gateway has
+// no admin listener.
+func (p *gwPhase) sampleGauges(ctx context.Context, every time.Duration, names ...string) map[string][]float64 {
+	admin := p.proc.adminURL()
+	if admin == "" {
+		return nil
+	}
+	out := map[string][]float64{}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+			s, err := scrape(ctx, admin+"/metrics")
+			if err != nil {
+				if ctx.Err() == nil {
+					p.r.logf("%s: metrics: %v", p.env.scenario, err)
+				}
+				continue
+			}
+			for _, name := range names {
+				if v, ok := s.sum(name); ok {
+					out[name] = append(out[name], v)
+				}
+			}
+		}
+	}
 }

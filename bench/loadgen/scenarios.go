@@ -672,24 +672,39 @@ func (r *runner) storage(ctx context.Context) (s ScenarioReport) {
 	return s
 }
 
-// scale: the many-streams shape of issue 18. ScaleRuns threads with
-// ScaleTabs tabs each keep one run streaming at ScalePace; every
-// ScaleCancelEvery-th thread cancels its runs at random moments from a
-// random tab (as cancel does), the others let them finish and start the
-// next (as storage does). It measures how much of the offered delivery
-// rate arrives, at what CPU, and what the cancels and first deltas cost
-// under that load.
+// scale: the many-streams shape of issue 18, with admission (issue 31).
+// ScaleRuns threads with ScaleTabs tabs each keep one run streaming at
+// ScalePace; every ScaleCancelEvery-th thread cancels its runs at random
+// moments from a random tab (as cancel does), the others let them finish
+// and start the next (as storage does). The gateway runs with
+// ScaleCapacity workers (0: its default), so runs beyond its capacity
+// wait queued. It measures how much of the offered delivery rate arrives,
+// at what CPU, and what the cancels and first deltas cost under that
+// load; then the same for admitted and queued runs apart, and the cancels
+// by whether they found their run waiting or streaming.
 func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	maxDelay := 60 * c.ScalePace
 	cancellers := (c.ScaleRuns + c.ScaleCancelEvery - 1) / c.ScaleCancelEvery
-	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered); %d of the threads cancel each run at a random moment (0–%s after its first delta) from a random tab, the others stream back to back; %s measured after %s warm-up",
-		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), cancellers, maxDelay, c.ScaleWindow, c.Warmup)
-	p := r.startSetUp(ctx, &s, "scale", c.ScalePace, c.ScaleRuns+16, c.ScaleRuns, c.ScaleTabs, true)
-	if p == nil {
+	capacity := "the gateway's default capacity"
+	if c.ScaleCapacity > 0 {
+		capacity = fmt.Sprintf("capacity %d (-workers)", c.ScaleCapacity)
+	}
+	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered), %s; %d of the threads cancel each run at a random moment (0–%s after its first delta, or, for half of the queued runs, after its ack) from a random tab, the others stream back to back; %s measured after %s warm-up",
+		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), capacity, cancellers, maxDelay, c.ScaleWindow, c.Warmup)
+	p, err := r.startGateway("scale", c.ScalePace, c.ScaleCapacity)
+	if err != nil {
+		s.Failure = err.Error()
 		return s
 	}
 	defer p.finish(ctx, &s)
+	// before any tab exists: the tabs read these
+	p.env.admission = true
+	p.env.queueAllowance = c.Warmup + c.ScaleWindow
+	if err := p.setup(ctx, c.ScaleRuns, c.ScaleTabs, true); err != nil {
+		s.Failure = err.Error()
+		return s
+	}
 	f := fanFigures{offered: float64(c.ScaleRuns*c.ScaleTabs) / c.ScalePace.Seconds()}
 	stats := make([]cancelStats, len(p.threads))
 	stopAt := time.Now().Add(c.Warmup + c.ScaleWindow)
@@ -705,27 +720,54 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	r.logf("scale: warming up %s", c.Warmup)
 	sleep(ctx, c.Warmup)
 	r.logf("scale: measuring %s", c.ScaleWindow)
-	w0, w1 := r.measureGateway(ctx, p, "scale-gateway", c.ScaleWindow, &f, nil)
+	var gauges map[string][]float64 // the admission gauges, scraped through the window
+	w0, w1 := r.measureGateway(ctx, p, "scale-gateway", c.ScaleWindow, &f, func(ctx context.Context) {
+		gauges = p.sampleGauges(ctx, gaugeEvery, promRunsWaiting, promRunsExecuting)
+	})
 	pw := f.prom
 	p.endDrivers(ctx, &drivers, 10*time.Second)
 
 	ct, l := mergeCancels(stats), deliveryLatency(p.threads)
+	adm := make([]admissionStats, len(p.threads))
+	var classes [2][]*deltaClass
+	for i, th := range p.threads {
+		adm[i] = th.adm
+		for _, t := range th.tabs {
+			classes[classAdmitted] = append(classes[classAdmitted], &t.classes[classAdmitted])
+			classes[classQueued] = append(classes[classQueued], &t.classes[classQueued])
+		}
+	}
+	at := mergeAdmission(adm)
+	dAdm, dQ := mergeDeltaClass(classes[classAdmitted]), mergeDeltaClass(classes[classQueued])
 	p.finish(ctx, &s)
-	f.readStore(ctx, p.db, w0, w1)
+	st := f.readStore(ctx, p.db, w0, w1)
 	g := summarize(storeGaps(ctx, &s.Notes, "cancel", cancelGaps, p.db, w0, w1))
-	fd := summarize(storeGaps(ctx, &s.Notes, "first-delta", firstDeltaGaps, p.db, w0, w1))
+	byRun, err := firstDeltaRuns(ctx, p.db, w0.UnixMilli(), w1.UnixMilli())
+	if err != nil {
+		s.Notes = append(s.Notes, "server-side first-delta figures unavailable: "+err.Error())
+	}
+	all := make([]int32, 0, len(byRun))
+	for _, x := range byRun {
+		all = append(all, x.us)
+	}
+	fd := summarize(all)
+	queued := p.queuedRuns()
+	fdAdm, fdQ := splitGaps(byRun, func(runID string) bool { return queued[runID] })
 	delivered := nan
 	if f.offered > 0 {
 		delivered = 100 * f.deltas / f.offered
 	}
-	s.Notes = append(s.Notes, "delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, so the offer is slightly more than the shape can ask for")
+	s.Notes = append(s.Notes,
+		"delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, and with admission a run waits queued without streaming, so the offer is more than the shape can ask for",
+		"admitted: runs whose run.start ack carried no queue_position; queued: runs whose ack carried one. Run counts, first deltas and waits are of the runs acked in the window; delta figures are of the deltas received in the window, whenever their run was acked (runs admitted in the warm-up stream into the window); a run queued near the window's end that was cancelled before it started (by its thread, or when the phase stopped) has no wait figure and is counted as cancelled before it started")
+	firstTarget := fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)
 	s.Metrics = slices.Concat([]Metric{
 		metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
 		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
 		metric("delivered of the offer", "%", delivered, "≥ 95 %"),
 		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, "≤ 20 µs"),
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
-		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)),
+		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, firstTarget),
 	}, cancelLatencyMetrics(ct, "≤ 5 ms", "≤ 15 ms"), []Metric{
 		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
 		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
@@ -733,6 +775,23 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 		metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
 		metric("delta delivery latency p50", "ms", l.P50, ""),
 		metric("delta delivery latency p99", "ms", l.P99, ""),
-	}, cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
+	}, admissionMetrics(at, dAdm, dQ, summarize(fdAdm), summarize(fdQ), c.ScalePace),
+		waitCancelMetrics(ct),
+		[]Metric{metric("runs streaming at once (deltas committed/s × pace)", "runs", f.runsStreaming(st.Deltas, c.ScalePace), "")},
+		capacityMetrics(pw, gauges),
+		cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
 	return s
+}
+
+// queuedRuns is the set of runs whose run.start ack carried a
+// queue_position, over every thread of the phase.
+func (p *gwPhase) queuedRuns() map[string]bool {
+	out := map[string]bool{}
+	for _, th := range p.threads {
+		th.queued.Range(func(k, _ any) bool {
+			out[k.(string)] = true
+			return true
+		})
+	}
+	return out
 }
