@@ -33,6 +33,9 @@ export interface ActiveRun {
   message_id: string | null;
   partial_text: string;
   last_seq: number;
+  // queue_position: the run waits for a free slot, 1 = next to start
+  // (PROTOCOL.md "Admission"); absent when it does not wait.
+  queue_position?: number;
 }
 
 export interface LastRun {

@@ -8,6 +8,7 @@ import { logLine, receiptLine, stepLine, toolName, type Line, type OpNow } from 
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
 import { askHeld, canSave, notHeld, type Held } from "./seen";
+import { PlaceWatch, fetchPlace, neverStartedLine, queuePosition, waitingHint, waitingLabel, type RunPlace } from "./admission";
 import { groupByDay } from "./sidebar";
 import { clipUTF8, clippedNote, cutNote, displayBytes, earlierLabel, fetchEarlier, historyIDs, windowStart } from "./history";
 import {
@@ -113,6 +114,18 @@ function toolProgress(op: Operation, label: string): HTMLElement {
   );
 }
 
+// waitingBox is the place of a run that waits for a free slot: where it
+// stands, and what that means. The server's first paint draws the same
+// (web/pages.templ, waiting).
+function waitingBox(position: number): HTMLElement {
+  return el(
+    "div",
+    { class: "msg role-assistant provisional waiting", "data-testid": "streaming", "data-queue-position": String(position), "aria-busy": "true" },
+    el("span", { class: "chip wait", "data-testid": "run-chip" }, waitingLabel(position)),
+    el("p", { class: "hint", "data-testid": "waiting-hint" }, waitingHint),
+  );
+}
+
 // fmtCount writes a progress count: whole numbers as they are, others
 // with at most one decimal.
 function fmtCount(n: number): string {
@@ -135,6 +148,16 @@ export class ThreadView {
   private loadingEarlier = false;
   private readonly expanded = new Set<string>(); // long replies shown whole
   private run: Run | null = null;
+  // waiting: the run this tab last knew to wait for a free slot, and its
+  // place (1 = next to start), from the run.start ack, a snapshot or GET
+  // /api/runs/{id} (admission.ts). Dropped once the run shows it started
+  // (a delta, a tool call) or the server says it no longer waits; kept
+  // when it is cancelled, so the receipt can say it never started.
+  private waiting: { runID: string; position: number } | null = null;
+  // acked: runs this tab started and read the run.start ack of (which said
+  // whether they wait: no need to ask).
+  private readonly acked = new Set<string>();
+  private readonly places: PlaceWatch;
   private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
   // frame is the animation frame renderSoon asked for (0: none pending);
@@ -225,6 +248,7 @@ export class ThreadView {
       (intent, answer) => this.onCancelAnswer(intent, answer),
       () => this.render(),
     );
+    this.places = new PlaceWatch((runID, place) => this.onPlace(runID, place));
     this.applySnapshot(snap);
   }
 
@@ -308,6 +332,11 @@ export class ThreadView {
     }
     const ar = s.active_run;
     this.run = ar ? { id: ar.run_id, status: ar.status } : null;
+    // Where the run stands in the admission queue, as of this snapshot
+    // (what this tab knew of a run that ended since stays, for its receipt).
+    const place = ar ? queuePosition(ar.queue_position) : 0;
+    if (ar && place > 0) this.waiting = { runID: ar.run_id, position: place };
+    else if (ar || (this.waiting && this.waiting.runID !== last?.run_id)) this.waiting = null;
     // The reply this tab showed was interrupted if the run now streams
     // another message and the one shown was never published (a restart
     // while this tab was away: the snapshot alone does not say so). Until
@@ -326,6 +355,7 @@ export class ThreadView {
         : same || stopped
           ? prev
           : null;
+    this.watchPlace();
     this.render();
   }
 
@@ -353,6 +383,7 @@ export class ThreadView {
     this.subscribed = false;
     this.run = null;
     this.streamed = null;
+    this.watchPlace();
     document.querySelector(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`)?.closest("li")?.remove();
     groupByDay(document.querySelector<HTMLElement>("[data-testid=thread-list]") ?? document.createElement("ul"));
     this.socket.send({ type: "unsubscribe", thread_id: this.threadID }).catch(() => {});
@@ -376,16 +407,28 @@ export class ThreadView {
     if (ev.seq <= this.lastSeq) return; // already applied
     this.lastSeq = ev.seq;
     if (ev.state_version) this.stateVersion = ev.state_version;
+    // Whatever the waiting run does besides being started or stopped shows
+    // that it has a slot: a delta, a tool call.
+    if (this.waiting && ev.run_id === this.waiting.runID && !["run.started", "run.cancel_requested", "run.cancelling", "run.cancelled"].includes(ev.type)) {
+      this.waiting = null;
+    }
     let branched = false;
     switch (ev.type) {
-      case "run.started":
+      case "run.started": {
         void this.refreshTitle();
-        this.run = { id: ev.run_id ?? "", status: ev.status ?? "queued" };
+        const runID = ev.run_id ?? "";
+        this.run = { id: runID, status: ev.status ?? "queued" };
+        if (this.waiting && this.waiting.runID !== runID) this.waiting = null;
+        // A run this tab did not start (another tab, a program) may wait
+        // for a slot: no event would say so, so ask once. (The ack of this
+        // tab's own run.start came before this event, and is read by now.)
+        if (this.run.status === "queued") window.setTimeout(() => void this.askPlace(runID), 0);
         this.streamed = null;
         this.receipt = null;
         this.failure = null;
         this.pendingStep = false;
         break;
+      }
       case "message.delta":
         // After the user pressed Cancel on the text shown, a new attempt of
         // the same run (the server restarted meanwhile) is not shown in its
@@ -475,6 +518,7 @@ export class ThreadView {
     if ((ev.type === "run.completed" || ev.type === "run.cancelled" || ev.type === "run.failed") && this.messages.filter((m) => m.role === "user").length <= 1) {
       void this.refreshTitle();
     }
+    this.watchPlace();
     this.renderSoon();
     if (branched) this.resync();
     else if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
@@ -540,6 +584,51 @@ export class ThreadView {
       if (s === "reconnecting") this.cancels.retry();
     }
     this.render();
+  }
+
+  // ---- admission: a run that waits for a free slot (admission.ts) ----
+
+  // place is where the active run waits for a slot: its queue position,
+  // 0 when it does not wait (as far as this tab knows).
+  private place(): number {
+    const w = this.waiting;
+    return w && this.run && this.run.id === w.runID && this.run.status === "queued" ? w.position : 0;
+  }
+
+  // noteQueue takes what the server said of runID's place: position > 0,
+  // it waits there; 0, it does not (or no longer) wait. A run seen
+  // streaming already does not wait, whatever an older answer says.
+  private noteQueue(runID: string, position: number): void {
+    if (this.run && this.run.id === runID && this.run.status !== "queued") position = 0;
+    if (position > 0) this.waiting = { runID, position };
+    else if (this.waiting && this.waiting.runID === runID) this.waiting = null;
+    this.watchPlace();
+  }
+
+  // watchPlace asks for the place of the run while it waits, and stops
+  // asking once it does not (it started, it is being cancelled, it ended,
+  // or the conversation is gone).
+  private watchPlace(): void {
+    if (this.place() > 0 && !this.gone) this.places.watch(this.waiting?.runID ?? "");
+    else this.places.stop();
+  }
+
+  // askPlace asks once whether runID, started by another tab or a program,
+  // waits for a slot.
+  private async askPlace(runID: string): Promise<void> {
+    if (this.acked.has(runID) || !this.run || this.run.id !== runID || this.run.status !== "queued" || this.waiting?.runID === runID) return;
+    this.onPlace(runID, await fetchPlace(runID));
+  }
+
+  // onPlace applies an answer of GET /api/runs/{id} about the active run,
+  // unless events moved on since it was asked (the run streams, or is
+  // being cancelled: events tell the rest).
+  private onPlace(runID: string, place: RunPlace | null): void {
+    if (!place || !this.run || this.run.id !== runID || this.run.status !== "queued") return;
+    this.noteQueue(runID, place.position);
+    // Claimed: the run has a slot, and its first delta is on its way.
+    if (place.position === 0 && place.status === "running") this.run.status = "running";
+    this.renderSoon();
   }
 
   // keepsShown: the user asked to cancel runID (the intent is kept or sent,
@@ -757,7 +846,7 @@ export class ThreadView {
       user_message: text,
     };
     if (this.editing) cmd.resume_from_checkpoint_id = this.editing.resumeFrom;
-    if (await this.command(cmd)) {
+    if (await this.startRun(cmd)) {
       this.input.value = "";
       saveDraft(this.threadID, "");
       this.editing = null;
@@ -777,7 +866,7 @@ export class ThreadView {
       case "cancel":
         return this.requestCancel();
       case "continue":
-        await this.command({ type: "run.start", thread_id: this.threadID, expected_state_version: this.stateVersion });
+        await this.startRun({ type: "run.start", thread_id: this.threadID, expected_state_version: this.stateVersion });
         return;
       case "edit": {
         const lastUser = [...this.messages].reverse().find((m) => m.role === "user");
@@ -971,12 +1060,26 @@ export class ThreadView {
     }
   }
 
-  // command sends one command and shows its error; it reports success.
-  private async command(cmd: Record<string, unknown>): Promise<boolean> {
+  // startRun sends run.start and reads from its ack whether the run waits
+  // for a free slot; it reports success.
+  private async startRun(cmd: Record<string, unknown>): Promise<boolean> {
+    const ack = await this.command(cmd);
+    if (!ack) return false;
+    if (typeof ack.run_id === "string") {
+      this.acked.add(ack.run_id);
+      this.noteQueue(ack.run_id, queuePosition(ack.queue_position));
+      this.renderSoon();
+    }
+    return true;
+  }
+
+  // command sends one command and shows its error; it answers the ack, or
+  // null when the command failed.
+  private async command(cmd: Record<string, unknown>): Promise<Record<string, unknown> | null> {
     try {
-      await this.socket.send(cmd);
+      const ack = await this.socket.send(cmd);
       this.show("");
-      return true;
+      return ack;
     } catch (err) {
       if (err instanceof CommandError && err.code === "state_version_conflict") {
         const fork = (err.reply.allowed_actions ?? []).find((a) => a.startsWith("fork_from_"));
@@ -987,7 +1090,7 @@ export class ThreadView {
         this.show((err as Error).message, { offline: !(err instanceof CommandError) });
       }
       this.render();
-      return false;
+      return null;
     }
   }
 
@@ -1321,6 +1424,11 @@ export class ThreadView {
           this.liveMarkdown(s, streaming),
         ),
       );
+    } else if (this.run && this.place() > 0) {
+      // Waiting for a free slot is a state of its own, not a reply being
+      // written: no pulse, and what it means in words.
+      parts.push(waitingBox(this.place()));
+      this.tick(false);
     } else if (this.run) {
       const runID = this.run.id;
       const calling = [...this.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
@@ -1331,7 +1439,7 @@ export class ThreadView {
       const label = cancelling
         ? "Cancelling…"
         : this.run.status === "queued"
-          ? "Waiting for a worker…"
+          ? "Starting…"
           : this.run.status === "waiting_confirmation"
             ? "Waiting for your confirmation"
             : calling
@@ -1497,8 +1605,13 @@ export class ThreadView {
     // not know, and then says nothing about it).
     const mine = r.by === `tab:${this.socket.tabID}` || r.by === `api:${this.socket.tabID}`;
     const where = !r.by || mine ? "" : r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
+    // A run cancelled while it waited for a free slot, as this tab knew it
+    // (no delta, no tool call of it seen, and the server discarded nothing):
+    // it never started.
+    const neverStarted = this.waiting?.runID === r.runID && r.discarded === 0 && r.operations.length === 0 && this.streamed?.runID !== r.runID;
     // A cancel that deletes the conversation: nothing can continue here.
-    const heading = this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : `Cancelled${where}`;
+    const heading =
+      this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : neverStarted ? `Cancelled${where} while waiting for a free slot` : `Cancelled${where}`;
     if (this.closing || this.gone) actions.replaceChildren();
     const saved = this.messages.find((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
     const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, kept)];
@@ -1512,11 +1625,12 @@ export class ThreadView {
           : "";
       rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, what + more));
     }
-    rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))));
+    if (!neverStarted) rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...(Array.isArray(ops) ? ops : [ops]))));
     return el(
       "div",
-      { class: "card-box receipt", "data-testid": "receipt", role: "status" },
+      { class: `card-box receipt${neverStarted ? " never-started" : ""}`, "data-testid": "receipt", role: "status" },
       el("h3", { "data-testid": "receipt-heading" }, heading),
+      ...(neverStarted ? [el("p", { class: "receipt-lead", "data-testid": "receipt-never-started" }, neverStartedLine)] : []),
       el("dl", {}, ...rows),
       actions,
     );
