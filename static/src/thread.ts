@@ -625,10 +625,12 @@ export class ThreadView {
   // being cancelled: events tell the rest).
   private onPlace(runID: string, place: RunPlace | null): void {
     if (!place || !this.run || this.run.id !== runID || this.run.status !== "queued") return;
+    const was = this.place();
     this.noteQueue(runID, place.position);
     // Claimed: the run has a slot, and its first delta is on its way.
     if (place.position === 0 && place.status === "running") this.run.status = "running";
-    this.renderSoon();
+    // (Drawn again only when it changed: the live region is read out.)
+    if (this.place() !== was || this.run.status !== "queued") this.renderSoon();
   }
 
   // keepsShown: the user asked to cancel runID (the intent is kept or sent,
