@@ -63,6 +63,9 @@ func TestAQueuedRunWaitsVisiblyCancelsAtOnceAndStartsWhenASlotFrees(t *testing.T
 	if c := ev.Cancelled(); len(deltasB) != 0 || c == nil || c.DiscardedStreamChars != 0 || len(c.Operations) != 0 {
 		t.Fatalf("the queued run's receipt: %s after %d deltas; want cancelled with nothing streamed or discarded", ev.Raw, len(deltasB))
 	}
+	if r, err := api.Run(bounded(t), runB.RunID); err != nil || r.Status != chat.RunCancelled || r.Executed {
+		t.Fatalf("GET /api/runs/%s after its cancel: %+v, %v; want cancelled, never executed", runB.RunID, r, err)
+	}
 	before := len(deltasA)
 	for len(deltasA) < before+3 {
 		ev := tabA.next()
@@ -90,8 +93,8 @@ func TestAQueuedRunWaitsVisiblyCancelsAtOnceAndStartsWhenASlotFrees(t *testing.T
 	tabA.until(chat.EventRunCancelled, runA.RunID, &deltasA)
 	var deltasB2 []string
 	tabB.until(chat.EventMessageDelta, runB2.RunID, &deltasB2)
-	if r, err := api.Run(bounded(t), runB2.RunID); err != nil || r.QueuePosition != 0 || r.Status == chat.RunQueued {
-		t.Fatalf("GET /api/runs/%s once it streams: %+v, %v; want it running, with no queue_position", runB2.RunID, r, err)
+	if r, err := api.Run(bounded(t), runB2.RunID); err != nil || r.QueuePosition != 0 || r.Status == chat.RunQueued || !r.Executed {
+		t.Fatalf("GET /api/runs/%s once it streams: %+v, %v; want it running, executed, with no queue_position", runB2.RunID, r, err)
 	}
 	tabB.until(chat.EventRunCompleted, runB2.RunID, &deltasB2)
 	waitAdmission(t, base, chat.Admission{Capacity: 1, Executing: 0, Waiting: 0})

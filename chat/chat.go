@@ -200,6 +200,11 @@ type Run struct {
 	// "Admission"): 1 = the next to start. Zero (omitted) when it does not
 	// wait: it runs, has ended, or a slot is free for it.
 	QueuePosition int `json:"queue_position,omitempty"`
+	// Executed tells whether a worker ever took the run up (claimed it):
+	// false for a run that has only waited, e.g. one cancelled while it
+	// waited for a slot, which never started: no model was asked, no tool
+	// called.
+	Executed bool `json:"executed"`
 }
 
 // Usage is a token count.

@@ -105,7 +105,9 @@ test("one slot: B waits and says where it stands in every tab, a cancel while wa
     [b1, "Cancelled while waiting for a free slot"],
     [b2, "Cancelled from another tab while waiting for a free slot"],
   ]) {
-    await page.getByTestId("receipt").waitFor();
+    // The ordinary receipt first, until the server said no worker ever
+    // took the run up (GET /api/runs/{id}: executed false).
+    await page.getByTestId("receipt-never-started").waitFor();
     assert.equal(await page.getByTestId("receipt-heading").textContent(), heading);
     assert.equal(
       await page.getByTestId("receipt-never-started").textContent(),
@@ -119,6 +121,11 @@ test("one slot: B waits and says where it stands in every tab, a cancel while wa
   const runB = await server.api(`/api/runs/${queuedB.run_id}`);
   assert.equal(runB.status, "cancelled");
   assert.equal(runB.discarded_stream_chars, 0);
+  assert.equal(runB.executed, false, "the server says no worker ever took it up");
+  // A reload knows it too: the receipt is the server's, not the tab's memory.
+  await b2.reload();
+  await b2.getByTestId("receipt-never-started").waitFor();
+  assert.match(await b2.getByTestId("receipt-heading").textContent(), /while waiting for a free slot$/);
   await expectStreaming(a);
   await shots(b1, "admission-receipt");
 

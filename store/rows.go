@@ -195,7 +195,8 @@ func (r runRow) run() chat.Run {
 		CancelReason: fromNullString(r.CancelReason), RequestedBy: fromNullString(r.RequestedBy),
 		DiscardedStreamChars: r.DiscardedStreamChars, Error: fromNullString(r.Error), Attempt: r.Attempt,
 		CreatedAt: fromMS(r.CreatedAt), FinishedAt: fromNullMS(r.FinishedAt),
-		Usage: chat.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
+		Usage:    chat.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
+		Executed: r.LeaseEpoch > 0, // every claim, and only a claim, takes a new lease epoch
 	}
 }
 

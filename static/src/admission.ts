@@ -23,8 +23,9 @@ export function waitingLabel(position: number): string {
 // waitingHint says what waiting means, under the label.
 export const waitingHint = "The server is busy with other replies. Yours starts by itself when a slot frees up; nothing has been generated yet. Cancel withdraws it.";
 
-// neverStartedLine is what a receipt says of a run cancelled while it
-// waited (its heading: "Cancelled while waiting for a free slot").
+// neverStartedLine is what a receipt says of a cancelled run the server
+// says no worker ever took up (GET /api/runs/{id}: executed false; its
+// heading: "Cancelled while waiting for a free slot").
 export const neverStartedLine = "It never started: nothing was generated, so nothing was discarded and no tool was called.";
 
 // queuePosition reads a queue_position field: 0 when absent (the run does
@@ -38,6 +39,9 @@ export function queuePosition(v: unknown): number {
 export interface RunPlace {
   status: RunStatus;
   position: number;
+  // executed: whether a worker ever took the run up (undefined: the server
+  // did not say). A cancelled run that was never executed never started.
+  executed?: boolean;
 }
 
 // fetchPlace asks the server where runID stands; null when it could not
@@ -47,9 +51,9 @@ export async function fetchPlace(runID: string): Promise<RunPlace | null> {
   try {
     const r = await fetch(`/api/runs/${encodeURIComponent(runID)}`, { credentials: "same-origin", cache: "no-store" });
     if (!r.ok) return null;
-    const body = (await r.json()) as { status?: RunStatus; queue_position?: unknown };
+    const body = (await r.json()) as { status?: RunStatus; queue_position?: unknown; executed?: unknown };
     if (typeof body.status !== "string") return null;
-    return { status: body.status, position: queuePosition(body.queue_position) };
+    return { status: body.status, position: queuePosition(body.queue_position), executed: typeof body.executed === "boolean" ? body.executed : undefined };
   } catch {
     return null;
   }

@@ -151,9 +151,15 @@ export class ThreadView {
   // waiting: the run this tab last knew to wait for a free slot, and its
   // place (1 = next to start), from the run.start ack, a snapshot or GET
   // /api/runs/{id} (admission.ts). Dropped once the run shows it started
-  // (a delta, a tool call) or the server says it no longer waits; kept
-  // when it is cancelled, so the receipt can say it never started.
+  // (a delta, a tool call) or the server says it no longer waits.
   private waiting: { runID: string; position: number } | null = null;
+  // executed: what the server said (GET /api/runs/{id}) of cancelled runs
+  // that streamed and discarded nothing and called no tool: whether a
+  // worker ever took them up. Only a false here lets a receipt say the run
+  // never started: the tab's own view cannot tell a run still waiting from
+  // one claimed a moment ago and still waiting for the model's first word.
+  private readonly executed = new Map<string, boolean>();
+  private readonly askingExecuted = new Set<string>();
   // acked: runs this tab started and read the run.start ack of (which said
   // whether they wait: no need to ask).
   private readonly acked = new Set<string>();
@@ -1560,6 +1566,19 @@ export class ThreadView {
     list.replaceChildren(...ops.map((op) => operationItem(op)));
   }
 
+  // askExecuted asks the server, once, whether a worker ever took runID
+  // up, and draws the receipt again with the answer (none: it stays the
+  // ordinary receipt).
+  private askExecuted(runID: string): void {
+    if (this.askingExecuted.has(runID)) return;
+    this.askingExecuted.add(runID);
+    void fetchPlace(runID).then((place) => {
+      if (place?.executed === undefined) return;
+      this.executed.set(runID, place.executed);
+      if (!place.executed) this.renderSoon();
+    });
+  }
+
   private receiptCard(r: Receipt): HTMLElement {
     const excerpt = (m: Message): string => `“${snippet(this.plain(m), 140)}”`;
     const kept =
@@ -1607,10 +1626,12 @@ export class ThreadView {
     // not know, and then says nothing about it).
     const mine = r.by === `tab:${this.socket.tabID}` || r.by === `api:${this.socket.tabID}`;
     const where = !r.by || mine ? "" : r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
-    // A run cancelled while it waited for a free slot, as this tab knew it
-    // (no delta, no tool call of it seen, and the server discarded nothing):
-    // it never started.
-    const neverStarted = this.waiting?.runID === r.runID && r.discarded === 0 && r.operations.length === 0 && this.streamed?.runID !== r.runID;
+    // A run cancelled before it ever ran: nothing streamed, discarded or
+    // called, and the server says no worker ever took it up (asked once;
+    // until it answers, the ordinary receipt).
+    const quiet = r.discarded === 0 && r.operations.length === 0 && this.streamed?.runID !== r.runID;
+    if (quiet && !this.executed.has(r.runID)) this.askExecuted(r.runID);
+    const neverStarted = quiet && this.executed.get(r.runID) === false;
     // A cancel that deletes the conversation: nothing can continue here.
     const heading =
       this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : neverStarted ? `Cancelled${where} while waiting for a free slot` : `Cancelled${where}`;
