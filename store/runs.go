@@ -466,32 +466,32 @@ func (s *Store) QueueState(ctx context.Context, runID string) (position int, atS
 			return fmt.Errorf("count the runs ahead: %w", err)
 		}
 		if s.perUser > 0 {
-			// The users at their share, found once from the executing runs
-			// (at most the workers of every instance), rather than asked
-			// of every run ahead: their queued runs are passed over, but
-			// for this run's own user, whose runs ahead go first anyway.
-			var full []struct {
-				UserID string `db:"user_id"`
-				Mine   bool   `db:"mine"`
+			var executing int
+			if err := q.GetContext(ctx, &executing, q.Rebind(`SELECT `+userExecuting(`?`)), row.ThreadID); err != nil {
+				return fmt.Errorf("count the user's runs: %w", err)
 			}
-			if err := q.SelectContext(ctx, &full, q.Rebind(`SELECT t.user_id, t.user_id = (SELECT user_id FROM threads WHERE thread_id = ?) AS mine
-				FROM runs r JOIN threads t ON t.thread_id = r.thread_id
+			atShare = executing >= s.perUser
+		}
+		if s.perUser > 0 && ahead > 0 {
+			// The other users at their share, found once from the
+			// executing runs (at most the workers of every instance)
+			// rather than asked of every run ahead, and only when runs
+			// are ahead: their queued runs are passed over, but for this
+			// run's own user, whose runs ahead go first anyway.
+			var others []string
+			if err := q.SelectContext(ctx, &others, q.Rebind(`SELECT t.user_id FROM runs r JOIN threads t ON t.thread_id = r.thread_id
 				WHERE r.lease_owner IS NOT NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
+				AND t.user_id <> (SELECT user_id FROM threads WHERE thread_id = ?)
 				GROUP BY t.user_id HAVING count(*) >= ?`), row.ThreadID, s.perUser); err != nil {
 				return fmt.Errorf("find the users at their share: %w", err)
-			}
-			var others []any
-			for _, u := range full {
-				if u.Mine {
-					atShare = true
-				} else {
-					others = append(others, u.UserID)
-				}
 			}
 			if len(others) > 0 {
 				var passed int
 				in := strings.TrimSuffix(strings.Repeat("?, ", len(others)), ", ")
-				args := append([]any{row.UpdatedAt, row.UpdatedAt, runID}, others...)
+				args := []any{row.UpdatedAt, row.UpdatedAt, runID}
+				for _, u := range others {
+					args = append(args, u)
+				}
 				if err := q.GetContext(ctx, &passed, q.Rebind(`SELECT count(*) FROM runs WHERE status = 'queued' AND lease_owner IS NULL`+older+`
 					AND thread_id IN (SELECT thread_id FROM threads WHERE user_id IN (`+in+`))`), args...); err != nil {
 					return fmt.Errorf("count the runs passed over: %w", err)
