@@ -126,7 +126,7 @@ func (c *wsConn) run() {
 // a close, the end of the connection's context, the ping interval and the
 // age limit (the last three through callbacks that set a flag and wake it).
 // A select over a channel per cause cost the fan-out path a sixth of its CPU
-// (BENCHMARKS.md, "Fan-out, profiled").
+// (BENCHMARKS.md as of 6e7e314, "Fan-out, profiled").
 func (c *wsConn) write() {
 	defer c.cancel()
 	stop := context.AfterFunc(c.ctx, c.nudge)

@@ -118,7 +118,7 @@ const (
 	// DefaultSynchronous is used when Options.Synchronous is "": full,
 	// because with group commit its cost showed only with the writer
 	// saturated (fewer deltas per second, a longer wait for a new run's
-	// first word), not in cancel latency (BENCHMARKS.md).
+	// first word), not in cancel latency (BENCHMARKS.md as of 6e7e314).
 	DefaultSynchronous = SynchronousFull
 )
 

@@ -391,7 +391,7 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 				// On PostgreSQL the flush does not wait for its commit to
 				// reach the disk (measured: cancels waited behind flushes
 				// holding the writer and their threads' rows through an
-				// fsync each, BENCHMARKS.md). A crash of PostgreSQL can
+				// fsync each, BENCHMARKS.md as of 6e7e314). A crash of PostgreSQL can
 				// lose it whole: its deltas then lie in this process's
 				// reservation, which is recorded lost at its next write
 				// (see the package doc), as after a crash of this process.
