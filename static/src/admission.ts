@@ -10,8 +10,14 @@
 
 import type { RunStatus } from "./protocol";
 
-// pollEvery is how often a waiting run's place is asked for.
+// pollEvery is how often a waiting run's place is asked for while it is
+// near the front; a run far back (more than farBack ahead of it) is asked
+// for every pollFar: each ask is a count of the runs ahead on the server,
+// and a deep queue with pages open on every waiting run would otherwise
+// cost the server more than the runs it is waiting for.
 const pollEvery = 2000;
+const pollFar = 10000;
+const farBack = 10;
 
 // waitingLabel says where a waiting run stands: position 1 is next to
 // start, 3 has two runs ahead of it.
@@ -108,6 +114,6 @@ export class PlaceWatch {
     this.asking = false;
     if (this.runID !== id) return;
     this.answer(id, place);
-    if (this.runID === id) this.schedule(pollEvery);
+    if (this.runID === id) this.schedule(place && place.position > farBack ? pollFar : pollEvery);
   }
 }
