@@ -15,19 +15,7 @@ import (
 // cut catches up by itself, every tab ends at the thread's last seq, and
 // nothing counts as a protocol error.
 func TestGatewayClients(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and starts the gateway")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	repo, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &runner{cfg: Config{Repo: repo, Auth: "header"}, start: time.Now(), dir: t.TempDir()}
-	if r.gateway, err = build(ctx, repo, ".", r.dir, "gateway"); err != nil {
-		t.Fatal(err)
-	}
+	ctx, r := gatewayRunner(t)
 	const pace = 10 * time.Millisecond
 	p, err := r.startGateway("test", pace, 8)
 	if err != nil {
@@ -88,19 +76,7 @@ func TestGatewayClients(t *testing.T) {
 // run.cancelled); neither the wait nor those cancels count as protocol
 // errors, and the admission figures see both classes of runs.
 func TestGatewayAdmission(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and starts the gateway")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	repo, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &runner{cfg: Config{Repo: repo, Auth: "header"}, start: time.Now(), dir: t.TempDir()}
-	if r.gateway, err = build(ctx, repo, ".", r.dir, "gateway"); err != nil {
-		t.Fatal(err)
-	}
+	ctx, r := gatewayRunner(t)
 	r.admin = supportsFlag(r.gateway, "admin-addr")
 	const pace = 5 * time.Millisecond
 	p, err := r.startGateway("admission", pace, 1)
@@ -160,4 +136,25 @@ func TestGatewayAdmission(t *testing.T) {
 	if ct.sent == 0 || ct.ack.N != ct.byWhen[cancelWaiting].ack.N+ct.byWhen[cancelStreaming].ack.N {
 		t.Errorf("cancels: %d sent, %d acks, split %d waiting + %d streaming", ct.sent, ct.ack.N, ct.byWhen[cancelWaiting].ack.N, ct.byWhen[cancelStreaming].ack.N)
 	}
+}
+
+// gatewayRunner builds the gateway of this repository for a test (skipped
+// with -short) and returns a runner for it, and a context bounded to five
+// minutes that ends with the test.
+func gatewayRunner(t *testing.T) (context.Context, *runner) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and starts the gateway")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{Repo: repo, Auth: "header"}, start: time.Now(), dir: t.TempDir()}
+	if r.gateway, err = build(ctx, repo, ".", r.dir, "gateway"); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, r
 }
