@@ -14,18 +14,27 @@ import (
 // last exchanges each cover.
 const longWindow = 10
 
+// longStartEvery is the least time between two run.starts of long's tab.
+// One WebSocket connection may send 20 commands a second, burst 40
+// (gateway.WSConfig's CommandRate and CommandBurst defaults; not flags),
+// and an instant model completes an exchange in a few milliseconds: at
+// one start per 60 ms the tab stays under that rate, so no run.start is
+// answered rate_limited.
+const longStartEvery = 60 * time.Millisecond
+
 // long: one thread with one tab, LongExchanges exchanges one after the
 // other (run.start with a short message, wait for run.completed on the
-// tab, the next) with the demo model at LongPace. Between two exchanges
-// it reads the server's write_bytes and the size of the database's files,
-// and at the edges of the first and last exchanges what the database
-// holds; so it measures what one exchange costs as the conversation
-// grows: the first exchanges against the last.
+// tab, the next, at most one start per longStartEvery) with the demo
+// model at LongPace. Before each start (and once after the last) it reads
+// the server's write_bytes and the size of the database's files, and at
+// the edges of the first and last exchanges what the database holds: what
+// one exchange costs as the conversation grows, the first exchanges
+// against the last.
 func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	n := c.LongExchanges
-	s.Shape = fmt.Sprintf("one thread, one tab, %d exchanges one after another (run.start with a short message, wait for run.completed, the next), the demo model at %s a word",
-		n, c.LongPace)
+	s.Shape = fmt.Sprintf("one thread, one tab, %d exchanges one after another (run.start with a short message, wait for run.completed, the next; starts at least %s apart), the demo model at %s a word",
+		n, longStartEvery, c.LongPace)
 	p := r.startSetUp(ctx, &s, "long", c.LongPace, 1+16, 1, 1, false)
 	if p == nil {
 		return s
@@ -35,11 +44,16 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	first, last := edgeSpans(n, longWindow)
 	probes := map[int]bool{first.lo: true, first.hi: true, last.lo: true, last.hi: true}
 
-	// Read at each boundary: before the first exchange and after each.
+	// Read at each boundary: just before each exchange's run.start, and
+	// as long after the last's start; so each exchange's figures hold
+	// what the server wrote from its start to the next (what it wrote
+	// after run.completed included) and no write falls between two.
 	var written, files []int64
 	inUse := map[int]int64{} // at the probed boundaries
 	var ioErr, filesErr, inUseErr error
+	bounds := 0
 	boundary := func(i int) {
+		bounds++
 		if ioErr == nil {
 			var v int64
 			v, ioErr = sumWriteBytes([]int{pid})
@@ -54,15 +68,23 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 			inUse[i], inUseErr = sqliteInUse(ctx, p.db)
 		}
 	}
+	var lastStart time.Time
+	pause := func() { // a rate (longStartEvery), not a wait for the server
+		if !lastStart.IsZero() {
+			sleep(ctx, time.Until(lastStart.Add(longStartEvery)))
+		}
+	}
 	// No exchange is cancelled: awaitEnd's own limits end one that hangs.
 	never := time.Now().Add(24 * time.Hour)
 	var ackToDone []int64 // µs, per exchange
 	r.logf("long: %d exchanges", n)
-	boundary(0)
 	for i := range n {
+		pause()
 		if ctx.Err() != nil {
 			break
 		}
+		boundary(i)
+		lastStart = time.Now()
 		st, ok := th.startRun(ctx, shortMessage(i))
 		if !ok {
 			break
@@ -75,9 +97,12 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 			p.env.errs.add("run_cancelled_unasked", st.runID) // run.failed the tab counts itself
 		}
 		ackToDone = append(ackToDone, end.at.Sub(st.acked).Microseconds())
-		boundary(i + 1)
 	}
 	m := len(ackToDone)
+	if bounds == m { // not yet read after the last exchange
+		pause()
+		boundary(m)
+	}
 	if m < n {
 		s.Notes = append(s.Notes, fmt.Sprintf("only %d of %d exchanges completed: the figures are of those", m, n))
 		first, last = edgeSpans(m, longWindow)
