@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -197,4 +198,42 @@ func gaps(ctx context.Context, db, query string, from, to int64) ([]int32, error
 		out = append(out, int32(ms*1000))
 	}
 	return out, rows.Err()
+}
+
+// sqliteInUse is what the SQLite database db holds, in bytes: its pages
+// less its free ones (page_count − freelist_count, times page_size), in
+// one statement, so one snapshot. Read through a read-only connection
+// while the gateway runs, it counts the transactions committed to the WAL
+// and not yet checkpointed into the file.
+func sqliteInUse(ctx context.Context, db string) (int64, error) {
+	conn, err := openRead(db)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	var n int64
+	err = conn.QueryRowContext(ctx, `SELECT ((SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count()))
+		* (SELECT page_size FROM pragma_page_size())`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", db, err)
+	}
+	return n, nil
+}
+
+// sqliteFiles is the size of the SQLite database db's file and its -wal
+// (none counts 0), in bytes. The -shm (the WAL's index, a few pages) is
+// not counted.
+func sqliteFiles(db string) (int64, error) {
+	var sum int64
+	for _, f := range []string{db, db + "-wal"} {
+		fi, err := os.Stat(f)
+		if errors.Is(err, os.ErrNotExist) && f != db {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		sum += fi.Size()
+	}
+	return sum, nil
 }

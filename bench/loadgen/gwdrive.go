@@ -117,9 +117,9 @@ func runTimeout(pace time.Duration) time.Duration { return 30*time.Second + 300*
 // awaitEnd waits for tab 0's terminal event of run s, cancelling the run
 // from tab 0 once stopAt passes. A run must stream within startLimit of
 // its ack and end within runTimeout of its first delta. It updates the
-// driver's state_version and admission figures and reports whether the
-// run ended.
-func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, pace time.Duration) bool {
+// driver's state_version and admission figures and returns tab 0's
+// terminal note of the run, and whether the run ended.
+func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, pace time.Duration) (note, bool) {
 	e, runID := th.env, s.runID
 	stop := time.NewTimer(time.Until(stopAt))
 	defer stop.Stop()
@@ -139,13 +139,13 @@ func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, p
 			if terminal(n.typ) {
 				th.version = n.stateVersion
 				th.adm.counted(s, first)
-				return true
+				return n, true
 			}
 		case <-stop.C:
 			_, err := th.cancelRun(ctx, 0, client.CancelRunRequest{RunID: runID, Reason: "bench phase ended"}, nil)
 			if err != nil && client.ErrorCode(err) != chat.CodeRunNotActive {
 				e.commandFailed(ctx, "run.cancel", runID, err)
-				return false
+				return note{}, false
 			}
 		case <-limit.C:
 			if first.IsZero() {
@@ -153,9 +153,9 @@ func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, p
 			} else {
 				e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s of its first delta", runID, runTimeout(pace)))
 			}
-			return false
+			return note{}, false
 		case <-ctx.Done():
-			return false
+			return note{}, false
 		}
 	}
 }
@@ -169,7 +169,10 @@ func (th *gwThread) driveContinuous(ctx context.Context, stopAt time.Time, pace 
 			return
 		}
 		s, ok := th.startRun(ctx, longMessage(th.env.scenario, th.idx, i))
-		if !ok || !th.awaitEnd(ctx, s, stopAt, pace) {
+		if !ok {
+			return
+		}
+		if _, ended := th.awaitEnd(ctx, s, stopAt, pace); !ended {
 			return
 		}
 	}

@@ -220,11 +220,25 @@ func TestConfigValidate(t *testing.T) {
 	ok := Config{Scenarios: AllScenarios, Auth: "header", Pace: 1, Window: 1, StorageWindow: 1, CancelWindow: 1,
 		IdleThreads: 1, IdleTabs: 1, FanoutThreads: 1, FanoutTabs: 1, CancelRuns: 1, CancelTabs: 1, StorageRuns: 1,
 		ScaleRuns: 1, ScaleTabs: 1, ScalePace: 1, ScaleWindow: 1, ScaleCancelEvery: 1,
-		ClusterRuns: 1, ClusterTabs: 2, ClusterWindow: 1, ClusterCancelTo: "other"}
+		LongExchanges: 1, ClusterRuns: 1, ClusterTabs: 2, ClusterWindow: 1, ClusterCancelTo: "other"}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config refused: %v", err)
 	}
 	bad := ok
+	bad.LongExchanges = 0
+	if err := bad.Validate(); err == nil {
+		t.Error("long with no exchanges accepted")
+	}
+	bad = ok
+	bad.LongPace = -1
+	if err := bad.Validate(); err == nil {
+		t.Error("long with a negative pace accepted")
+	}
+	bad.Scenarios = []string{"idle"} // long's settings matter to long only
+	if err := bad.Validate(); err != nil {
+		t.Errorf("idle refused for long's pace: %v", err)
+	}
+	bad = ok
 	bad.Scenarios = []string{"idle", "nope"}
 	if err := bad.Validate(); err == nil {
 		t.Error("unknown scenario accepted")

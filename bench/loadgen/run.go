@@ -25,7 +25,7 @@ import (
 // command fills every field from its flags.
 type Config struct {
 	Repo      string   // module root: where `go build` runs
-	Scenarios []string // idle, fanout, cancel, storage, scale, cluster
+	Scenarios []string // idle, fanout, cancel, storage, scale, long, cluster
 	Auth      string   // header: a user per thread; none: one user for all
 
 	Pace   time.Duration // demo model: time per word (idle, fanout, cancel)
@@ -56,6 +56,12 @@ type Config struct {
 	// passes nothing, so the gateway's default capacity applies.
 	ScaleCapacity int
 
+	// long: one thread, one tab, LongExchanges exchanges one after the
+	// other (run.start, wait for run.completed, the next), the demo model
+	// at LongPace (0: no wait between words).
+	LongExchanges int
+	LongPace      time.Duration
+
 	// cluster: two gateway processes on one PostgreSQL schema and NATS.
 	// Postgres is the base URL (a schema is created in it per run and
 	// dropped after); an empty Postgres or NATS skips the scenario.
@@ -78,7 +84,7 @@ type Config struct {
 // Scenario names, in the order they run. cluster runs only when both
 // Postgres and NATS are set (it is skipped with a line saying so
 // otherwise).
-var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "scale", "cluster"}
+var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "scale", "long", "cluster"}
 
 func (c Config) summary() map[string]any {
 	return map[string]any{
@@ -88,6 +94,7 @@ func (c Config) summary() map[string]any {
 		"cancel_runs": c.CancelRuns, "cancel_tabs_per_run": c.CancelTabs, "cancel_window": c.CancelWindow.String(), "cancel_max_delay": c.cancelMaxDelay().String(),
 		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
 		"scale_runs": c.ScaleRuns, "scale_tabs_per_run": c.ScaleTabs, "scale_pace": c.ScalePace.String(), "scale_window": c.ScaleWindow.String(), "scale_cancel_every": c.ScaleCancelEvery, "scale_capacity": c.ScaleCapacity,
+		"long_exchanges": c.LongExchanges, "long_pace": c.LongPace.String(),
 		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
 		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
 		"sqlite_synchronous": c.Synchronous, "seed": c.Seed, "perf": c.PerfDir != "",
@@ -125,6 +132,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("storage needs runs")
 	case slices.Contains(c.Scenarios, "scale") && (c.ScaleRuns <= 0 || c.ScaleTabs <= 0 || c.ScalePace <= 0 || c.ScaleWindow <= 0 || c.ScaleCancelEvery <= 0):
 		return fmt.Errorf("scale needs runs, tabs, a pace, a window and -scale-cancel-every ≥ 1")
+	case slices.Contains(c.Scenarios, "long") && (c.LongExchanges <= 0 || c.LongPace < 0):
+		return fmt.Errorf("long needs -long-exchanges ≥ 1 and -long-pace ≥ 0")
 	case c.ScaleCapacity < 0:
 		return fmt.Errorf("-scale-capacity is 0 (the gateway's default) or more")
 	case c.ReconnectFraction < 0 || c.ReconnectFraction > 1:
@@ -248,7 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.ChecksOK = true
 	scenarios := map[string]func(context.Context) ScenarioReport{ // by AllScenarios' names
 		"idle": r.idle, "fanout": r.fanout, "cancel": r.cancel,
-		"storage": r.storage, "scale": r.scale, "cluster": r.cluster,
+		"storage": r.storage, "scale": r.scale, "long": r.long, "cluster": r.cluster,
 	}
 	for _, name := range AllScenarios {
 		if !slices.Contains(cfg.Scenarios, name) || ctx.Err() != nil {

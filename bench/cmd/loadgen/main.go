@@ -63,6 +63,8 @@ func run() int {
 	fs.DurationVar(&c.ScaleWindow, "scale-window", 8*time.Second, "scale: measured window, after the warm-up")
 	fs.IntVar(&c.ScaleCancelEvery, "scale-cancel-every", 10, "scale: every Nth thread cancels its runs at random moments (from a random tab) instead of letting them finish")
 	fs.IntVar(&c.ScaleCapacity, "scale-capacity", 0, "scale: the gateway's capacity, passed as -workers (runs executing at once; more wait queued); 0: the gateway's default (no -workers)")
+	fs.IntVar(&c.LongExchanges, "long-exchanges", 300, "long: exchanges (run.start, wait for run.completed) one after another on one thread")
+	fs.DurationVar(&c.LongPace, "long-pace", 0, "long: demo model time per word (0: the instant model)")
 	fs.StringVar(&c.Postgres, "postgres", os.Getenv("GATEWAY_TEST_POSTGRES_URL"), "cluster: PostgreSQL `URL` on 127.0.0.1 (a database the generator may create a schema in; dropped after); empty skips cluster")
 	fs.StringVar(&c.NATS, "nats", os.Getenv("GATEWAY_TEST_NATS_URL"), "cluster: NATS `URL` on 127.0.0.1; empty skips cluster")
 	fs.IntVar(&c.ClusterRuns, "cluster-runs", 100, "cluster: concurrent streaming runs (one thread each) over the two instances")
