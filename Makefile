@@ -87,9 +87,10 @@ CI_FUZZMINIMIZE ?= 1000x
 test: lint generate-check test-go test-store-postgres test-fuzz test-e2e
 
 # bench runs the load generator's standard scenarios (idle, fanout, cancel,
-# storage) against the real binary and the bare coder/websocket floor, in
-# about a minute; it prints every figure with its ratio to the floor and
-# writes the report to bin/bench.json. Figures never fail it: it fails only
+# storage, scale, long, and cluster when PostgreSQL and NATS are set)
+# against the real binary and, for fan-out, the bare coder/websocket
+# floor, in about two minutes; it prints every figure with its target (and
+# its ratio to the floor) and writes the report to bin/bench.json. Figures never fail it: it fails only
 # on protocol errors or a failed `gateway check`. See BENCHMARKS.md;
 # BENCH_FLAGS passes flags (go run ./bench/cmd/loadgen -h).
 BENCH_FLAGS ?=
