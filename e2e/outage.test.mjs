@@ -23,12 +23,14 @@ serveForFile({ pace: "120ms" }, (s, b) => ([server, browser] = [s, b]));
 const refusedReconnect = /^(WebSocket connection to 'ws:\/\/[^']+\/ws' failed: .*(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)|Failed to load resource: net::(ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE)$)/;
 
 // shownDeltas is what the page was given of runID, over every connection
-// so far: the message it was given last (or messageID), its text (the
-// deltas, concatenated) and the seq of its last delta.
-function shownDeltas(socket, runID, messageID) {
+// so far (each seq once: a replay may repeat one), up to seq uptoSeq: the
+// message it was given last (or messageID), its text (the deltas,
+// concatenated) and the seq of its last delta.
+function shownDeltas(socket, runID, messageID, uptoSeq = Infinity) {
   const deltas = socket.frames.filter((f) => f.from === "server" && f.obj.type === "message.delta" && f.obj.run_id === runID).map((f) => f.obj);
   const id = messageID ?? deltas.at(-1).message_id;
-  const mine = deltas.filter((d) => d.message_id === id);
+  const seen = new Set();
+  const mine = deltas.filter((d) => d.message_id === id && d.seq <= uptoSeq && !seen.has(d.seq) && seen.add(d.seq));
   return { messageID: id, text: mine.map((d) => d.text).join(""), lastSeq: mine.at(-1).seq };
 }
 
@@ -62,15 +64,26 @@ async function stopMidReply(page, socket, stop) {
     },
     { timeout: 20000 },
   );
+  // Once the run stopped, the page asks the server whether it holds the
+  // text shown, naming the message and the last seq it applied: the test's
+  // own record of frames cannot say which of the last ones reached the
+  // page (the proxy records a frame before it hands it on, and one the
+  // server sent as it stopped may never reach the closing socket).
+  const held = page.waitForRequest((r) => r.url().includes(`/streamed/`), { timeout: 30000 });
   await page.unroute(cancelURL);
   socket.unblock();
   await page.locator("[data-testid=conn-status][data-state=live]").waitFor({ timeout: 15000 });
   await page.getByTestId("receipt").waitFor({ timeout: 15000 });
   await runStatus(page, "cancelled");
-  // What the page was given of the message it showed: before the stop, and
-  // (a graceful stop wrote them) deltas of it sent just before the stop and
-  // lost in flight, replayed after the reconnect. Never the new attempt's.
-  const given = shownDeltas(socket, runID, messageID);
+  const asked = new URL((await held).url());
+  assert.ok(asked.pathname.endsWith(`/streamed/${messageID}`), `the page asks about the message it showed (${asked.pathname}), not the new attempt's`);
+  const appliedSeq = Number(asked.searchParams.get("last_seq"));
+  // What the page was given of the message it showed, up to what it
+  // applied: before the stop, and (a graceful stop wrote them) deltas of it
+  // sent just before the stop and lost in flight, replayed after the
+  // reconnect. Never the new attempt's.
+  const given = shownDeltas(socket, runID, messageID, appliedSeq);
+  assert.ok(given.text.length >= before.length, "the page applied at least what it showed before the stop");
   const screen = await page.getByTestId("streaming-text").textContent();
   assert.ok(plain(screen).startsWith(plain(before)), `the text shown before the stop stays: ${before}`);
   assert.equal(plain(screen), plain(given.text), "the text on screen is the message the page showed, not the new attempt's");
