@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/engine"
@@ -16,6 +17,7 @@ import (
 type queueAware struct {
 	*store.Store
 	engine *engine.Engine
+	log    *slog.Logger
 }
 
 // Snapshot is store.Snapshot with the active run's queue_position.
@@ -53,11 +55,14 @@ func (q queueAware) place(ctx context.Context, run *chat.ActiveRun) {
 }
 
 // position is the run's queue_position; a failed read leaves it out (the
-// state it decorates was read, and is still true), logged by nobody: the
-// next read of a real failure fails on its own.
+// state it decorates was read, and is still true without it) and is
+// logged unless the caller went away.
 func (q queueAware) position(ctx context.Context, runID string) int {
 	pos, err := q.engine.QueuePosition(ctx, runID)
 	if err != nil {
+		if ctx.Err() == nil {
+			q.log.Warn("read a waiting run's place in the queue", "run_id", runID, "err", err)
+		}
 		return 0
 	}
 	return pos

@@ -370,7 +370,7 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 			log.Warn("no account can sign in yet: create one with `gateway user add NAME`")
 		}
 	}
-	reads := queueAware{Store: a.store, engine: a.engine}
+	reads := queueAware{Store: a.store, engine: a.engine, log: log}
 	a.api = gateway.New(gateway.Config{
 		Auth: authn, Store: reads, Runs: a.engine, Log: log,
 		Feed:        feed,
