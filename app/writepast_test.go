@@ -40,6 +40,7 @@ func TestAppsWritePastDuringANATSStall(t *testing.T) {
 	}
 	t.Cleanup(func() { raw.Close() })
 	var threadID string
+	var lostDeltas int64
 	t.Run("serve", func(t *testing.T) {
 		var bases [2]string
 		for i := range bases {
@@ -107,9 +108,16 @@ func TestAppsWritePastDuringANATSStall(t *testing.T) {
 		if n := metric(t, bases[1-holder], "gateway_stream_written_past_total"); n != 1 {
 			t.Fatalf("the other instance wrote past %d reservations, want 1", n)
 		}
-		if n := metric(t, bases[holder], "gateway_stream_deltas_lost_total"); n == 0 {
-			t.Fatal("the streaming instance lost no delta: the stall did not cut the reply")
-		}
+		// Whether deltas were lost depends on the moment the other
+		// instance wrote past: with deltas fanned out and not yet written,
+		// they are lost and the holder stops the message at its next
+		// flush; with none (it had written all it had streamed), only
+		// reserved seqs no delta was given are gone, the holder streams on
+		// after the gap, and the store refuses to publish the message
+		// across it. Either way the step starts over (checked above) and
+		// the reply published is whole (below).
+		lostDeltas = metric(t, bases[holder], "gateway_stream_deltas_lost_total")
+		t.Logf("deltas lost by the streaming instance: %d", lostDeltas)
 		final, err := other.Thread(bounded(t), th.ThreadID)
 		if err != nil {
 			t.Fatal(err)
@@ -153,8 +161,11 @@ func TestAppsWritePastDuringANATSStall(t *testing.T) {
 		}
 	})
 	apptest.CheckClean(t, db)
-	// The reply cut by the write-past: its seqs before the hole are all
-	// written, none after it.
+	if lostDeltas == 0 {
+		return // the cut reply went on after the gap (see above)
+	}
+	// The reply cut by the write-past with deltas lost: its seqs before the
+	// hole are all written, none after it (the holder stopped it).
 	var after int
 	if err := raw.QueryRow(`SELECT COUNT(*) FROM stream_batches b WHERE b.thread_id = $1 AND b.first_seq > (SELECT MIN(first_seq) FROM stream_gaps g WHERE g.thread_id = $1)
 		AND b.message_id IN (SELECT message_id FROM stream_messages WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)
