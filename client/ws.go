@@ -646,6 +646,16 @@ func WithCommandTiming(ctx context.Context, t *CommandTiming) context.Context {
 	return context.WithValue(ctx, timingKey{}, t)
 }
 
+// Hello announces the connection's tab again (hello) and waits for the
+// answer. The gateway answers it without reading or writing its database,
+// so its round trip is the floor under every other command's on the same
+// connection: what the network, both processes' scheduling and the
+// gateway's command path cost (the benchmark's probe beside a cancel). A
+// Conn without a TabID gets the gateway's invalid_request.
+func (c *Conn) Hello(ctx context.Context) error {
+	return c.do(ctx, "hello", map[string]string{"tab_id": c.opts.TabID}, true, nil)
+}
+
 // StartRun sends run.start (see Client.StartRun). A request with a
 // ClientRequestID is resent when the connection drops before the answer.
 func (c *Conn) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStartAck, error) {

@@ -58,6 +58,12 @@ func TestGatewayClients(t *testing.T) {
 	if cs.sent == 0 || len(cs.ack.v) == 0 || len(cs.cancelled.v) == 0 {
 		t.Errorf("cancels: %d sent, %d acks and %d run.cancelled measured", cs.sent, len(cs.ack.v), len(cs.cancelled.v))
 	}
+	// Every sampled cancel had its hello probe on another tab answered (a
+	// refused hello would be a protocol error above); a cancel refused
+	// because its run had ended has a probe but no ack measured.
+	if len(cs.probe.v) < len(cs.ack.v) {
+		t.Errorf("%d hello probes measured for %d cancels", len(cs.probe.v), len(cs.ack.v))
+	}
 	for _, th := range p.threads {
 		for _, tab := range th.tabs {
 			if tab.deltas.Load() == 0 || len(tab.lat.v) == 0 {

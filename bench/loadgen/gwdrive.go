@@ -181,6 +181,7 @@ func (th *gwThread) driveContinuous(ctx context.Context, stopAt time.Time, pace 
 // cancelStats is what one cancel driver measured.
 type cancelStats struct {
 	ack, cancelled samples // µs from sending run.cancel
+	probe          samples // µs, hello round trips on another tab sent with sampled cancels (probe)
 	sent, missed   int     // cancels sent; runs that completed first
 	unsampled      int     // cluster: cancels not sampled (the run's lease owner was unknown)
 	// the same samples split by where the cancel found its run
@@ -191,17 +192,19 @@ type cancelStats struct {
 // cancelTotals is what all the cancel drivers of a scenario measured.
 type cancelTotals struct {
 	ack, done               Dist // cancel → ack, cancel → run.cancelled
+	probe                   Dist // hello round trips beside the cancels
 	sent, missed, unsampled int  // cancelStats' counts, summed
 	byWhen                  [2]struct{ ack, done Dist }
 }
 
 // mergeCancels merges the cancel drivers' samples and sums their counts.
 func mergeCancels(stats []cancelStats) cancelTotals {
-	var ack, done []*samples
+	var ack, done, probe []*samples
 	var byWhen [2]struct{ ack, done []*samples }
 	var t cancelTotals
 	for i := range stats {
 		ack, done = append(ack, &stats[i].ack), append(done, &stats[i].cancelled)
+		probe = append(probe, &stats[i].probe)
 		for w := range byWhen {
 			byWhen[w].ack = append(byWhen[w].ack, &stats[i].byWhen[w].ack)
 			byWhen[w].done = append(byWhen[w].done, &stats[i].byWhen[w].cancelled)
@@ -210,11 +213,38 @@ func mergeCancels(stats []cancelStats) cancelTotals {
 		t.missed += stats[i].missed
 		t.unsampled += stats[i].unsampled
 	}
-	t.ack, t.done = summarize(merged(ack...)), summarize(merged(done...))
+	t.ack, t.done, t.probe = summarize(merged(ack...)), summarize(merged(done...)), summarize(merged(probe...))
 	for w := range byWhen {
 		t.byWhen[w].ack, t.byWhen[w].done = summarize(merged(byWhen[w].ack...)), summarize(merged(byWhen[w].done...))
 	}
 	return t
+}
+
+// probe sends, when sample is set and the thread has another tab than k,
+// hello on that tab at once, and records its round trip in st.probe: the
+// floor under the cancel sent from tab k at the same moment (the same
+// connections' network, both processes' scheduling and the gateway's
+// command path, without the database). The channel closes when it is done;
+// the caller waits for it before touching st again.
+func (th *gwThread) probe(ctx context.Context, k int, sample bool, st *cancelStats) <-chan struct{} {
+	done := make(chan struct{})
+	if !sample || len(th.tabs) < 2 {
+		close(done)
+		return done
+	}
+	tab := th.tabs[(k+1)%len(th.tabs)]
+	go func() {
+		defer close(done)
+		var tm client.CommandTiming
+		if err := tab.conn.Hello(client.WithCommandTiming(ctx, &tm)); err != nil {
+			if ctx.Err() == nil {
+				th.env.commandFailed(ctx, "hello", "", err)
+			}
+			return
+		}
+		st.probe.add(tm.Answered.Sub(tm.Sent).Microseconds())
+	}()
+	return done
 }
 
 // cancelTab chooses the tab (index into the thread's tabs) that cancels
@@ -357,8 +387,10 @@ func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay
 		}
 		sampled := e.measuring.Load() && sample
 		when := cancelWhen(s.queued(), !first.IsZero())
+		probed := th.probe(ctx, k, sampled, st)
 		var tm client.CommandTiming
 		ack, err := th.cancelRun(ctx, k, client.CancelRunRequest{RunID: runID}, &tm)
+		<-probed
 		st.sent++
 		var refused *client.Error
 		switch {

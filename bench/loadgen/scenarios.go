@@ -160,12 +160,18 @@ func cpuMetrics(f *fanFigures) []Metric {
 // run.cancelled after the cancel was sent, p50 and p99 (the p99s against
 // their targets).
 func cancelLatencyMetrics(t cancelTotals, ackTarget, doneTarget string) []Metric {
-	return []Metric{
+	out := []Metric{
 		metric("cancel ack p50", "ms", t.ack.P50, ""),
 		metric("cancel ack p99", "ms", t.ack.P99, ackTarget),
 		metric("cancel → run.cancelled p50", "ms", t.done.P50, ""),
 		metric("cancel → run.cancelled p99", "ms", t.done.P99, doneTarget),
 	}
+	if t.probe.N > 0 {
+		out = append(out,
+			metric("floor: hello round trip on another tab, sent with each cancel, p50", "ms", t.probe.P50, ""),
+			metric("floor: hello round trip on another tab, sent with each cancel, p99", "ms", t.probe.P99, ""))
+	}
+	return out
 }
 
 // cancelMetrics are the figures the cancel scenarios lead with: the
