@@ -55,7 +55,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.duration(&c.EventTTL, "event-ttl", "GATEWAY_EVENT_TTL", 30*24*time.Hour, "how long the event log keeps events of finished work; an older position is answered with a snapshot; 0 keeps them forever")
 	ef.duration(&c.AuditTTL, "audit-ttl", "GATEWAY_AUDIT_TTL", 365*24*time.Hour, "how long the cancel audit journal keeps rows of finished runs; 0 keeps them forever")
 	ef.duration(&c.DraftTTL, "draft-ttl", "GATEWAY_DRAFT_TTL", 7*24*time.Hour, "how long the text of a deleted draft or a deleted conversation is kept (for audit) before it is erased; 0 keeps it forever")
-	ef.int(&c.Workers, "workers", "GATEWAY_WORKERS", 64, "capacity: runs executed at once by this instance; more runs wait queued, with their place in line (see README, Admission)")
+	ef.int(&c.Workers, "workers", "GATEWAY_WORKERS", 64, "capacity: runs executed at once by this instance; more runs wait queued, with their place in line (see docs/configuration.md, Admission)")
 	ef.int(&c.MaxRunsPerUser, "max-runs-per-user", "GATEWAY_MAX_RUNS_PER_USER", 0, "one user's share of the workers: runs of one user executing at once, on every instance together (0: half of -workers, at least 1)")
 	ef.duration(&c.SearchLatency, "search-latency", "GATEWAY_SEARCH_LATENCY", 1500*time.Millisecond, "catalog_search: how long a search takes")
 	ef.duration(&c.OutboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")

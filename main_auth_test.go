@@ -1111,9 +1111,9 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	// A socket that sends a command after the revocation: the command is
 	// not run, the socket closes. Its hello had the token checked, and
 	// the server trusts that answer for up to the cache time: this
-	// command goes once that passed (one sooner may still run, as the
-	// README says). The wait is the bound under test, not a guess at
-	// when something is done.
+	// command goes once that passed (one sooner may still run, as
+	// docs/websocket.md says). The wait is the bound under test, not a
+	// guess at when something is done.
 	ws2 := srv.mustDialWS(who{bearer: commander}, "the commanding token")
 	checked := time.Now() // the hello's ack: the server checked before it
 	if code, _, errOut := runCLI(t, nil, "token", "revoke", commanderID, "-db", db); code != 0 {

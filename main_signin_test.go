@@ -174,7 +174,7 @@ func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
 		t.Errorf("carol lists %v, want nothing", got)
 	}
 	srv.stop()
-	// What README documents stays: the operator gives the local user a
+	// What docs/accounts.md documents stays: the operator gives the local user a
 	// password and signs in as local in -auth password.
 	if code, _, errOut := runCLIWith(t, nil, "correct horse battery\n", "user", "passwd", "local", "-db", db); code != 0 {
 		t.Fatalf("user passwd local: exit %d, %s", code, errOut)

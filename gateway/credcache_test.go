@@ -157,7 +157,7 @@ func TestCredentialCacheStoreEndIsSeenAfterTheCacheTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Within the cache time the revocation is not seen: this is the
-		// bound the README states, not a wish.
+		// bound docs/accounts.md states, not a wish.
 		st.reads.Store(0)
 		clk.advance(time.Second - time.Millisecond)
 		conn.ack(map[string]any{"type": "hello", "tab_id": "tab-1"})

@@ -200,7 +200,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /api/threads/{id}/messages", s.authed(s.listMessages))
 	mux.Handle("GET /api/threads/{id}/events", s.authed(s.events))
 	mux.Handle("/api/", s.authed(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, s.log, chat.Errorf(chat.CodeNotFound, "no API endpoint %s %s: see the README's API section", r.Method, r.URL.Path))
+		writeError(w, s.log, chat.Errorf(chat.CodeNotFound, "no API endpoint %s %s: see docs/http-api.md", r.Method, r.URL.Path))
 	}))
 }
 

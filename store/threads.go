@@ -183,7 +183,7 @@ func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) erro
 // thread that is not a deleted draft: a substring match, case-insensitive
 // (on SQLite for ASCII letters only). It reads every message of the
 // user's threads that the title did not settle — a scan, not an index
-// (README, "Search", says why and what it costs).
+// (docs/page.md, "Search", says why and what it costs).
 func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
 	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ? AND deleted_at IS NULL`
 	args := []any{userID}

@@ -250,7 +250,7 @@ func refusal(code int64) bool {
 // answer stays unknown for a consequential call), only explained.
 func taskHint(serverMessage string) string {
 	if strings.Contains(serverMessage, "requires task augmentation") {
-		return " (the tool must run as an MCP task, which this gateway does not support: see README, MCP servers)"
+		return " (the tool must run as an MCP task, which this gateway does not support: see docs/tools.md, MCP servers)"
 	}
 	return ""
 }
