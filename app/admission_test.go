@@ -60,8 +60,8 @@ func TestAQueuedRunWaitsVisiblyCancelsAtOnceAndStartsWhenASlotFrees(t *testing.T
 	}
 	var deltasB []string
 	ev := tabB.until(chat.EventRunCancelled, runB.RunID, &deltasB)
-	if c := ev.Cancelled(); len(deltasB) != 0 || c == nil || c.DiscardedStreamChars != 0 || len(c.Operations) != 0 {
-		t.Fatalf("the queued run's receipt: %s after %d deltas; want cancelled with nothing streamed or discarded", ev.Raw, len(deltasB))
+	if c := ev.Cancelled(); len(deltasB) != 0 || c == nil || c.DiscardedStreamChars != 0 || len(c.Operations) != 0 || c.Executed == nil || *c.Executed {
+		t.Fatalf("the queued run's receipt: %s after %d deltas; want cancelled with nothing streamed or discarded, executed false", ev.Raw, len(deltasB))
 	}
 	if r, err := api.Run(bounded(t), runB.RunID); err != nil || r.Status != chat.RunCancelled || r.Executed {
 		t.Fatalf("GET /api/runs/%s after its cancel: %+v, %v; want cancelled, never executed", runB.RunID, r, err)
@@ -90,7 +90,9 @@ func TestAQueuedRunWaitsVisiblyCancelsAtOnceAndStartsWhenASlotFrees(t *testing.T
 	if _, err := tabA.conn.CancelRun(bounded(t), client.CancelRunRequest{RunID: runA.RunID}); err != nil {
 		t.Fatal(err)
 	}
-	tabA.until(chat.EventRunCancelled, runA.RunID, &deltasA)
+	if c := tabA.until(chat.EventRunCancelled, runA.RunID, &deltasA).Cancelled(); c == nil || c.Executed == nil || !*c.Executed {
+		t.Fatalf("the receipt of the run that held the slot: %+v; want executed true", c)
+	}
 	var deltasB2 []string
 	tabB.until(chat.EventMessageDelta, runB2.RunID, &deltasB2)
 	if r, err := api.Run(bounded(t), runB2.RunID); err != nil || r.QueuePosition != 0 || r.Status == chat.RunQueued || !r.Executed {

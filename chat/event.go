@@ -164,6 +164,11 @@ type RunCancelledBody struct {
 	DiscardedStreamChars int64              `json:"discarded_stream_chars"`
 	ResumePolicy         string             `json:"resume_policy"`
 	Operations           []OperationOutcome `json:"operations"`
+	// Executed tells whether a worker ever took the run up: false for a
+	// run cancelled while it waited for a slot, which never started (no
+	// model asked, no tool called; PROTOCOL.md "Admission": its receipt
+	// says so). nil in events written before the field existed.
+	Executed *bool `json:"executed,omitempty"`
 }
 
 type ToolBody struct {

@@ -358,9 +358,10 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 		return err
 	}
 	ev := t.event(c, chat.EventRunCancelled, row.RunID)
+	executed := row.LeaseEpoch > 0 // as Run.Executed: every claim, and only a claim, takes a new lease epoch
 	ev.Body = chat.RunCancelledBody{
 		ResumeCheckpointID: c.row.HeadCheckpointID, PublishedMessageID: fromNullString(row.CancelPublishedMessageID),
-		DiscardedStreamChars: discarded, ResumePolicy: chat.ResumePolicyRegenerate, Operations: ops,
+		DiscardedStreamChars: discarded, ResumePolicy: chat.ResumePolicyRegenerate, Operations: ops, Executed: &executed,
 	}
 	if err := transition(row, chat.RunCancelled); err != nil {
 		return err

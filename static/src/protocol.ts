@@ -143,6 +143,9 @@ export interface ServerEvent {
   resume_checkpoint_id?: string;
   published_message_id?: string | null;
   discarded_stream_chars?: number;
+  // run.cancelled: whether a worker ever took the run up (absent in events
+  // written before the server said so).
+  executed?: boolean;
   operations?: OperationOutcome[];
   operation?: Operation;
   operation_id?: string;

@@ -153,8 +153,9 @@ export class ThreadView {
   // /api/runs/{id} (admission.ts). Dropped once the run shows it started
   // (a delta, a tool call) or the server says it no longer waits.
   private waiting: { runID: string; position: number } | null = null;
-  // executed: what the server said (GET /api/runs/{id}) of cancelled runs
-  // that streamed and discarded nothing and called no tool: whether a
+  // executed: what the server said (run.cancelled, or GET /api/runs/{id})
+  // of cancelled runs that streamed and discarded nothing and called no
+  // tool: whether a
   // worker ever took them up. Only a false here lets a receipt say the run
   // never started: the tab's own view cannot tell a run still waiting from
   // one claimed a moment ago and still waiting for the model's first word.
@@ -480,6 +481,7 @@ export class ThreadView {
         break;
       case "run.cancelled": {
         this.noteOutcomes(ev.operations ?? []);
+        if (ev.run_id && typeof ev.executed === "boolean") this.executed.set(ev.run_id, ev.executed);
         const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
         this.receipt = {
           runID: ev.run_id ?? "",
@@ -1627,8 +1629,9 @@ export class ThreadView {
     const mine = r.by === `tab:${this.socket.tabID}` || r.by === `api:${this.socket.tabID}`;
     const where = !r.by || mine ? "" : r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
     // A run cancelled before it ever ran: nothing streamed, discarded or
-    // called, and the server says no worker ever took it up (asked once;
-    // until it answers, the ordinary receipt).
+    // called, and the server says no worker ever took it up (in the
+    // run.cancelled event, or, after a reload, asked once; until it
+    // answers, the ordinary receipt).
     const quiet = r.discarded === 0 && r.operations.length === 0 && this.streamed?.runID !== r.runID;
     if (quiet && !this.executed.has(r.runID)) this.askExecuted(r.runID);
     const neverStarted = quiet && this.executed.get(r.runID) === false;
