@@ -17,72 +17,13 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The stream path on SQLite, where this process is the database's only
-// writer: a delta is sequenced in memory, fanned out at once and written
-// later, in a batch with the other deltas of its thread that came
-// meanwhile (one row per message), in a transaction with up to
-// flushThreads other streaming threads. Durable events keep
-// persist-then-fan-out.
-//
-// The rules that keep this honest:
-//
-//   - One sequencer per thread (threadStream), guarded by its mutex. A
-//     delta takes its seqs and is fanned out under it, so fan-out is in
-//     seq order. A write transaction that loads a thread takes the same
-//     mutex and holds it until the transaction has committed and fanned out
-//     its own events (or rolled back), and first writes the thread's
-//     pending deltas: the database always holds every seq up to the
-//     thread's last_seq, and what is only in memory is above it.
-//   - A delta takes seqs only below seq_reserved, a durable high-water mark
-//     the transactions that write deltas move ahead, so no seq handed out
-//     is ever handed out again, also after a crash. At the next start the
-//     seqs between last_seq and seq_reserved (handed out and lost, or never
-//     used) are recorded in stream_gaps, and last_seq moves past them: a
-//     tab that saw some of them gets a snapshot, a fragment naming them an
-//     error saying what is still known. A clean Close writes everything and
-//     gives the unused reservation back.
-//   - A delta is taken without the database only for a run this process
-//     confirmed running under the very lease in a write transaction: the
-//     claim that gave it the lease (which also reserves its thread's
-//     seqs, so the first delta of a run waits for nothing), or the slow
-//     path, which writes its batch at once and confirms that message. Any
-//     transaction that changes a run's status or lease forgets it at
-//     commit, under the run's thread mutex, so the next batch of a
-//     cancelled, requeued or fenced execution goes to the database and is
-//     refused there.
-//
-// Lock order: the writer gate, then thread mutexes (a transaction may hold
-// several). Nothing waits for the gate while holding a thread mutex, so
-// fan-out and readers that hold one never wait for the writer.
-//
-// On PostgreSQL (Options.StreamBuffer) several instances write one
-// thread, so a reservation names its holder (seq_holder: the run lease
-// owner, one process) and only the holder hands its seqs out. Another
-// instance that must write the thread (a cancel, a fragment, a claim)
-// finds the reservation when it loads the thread row and does not take a
-// seq: it rolls back, asks the holder over StreamPeers to write its
-// pending deltas and give the reservation back (YieldStream), and runs
-// again. The holder's thread then streams through the slow path until its
-// next claim, so the asker is not overtaken by a new reservation. A holder
-// that does not confirm the request at once (dead, stopped, cut off: the
-// peers' own bound) or does not answer within yieldTimeout is written
-// past: the whole reservation is recorded in stream_gaps (reason
-// written_past), and last_seq moves beyond it. The holder finds out at its
-// next transaction on the thread (its flusher's, pgFlushDelay after its
-// next delta) and drops what it held as lost. A message that lost deltas
-// streams no further (chat.ErrDeltasLost): the engine starts its step over
-// under a new message. Where the data is, the store refuses to publish a
-// message whose stored deltas miss some of its text or meet a recorded
-// gap, or to save a fragment across one, so a hole is never published.
-// Deltas handed out from the lost reservation before the holder finds out
-// carry seqs below the other instance's events: receivers drop them as
-// already delivered, or see the gap. (A holder that stalled past its
-// lease hands out none, but for a stop in the instructions between the
-// last check and the fan-out: the fast path trusts a lease only for a
-// share of its TTL, see streamBuffer.until.) Cancels do not come this way:
-// the engine hands a cancel to the process executing the run
-// (engine.CancelForwarder), whose own transaction writes its pending
-// deltas first.
+// The stream path: a delta is sequenced in memory, fanned out at once and
+// written later, in batches (on SQLite, where this process is the only
+// writer, and on PostgreSQL with Options.StreamBuffer), so that a delta
+// waits for no write; durable events keep persist-then-fan-out. Lock
+// order: the writer gate, then thread mutexes. The rules that keep this
+// honest, and how instances share a thread on PostgreSQL: ARCHITECTURE.md,
+// "The stream buffer: deltas before the writer".
 
 const (
 	// reserveBlock seqs are reserved at once; a transaction that writes a
