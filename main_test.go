@@ -487,7 +487,7 @@ func (s *server) stop() {
 var httpClient = &http.Client{Timeout: 15 * time.Second}
 
 // apiTransport is the transport of the tests' protocol clients. It holds
-// every successful answer under /api to the status PROTOCOL.md gives its
+// every successful answer under /api to the status docs/protocol.md gives its
 // route (the client takes any 2xx as success; these tests always
 // required the exact one: 201 for a created thread, a started run, a
 // saved fragment and a fork, 202 for a cancel, 200 for the rest), and it
@@ -508,13 +508,13 @@ func (a apiTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	if err == nil && resp.StatusCode/100 == 2 && strings.HasPrefix(req.URL.Path, "/api/") {
 		if want := apiStatus(req.Method, req.URL.Path); resp.StatusCode != want {
-			a.t.Errorf("%s %s answered %d, want %d (PROTOCOL.md)", req.Method, req.URL.Path, resp.StatusCode, want)
+			a.t.Errorf("%s %s answered %d, want %d (docs/protocol.md)", req.Method, req.URL.Path, resp.StatusCode, want)
 		}
 	}
 	return resp, err
 }
 
-// apiStatus is the status PROTOCOL.md gives a successful answer of
+// apiStatus is the status docs/protocol.md gives a successful answer of
 // method path.
 func apiStatus(method, path string) int {
 	if method != http.MethodPost {

@@ -10,7 +10,7 @@ import (
 )
 
 // queueAware is the store as the API and the page read it, with each
-// queued run's place in line filled in (PROTOCOL.md "Admission"): the
+// queued run's place in line filled in (docs/protocol.md "Admission"): the
 // store knows the queue, only the engine knows its free slots, so the
 // position of a run that waits is the engine's answer (engine.QueuePosition).
 // Every other method is the store's own.

@@ -12,7 +12,7 @@ import (
 	"github.com/honestcancel/gateway/internal/apptest"
 )
 
-// Admission (PROTOCOL.md): at capacity a new run waits queued, says its
+// Admission (docs/protocol.md): at capacity a new run waits queued, says its
 // place in line in the run.start ack, the snapshot and GET /api/runs/{id},
 // cancels at once without ever starting while the run holding the slot
 // streams on, and starts when the slot frees. /readyz shows the state.

@@ -196,7 +196,7 @@ type Run struct {
 	// Usage adds up the tokens the model endpoint reported for the run's
 	// steps (zero when it reports none, as the demo model).
 	Usage Usage `json:"usage"`
-	// QueuePosition is set while the run waits for capacity (PROTOCOL.md
+	// QueuePosition is set while the run waits for capacity (docs/protocol.md
 	// "Admission"): 1 = the next to start. Zero (omitted) when it does not
 	// wait: it runs, has ended, or a slot is free for it.
 	QueuePosition int `json:"queue_position,omitempty"`

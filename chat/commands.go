@@ -27,11 +27,11 @@ type RunStartAck struct {
 	Status       RunStatus `json:"status"`
 	StateVersion int64     `json:"state_version"`
 	// QueuePosition is set when the server is at capacity and the run
-	// waits for a slot (1 = the next to start; PROTOCOL.md "Admission").
+	// waits for a slot (1 = the next to start; docs/protocol.md "Admission").
 	QueuePosition int `json:"queue_position,omitempty"`
 }
 
-// Admission is an engine's admission state (PROTOCOL.md "Admission"), as
+// Admission is an engine's admission state (docs/protocol.md "Admission"), as
 // /readyz shows it: Capacity runs may execute at once, Executing do now,
 // and Waiting queued runs are not yet claimed by any instance.
 type Admission struct {

@@ -166,7 +166,7 @@ type RunCancelledBody struct {
 	Operations           []OperationOutcome `json:"operations"`
 	// Executed tells whether a worker ever took the run up: false for a
 	// run cancelled while it waited for a slot, which never started (no
-	// model asked, no tool called; PROTOCOL.md "Admission": its receipt
+	// model asked, no tool called; docs/protocol.md "Admission": its receipt
 	// says so). nil in events written before the field existed.
 	Executed *bool `json:"executed,omitempty"`
 }

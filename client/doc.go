@@ -1,5 +1,5 @@
 // Package client is the Go client of the gateway's wire protocol
-// (PROTOCOL.md): typed access to every command and event over HTTP,
+// (docs/protocol.md): typed access to every command and event over HTTP,
 // Server-Sent Events and WebSocket, with reconnection and replay by seq,
 // so that a program can drive the gateway the way its page does.
 //
@@ -26,7 +26,7 @@
 // caller never sees either (Stats counts them, and counts the drops with
 // the last one's reason: a close code and reason, the idle timeout, the
 // network's error — worth a log line). When the server can no
-// longer replay what was missed (PROTOCOL.md invariant 8), it says so with
+// longer replay what was missed (docs/protocol.md invariant 8), it says so with
 // a thread.snapshot, which the client delivers with Event.Gap set: the
 // caller resets what it built from earlier events, never silently.
 //

@@ -17,7 +17,7 @@ import (
 // The Conn's reader queues events for the Subscription without ever
 // blocking on it; when its reader falls ConnOptions.Buffer events behind,
 // the Subscription stops taking events and, once read empty, resumes
-// after the last one it took (PROTOCOL.md: subscribe with after_seq).
+// after the last one it took (docs/protocol.md: subscribe with after_seq).
 // Resuming, and resubscribing after a refusal for rate_limited, happen in
 // Next: a Subscription nobody reads does not resume.
 //

@@ -17,7 +17,7 @@ import (
 // after that seq instead (0: from the thread's start).
 const FromSnapshot int64 = -1
 
-// Event is one event of a thread's stream (PROTOCOL.md, "Events"), as
+// Event is one event of a thread's stream (docs/protocol.md, "Events"), as
 // delivered by a Subscription or a Stream. The common fields are decoded;
 // Body holds the type's own fields.
 type Event struct {
@@ -53,7 +53,7 @@ type Event struct {
 	// not know (read Raw for those).
 	Body any
 	// Gap is set on a thread.snapshot that stands for events the server
-	// could no longer replay (PROTOCOL.md invariant 8: deltas purged after
+	// could no longer replay (docs/protocol.md invariant 8: deltas purged after
 	// their TTL, or lost in a crash): the events with seq in
 	// (Gap.After, Gap.Through] were not delivered one by one; the snapshot
 	// holds their effect. Drop any state derived from earlier events
@@ -303,7 +303,7 @@ type Stats struct {
 	Malformed int64
 	// Early counts events of a thread a Conn received while the subscribe
 	// that asked for them was not answered yet: the server answers a
-	// subscribe before it sends the thread's events (PROTOCOL.md), so
+	// subscribe before it sends the thread's events (docs/protocol.md), so
 	// with a correct server it stays 0. They were delivered all the same.
 	Early int64
 	// LastAnomaly describes the last duplicate, jump, stray, unanswered,

@@ -1,4 +1,4 @@
-// Admission: a run that waits for a free slot (PROTOCOL.md "Admission").
+// Admission: a run that waits for a free slot (docs/protocol.md "Admission").
 // With one slot (-workers 1), thread A's endless reply holds it; a request
 // on thread B then waits, and every tab on B says so — where it stands,
 // not a reply being written — with Cancel at hand. A reload paints the

@@ -351,7 +351,7 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 	return ack, nil
 }
 
-// QueuePosition is PROTOCOL.md's queue_position of a run: 0 when it does
+// QueuePosition is docs/protocol.md's queue_position of a run: 0 when it does
 // not wait for capacity (it is not queued, or a worker here is free for it
 // and it will be claimed in a moment), else its place among the runs that
 // wait for a slot (1 = the next to start). A run of a user who holds their

@@ -22,7 +22,7 @@ func userExecuting(threadID string) string {
 		AND held.status NOT IN ('completed', 'failed', 'cancelled'))`
 }
 
-// QueueState tells where a run waiting for a worker stands (PROTOCOL.md
+// QueueState tells where a run waiting for a worker stands (docs/protocol.md
 // "Admission"): its place in the claim order (1 = the next claimed; 0
 // when the run is not queued or is claimed already), counting only the
 // runs a claim would take before it (runs handed over between steps, and

@@ -10,7 +10,7 @@ import (
 	"github.com/honestcancel/gateway/store"
 )
 
-// Admission (PROTOCOL.md): runs are claimed in arrival order, except that
+// Admission (docs/protocol.md): runs are claimed in arrival order, except that
 // a user who holds their share of executing runs (Options.MaxRunsPerUser)
 // is skipped until one of theirs ends; QueueState counts a run's place in
 // that same order, and says when its user is at their share.

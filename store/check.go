@@ -12,9 +12,9 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The audit: Check verifies the ten invariants of the protocol (PROTOCOL.md)
-// over a whole database. Each invariant is one function below, listed in
-// the invariants table; per-thread rules see one thread's rows at a time
+// The audit: Check verifies the ten invariants of the protocol (docs/protocol.md)
+// over a whole database. Each invariant is one function (in check_*.go,
+// by what it audits), listed in the invariants table below; per-thread rules see one thread's rows at a time
 // (read a page of auditPage threads per query, so a large database is
 // streamed, never loaded whole), database-wide rules run once. Rows
 // another thread owns (a fork's copied history) are looked up by id when a

@@ -32,7 +32,7 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 			}
 		}
 	}
-	// Text built from the stream buffer is exactly its deltas (PROTOCOL.md):
+	// Text built from the stream buffer is exactly its deltas (docs/protocol.md):
 	// a run's published message all of them, a saved fragment those up to
 	// its last_seq. A written delta leaves the buffer only by retention, so
 	// text is excused from the comparison only where its missing deltas

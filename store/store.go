@@ -75,7 +75,7 @@ type Options struct {
 	// On PostgreSQL leases always follow the database's clock, so that
 	// instances whose clocks differ agree on when a lease expired.
 	Clock func() time.Time
-	// MaxRunsPerUser is one user's share of the workers (PROTOCOL.md
+	// MaxRunsPerUser is one user's share of the workers (docs/protocol.md
 	// "Admission"): a claim skips a queued run of a user who has that many
 	// runs executing, on any instance, and takes the next one in line. Runs
 	// handed over between steps are not counted against it when claimed:

@@ -255,7 +255,7 @@ func (t *txn) event(c *threadCursor, typ, runID string) *chat.Event {
 // are written to the stream buffer by their caller).
 func (t *txn) append(ev *chat.Event) error {
 	if c := t.threads[ev.ThreadID]; c != nil && c.row.DeletedAt.Valid {
-		// thread.deleted is a thread's last event (PROTOCOL: nothing after it).
+		// thread.deleted is a thread's last event (docs/protocol.md: nothing after it).
 		return fmt.Errorf("append %s to thread %s: it was deleted", ev.Type, ev.ThreadID)
 	}
 	if err := ev.Encode(); err != nil {

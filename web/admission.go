@@ -6,7 +6,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// A run that waits for a free slot (PROTOCOL.md "Admission"): the first
+// A run that waits for a free slot (docs/protocol.md "Admission"): the first
 // paint says where it stands in the same words as the page script
 // (static/src/admission.ts), so a reload shows it at once.
 

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Admission (PROTOCOL.md "Admission"): at capacity the gateway answers
+// Admission (docs/protocol.md "Admission"): at capacity the gateway answers
 // run.start with queue_position ≥ 1 and starts the run when a slot frees;
 // the first event the tabs see of it is then its first message.delta. The
 // generator calls a run "queued" when its ack carried a queue_position,
@@ -270,7 +270,7 @@ func waitCancelMetrics(t cancelTotals) []Metric {
 	return out
 }
 
-// The gateway's admission gauges (PROTOCOL.md "Admission").
+// The gateway's admission gauges (docs/protocol.md "Admission").
 const (
 	promRunCapacity   = "gateway_run_capacity"   // slots: runs executing at once
 	promRunsWaiting   = "gateway_runs_waiting"   // queued runs not yet claimed

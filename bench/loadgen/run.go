@@ -52,7 +52,7 @@ type Config struct {
 	ScaleWindow          time.Duration
 	ScaleCancelEvery     int
 	// ScaleCapacity is passed to scale's gateway as -workers (runs
-	// executing at once; more wait queued, PROTOCOL.md "Admission"); 0
+	// executing at once; more wait queued, docs/protocol.md "Admission"); 0
 	// passes nothing, so the gateway's default capacity applies.
 	ScaleCapacity int
 

@@ -1,4 +1,4 @@
-// A run that waits for a free slot (PROTOCOL.md "Admission: a run that
+// A run that waits for a free slot (docs/protocol.md "Admission: a run that
 // waits for capacity"). A server at capacity keeps a new run queued and
 // says where it stands: queue_position (1 = next to start) on the
 // run.start ack, on the snapshot's active_run and on GET /api/runs/{id}.

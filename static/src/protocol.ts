@@ -34,7 +34,7 @@ export interface ActiveRun {
   partial_text: string;
   last_seq: number;
   // queue_position: the run waits for a free slot, 1 = next to start
-  // (PROTOCOL.md "Admission"); absent when it does not wait.
+  // (docs/protocol.md "Admission"); absent when it does not wait.
   queue_position?: number;
 }
 
