@@ -113,19 +113,30 @@ func (s *Store) enqueue(ctx context.Context, fn func(t *txn) error, urgent bool)
 			}
 		}
 	}
-	for len(req.done) == 0 {
+	for drained := false; len(req.done) == 0 && !drained; {
 		// The batch is taken once the writer is ours: whatever queued
 		// while we waited for it joins.
 		s.gate.lockGroup()
-		batch := q.take(s.pg)
-		if len(batch) == 0 {
-			s.gate.unlock()
-			break
+		for {
+			batch := q.take(s.pg)
+			if len(batch) == 0 {
+				drained = true
+				break
+			}
+			start := time.Now()
+			ran := s.commitGroupLocked(batch)
+			s.observe(txWrite, start)
+			s.metrics.GroupCommitted(ran)
+			// Cancels that queued meanwhile go next, before the writer
+			// is handed on: otherwise each cancel of a burst waits for
+			// a plain write (a run start, a claim) handed the writer in
+			// between. On PostgreSQL, where each cancel is a batch of its
+			// own, that made a burst of cancels wait 160-450 ms in the
+			// cluster benchmark.
+			if q.waiting.Load() == 0 {
+				break
+			}
 		}
-		start := time.Now()
-		ran := s.commitGroupLocked(batch)
-		s.observe(txWrite, start)
-		s.metrics.GroupCommitted(ran)
 		s.gate.unlock()
 	}
 	q.mu.Lock()

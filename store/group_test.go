@@ -331,6 +331,61 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 	}
 }
 
+// A burst of cancels is committed before the plain writes that wait for
+// the writer, all of it: the writer is not handed to a plain write between
+// two cancels (on PostgreSQL each cancel is a transaction of its own).
+func TestCancelBurstGoesBeforePlainWrites(t *testing.T) {
+	st, log := openLogged(t)
+	runs, _ := startRuns(t, st, 3)
+	var others []chat.Snapshot
+	for range 6 {
+		snap, err := st.CreateThread(ctx, user, "other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, snap)
+	}
+	log.mu.Lock()
+	before := len(log.commits)
+	log.mu.Unlock()
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	waitFor := func(cond func() bool, what string) {
+		waitUntil(t, cond, release, fmt.Sprintf("%s never waited", what))
+	}
+	for _, snap := range others {
+		wg.Go(func() {
+			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor(func() bool { return st.PlainWritesWaiting() == len(others) }, "the run starts")
+	for _, run := range runs {
+		wg.Go(func() {
+			if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: run, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor(func() bool { return st.UrgentWrites() == len(runs) && st.GroupCommitsWaiting() == 1 }, "the cancels")
+	release()
+	wg.Wait()
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	var order []string
+	for _, evs := range log.commits[before:] {
+		for _, ev := range evs {
+			order = append(order, ev.Type)
+		}
+	}
+	for i, typ := range order {
+		if (i < len(runs)) != (typ == chat.EventRunCancelRequested) {
+			t.Fatalf("events in commit order after the writer freed up: %v; want the %d cancels first", order, len(runs))
+		}
+	}
+}
+
 // A grouped write that fails after writing spoils its transaction: it is
 // rolled back whole and the other writes are committed without it.
 func TestGroupedFailureAfterWritingRetriesTheOthers(t *testing.T) {
