@@ -28,11 +28,11 @@ import (
 // Cancels are urgent (writeUrgent): they are committed in transactions of
 // their own, ahead of the queue, and a transaction in progress stops taking
 // requests as soon as one waits, so a cancel waits for a request or two
-// instead of a whole batch. (Routing
-// every write through the queue made cancels faster still, but then a
-// cancel at the front can overtake a worker's hand-over queued before it,
-// which the engine does not yet expect — see BENCHMARKS.md as of 6e7e314; plain writes
-// stay out until it does.)
+// instead of a whole batch. (Routing every write through the queue made
+// cancels faster still, but then a cancel at the front can overtake a
+// worker's hand-over queued before it, which the engine does not yet
+// expect — see BENCHMARKS.md as of 6e7e314; plain writes stay out until
+// it does.)
 
 // maxGroup bounds the requests in one transaction, so one commit never
 // holds the writer for long.
