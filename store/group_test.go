@@ -283,14 +283,15 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 	}
 }
 
-// A cancel also goes before plain writes (run starts, claims, publishes …)
-// that waited for the writer longer than it: it waits for the transaction
-// in progress only.
-func TestUrgentCancelPassesPlainWrites(t *testing.T) {
-	st, log := openLogged(t)
-	runs, threads := startRuns(t, st, 1)
+// holdBehindRunStarts holds the writer with n run starts (plain writes,
+// on threads of their own) waiting for it, and returns the commits logged
+// so far, the writer's release, a bounded wait that releases the writer
+// when it fails, and the group the run starts run in (the caller adds its
+// own writers to it, then releases and waits).
+func holdBehindRunStarts(t *testing.T, st *store.Store, log *commitLog, n int) (before int, release func(), waitFor func(cond func() bool, what string), wg *sync.WaitGroup) {
+	t.Helper()
 	var others []chat.Snapshot
-	for range 8 {
+	for range n {
 		snap, err := st.CreateThread(ctx, user, "other")
 		if err != nil {
 			t.Fatal(err)
@@ -298,13 +299,13 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 		others = append(others, snap)
 	}
 	log.mu.Lock()
-	before := len(log.commits)
+	before = len(log.commits)
 	log.mu.Unlock()
-	release := st.HoldWriter()
-	var wg sync.WaitGroup
-	waitFor := func(cond func() bool, what string) {
+	release = st.HoldWriter()
+	waitFor = func(cond func() bool, what string) {
 		waitUntil(t, cond, release, fmt.Sprintf("%s never waited", what))
 	}
+	wg = &sync.WaitGroup{}
 	for _, snap := range others {
 		wg.Go(func() {
 			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
@@ -312,7 +313,18 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 			}
 		})
 	}
-	waitFor(func() bool { return st.PlainWritesWaiting() == len(others) }, "the run starts")
+	waitFor(func() bool { return st.PlainWritesWaiting() == n }, "the run starts")
+	return before, release, waitFor, wg
+}
+
+// A cancel also goes before plain writes (run starts, claims, publishes …)
+// that waited for the writer longer than it: it waits for the transaction
+// in progress only.
+func TestUrgentCancelPassesPlainWrites(t *testing.T) {
+	st, log := openLogged(t)
+	runs, threads := startRuns(t, st, 1)
+	const others = 8
+	before, release, waitFor, wg := holdBehindRunStarts(t, st, log, others)
 	wg.Go(func() {
 		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
 			t.Error(err)
@@ -323,8 +335,8 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 	wg.Wait()
 	log.mu.Lock()
 	defer log.mu.Unlock()
-	if got := len(log.commits) - before; got != 1+len(others) {
-		t.Fatalf("%d commits after the writer freed up, want %d", got, 1+len(others))
+	if got := len(log.commits) - before; got != 1+others {
+		t.Fatalf("%d commits after the writer freed up, want %d", got, 1+others)
 	}
 	if first := log.commits[before]; first[0].Type != chat.EventRunCancelRequested || first[0].ThreadID != threads[0] {
 		t.Fatalf("the first commit after the writer freed up is %s on %s, want the cancel", first[0].Type, first[0].ThreadID)
@@ -337,30 +349,7 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 func TestCancelBurstGoesBeforePlainWrites(t *testing.T) {
 	st, log := openLogged(t)
 	runs, _ := startRuns(t, st, 3)
-	var others []chat.Snapshot
-	for range 6 {
-		snap, err := st.CreateThread(ctx, user, "other")
-		if err != nil {
-			t.Fatal(err)
-		}
-		others = append(others, snap)
-	}
-	log.mu.Lock()
-	before := len(log.commits)
-	log.mu.Unlock()
-	release := st.HoldWriter()
-	var wg sync.WaitGroup
-	waitFor := func(cond func() bool, what string) {
-		waitUntil(t, cond, release, fmt.Sprintf("%s never waited", what))
-	}
-	for _, snap := range others {
-		wg.Go(func() {
-			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	waitFor(func() bool { return st.PlainWritesWaiting() == len(others) }, "the run starts")
+	before, release, waitFor, wg := holdBehindRunStarts(t, st, log, 6)
 	for _, run := range runs {
 		wg.Go(func() {
 			if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: run, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
