@@ -1,4 +1,4 @@
-// Types of the wire protocol the page speaks (see the README).
+// Types of the wire protocol the page speaks (docs/protocol.md).
 
 export type RunStatus =
   | "queued"
