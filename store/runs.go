@@ -121,8 +121,6 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 	return out, err
 }
 
-// retitle names an untitled thread after its first request. The title is a
-// label, not conversation state: no version bump, no event.
 // noActiveRun answers run_already_active while a run of the thread has not
 // ended.
 func (t *txn) noActiveRun(threadID string) error {
@@ -138,6 +136,8 @@ func (t *txn) noActiveRun(threadID string) error {
 	return nil
 }
 
+// retitle names an untitled thread after its first request. The title is a
+// label, not conversation state: no version bump, no event.
 func (t *txn) retitle(c *threadCursor, title string) error {
 	if title == "" {
 		return nil

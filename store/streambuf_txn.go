@@ -14,7 +14,7 @@ import (
 // ---- inside a write transaction ----
 
 // holdStream takes the sequencer of c's thread for the rest of the
-// transaction and writes its pending deltas into it (see above). Called
+// transaction and writes its pending deltas into it (see streambuf.go). Called
 // once per thread, when the transaction loads it.
 func (t *txn) holdStream(c *threadCursor) error {
 	if t.buf == nil {
@@ -265,7 +265,7 @@ func (t *txn) leaseHolds(lease chat.Lease, start time.Time, ttl time.Duration) {
 }
 
 // runChanged notes that the transaction changes runID's status or lease:
-// at commit the buffer forgets it (see above).
+// at commit the buffer forgets it (see streambuf.go).
 //
 // A run whose deltas may skip the database has its thread's sequencer
 // held from here to the end of the transaction (if the transaction does
