@@ -9,6 +9,7 @@
 // The server's first paint writes the same words (web/admission.go).
 
 import type { RunStatus } from "./protocol";
+import { el } from "./dom";
 
 // pollEvery is how often a waiting run's place is asked for while it is
 // near the front; a run far back (more than farBack ahead of it) is asked
@@ -116,4 +117,16 @@ export class PlaceWatch {
     this.answer(id, place);
     if (this.runID === id) this.schedule(place && place.position > farBack ? pollFar : pollEvery);
   }
+}
+
+// waitingBox is the place of a run that waits for a free slot: where it
+// stands, and what that means. The server's first paint draws the same
+// (web/pages.templ, waiting).
+export function waitingBox(position: number): HTMLElement {
+  return el(
+    "div",
+    { class: "msg role-assistant provisional waiting", "data-testid": "streaming", "data-queue-position": String(position), "aria-busy": "true" },
+    el("span", { class: "chip wait", "data-testid": "run-chip" }, waitingLabel(position)),
+    el("p", { class: "hint", "data-testid": "waiting-hint" }, waitingHint),
+  );
 }

@@ -4,11 +4,14 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
-import { logLine, receiptLine, stepLine, toolName, type Line, type OpNow } from "./outcome";
+import { receiptLine, stepLine, toolName, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
 import { askHeld, canSave, notHeld, type Held } from "./seen";
-import { PlaceWatch, fetchPlace, neverStartedLine, queuePosition, waitingHint, waitingLabel, type RunPlace } from "./admission";
+import { PlaceWatch, fetchPlace, neverStartedLine, queuePosition, waitingBox, type RunPlace } from "./admission";
+import { $, button, el, scrollToLatest, snippet } from "./dom";
+import { loadDraft, saveDraft } from "./drafts";
+import { callingLabel, cancelWaitsFor, lineParts, opView, operationItem, toolProgress, toolResult, toolText } from "./toolview";
 import { groupByDay } from "./sidebar";
 import { clipUTF8, clippedNote, cutNote, displayBytes, earlierLabel, fetchEarlier, historyIDs, windowStart } from "./history";
 import {
@@ -65,75 +68,6 @@ interface Branch {
   count: number;
   prev?: string;
   next?: string;
-}
-
-const $ = <T extends HTMLElement>(root: ParentNode, sel: string): T => {
-  const el = root.querySelector<T>(sel);
-  if (!el) throw new Error(`page is missing ${sel}`);
-  return el;
-};
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string> = {},
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") e.className = v;
-    else e.setAttribute(k, v);
-  }
-  e.append(...children);
-  return e;
-}
-
-// toolProgress is a working call's progress: a bar that fills when the
-// tool said how far it got out of how much (tool.updated's progress), and
-// is indeterminate otherwise; the tool's own words; how long it has run,
-// from the server's time of the phase change, so a reload keeps counting.
-function toolProgress(op: Operation, label: string): HTMLElement {
-  const secs = Math.max(0, Math.floor((Date.now() - Date.parse(op.updated_at)) / 1000));
-  const elapsed = secs < 1 ? "just started" : `${secs} s so far`;
-  const p = op.progress;
-  const bar = el("progress", { "aria-label": label });
-  const words: string[] = [];
-  if (p && p.total && p.total > 0) {
-    bar.max = p.total;
-    bar.value = Math.min(p.progress, p.total);
-    words.push(`${fmtCount(p.progress)} of ${fmtCount(p.total)}`);
-  } else if (p) {
-    words.push(`${fmtCount(p.progress)} done`);
-  }
-  if (p?.message) words.push(p.message);
-  words.push(elapsed);
-  return el(
-    "div",
-    { class: "tool-progress", "data-testid": "tool-progress" },
-    bar,
-    el("span", { class: "hint", "data-testid": "tool-elapsed" }, words.join(" · ")),
-  );
-}
-
-// waitingBox is the place of a run that waits for a free slot: where it
-// stands, and what that means. The server's first paint draws the same
-// (web/pages.templ, waiting).
-function waitingBox(position: number): HTMLElement {
-  return el(
-    "div",
-    { class: "msg role-assistant provisional waiting", "data-testid": "streaming", "data-queue-position": String(position), "aria-busy": "true" },
-    el("span", { class: "chip wait", "data-testid": "run-chip" }, waitingLabel(position)),
-    el("p", { class: "hint", "data-testid": "waiting-hint" }, waitingHint),
-  );
-}
-
-// fmtCount writes a progress count: whole numbers as they are, others
-// with at most one decimal.
-function fmtCount(n: number): string {
-  return Number.isInteger(n) ? String(n) : n.toFixed(1);
-}
-
-function button(label: string, action: string, testid: string, cls = "btn"): HTMLButtonElement {
-  return el("button", { type: "button", class: cls, "data-action": action, "data-testid": testid }, label);
 }
 
 export class ThreadView {
@@ -1718,195 +1652,8 @@ export class ThreadView {
   }
 }
 
-// snippet is the start of text on one line, for lists.
-function snippet(text: string, n = 90): string {
-  const one = text.replace(/\s+/g, " ").trim();
-  return one.length > n ? one.slice(0, n - 1) + "…" : one;
-}
-
-// lineParts is a Line as the page shows it: "<status>. <rest>", the status
-// marked so that its state can colour it.
-function lineParts(line: Line): (Node | string)[] {
-  const status = el("span", { class: "op-state", "data-testid": "operation-status" }, line.status);
-  return line.rest.length > 0 ? [status, ". ", ...line.rest] : [status, "."];
-}
-
-// opView is an operation as the outcome sentences read it; outcome stands
-// in for one the operation does not carry yet.
-function opView(op: Operation, outcome = ""): OpNow {
-  return {
-    operation_id: op.operation_id,
-    tool: op.tool,
-    phase: op.phase,
-    outcome: op.outcome ?? outcome,
-    contract: op.contract,
-    preview: op.preview,
-    idempotency_key: op.idempotency_key,
-    reconcile_next_at: op.reconcile_next_at,
-    reconcile_until: op.reconcile_until,
-  };
-}
-
-// operationItem is one tool call of the operation log, in words: what it
-// is and what became of it. The protocol's words (contract, phase,
-// outcome), the idempotency key and the operation's id stay under Details,
-// for audit.
-function operationItem(op: Operation): HTMLLIElement {
-  const line = logLine(op);
-  const code = (t: string, testid: string) => el("code", { class: "op-key", "data-testid": testid }, t);
-  const at = (t: string) => new Date(t).toLocaleTimeString();
-  const facts: [string, Node | string][] = [
-    ["Tool", op.tool],
-    ["Contract", contractWords(op.contract)],
-    ["Phase", op.phase],
-    ["Outcome", op.outcome ?? "none yet"],
-  ];
-  if (op.idempotency_key) facts.push(["Idempotency key", code(op.idempotency_key, "operation-key")]);
-  facts.push(["Operation", code(op.operation_id, "operation-id")]);
-  return el(
-    "li",
-    { "data-testid": "operation", "data-operation-id": op.operation_id, "data-phase": op.phase, "data-state": line.state },
-    el("strong", { class: "op-what", "data-testid": "operation-what" }, line.what),
-    el("div", { class: "op-status", "data-testid": "operation-words" }, line.status),
-    op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
-    el("div", { class: "hint" }, op.updated_at === op.created_at ? `Started ${at(op.created_at)}` : `Started ${at(op.created_at)} · last change ${at(op.updated_at)}`),
-    el(
-      "details",
-      { class: "op-details", "data-testid": "operation-details" },
-      el("summary", {}, "Details"),
-      el("dl", {}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
-    ),
-  );
-}
-
-// contractWords says what a tool's contract promises.
-function contractWords(contract: string): string {
-  switch (contract) {
-    case "consequential":
-      return "consequential: carried out only after you confirm, and at most once";
-    case "idempotent":
-      return "idempotent: safe to repeat; a cancel keeps its result";
-    case "cancellable":
-      return "cancellable: stopped by a cancel, run again if you continue";
-  }
-  return contract;
-}
-
-// reconcileNote says, in the operation log, how an unknown outcome is
-// being settled.
-function reconcileNote(op: Operation): string {
-  const at = (t: string): string => new Date(t).toLocaleString();
-  if (op.reconcile_next_at) {
-    return `Not confirmed by the provider yet: the gateway keeps looking the key up${op.reconcile_until ? `, until ${at(op.reconcile_until)}` : ""}.`;
-  }
-  if (op.reconcile_until) return `The gateway is not looking the key up (since ${at(op.updated_at)}): only the provider's records for it can tell.`;
-  return "Not confirmed by the provider yet: the key is being looked up.";
-}
-
-// toolResult shows a tool message: which tool answered, and its result
-// folded away (the raw JSON is there for whoever wants it).
-// toolResult is a tool step as the conversation shows it: what was asked
-// of the tool, in words (an email stays readable after any decision: to,
-// subject, body), and its raw result behind Details, for audit.
-function toolResult(content: string): { node: HTMLElement; operationID: string } {
-  let tool = "tool";
-  let pretty = content;
-  let operationID = "";
-  let args: Record<string, unknown> = {};
-  try {
-    const rec = JSON.parse(content) as { tool?: string; operation_id?: string; arguments?: unknown; result?: unknown };
-    tool = rec.tool ?? tool;
-    operationID = typeof rec.operation_id === "string" ? rec.operation_id : "";
-    if (rec.arguments && typeof rec.arguments === "object" && !Array.isArray(rec.arguments)) args = rec.arguments as Record<string, unknown>;
-    pretty = JSON.stringify(rec.result ?? rec, null, 2);
-  } catch {
-    // not JSON: show it as it is
-  }
-  const text = (v: unknown) => (typeof v === "string" ? v : JSON.stringify(v));
-  const parts: Node[] = [];
-  if (tool === "send_email") {
-    parts.push(el("strong", { class: "tool-title" }, "Email"));
-    const rows: Node[] = [];
-    for (const k of ["to", "subject"]) if (k in args) rows.push(el("dt", {}, k === "to" ? "To" : "Subject"), el("dd", { "data-testid": `tool-arg-${k}` }, text(args[k])));
-    parts.push(el("dl", { class: "tool-args" }, ...rows));
-    if ("body" in args) parts.push(el("div", { class: "email-body", "data-testid": "tool-arg-body" }, text(args.body)));
-  } else {
-    parts.push(el("strong", { class: "tool-title" }, toolName(tool)));
-    const rows: Node[] = [];
-    for (const [k, v] of Object.entries(args)) rows.push(el("dt", {}, k.charAt(0).toUpperCase() + k.slice(1).replace(/_/g, " ")), el("dd", { "data-testid": `tool-arg-${k}` }, text(v)));
-    if (rows.length) parts.push(el("dl", { class: "tool-args" }, ...rows));
-  }
-  const node = el(
-    "div",
-    { class: "tool-step", "data-testid": "tool-step" },
-    ...parts,
-    el("details", { class: "tool-result" }, el("summary", {}, "Details"), el("pre", { class: "body card", "data-testid": "message-body" }, pretty)),
-  );
-  return { node, operationID };
-}
-
-// toolText is a tool step on one line: what was asked of which tool.
-function toolText(content: string): string {
-  try {
-    const rec = JSON.parse(content) as { tool?: string; arguments?: Record<string, unknown> };
-    const args = rec.arguments && typeof rec.arguments === "object" ? rec.arguments : {};
-    if (rec.tool === "send_email") return typeof args.to === "string" ? `Email to ${args.to}` : "Email";
-    if (rec.tool === "catalog_search" && typeof args.query === "string") return `Catalog search for “${args.query}”`;
-    if (rec.tool) return rec.tool;
-  } catch {
-    // not JSON: as it is
-  }
-  return content;
-}
-
-// callingLabel says what a tool call in progress is doing, in words.
-function callingLabel(op: Operation): string {
-  const args = (op.args && typeof op.args === "object" ? op.args : {}) as Record<string, unknown>;
-  if (op.tool === "catalog_search" && typeof args.query === "string") return `Searching the catalog for “${snippet(args.query, 60)}”…`;
-  if (op.tool === "send_email" && typeof args.to === "string") return `Handing the email to ${args.to} to the provider…`;
-  return `Running ${op.tool}…`;
-}
-
-// cancelWaitsFor says what a cancelled run still waits for: a call handed
-// to its system before the cancel cannot be recalled, and the receipt
-// will say what it did; an idempotent call is let finish, its result
-// kept; a cancellable one is being stopped.
-function cancelWaitsFor(op: Operation): string {
-  const args = (op.args && typeof op.args === "object" ? op.args : {}) as Record<string, unknown>;
-  const name = op.tool === "send_email" && typeof args.to === "string" ? `The email to ${args.to}` : op.tool === "catalog_search" ? "The catalog search" : op.tool;
-  if (op.contract === "consequential") {
-    return `${name} was handed over before the cancel and cannot be called back. Waiting for its answer: the receipt will say whether it was carried out.`;
-  }
-  if (op.contract === "idempotent") return `Waiting for ${name} to finish: it is safe to repeat, and its result is kept for the next run.`;
-  return `Stopping ${name}…`;
-}
-
 // speaker names who a message is from, for screen readers.
 export function speaker(role: string): string {
   return role === "user" ? "You said:" : role === "tool" ? "Tool result:" : "Assistant said:";
 }
 
-function scrollToLatest(): void {
-  window.scrollTo({ top: document.documentElement.scrollHeight });
-}
-
-// The composer's text of each conversation, in this browser's
-// localStorage (it may be unavailable: then nothing is kept).
-const draftKey = (threadID: string) => `gateway.draft.${threadID}`;
-
-function loadDraft(threadID: string): string {
-  try {
-    return localStorage.getItem(draftKey(threadID)) ?? "";
-  } catch {
-    return "";
-  }
-}
-
-function saveDraft(threadID: string, text: string): void {
-  try {
-    if (text.trim()) localStorage.setItem(draftKey(threadID), text);
-    else localStorage.removeItem(draftKey(threadID));
-  } catch {
-    // Storage full or refused: the text stays in the box, not kept beyond it.
-  }
-}

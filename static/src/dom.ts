@@ -1,0 +1,36 @@
+// Small DOM helpers the page's views share.
+
+export const $ = <T extends HTMLElement>(root: ParentNode, sel: string): T => {
+  const el = root.querySelector<T>(sel);
+  if (!el) throw new Error(`page is missing ${sel}`);
+  return el;
+};
+
+export function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else e.setAttribute(k, v);
+  }
+  e.append(...children);
+  return e;
+}
+
+export function button(label: string, action: string, testid: string, cls = "btn"): HTMLButtonElement {
+  return el("button", { type: "button", class: cls, "data-action": action, "data-testid": testid }, label);
+}
+
+// snippet is the start of text on one line, for lists.
+export function snippet(text: string, n = 90): string {
+  const one = text.replace(/\s+/g, " ").trim();
+  return one.length > n ? one.slice(0, n - 1) + "…" : one;
+}
+
+// scrollToLatest brings the end of the page (the latest message) into view.
+export function scrollToLatest(): void {
+  window.scrollTo({ top: document.documentElement.scrollHeight });
+}
