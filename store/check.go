@@ -251,10 +251,16 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 	if err := sel(&cpRows, "checkpoints", `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id IN (?) ORDER BY thread_id, state_version, checkpoint_id`); err != nil {
 		return nil, err
 	}
-	decodeEach(a, 0, cpRows, checkpointRow.checkpoint, func(_ checkpointRow, cp chat.Checkpoint) {
+	// Each with its lists whole; one that cannot be made whole (its parent
+	// is not a checkpoint of its thread) breaks invariant 3.
+	cps, errs := wholeCheckpoints(cpRows)
+	for _, err := range errs {
+		a.add(3, "%v", err)
+	}
+	for _, cp := range cps {
 		th := byID[cp.ThreadID]
 		th.cps = addByID(th.cps, th.cpByID, cp.CheckpointID, cp)
-	})
+	}
 	// Messages, runs and operations: each in its thread's list, in the
 	// query's order, and in its map by id.
 	for _, load := range []func() error{

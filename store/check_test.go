@@ -295,6 +295,9 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			}
 			h.exec(t, `UPDATE checkpoints SET message_ids = ? WHERE checkpoint_id = ?`, strings.TrimSuffix(ids, "]")+`,"msg_ghost"]`, h.fragmentCP)
 		}, 6, "msg_ghost, which is not a published message", nil},
+		{"a checkpoint stored as appended to a parent that is not there", func(t *testing.T, h *healthy) {
+			h.exec(t, `UPDATE checkpoints SET parent_checkpoint_id = 'cp_missing' WHERE checkpoint_id = ? AND appended = 1`, h.fragmentCP)
+		}, 3, "lists continue cp_missing, which is not a checkpoint of thread", []int{1, 5, 8}}, // its descendants cannot be made whole either
 		{"an answer that is not its deltas", func(t *testing.T, h *healthy) {
 			h.exec(t, `UPDATE messages SET content = 'Help' WHERE message_id = ?`, h.answer1)
 		}, 6, "differs from the text of its deltas", []int{8}},
@@ -345,11 +348,9 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 		}, 0, "is marked redacted but is not an emptied deleted draft", []int{8}},
 		{"a step published twice", func(t *testing.T, h *healthy) {
 			// What a stale execution of run1 did before fencing: a second
-			// answer on top of run1's, whose checkpoint had no step left.
-			var ids string
-			if err := h.db.QueryRow(`SELECT message_ids FROM checkpoints WHERE checkpoint_id = ?`, h.answer1CP).Scan(&ids); err != nil {
-				t.Fatal(err)
-			}
+			// answer on top of run1's, whose checkpoint had no step left;
+			// its checkpoint stored as the store writes one that continues
+			// its parent: what it appended (checkpoints.go).
 			var seq, v int64
 			if err := h.db.QueryRow(`SELECT last_seq, state_version FROM threads WHERE thread_id = ?`, h.a).Scan(&seq, &v); err != nil {
 				t.Fatal(err)
@@ -361,8 +362,8 @@ func TestCheckReportsEachInvariantBroken(t *testing.T) {
 			h.appendEvent(t, h.a, chat.Event{Type: chat.EventMessagePublished, RunID: h.run1, MessageID: dup,
 				Body: chat.MessagePublishedBody{Message: chat.Message{MessageID: dup, ThreadID: h.a, Role: chat.RoleAssistant, Kind: chat.KindText,
 					Content: "Hello again", StateVersion: v + 1, CheckpointID: cp, RunID: &h.run1, CreatedAt: time.UnixMilli(now).UTC()}, CheckpointID: cp}})
-			h.exec(t, `INSERT INTO checkpoints (checkpoint_id, thread_id, parent_checkpoint_id, state_version, message_ids, completed_steps, tool_results, run_id, created_at)
-				VALUES (?, ?, ?, ?, ?, '["generate","generate"]', '[]', ?, ?)`, cp, h.a, h.answer1CP, v+2, strings.TrimSuffix(ids, "]")+`,"`+dup+`"]`, h.run1, now)
+			h.exec(t, `INSERT INTO checkpoints (checkpoint_id, thread_id, parent_checkpoint_id, state_version, message_ids, completed_steps, tool_results, run_id, created_at, appended)
+				VALUES (?, ?, ?, ?, ?, '["generate"]', '[]', ?, ?, 1)`, cp, h.a, h.answer1CP, v+2, `["`+dup+`"]`, h.run1, now)
 			h.appendEvent(t, h.a, chat.Event{Type: chat.EventCheckpointCreated, RunID: h.run1,
 				Body: chat.CheckpointCreatedBody{CheckpointID: cp, ParentCheckpointID: &h.answer1CP}})
 			h.exec(t, `UPDATE threads SET head_checkpoint_id = ? WHERE thread_id = ?`, cp, h.a) // as every new checkpoint does

@@ -87,7 +87,7 @@ func (s *Store) History(ctx context.Context, userID, threadID, before string, li
 		if err != nil {
 			return err
 		}
-		head, err := loadCheckpoint(ctx, q, threadID, row.HeadCheckpointID)
+		head, err := loadCheckpoint(ctx, q, s.cps, threadID, row.HeadCheckpointID)
 		if err != nil {
 			return err
 		}

@@ -283,7 +283,7 @@ func (t *txn) lastStep(row runRow) (*chat.Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load the run's last step: %w", err)
 	}
-	c, err := cp.checkpoint()
+	c, err := wholeCheckpoint(t.ctx, t.tx, t.cps, cp)
 	if err != nil {
 		return nil, err
 	}

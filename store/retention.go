@@ -382,13 +382,13 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 			UNION
 			SELECT th.thread_id FROM threads th JOIN lineage l ON th.forked_from_thread_id = l.thread_id
 		)`
-	var heads []string
+	var heads []threadHead
 	if !t.pg {
-		if err := t.sel(&heads, lineage+` SELECT c.message_ids FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
-			JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id WHERE th.deleted_at IS NULL`, threadID); err != nil {
+		if err := t.sel(&heads, lineage+` SELECT th.thread_id, th.head_checkpoint_id FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
+			WHERE th.deleted_at IS NULL`, threadID); err != nil {
 			return false, fmt.Errorf("find heads holding a draft: %w", err)
 		}
-		return headsHold(heads, messageID)
+		return t.headsHold(heads, messageID)
 	}
 	// PostgreSQL: lock the lineage, then read the heads in a statement of
 	// their own (one that waited for a lock would see the other rows as
@@ -408,15 +408,15 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 			}
 		}
 		if len(fresh) == 0 {
-			q, args, err := sqlx.In(`SELECT c.message_ids FROM threads th JOIN checkpoints c ON c.checkpoint_id = th.head_checkpoint_id
-				WHERE th.thread_id IN (?) AND th.deleted_at IS NULL`, ids)
+			q, args, err := sqlx.In(`SELECT thread_id, head_checkpoint_id FROM threads
+				WHERE thread_id IN (?) AND deleted_at IS NULL`, ids)
 			if err != nil {
 				return false, err
 			}
 			if err := t.sel(&heads, q, args...); err != nil {
 				return false, fmt.Errorf("find heads holding a draft: %w", err)
 			}
-			return headsHold(heads, messageID)
+			return t.headsHold(heads, messageID)
 		}
 		q, args, err := sqlx.In(`SELECT thread_id FROM threads WHERE thread_id IN (?) ORDER BY thread_id FOR UPDATE SKIP LOCKED`, fresh)
 		if err != nil {
@@ -441,15 +441,21 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 // message is left for the next pass.
 var errLineageBusy = errors.New("the lineage is busy: try at the next pass")
 
-// headsHold reports whether any head checkpoint's message_ids holds
-// messageID.
-func headsHold(heads []string, messageID string) (bool, error) {
-	for _, raw := range heads {
-		var ids []string
-		if err := json.Unmarshal([]byte(raw), &ids); err != nil {
-			return false, fmt.Errorf("head message_ids: %w", err)
+// threadHead is a thread and its head checkpoint.
+type threadHead struct {
+	ThreadID string `db:"thread_id"`
+	HeadID   string `db:"head_checkpoint_id"`
+}
+
+// headsHold reports whether any of heads holds messageID in its message
+// ids.
+func (t *txn) headsHold(heads []threadHead, messageID string) (bool, error) {
+	for _, h := range heads {
+		cp, err := t.checkpoint(h.ThreadID, h.HeadID)
+		if err != nil {
+			return false, fmt.Errorf("head of thread %s: %w", h.ThreadID, err)
 		}
-		if slices.Contains(ids, messageID) {
+		if slices.Contains(cp.MessageIDs, messageID) {
 			return true, nil
 		}
 	}

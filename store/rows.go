@@ -80,7 +80,7 @@ func (r threadRow) thread() chat.Thread {
 }
 
 const checkpointCols = `checkpoint_id, thread_id, parent_checkpoint_id, state_version, message_ids,
-	completed_steps, tool_results, pending, run_id, created_at`
+	completed_steps, tool_results, pending, run_id, created_at, appended`
 
 type checkpointRow struct {
 	CheckpointID       string         `db:"checkpoint_id"`
@@ -93,22 +93,35 @@ type checkpointRow struct {
 	Pending            sql.NullString `db:"pending"`
 	RunID              sql.NullString `db:"run_id"`
 	CreatedAt          int64          `db:"created_at"`
+	// Appended is 1 when the lists hold only what the checkpoint appended
+	// to its parent's (see checkpoints.go): checkpoint() then decodes them
+	// as stored, and wholeCheckpoint makes them whole.
+	Appended int64 `db:"appended"`
 }
 
+// decodeLists decodes a checkpoint's stored lists into c.
+func decodeLists(id, msgs, steps, tools string, c *chat.Checkpoint) error {
+	if err := json.Unmarshal([]byte(msgs), &c.MessageIDs); err != nil {
+		return fmt.Errorf("checkpoint %s message_ids: %w", id, err)
+	}
+	if err := json.Unmarshal([]byte(steps), &c.CompletedSteps); err != nil {
+		return fmt.Errorf("checkpoint %s completed_steps: %w", id, err)
+	}
+	if err := json.Unmarshal([]byte(tools), &c.ToolResults); err != nil {
+		return fmt.Errorf("checkpoint %s tool_results: %w", id, err)
+	}
+	return nil
+}
+
+// checkpoint decodes the row, its lists as stored.
 func (r checkpointRow) checkpoint() (chat.Checkpoint, error) {
 	c := chat.Checkpoint{
 		CheckpointID: r.CheckpointID, ThreadID: r.ThreadID,
 		ParentCheckpointID: fromNullString(r.ParentCheckpointID), StateVersion: r.StateVersion,
 		RunID: fromNullString(r.RunID), CreatedAt: fromMS(r.CreatedAt),
 	}
-	if err := json.Unmarshal([]byte(r.MessageIDs), &c.MessageIDs); err != nil {
-		return c, fmt.Errorf("checkpoint %s message_ids: %w", r.CheckpointID, err)
-	}
-	if err := json.Unmarshal([]byte(r.CompletedSteps), &c.CompletedSteps); err != nil {
-		return c, fmt.Errorf("checkpoint %s completed_steps: %w", r.CheckpointID, err)
-	}
-	if err := json.Unmarshal([]byte(r.ToolResults), &c.ToolResults); err != nil {
-		return c, fmt.Errorf("checkpoint %s tool_results: %w", r.CheckpointID, err)
+	if err := decodeLists(r.CheckpointID, r.MessageIDs, r.CompletedSteps, r.ToolResults, &c); err != nil {
+		return c, err
 	}
 	if r.Pending.Valid {
 		c.Pending = &chat.Pending{}

@@ -624,7 +624,7 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		if err := q.GetContext(ctx, &head, q.Rebind(`SELECT head_checkpoint_id FROM threads WHERE thread_id = ?`), row.ThreadID); err != nil {
 			return fmt.Errorf("load head: %w", err)
 		}
-		cp, err := loadCheckpoint(ctx, q, row.ThreadID, head)
+		cp, err := loadCheckpoint(ctx, q, s.cps, row.ThreadID, head)
 		if err != nil {
 			return err
 		}

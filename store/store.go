@@ -146,6 +146,7 @@ type Store struct {
 	metrics  Metrics
 	lock     *os.File
 	pg       bool                     // PostgreSQL, not SQLite
+	cps      *chainCache              // checkpoints' lists as stored (checkpoints.go)
 	buf      *streamBuffer            // deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
 	peers    atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
 	retries  atomic.Int64             // transactions run again (retry.go)
@@ -275,7 +276,8 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 	if horizon <= 0 {
 		horizon = DefaultReconcileHorizon
 	}
-	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon, perUser: max(opts.MaxRunsPerUser, 0)}
+	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon, perUser: max(opts.MaxRunsPerUser, 0),
+		cps: newChainCache(chainCacheWeight)}
 	st.SetOnCommit(opts.OnCommit)
 	st.gate = newWriterGate(&st.queue.waiting)
 	return st, nil

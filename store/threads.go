@@ -54,7 +54,9 @@ func (t *txn) createThread(userID, threadID, title string, from *chat.ForkSource
 }
 
 // addCheckpoint writes cp (its id set by the caller, its thread and version
-// filled here) as the thread's new head and appends checkpoint.created.
+// filled here, its lists whole) as the thread's new head and appends
+// checkpoint.created. It stores the lists as what they append to the
+// parent's where they continue them (checkpoints.go).
 func (t *txn) addCheckpoint(c *threadCursor, cp chat.Checkpoint, runID string) (chat.Checkpoint, error) {
 	ev := t.event(c, chat.EventCheckpointCreated, runID)
 	cp.ThreadID = c.row.ThreadID
@@ -77,12 +79,19 @@ func (t *txn) addCheckpoint(c *threadCursor, cp chat.Checkpoint, runID string) (
 	if runID != "" {
 		cp.RunID = &runID
 	}
+	msgs, steps, tools, appended, node, err := t.storedLists(cp)
+	if err != nil {
+		return cp, err
+	}
 	if _, err := t.exec(`INSERT INTO checkpoints (checkpoint_id, thread_id, parent_checkpoint_id, state_version,
-		message_ids, completed_steps, tool_results, pending, run_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		cp.CheckpointID, cp.ThreadID, nullStrPtr(cp.ParentCheckpointID), cp.StateVersion, mustJSON(cp.MessageIDs),
-		mustJSON(cp.CompletedSteps), mustJSON(cp.ToolResults), pending, nullStr(runID), ms(t.now)); err != nil {
+		message_ids, completed_steps, tool_results, pending, run_id, created_at, appended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		cp.CheckpointID, cp.ThreadID, nullStrPtr(cp.ParentCheckpointID), cp.StateVersion, listJSON(msgs),
+		listJSON(steps), listJSON(tools), pending, nullStr(runID), ms(t.now), boolInt(appended)); err != nil {
 		return cp, fmt.Errorf("insert checkpoint: %w", err)
 	}
+	// A node of a transaction that rolls back names a checkpoint nobody
+	// will ask for (its id was never committed): harmless in the cache.
+	t.cps.put(cp.CheckpointID, node)
 	ev.Body = chat.CheckpointCreatedBody{CheckpointID: cp.CheckpointID, ParentCheckpointID: cp.ParentCheckpointID}
 	t.setHead(c, cp.CheckpointID)
 	return cp, t.append(ev)
@@ -119,7 +128,7 @@ func (t *txn) publishMessage(c *threadCursor, m chat.Message, checkpointID, runI
 // checkpoint loads a checkpoint of the given thread; one of another thread
 // answers checkpoint_not_found.
 func (t *txn) checkpoint(threadID, checkpointID string) (chat.Checkpoint, error) {
-	return loadCheckpoint(t.ctx, t.tx, threadID, checkpointID)
+	return loadCheckpoint(t.ctx, t.tx, t.cps, threadID, checkpointID)
 }
 
 // threadAt loads userID's thread threadID and its checkpoint checkpointID
@@ -134,18 +143,6 @@ func (t *txn) threadAt(userID, threadID, checkpointID string) (*threadCursor, ch
 		return nil, chat.Checkpoint{}, err
 	}
 	return c, cp, nil
-}
-
-func loadCheckpoint(ctx context.Context, q *sqlx.Tx, threadID, checkpointID string) (chat.Checkpoint, error) {
-	var row checkpointRow
-	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`), checkpointID, threadID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return chat.Checkpoint{}, chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", checkpointID, threadID)
-	}
-	if err != nil {
-		return chat.Checkpoint{}, fmt.Errorf("load checkpoint: %w", err)
-	}
-	return row.checkpoint()
 }
 
 // checkVersion answers state_version_conflict when expected is not the
@@ -281,7 +278,7 @@ func (s *Store) snapshot(ctx context.Context, userID, threadID string, w *histor
 	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		var err error
-		snap, err = readSnapshot(ctx, q, userID, threadID, w)
+		snap, err = readSnapshot(ctx, q, s.cps, userID, threadID, w)
 		return err
 	})
 	if err != nil || len(pending) == 0 {
@@ -323,12 +320,12 @@ func (s *Store) snapshot(ctx context.Context, userID, threadID string, w *histor
 	return snap, nil
 }
 
-func readSnapshot(ctx context.Context, q *sqlx.Tx, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
+func readSnapshot(ctx context.Context, q *sqlx.Tx, cps *chainCache, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
 	row, err := readThread(ctx, q, userID, threadID)
 	if err != nil {
 		return chat.Snapshot{}, err
 	}
-	head, err := loadCheckpoint(ctx, q, threadID, row.HeadCheckpointID)
+	head, err := loadCheckpoint(ctx, q, cps, threadID, row.HeadCheckpointID)
 	if err != nil {
 		return chat.Snapshot{}, err
 	}
@@ -502,13 +499,9 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 		if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? ORDER BY state_version`), threadID); err != nil {
 			return fmt.Errorf("list checkpoints: %w", err)
 		}
-		out = make([]chat.Checkpoint, 0, len(rows))
-		for _, r := range rows {
-			cp, err := r.checkpoint()
-			if err != nil {
-				return err
-			}
-			out = append(out, cp)
+		var errs []error
+		if out, errs = wholeCheckpoints(rows); len(errs) > 0 {
+			return errs[0]
 		}
 		return nil
 	})

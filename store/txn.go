@@ -40,6 +40,7 @@ type txn struct {
 	// The stream buffer (SQLite; nil on PostgreSQL) and what this
 	// transaction holds of it and does to it (see streambuf.go).
 	buf         *streamBuffer
+	cps         *chainCache // the store's (checkpoints.go)
 	held        map[string]*threadStream
 	heldOnly    map[string]bool // held by runChanged, pending deltas not taken along yet
 	live        []stagedLive
@@ -87,7 +88,7 @@ func (t *txn) rollBackCursors() {
 // newTxn starts the bookkeeping of write transaction tx.
 func (s *Store) newTxn(ctx context.Context, tx *sqlx.Tx) *txn {
 	return &txn{ctx: ctx, tx: tx, now: s.clock(), threads: map[string]*threadCursor{}, pg: s.pg, horizon: s.horizon,
-		buf: s.buf}
+		buf: s.buf, cps: s.cps}
 }
 
 // leaseClock is the time, in ms, that leases are granted and judged by: on

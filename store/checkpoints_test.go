@@ -1,0 +1,136 @@
+package store_test
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/store"
+)
+
+// A checkpoint that continues its parent's lists is stored as what it
+// appended: the row of the 40th exchange is as small as the first's, so
+// bytes written per exchange do not grow with the conversation (issue
+// 31). Reading gives the lists whole: through a warm cache, and from a
+// freshly opened store that must walk the stored chain (longer than one
+// page of the walk) back to a row stored whole.
+func TestCheckpointsStoreWhatTheyAppend(t *testing.T) {
+	path := testDSN(t)
+	opts := store.Options{Exclusive: true, StreamBuffer: true}
+	st, err := store.Open(ctx, path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { st.Close() }()
+	th := newThread(t, st)
+	const exchanges = 40
+	for i := range exchanges {
+		completeRun(t, st, th.ThreadID, "question", "answer")
+		if i == exchanges/4 {
+			// A deleted draft: the checkpoint that drops it from the
+			// middle of the history cannot be stored as appended.
+			cur, _ := st.Snapshot(ctx, user, th.ThreadID)
+			_, msgID, last := streamAndCancel(t, st, th.ThreadID, cur.StateVersion, "draft")
+			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
+			saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: last, ExpectedStateVersion: cur.StateVersion})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: th.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// As stored: the thread's first checkpoint and the deletion's whole,
+	// every other one at most the one message it added.
+	db := rawDB(t, path)
+	rows, err := db.Query(`SELECT checkpoint_id, appended, message_ids FROM checkpoints WHERE thread_id = ? ORDER BY state_version`, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var whole, appended, longest int
+	for rows.Next() {
+		var id, raw string
+		var app int64
+		if err := rows.Scan(&id, &app, &raw); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		if err := json.Unmarshal([]byte(raw), &ids); err != nil {
+			t.Fatal(err)
+		}
+		if app == 1 {
+			appended++
+			longest = max(longest, len(ids))
+		} else {
+			whole++
+		}
+	}
+	rows.Close()
+	if whole != 2 || appended < 2*exchanges || longest > 1 {
+		t.Fatalf("stored %d checkpoints whole and %d as appended (each at most %d message ids); want 2 whole (the first, the deletion's), the rest appended with at most 1 id each",
+			whole, appended, longest)
+	}
+
+	// Read whole: the head holds every message not deleted, in order.
+	var want []string
+	mrows, err := db.Query(`SELECT message_id FROM messages WHERE thread_id = ? AND deleted_at IS NULL ORDER BY state_version`, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for mrows.Next() {
+		var id string
+		if err := mrows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	mrows.Close()
+	readWhole := func(when string) {
+		t.Helper()
+		head, cps, err := st.Checkpoints(ctx, user, th.ThreadID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]chat.Checkpoint{}
+		for _, cp := range cps {
+			byID[cp.CheckpointID] = cp
+			if cp.ParentCheckpointID == nil {
+				continue
+			}
+			parent := byID[*cp.ParentCheckpointID]
+			if cp.CheckpointID != head && len(cp.MessageIDs) < len(parent.MessageIDs)-1 {
+				t.Fatalf("%s: checkpoint %s holds %d message ids, its parent %d", when, cp.CheckpointID, len(cp.MessageIDs), len(parent.MessageIDs))
+			}
+		}
+		if got := byID[head]; !slices.Equal(got.MessageIDs, want) || len(got.CompletedSteps) != exchanges {
+			t.Fatalf("%s: the listed head holds %d ids and %d steps; want the %d messages not deleted, and %d steps",
+				when, len(got.MessageIDs), len(got.CompletedSteps), len(want), exchanges)
+		}
+		page, err := st.History(ctx, user, th.ThreadID, "", len(want)+1, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, m := range page.Messages {
+			got = append(got, m.MessageID)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: history %v\nwant %v", when, got, want)
+		}
+	}
+	readWhole("warm")
+	mustCheck(t, st, "after the exchanges")
+
+	// A fresh store has nothing cached: it reads the chain back to the
+	// deletion's whole row, more than one page of the walk.
+	st.Close()
+	if st, err = store.Open(ctx, path, opts); err != nil {
+		t.Fatal(err)
+	}
+	readWhole("after reopening")
+	completeRun(t, st, th.ThreadID, "one more", "answer") // its start reads the head cold
+	mustCheck(t, st, "after reopening")
+}
