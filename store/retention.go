@@ -157,7 +157,7 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		(SELECT MAX(seq) FROM events WHERE thread_id = ?) AS last_seq,
 		(SELECT seq FROM events WHERE thread_id = ? AND seq > ? AND ts >= ? ORDER BY seq LIMIT 1) AS young_seq,
 		(SELECT MIN(e.seq) FROM runs r JOIN events e ON e.run_id = r.run_id AND e.thread_id = r.thread_id
-			WHERE r.thread_id = ? AND r.status NOT IN `+terminalStatuses+`) AS active_seq`,
+			WHERE r.thread_id = ? AND r.status NOT IN `+terminalStatuses+` AND e.run_id IS NOT NULL) AS active_seq`, // e.run_id IS NOT NULL: events_by_run is partial
 		threadID, threadID, mark.Through, cutoff, threadID); err != nil {
 		return 0, false, fmt.Errorf("bound purge: %w", err)
 	}
