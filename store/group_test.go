@@ -283,21 +283,14 @@ func TestUrgentCancelGoesFirst(t *testing.T) {
 	}
 }
 
-// holdBehindRunStarts holds the writer with n run starts (plain writes,
-// on threads of their own) waiting for it, and returns the commits logged
-// so far, the writer's release, a bounded wait that releases the writer
-// when it fails, and the group the run starts run in (the caller adds its
-// own writers to it, then releases and waits).
-func holdBehindRunStarts(t *testing.T, st *store.Store, log *commitLog, n int) (before int, release func(), waitFor func(cond func() bool, what string), wg *sync.WaitGroup) {
+// holdBehindPlainWrites holds the writer with n thread creations (plain
+// writes, each a transaction of its own; run starts are group commits)
+// waiting for it, and returns the commits logged so far, the writer's
+// release, a bounded wait that releases the writer when it fails, and the
+// group the creations run in (the caller adds its own writers to it, then
+// releases and waits).
+func holdBehindPlainWrites(t *testing.T, st *store.Store, log *commitLog, n int) (before int, release func(), waitFor func(cond func() bool, what string), wg *sync.WaitGroup) {
 	t.Helper()
-	var others []chat.Snapshot
-	for range n {
-		snap, err := st.CreateThread(ctx, user, "other")
-		if err != nil {
-			t.Fatal(err)
-		}
-		others = append(others, snap)
-	}
 	log.mu.Lock()
 	before = len(log.commits)
 	log.mu.Unlock()
@@ -306,25 +299,25 @@ func holdBehindRunStarts(t *testing.T, st *store.Store, log *commitLog, n int) (
 		waitUntil(t, cond, release, fmt.Sprintf("%s never waited", what))
 	}
 	wg = &sync.WaitGroup{}
-	for _, snap := range others {
+	for range n {
 		wg.Go(func() {
-			if _, err := st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: text("go")}); err != nil {
+			if _, err := st.CreateThread(ctx, user, "other"); err != nil {
 				t.Error(err)
 			}
 		})
 	}
-	waitFor(func() bool { return st.PlainWritesWaiting() == n }, "the run starts")
+	waitFor(func() bool { return st.PlainWritesWaiting() == n }, "the thread creations")
 	return before, release, waitFor, wg
 }
 
-// A cancel also goes before plain writes (run starts, claims, publishes …)
+// A cancel also goes before plain writes (claims, publishes, new threads …)
 // that waited for the writer longer than it: it waits for the transaction
 // in progress only.
 func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 	st, log := openLogged(t)
 	runs, threads := startRuns(t, st, 1)
 	const others = 8
-	before, release, waitFor, wg := holdBehindRunStarts(t, st, log, others)
+	before, release, waitFor, wg := holdBehindPlainWrites(t, st, log, others)
 	wg.Go(func() {
 		if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: runs[0], Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
 			t.Error(err)
@@ -349,7 +342,7 @@ func TestUrgentCancelPassesPlainWrites(t *testing.T) {
 func TestCancelBurstGoesBeforePlainWrites(t *testing.T) {
 	st, log := openLogged(t)
 	runs, _ := startRuns(t, st, 3)
-	before, release, waitFor, wg := holdBehindRunStarts(t, st, log, 6)
+	before, release, waitFor, wg := holdBehindPlainWrites(t, st, log, 6)
 	for _, run := range runs {
 		wg.Go(func() {
 			if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: run, Reason: "user_requested", RequestedBy: "tab:t"}); err != nil {
@@ -476,6 +469,81 @@ func TestStoppedCallerPutBackTakesUpTheLead(t *testing.T) {
 		n := deltasIn(t, st, th)
 		if n != i { // thread 0: the stopped write, never run; thread 1: the later one
 			t.Errorf("thread %d holds %d deltas, want %d", i, n, i)
+		}
+	}
+}
+
+// Runs started at once share commits on SQLite: eight starts queued
+// behind a held writer are committed together, not in eight transactions
+// ahead of their claims (on PostgreSQL each is a transaction of its own,
+// see StartRun). Two of them start on the same thread at the same
+// version: one run starts, the other is refused as a start that thread's
+// tab would see refused alone (a conflict, with nothing of it written),
+// and the batch's other starts are not undone.
+func TestRunStartsShareCommits(t *testing.T) {
+	st, log := openLogged(t)
+	var threads []chat.Snapshot
+	for range 7 {
+		threads = append(threads, newThread(t, st))
+	}
+	log.mu.Lock()
+	before := len(log.commits)
+	log.mu.Unlock()
+	release := st.HoldWriter()
+	var wg sync.WaitGroup
+	errs := make([]error, len(threads)+1)
+	acks := make([]chat.RunStartAck, len(threads)+1)
+	for i := range errs {
+		th := threads[i%len(threads)] // the last start: the first thread again
+		wg.Go(func() {
+			acks[i], errs[i] = st.StartRun(ctx, chat.StartRun{UserID: user, ThreadID: th.ThreadID, ExpectedStateVersion: th.StateVersion, UserMessage: text(fmt.Sprint("go ", i))})
+		})
+	}
+	waiting, wantCommits := st.QueuedWrites, 1
+	if onPostgres() {
+		waiting, wantCommits = st.PlainWritesWaiting, len(threads)
+	}
+	waitUntil(t, func() bool { return waiting() == len(errs) }, release, "the run starts never waited together")
+	release()
+	wg.Wait()
+	started, refused := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			started++
+		case code(err) == chat.CodeStateVersionConflict || code(err) == chat.CodeRunAlreadyActive:
+			refused++
+			if th := threads[i%len(threads)]; th.ThreadID != threads[0].ThreadID {
+				t.Errorf("start %d on its own thread refused: %v", i, err)
+			}
+		default:
+			t.Errorf("start %d: %v", i, err)
+		}
+	}
+	if started != len(threads) || refused != 1 {
+		t.Fatalf("%d started, %d refused; want %d started and the second start of one thread refused", started, refused, len(threads))
+	}
+	log.mu.Lock()
+	commits := len(log.commits) - before
+	startedEvents := 0
+	for _, evs := range log.commits[before:] {
+		for _, ev := range evs {
+			if ev.Type == chat.EventRunStarted {
+				startedEvents++
+			}
+		}
+	}
+	log.mu.Unlock()
+	if commits != wantCommits || startedEvents != len(threads) {
+		t.Fatalf("%d run.started in %d commits; want all %d in %d", startedEvents, commits, len(threads), wantCommits)
+	}
+	for _, th := range threads {
+		snap, err := st.Snapshot(ctx, user, th.ThreadID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.ActiveRun == nil || len(snap.Messages) != 1 {
+			t.Fatalf("thread %s after the batch: active run %+v, %d messages; want one run and its request", th.ThreadID, snap.ActiveRun, len(snap.Messages))
 		}
 	}
 }
