@@ -66,23 +66,7 @@ func TestBatchExpandsInOrder(t *testing.T) {
 // and ts, which replays, and its Down turns them back unchanged.
 func TestStreamBatchesMigration(t *testing.T) {
 	ctx := context.Background()
-	driver, dsn, dialect, dir := "sqlite3", filepath.Join(t.TempDir(), "old.db"), goose.DialectSQLite3, "migrations/sqlite"
-	if pgtest.OnPostgres() {
-		driver, dsn, dialect, dir = "pgx", pgtest.Schema(t), goose.DialectPostgres, "migrations/postgres"
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sub, err := fs.Sub(migrations, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := goose.NewProvider(dialect, db, sub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	driver, db, p := migrationProvider(t)
 	if _, err := p.UpTo(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -154,4 +138,29 @@ func rebind(driver, q string) string {
 		return q
 	}
 	return sqlx.Rebind(sqlx.DOLLAR, q)
+}
+
+// migrationProvider opens an empty test database (SQLite, or a fresh
+// PostgreSQL schema) and a goose provider of the embedded migrations on
+// it, for tests that migrate step by step; the database closes when the
+// test ends. driver is the database/sql driver's name.
+func migrationProvider(t *testing.T) (driver string, db *sql.DB, p *goose.Provider) {
+	t.Helper()
+	driver, dsn, dialect, dir := "sqlite3", filepath.Join(t.TempDir(), "old.db"), goose.DialectSQLite3, "migrations/sqlite"
+	if pgtest.OnPostgres() {
+		driver, dsn, dialect, dir = "pgx", pgtest.Schema(t), goose.DialectPostgres, "migrations/postgres"
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	sub, err := fs.Sub(migrations, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = goose.NewProvider(dialect, db, sub); err != nil {
+		t.Fatal(err)
+	}
+	return driver, db, p
 }

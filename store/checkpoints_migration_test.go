@@ -2,15 +2,8 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"io/fs"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/pressly/goose/v3"
-
-	"github.com/honestcancel/gateway/internal/pgtest"
 )
 
 // Migration 16 stores checkpoints appended to their parents. Its Down
@@ -19,23 +12,7 @@ import (
 // appended lists as whole ones.
 func TestCheckpointAppendedMigrationDown(t *testing.T) {
 	ctx := context.Background()
-	driver, dsn, dialect, dir := "sqlite3", filepath.Join(t.TempDir(), "old.db"), goose.DialectSQLite3, "migrations/sqlite"
-	if pgtest.OnPostgres() {
-		driver, dsn, dialect, dir = "pgx", pgtest.Schema(t), goose.DialectPostgres, "migrations/postgres"
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sub, err := fs.Sub(migrations, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := goose.NewProvider(dialect, db, sub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, db, p := migrationProvider(t)
 	if _, err := p.UpTo(ctx, 16); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +34,7 @@ func TestCheckpointAppendedMigrationDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = p.DownTo(ctx, 15)
+	_, err := p.DownTo(ctx, 15)
 	if err == nil || !strings.Contains(err.Error(), "checkpoints") {
 		t.Fatalf("down from 16 with an appended checkpoint = %v, want refused naming the checkpoints", err)
 	}

@@ -17,7 +17,12 @@ import (
 // So concurrent AppendDeltas calls share transactions: one caller at a time
 // leads, taking the writer and draining the queue into one transaction per
 // batch. Events still reach OnCommit in commit order, so each thread's seq
-// order is kept. Other writes keep a transaction of their own (write).
+// order is kept. On SQLite run starts are grouped too, so that a burst of
+// starts does not make every claim and first delta wait behind a commit
+// each (StartRun). Other writes keep a transaction of their own (write):
+// claims among them, which waited longer for a first delta as one of a
+// queue of grouped writes than with the writer handed to them between two
+// batches (BENCHMARKS.md, issue 31's run starts).
 //
 // One run's refusal (cancelled, lease lost) must not undo another's rows.
 // A grouped write checks everything before it writes anything, so a
