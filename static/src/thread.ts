@@ -610,7 +610,11 @@ export class ThreadView {
     const here = intent.thread_id === this.threadID;
     if (a.kind === "accepted") {
       const r = this.run;
-      if (here && r && r.id === a.ack.run_id && (a.ack.status === "cancel_requested" || a.ack.status === "cancelling")) r.status = a.ack.status;
+      // The ack says the status when the cancel was recorded; run.cancelling
+      // (the engine's next write) may reach the tab before it, and an ack
+      // never takes the status back from cancelling to cancel_requested.
+      const ackStatus = a.ack.status;
+      if (here && r && r.id === a.ack.run_id && (ackStatus === "cancel_requested" || ackStatus === "cancelling") && r.status !== "cancelling") r.status = ackStatus;
       if (this.noticeOffline) this.show("");
     } else {
       const e = a.error;
