@@ -168,7 +168,7 @@ func (c *chainCache) node(ctx context.Context, q *sqlx.Tx, threadID, id string) 
 		}
 		if len(page) == 0 {
 			if at == id {
-				return nil, chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", id, threadID)
+				return nil, checkpointNotFound(threadID, id)
 			}
 			return nil, fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", walked[len(walked)-1].CheckpointID, at, threadID)
 		}
@@ -212,7 +212,7 @@ func loadCheckpoint(ctx context.Context, q *sqlx.Tx, cache *chainCache, threadID
 	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`), checkpointID, threadID)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
-			return chat.Checkpoint{}, chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", checkpointID, threadID)
+			return chat.Checkpoint{}, checkpointNotFound(threadID, checkpointID)
 		}
 		return chat.Checkpoint{}, fmt.Errorf("load checkpoint: %w", err)
 	}
@@ -243,61 +243,65 @@ func wholeCheckpoint(ctx context.Context, q *sqlx.Tx, cache *chainCache, row che
 // row that cannot be decoded, or whose parent is not among rows of its
 // thread, is left out and gives an error in errs.
 func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error) {
-	byID := make(map[string]*checkpointRow, len(rows))
-	for i := range rows {
-		byID[rows[i].CheckpointID] = &rows[i]
+	type decoded struct {
+		row  *checkpointRow
+		cp   chat.Checkpoint // its lists as stored
+		node *cpNode
+		err  error
+		done bool
 	}
-	nodes := make(map[string]*cpNode, len(rows))
-	failed := map[string]error{}
-	var resolve func(r *checkpointRow, depth int) (*cpNode, error)
-	resolve = func(r *checkpointRow, depth int) (*cpNode, error) {
-		if n, ok := nodes[r.CheckpointID]; ok {
-			return n, nil
+	byID := make(map[string]*decoded, len(rows))
+	all := make([]*decoded, len(rows))
+	for i := range rows {
+		d := &decoded{row: &rows[i]}
+		d.cp, d.err = rows[i].checkpoint()
+		d.done = d.err != nil
+		byID[rows[i].CheckpointID] = d
+		all[i] = d
+	}
+	var resolve func(d *decoded, depth int) (*cpNode, error)
+	resolve = func(d *decoded, depth int) (*cpNode, error) {
+		if d.done {
+			return d.node, d.err
 		}
-		if err, ok := failed[r.CheckpointID]; ok {
-			return nil, err
+		r := d.row
+		var parent *cpNode
+		if r.Appended == 1 {
+			switch p, ok := byID[r.ParentCheckpointID.String]; {
+			case !r.ParentCheckpointID.Valid:
+				d.err = fmt.Errorf("checkpoint %s is stored as appended to its parent but has none", r.CheckpointID)
+			case !ok || p.row.ThreadID != r.ThreadID || depth > len(rows):
+				d.err = fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", r.CheckpointID, r.ParentCheckpointID.String, r.ThreadID)
+			default:
+				var err error
+				if parent, err = resolve(p, depth+1); err != nil {
+					d.err = fmt.Errorf("checkpoint %s continues %s: %w", r.CheckpointID, p.row.CheckpointID, err)
+				}
+			}
 		}
-		n, err := func() (*cpNode, error) {
-			var cp chat.Checkpoint
-			if err := decodeLists(r.CheckpointID, r.MessageIDs, r.CompletedSteps, r.ToolResults, &cp); err != nil {
-				return nil, err
-			}
-			if r.Appended == 0 {
-				return newNode(nil, cp.MessageIDs, cp.CompletedSteps, cp.ToolResults), nil
-			}
-			if !r.ParentCheckpointID.Valid {
-				return nil, fmt.Errorf("checkpoint %s is stored as appended to its parent but has none", r.CheckpointID)
-			}
-			p, ok := byID[r.ParentCheckpointID.String]
-			if !ok || p.ThreadID != r.ThreadID || depth > len(rows) {
-				return nil, fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", r.CheckpointID, r.ParentCheckpointID.String, r.ThreadID)
-			}
-			parent, err := resolve(p, depth+1)
-			if err != nil {
-				return nil, fmt.Errorf("checkpoint %s continues %s: %w", r.CheckpointID, p.CheckpointID, err)
-			}
-			return newNode(parent, cp.MessageIDs, cp.CompletedSteps, cp.ToolResults), nil
-		}()
+		if d.err == nil {
+			d.node = newNode(parent, d.cp.MessageIDs, d.cp.CompletedSteps, d.cp.ToolResults)
+		}
+		d.done = true
+		return d.node, d.err
+	}
+	for _, d := range all {
+		n, err := resolve(d, 0)
 		if err != nil {
-			failed[r.CheckpointID] = err
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
-		nodes[r.CheckpointID] = n
-		return n, nil
-	}
-	for i := range rows {
-		n, err := resolve(&rows[i], 0)
-		if err == nil {
-			var cp chat.Checkpoint
-			if cp, err = rows[i].checkpoint(); err == nil {
-				cp.MessageIDs, cp.CompletedSteps, cp.ToolResults = n.whole()
-				out = append(out, cp)
-				continue
-			}
-		}
-		errs = append(errs, err)
+		cp := d.cp
+		cp.MessageIDs, cp.CompletedSteps, cp.ToolResults = n.whole()
+		out = append(out, cp)
 	}
 	return out, errs
+}
+
+// checkpointNotFound is the answer for a checkpoint that is not one of
+// the thread's.
+func checkpointNotFound(threadID, checkpointID string) error {
+	return chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", checkpointID, threadID)
 }
 
 // storedLists is what addCheckpoint writes of cp's lists: what they append
