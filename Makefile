@@ -2,7 +2,22 @@
 GO ?= go
 NPM ?= npm
 
-.PHONY: build test lint generate generate-check node-deps browser test-go test-store-postgres test-e2e fuzz test-fuzz bench
+# Every build and test here uses at least the toolchain go.mod names
+# (go1.26.10: go1.26.8's standard library has known vulnerabilities,
+# which `make vulncheck` finds): a machine whose go.env says
+# GOTOOLCHAIN=local would otherwise ignore that line. A newer local Go is
+# used as it is.
+export GOTOOLCHAIN ?= auto
+
+# Pinned static analysers, run by `go run` so that their dependencies stay
+# out of go.mod (and out of the binary's module graph).
+STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GOVULNCHECK = golang.org/x/vuln/cmd/govulncheck@v1.9.0
+# The Go vulnerability database as of this module version (the project's
+# reports, published as a module; vuln.go.dev itself is not needed).
+VULNDB_VERSION = v0.0.0-20261105234957-e22db6528018
+
+.PHONY: build test lint staticcheck vulncheck generate generate-check node-deps browser test-go test-store-postgres test-e2e fuzz test-fuzz bench
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
@@ -32,6 +47,27 @@ lint: node-deps
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(NPM) run --silent typecheck
+
+# staticcheck: the default checks but S1016 (staticcheck.conf says why).
+staticcheck:
+	$(GO) run $(STATICCHECK) ./...
+
+# vulncheck runs govulncheck offline against golang.org/x/vulndb at
+# VULNDB_VERSION, indexed into bin/vulndb once per version: it reports
+# the vulnerabilities known on that day that the code can reach, in the
+# modules it uses and in the standard library of the toolchain that
+# builds it. It fails when the index holds fewer than 4,000 entries (a
+# database that lost its reports would find nothing).
+vulncheck:
+	@if [ "$$(cat bin/vulndb/.version 2>/dev/null)" != "$(VULNDB_VERSION)" ]; then \
+		set -e; rm -rf bin/vulndb; $(GO) mod download golang.org/x/vulndb@$(VULNDB_VERSION); \
+		src=$$($(GO) env GOMODCACHE)/golang.org/x/vulndb@$(VULNDB_VERSION)/data/osv; \
+		echo "indexing the vulnerability database ($(VULNDB_VERSION)) into bin/vulndb"; \
+		$(GO) run golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION) -vulns $$src -out bin/vulndb; \
+		echo "$(VULNDB_VERSION)" > bin/vulndb/.version; \
+	fi
+	@n=$$(ls bin/vulndb/ID | wc -l); [ "$$n" -ge 4000 ] || { echo "bin/vulndb holds $$n reports, fewer than 4,000: delete bin/vulndb and run make vulncheck again"; exit 1; }
+	$(GO) run $(GOVULNCHECK) -db file://$(CURDIR)/bin/vulndb ./...
 
 # fuzz runs each fuzz target for FUZZTIME, one after the other. Plain
 # `go test` already runs their seed corpora (testdata/fuzz/ and f.Add).
@@ -84,7 +120,7 @@ test-fuzz:
 CI_FUZZTIME ?= 15000x
 CI_FUZZMINIMIZE ?= 1000x
 
-test: lint generate-check test-go test-store-postgres test-fuzz test-e2e
+test: lint staticcheck vulncheck generate-check test-go test-store-postgres test-fuzz test-e2e
 
 # bench runs the load generator's standard scenarios (idle, fanout, cancel,
 # storage, scale, long, and cluster when PostgreSQL and NATS are set)

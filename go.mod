@@ -2,6 +2,8 @@ module github.com/honestcancel/gateway
 
 go 1.26.8
 
+toolchain go1.26.10
+
 require (
 	github.com/PuerkitoBio/goquery v1.13.0
 	github.com/a-h/templ v0.3.1118

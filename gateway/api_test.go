@@ -58,7 +58,6 @@ type options struct {
 	ws        gateway.WSConfig
 	tools     *tools.Registry
 	toolsOn   func(st *store.Store) *tools.Registry
-	db        string
 	metrics   gateway.Metrics
 	auth      func(*store.Store) gateway.Authenticator
 	spy       *feedSpy
@@ -108,9 +107,6 @@ func withWS(cfg gateway.WSConfig) option { return func(o *options) { o.ws = cfg 
 // withKeepAlive sets the SSE keep-alive interval.
 func withKeepAlive(d time.Duration) option { return func(o *options) { o.keepAlive = d } }
 
-// withTools offers the model the tools of reg (default: none).
-func withTools(reg *tools.Registry) option { return func(o *options) { o.tools = reg } }
-
 // withToolsOn gives the engine the registry mk builds on the harness's
 // store (a tool that keeps tables in the gateway's database).
 func withToolsOn(mk func(st *store.Store) *tools.Registry) option {
@@ -126,10 +122,6 @@ func withAuth(mk func(*store.Store) gateway.Authenticator) option {
 	return func(o *options) { o.auth = mk }
 }
 
-// withDB opens the store at path (default: a fresh file in t.TempDir()),
-// e.g. the file an embedded tool provider shares.
-func withDB(path string) option { return func(o *options) { o.db = path } }
-
 // newHarness starts the stack. At the end of the test it closes the server,
 // then the engine, then audits the database (every invariant of the
 // protocol must hold) and closes the store.
@@ -141,10 +133,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 	}
 	ctx := context.Background()
 	feed := bus.NewMemory()
-	if o.db == "" {
-		o.db = filepath.Join(t.TempDir(), "gateway.db")
-	}
-	st, err := store.Open(ctx, o.db, store.Options{OnCommit: feed.Publish, Exclusive: true})
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gateway.db"), store.Options{OnCommit: feed.Publish, Exclusive: true})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}

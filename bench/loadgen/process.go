@@ -160,16 +160,6 @@ func (p *process) stop(timeout time.Duration) error {
 	return nil
 }
 
-// alive reports whether the server still runs.
-func (p *process) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 // supportsFlag reports whether bin's usage names flag.
 func supportsFlag(bin, flag string) bool {
 	out, _ := exec.Command(bin, "-h").CombinedOutput()

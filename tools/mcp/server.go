@@ -74,8 +74,7 @@ type Server struct {
 	// sent holds every key a consequential call of this server sent, for
 	// the life of the process (one entry per confirmed call), whichever
 	// listing's tool sent it.
-	sent    map[string]bool
-	changed chan struct{} // closed and replaced when session changes
+	sent map[string]bool
 }
 
 // NewServer returns the server of cfg, not connected yet (see Run and
