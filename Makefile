@@ -17,7 +17,7 @@ GOVULNCHECK = golang.org/x/vuln/cmd/govulncheck@v1.9.0
 # reports, published as a module; vuln.go.dev itself is not needed).
 VULNDB_VERSION = v0.0.0-20261105234957-e22db6528018
 
-.PHONY: build test lint staticcheck vulncheck generate generate-check node-deps browser test-go test-store-postgres test-e2e fuzz test-fuzz bench
+.PHONY: build test lint staticcheck vulncheck test-unit generate generate-check node-deps browser test-go test-store-postgres test-e2e fuzz test-fuzz bench
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
@@ -103,6 +103,11 @@ browser:
 			echo "the browser tests need Chromium: sudo apt-get install -y chromium"; exit 1; \
 		fi; }
 
+# test-unit runs the page's unit tests (static/test/: the reducer of
+# static/src/state.ts) with node's test runner.
+test-unit: node-deps
+	$(NPM) run --silent unit
+
 test-e2e: node-deps browser
 	$(NPM) run --silent e2e
 
@@ -120,7 +125,7 @@ test-fuzz:
 CI_FUZZTIME ?= 15000x
 CI_FUZZMINIMIZE ?= 1000x
 
-test: lint staticcheck vulncheck generate-check test-go test-store-postgres test-fuzz test-e2e
+test: lint staticcheck vulncheck generate-check test-unit test-go test-store-postgres test-fuzz test-e2e
 
 # bench runs the load generator's standard scenarios (idle, fanout, cancel,
 # storage, scale, long, and cluster when PostgreSQL and NATS are set)

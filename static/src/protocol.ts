@@ -119,38 +119,48 @@ export interface OperationOutcome {
   outcome: string;
 }
 
-// ServerEvent is any event; fields beyond the common ones depend on type.
-export interface ServerEvent {
-  type: string;
+// ServerEvent is an event of a thread (docs/protocol.md, "Events"): a
+// union keyed by type. The fields a type carries are typed as optional
+// where the page must not trust a frame to hold them. A frame of a type
+// not listed here (a newer server's) is read as none of them and ignored.
+export type ServerEvent =
+  | (EventBase & { type: "run.started"; status?: RunStatus; base_checkpoint_id?: string })
+  | (EventBase & { type: "message.delta"; message_id?: string; text?: string })
+  | (EventBase & { type: "message.published"; message?: Message; checkpoint_id?: string })
+  | (EventBase & { type: "checkpoint.created"; checkpoint_id?: string; parent_checkpoint_id?: string | null })
+  | (EventBase & { type: "tool.prepared" | "tool.updated"; operation?: Operation })
+  | (EventBase & { type: "run.waiting_confirmation"; operation_id?: string })
+  | (EventBase & { type: "run.cancel_requested"; reason?: string; requested_by?: string })
+  | (EventBase & { type: "run.cancelling"; active_operation?: { kind: string; operation_id: string } })
+  | (EventBase & {
+      type: "run.cancelled";
+      resume_checkpoint_id?: string;
+      published_message_id?: string | null;
+      discarded_stream_chars?: number;
+      // whether a worker ever took the run up (absent in events written
+      // before the server said so)
+      executed?: boolean;
+      operations?: OperationOutcome[];
+    })
+  | (EventBase & { type: "run.completed" })
+  | (EventBase & { type: "run.failed"; error?: string })
+  | (EventBase & { type: "message.deleted"; message_id?: string; checkpoint_id?: string })
+  | (EventBase & { type: "thread.head_moved"; head_checkpoint_id?: string; previous_head_checkpoint_id?: string })
+  | (EventBase & { type: "thread.deleted" })
+  | SnapshotEvent;
+
+// EventBase holds what every event carries.
+export interface EventBase {
   thread_id: string;
   seq: number;
   ts: number;
   state_version?: number;
   run_id?: string;
-  // per type
-  message_id?: string;
-  text?: string;
-  message?: Message;
-  checkpoint_id?: string;
-  parent_checkpoint_id?: string | null;
-  head_checkpoint_id?: string;
-  previous_head_checkpoint_id?: string;
-  base_checkpoint_id?: string;
-  status?: RunStatus;
-  reason?: string;
-  requested_by?: string;
-  active_operation?: { kind: string; operation_id: string };
-  resume_checkpoint_id?: string;
-  published_message_id?: string | null;
-  discarded_stream_chars?: number;
-  // run.cancelled: whether a worker ever took the run up (absent in events
-  // written before the server said so).
-  executed?: boolean;
-  operations?: OperationOutcome[];
-  operation?: Operation;
-  operation_id?: string;
-  error?: string;
 }
+
+// SnapshotEvent is thread.snapshot: the snapshot's fields; its seq is the
+// last seq it reflects (last_seq).
+export type SnapshotEvent = Snapshot & { type: "thread.snapshot"; seq: number; ts?: number; state_version: number; run_id?: undefined };
 
 // CancelAck answers run.cancel (and POST /api/runs/{id}/cancel).
 export interface CancelAck {

@@ -7,59 +7,42 @@ import { Cancels, type CancelAnswer, type CancelIntent } from "./cancel";
 import { receiptLine, stepLine, toolName, type OpNow } from "./outcome";
 import { LiveMarkdown, copyButton, markdownText, renderMarkdown } from "./markdown";
 import { cardText, renderCard } from "./card";
-import { askHeld, canSave, notHeld, type Held } from "./seen";
+import { askHeld, canSave, notHeld } from "./seen";
 import { PlaceWatch, fetchPlace, neverStartedLine, queuePosition, waitingBox, type RunPlace } from "./admission";
 import { $, button, el, scrollToLatest, snippet } from "./dom";
 import { loadDraft, saveDraft } from "./drafts";
 import { callingLabel, cancelWaitsFor, lineParts, opView, operationItem, toolProgress, toolResult, toolText } from "./toolview";
 import { groupByDay } from "./sidebar";
-import { clipUTF8, clippedNote, cutNote, displayBytes, earlierLabel, fetchEarlier, historyIDs, windowStart } from "./history";
+import { clipUTF8, clippedNote, cutNote, displayBytes, earlierLabel, fetchEarlier, historyIDs } from "./history";
 import {
   CommandError,
   type Checkpoint,
   type Message,
   type Operation,
   type OperationOutcome,
-  type RunStatus,
   type ServerEvent,
   type Snapshot,
 } from "./protocol";
-
-interface Run {
-  id: string;
-  status: RunStatus; // the server's word: its events, snapshot or cancel ack
-}
+import {
+  applyEvent,
+  applySnapshot,
+  cancelAccepted,
+  emptyState,
+  place,
+  withCancelAck,
+  withExecuted,
+  withOperationLog,
+  withQueuePosition,
+  withRunPlace,
+  type Receipt,
+  type Streamed,
+  type ThreadState,
+} from "./state";
 
 // cardStart: a reply that begins as a JSON object is a card in the
 // making (only a card message is one JSON document; a Markdown reply does
 // not start with "{").
 const cardStart = /^\s*\{/;
-
-// Streamed is the reply in flight (or the one a cancel left behind).
-interface Streamed {
-  runID: string;
-  messageID: string;
-  text: string;
-  lastSeq: number; // seq of the last delta this tab displayed
-  saved: boolean;
-  // restarted: this run streamed another message before, and it was never
-  // published: the attempt was interrupted (a server restart) and the reply
-  // starts over.
-  restarted?: boolean;
-  // held: once the run stopped, whether the server holds this text as shown
-  // (asked once: seen.ts).
-  held?: Held;
-}
-
-interface Receipt {
-  runID: string;
-  kept: Message | null; // the last published message when the cancel was accepted
-  discarded: number;
-  // The run's operations as the cancel reported them; each is shown as it
-  // is now (opNow), so a later tool.updated changes the receipt.
-  operations: OperationOutcome[];
-  by?: string; // requested_by of the cancel, when this tab saw it recorded
-}
 
 // Branch is where a message stands among its versions (ThreadView.branches):
 // index of count, and the checkpoints the previous and next ones move to.
@@ -72,46 +55,26 @@ interface Branch {
 
 export class ThreadView {
   private readonly threadID: string;
-  private stateVersion: number;
-  private lastSeq: number;
-  private head = "";
-  private messages: Message[] = [];
-  // earlier counts the messages of the history before those shown (and
-  // held): "Show earlier messages" brings them in (history.ts).
-  private earlier = 0;
+  // s is what this tab knows of the conversation from the server: the
+  // reducers of state.ts replace it on every event and snapshot; a few
+  // answers of HTTP reads change a field of it (a run's place, the
+  // operation log, earlier history), which no event reports.
+  private s: ThreadState;
   private loadingEarlier = false;
   private readonly expanded = new Set<string>(); // long replies shown whole
-  private run: Run | null = null;
-  // waiting: the run this tab last knew to wait for a free slot, and its
-  // place (1 = next to start), from the run.start ack, a snapshot or GET
-  // /api/runs/{id} (admission.ts). Dropped once the run shows it started
-  // (a delta, a tool call) or the server says it no longer waits.
-  private waiting: { runID: string; position: number } | null = null;
-  // executed: what the server said (run.cancelled, or GET /api/runs/{id})
-  // of cancelled runs that streamed and discarded nothing and called no
-  // tool: whether a
-  // worker ever took them up. Only a false here lets a receipt say the run
-  // never started: the tab's own view cannot tell a run still waiting from
-  // one claimed a moment ago and still waiting for the model's first word.
-  private readonly executed = new Map<string, boolean>();
   private readonly askingExecuted = new Set<string>();
   // acked: runs this tab started and read the run.start ack of (which said
   // whether they wait: no need to ask).
   private readonly acked = new Set<string>();
   private readonly places: PlaceWatch;
-  private streamed: Streamed | null = null;
   private liveBody: { messageID: string; view: LiveMarkdown } | null = null;
   // frame is the animation frame renderSoon asked for (0: none pending);
   // ticker the interval that renders a running tool call's time (tick).
   private frame = 0;
   private ticker = 0;
   private noticeBusy = false; // the notice explains why Enter did not send
-  private cancelledBy = new Map<string, string>(); // run → requested_by of its cancel
   private deleting: string | null = null; // the fragment whose deletion waits for "Delete for good"
   private shownAsk = ""; // the receipt or confirmation card last brought into view
-  private receipt: Receipt | null = null;
-  private failure: string | null = null;
-  private pendingStep = false;
   private conflictFrom: string | null = null;
   private editing: { resumeFrom: string } | null = null;
   private checkpoints: Checkpoint[] = [];
@@ -122,7 +85,6 @@ export class ThreadView {
   // the panel open, is not announced: it comes with every message.
   private treeLoads = 0;
   private treeOpening = 0;
-  private operations = new Map<string, Operation>();
   private readonly plainText = new Map<string, string>(); // message → plain(message)
   private subscribed = false;
   // gone: the conversation was deleted — by this tab (it leaves for the
@@ -130,9 +92,6 @@ export class ThreadView {
   // sent here, and the page says so and keeps what was typed.
   private gone: "" | "here" | "elsewhere" = "";
   private deletingThread = false; // thread.delete sent, not answered yet
-  // closing: a run was cancelled because the conversation is being deleted
-  // (by any tab): thread.deleted follows, so nothing more is read of it.
-  private closing = false;
   private following = false; // reading snapshots over HTTP while the socket is down
   private noticeOffline = false; // the notice is about the lost connection
   private readonly socket: Socket;
@@ -157,8 +116,7 @@ export class ThreadView {
   constructor(private readonly root: HTMLElement) {
     const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
     this.threadID = snap.thread_id;
-    this.stateVersion = snap.state_version;
-    this.lastSeq = snap.last_seq;
+    this.s = emptyState(snap.thread_id);
     this.list = $(root, "[data-testid=messages]");
     this.live = $(root, "[data-testid=live]");
     this.composer = $(root, "[data-testid=composer]");
@@ -208,7 +166,7 @@ export class ThreadView {
     });
     // The conversation opens where it is: at its latest message.
     scrollToLatest();
-    if (this.messages.length === 0) this.input.focus();
+    if (this.s.messages.length === 0) this.input.focus();
     let frame = 0;
     window.addEventListener("scroll", () => {
       if (!frame) frame = window.requestAnimationFrame(() => ((frame = 0), this.renderJump()));
@@ -247,63 +205,19 @@ export class ThreadView {
 
   // ---- server state ----
 
-  private applySnapshot(s: Snapshot): void {
-    this.stateVersion = s.state_version;
-    this.lastSeq = s.last_seq;
-    this.head = s.head_checkpoint_id;
-    this.takeHistory(s);
-    this.receipt = null;
-    this.failure = null;
-    // How the latest run ended, while it is still the last word on the
-    // conversation (nothing moved the head since): a reloaded page shows the
-    // same receipt or failure as the tab that watched it happen.
-    const last = s.last_run;
-    if (last) this.noteOutcomes(last.operations);
-    // A fragment of the cancelled reply saved since moved the head on by
-    // itself: the receipt still stands (and says the fragment was kept).
-    const tail = this.messages[this.messages.length - 1];
-    const savedSince = !!last && tail?.kind === "fragment" && tail.fragment_of?.run_id === last.run_id;
-    if (last && (last.resume_checkpoint_id === s.head_checkpoint_id || savedSince)) {
-      if (last.status === "cancelled") {
-        const kept = last.published_message_id ? this.messages.find((m) => m.message_id === last.published_message_id) : undefined;
-        this.receipt = { runID: last.run_id, kept: kept ?? null, discarded: last.discarded_stream_chars, operations: last.operations };
-      } else if (last.status === "failed") {
-        this.failure = last.error ?? "the run failed";
-      }
-    }
-    const ar = s.active_run;
-    this.run = ar ? { id: ar.run_id, status: ar.status } : null;
-    // Where the run stands in the admission queue, as of this snapshot
-    // (what this tab knew of a run that ended since stays, for its receipt).
-    const place = ar ? queuePosition(ar.queue_position) : 0;
-    if (ar && place > 0) this.waiting = { runID: ar.run_id, position: place };
-    else if (ar || (this.waiting && this.waiting.runID !== last?.run_id)) this.waiting = null;
-    // The reply this tab showed was interrupted if the run now streams
-    // another message and the one shown was never published (a restart
-    // while this tab was away: the snapshot alone does not say so). Until
-    // the run streams again, what was shown stays, as after events.
-    const prev = this.streamed;
-    const unpublished = !!prev && !this.messages.some((m) => m.message_id === prev.messageID);
-    const same = !!ar && !!prev && prev.runID === ar.run_id && unpublished;
-    const restarted = same && !!prev && (prev.messageID !== ar?.message_id || prev.restarted === true);
-    // What this tab showed of a run that stopped since (the snapshot of a
-    // reconnect after a server stop) stays on screen, as after
-    // run.cancelled: the user may save it, or learn that the server lost it.
-    const stopped = !ar && !!last && !!prev && prev.runID === last.run_id && unpublished && (last.status === "cancelled" || last.status === "failed");
-    this.streamed =
-      ar && ar.message_id && !(same && this.keepsShown(ar.run_id))
-        ? { runID: ar.run_id, messageID: ar.message_id, text: ar.partial_text, lastSeq: ar.last_seq, saved: false, restarted }
-        : same || stopped
-          ? prev
-          : null;
+  private applySnapshot(snap: Snapshot): void {
+    this.s = applySnapshot(this.s, snap, this.intended);
     this.watchPlace();
     this.render();
   }
 
+  // intended: the user pressed Cancel on runID in this tab (cancel.ts).
+  private readonly intended = (runID: string): boolean => this.cancels.state(runID) !== null;
+
   private resubscribe(): void {
     if (this.gone) return;
     this.socket
-      .send({ type: "subscribe", thread_id: this.threadID, after_seq: this.lastSeq })
+      .send({ type: "subscribe", thread_id: this.threadID, after_seq: this.s.lastSeq })
       .then(() => {
         this.subscribed = true;
         this.render();
@@ -322,8 +236,8 @@ export class ThreadView {
     if (this.gone) return;
     this.gone = "elsewhere";
     this.subscribed = false;
-    this.run = null;
-    this.streamed = null;
+    this.s.run = null;
+    this.s.streamed = null;
     this.watchPlace();
     document.querySelector(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`)?.closest("li")?.remove();
     groupByDay(document.querySelector<HTMLElement>("[data-testid=thread-list]") ?? document.createElement("ul"));
@@ -338,132 +252,43 @@ export class ThreadView {
   }
 
   private onEvent(ev: ServerEvent): void {
-    if (ev.thread_id !== this.threadID) return;
-    if (ev.type === "thread.snapshot") {
-      this.applySnapshot(ev as unknown as Snapshot);
-      void this.loadCheckpoints();
-      void this.loadOperations();
-      return;
-    }
-    if (ev.seq <= this.lastSeq) return; // already applied
-    this.lastSeq = ev.seq;
-    if (ev.state_version) this.stateVersion = ev.state_version;
-    // Whatever the waiting run does besides being started or stopped shows
-    // that it has a slot: a delta, a tool call.
-    if (this.waiting && ev.run_id === this.waiting.runID && !["run.started", "run.cancel_requested", "run.cancelling", "run.cancelled"].includes(ev.type)) {
-      this.waiting = null;
-    }
-    let branched = false;
-    switch (ev.type) {
-      case "run.started": {
-        void this.refreshTitle();
-        const runID = ev.run_id ?? "";
-        this.run = { id: runID, status: ev.status ?? "queued" };
-        if (this.waiting && this.waiting.runID !== runID) this.waiting = null;
-        // A run this tab did not start (another tab, a program) may wait
-        // for a slot: no event would say so, so ask once. (The ack of this
-        // tab's own run.start came before this event, and is read by now.)
-        if (this.run.status === "queued") window.setTimeout(() => void this.askPlace(runID), 0);
-        this.streamed = null;
-        this.receipt = null;
-        this.failure = null;
-        this.pendingStep = false;
-        break;
-      }
-      case "message.delta":
-        // After the user pressed Cancel on the text shown, a new attempt of
-        // the same run (the server restarted meanwhile) is not shown in its
-        // place: what they saw, and may save, stays.
-        if (this.streamed && this.streamed.runID === ev.run_id && this.streamed.messageID !== ev.message_id && this.keepsShown(ev.run_id ?? "")) break;
-        if (!this.streamed || this.streamed.messageID !== ev.message_id) {
-          const restarted = this.streamed !== null && this.streamed.runID === ev.run_id;
-          this.streamed = { runID: ev.run_id ?? "", messageID: ev.message_id ?? "", text: "", lastSeq: 0, saved: false, restarted };
+    const { state, effects } = applyEvent(this.s, ev, this.intended);
+    if (state === this.s) return; // another thread's, or already applied
+    this.s = state;
+    let drawn = false;
+    for (const e of effects) {
+      switch (e.kind) {
+        case "snapshot":
+          this.watchPlace();
+          this.render();
+          drawn = true;
+          void this.loadCheckpoints();
+          void this.loadOperations();
+          break;
+        case "gone":
+          if (this.gone !== "here") this.markGone();
+          return;
+        case "refresh_title":
+          void this.refreshTitle();
+          break;
+        case "ask_place": {
+          // (The ack of this tab's own run.start came before this event,
+          // and is read by now.)
+          const runID = e.runID;
+          window.setTimeout(() => void this.askPlace(runID), 0);
+          break;
         }
-        this.streamed.text += ev.text ?? "";
-        this.streamed.lastSeq = ev.seq;
-        if (this.run && this.run.status === "queued") this.run.status = "running";
-        break;
-      case "message.published": {
-        const m = ev.message;
-        if (m && !this.messages.some((x) => x.message_id === m.message_id)) this.messages.push(m);
-        if (m && this.streamed && this.streamed.messageID === m.message_id) this.streamed = null;
-        break;
+        case "resync":
+          this.resync();
+          break;
+        case "checkpoint_created":
+          if (!this.tree.hidden) void this.loadCheckpoints();
+          break;
       }
-      case "checkpoint.created":
-        // A new head whose parent is not the head this page shows means the
-        // conversation moved to another branch (an edited request, a
-        // continue from an older point): the history on screen is no longer
-        // the head's, and events do not say which messages it holds.
-        branched = !!ev.parent_checkpoint_id && ev.parent_checkpoint_id !== this.head;
-        this.head = ev.checkpoint_id ?? this.head;
-        break;
-      case "message.deleted":
-        this.messages = this.messages.filter((m) => m.message_id !== ev.message_id);
-        break;
-      case "thread.head_moved":
-        // Another branch is shown now (this tab's switch or another's):
-        // its messages come with a fresh snapshot.
-        this.head = ev.head_checkpoint_id ?? this.head;
-        branched = true;
-        break;
-      case "run.cancel_requested":
-        if (ev.run_id && ev.requested_by) this.cancelledBy.set(ev.run_id, ev.requested_by);
-        if (ev.reason === "thread_deleted") this.closing = true;
-      // falls through
-      case "run.cancelling":
-        if (this.run && this.run.id === ev.run_id) this.run.status = ev.type === "run.cancelling" ? "cancelling" : "cancel_requested";
-        break;
-      case "run.cancelled": {
-        this.noteOutcomes(ev.operations ?? []);
-        if (ev.run_id && typeof ev.executed === "boolean") this.executed.set(ev.run_id, ev.executed);
-        const kept = ev.published_message_id ? this.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
-        this.receipt = {
-          runID: ev.run_id ?? "",
-          kept: kept ?? null,
-          discarded: ev.discarded_stream_chars ?? 0,
-          operations: ev.operations ?? [],
-          by: this.cancelledBy.get(ev.run_id ?? ""),
-        };
-        this.run = null;
-        this.pendingStep = true;
-        break;
-      }
-      case "run.completed":
-        this.run = null;
-        this.streamed = null;
-        this.pendingStep = false;
-        break;
-      case "thread.deleted":
-        if (this.gone !== "here") this.markGone();
-        return;
-      case "run.failed":
-        this.run = null;
-        this.failure = ev.error ?? "the run failed";
-        this.pendingStep = true;
-        break;
-      case "tool.prepared":
-      case "tool.updated":
-        if (ev.operation) this.operations.set(ev.operation.operation_id, ev.operation);
-        // A decision on the call the run waited for resumes the run (the
-        // server's status is running from that commit on).
-        if (ev.operation && ev.operation.phase !== "prepared" && this.run && this.run.id === ev.operation.run_id && this.run.status === "waiting_confirmation") {
-          this.run.status = "running";
-        }
-        break;
-      case "run.waiting_confirmation":
-        if (this.run && this.run.id === ev.run_id) this.run.status = "waiting_confirmation";
-        this.streamed = null;
-        break;
     }
-    // The model names a conversation from its first request while the first
-    // reply streams (titles are labels: no event carries them).
-    if ((ev.type === "run.completed" || ev.type === "run.cancelled" || ev.type === "run.failed") && this.messages.filter((m) => m.role === "user").length <= 1) {
-      void this.refreshTitle();
-    }
+    if (drawn) return;
     this.watchPlace();
     this.renderSoon();
-    if (branched) this.resync();
-    else if (ev.type === "checkpoint.created" && !this.tree.hidden) void this.loadCheckpoints();
   }
 
   // tick keeps a render every second while a tool call runs (its elapsed
@@ -494,23 +319,9 @@ export class ThreadView {
       .catch((err: unknown) => this.show(`Could not reload this conversation: ${(err as Error).message}`, { offline: !(err instanceof CommandError) }));
   }
 
-  // noteOutcomes takes the phases a run.cancelled or a snapshot reported
-  // into the operations this tab knows: they are the server's word as of
-  // that seq (events after it correct them, and the operation log, when
-  // read again, brings the rest).
-  private noteOutcomes(list: OperationOutcome[]): void {
-    for (const o of list) {
-      const known = this.operations.get(o.operation_id);
-      if (!known || known.phase === o.phase) continue;
-      const next: Operation = { ...known, phase: o.phase, outcome: o.outcome };
-      if (o.phase !== "unknown") delete next.reconcile_next_at;
-      this.operations.set(o.operation_id, next);
-    }
-  }
-
   // opNow is an operation of a receipt as this tab knows it now.
   private opNow(o: OperationOutcome): OpNow {
-    const op = this.operations.get(o.operation_id);
+    const op = this.s.operations.get(o.operation_id);
     return op ? opView(op, o.outcome) : o;
   }
 
@@ -530,20 +341,9 @@ export class ThreadView {
 
   // ---- admission: a run that waits for a free slot (admission.ts) ----
 
-  // place is where the active run waits for a slot: its queue position,
-  // 0 when it does not wait (as far as this tab knows).
-  private place(): number {
-    const w = this.waiting;
-    return w && this.run && this.run.id === w.runID && this.run.status === "queued" ? w.position : 0;
-  }
-
-  // noteQueue takes what the server said of runID's place: position > 0,
-  // it waits there; 0, it does not (or no longer) wait. A run seen
-  // streaming already does not wait, whatever an older answer says.
+  // noteQueue takes what the server said of runID's place (state.ts).
   private noteQueue(runID: string, position: number): void {
-    if (this.run && this.run.id === runID && this.run.status !== "queued") position = 0;
-    if (position > 0) this.waiting = { runID, position };
-    else if (this.waiting && this.waiting.runID === runID) this.waiting = null;
+    this.s = withQueuePosition(this.s, runID, position);
     this.watchPlace();
   }
 
@@ -551,34 +351,28 @@ export class ThreadView {
   // asking once it does not (it started, it is being cancelled, it ended,
   // or the conversation is gone).
   private watchPlace(): void {
-    if (this.place() > 0 && !this.gone) this.places.watch(this.waiting?.runID ?? "");
+    if (place(this.s) > 0 && !this.gone) this.places.watch(this.s.waiting?.runID ?? "");
     else this.places.stop();
   }
 
   // askPlace asks once whether runID, started by another tab or a program,
   // waits for a slot.
   private async askPlace(runID: string): Promise<void> {
-    if (this.acked.has(runID) || !this.run || this.run.id !== runID || this.run.status !== "queued" || this.waiting?.runID === runID) return;
+    if (this.acked.has(runID) || !this.s.run || this.s.run.id !== runID || this.s.run.status !== "queued" || this.s.waiting?.runID === runID) return;
     this.onPlace(runID, await fetchPlace(runID));
   }
 
   // onPlace applies an answer of GET /api/runs/{id} about the active run,
   // unless events moved on since it was asked (the run streams, or is
   // being cancelled: events tell the rest).
-  private onPlace(runID: string, place: RunPlace | null): void {
-    if (!place || !this.run || this.run.id !== runID || this.run.status !== "queued") return;
-    const was = this.place();
-    this.noteQueue(runID, place.position);
-    // Claimed: the run has a slot, and its first delta is on its way.
-    if (place.position === 0 && place.status === "running") this.run.status = "running";
+  private onPlace(runID: string, answer: RunPlace | null): void {
+    if (!answer) return;
+    const before = this.s;
+    this.s = withRunPlace(this.s, runID, answer);
+    if (this.s === before) return;
+    this.watchPlace();
     // (Drawn again only when it changed: the live region is read out.)
-    if (this.place() !== was || this.run.status !== "queued") this.renderSoon();
-  }
-
-  // keepsShown: the user asked to cancel runID (the intent is kept or sent,
-  // or the server recorded it), so the text shown of it stays as it was.
-  private keepsShown(runID: string): boolean {
-    return this.cancels.state(runID) !== null || (this.run !== null && this.run.id === runID && this.cancelAccepted());
+    if (place(this.s) !== place(before) || this.s.run?.status !== "queued") this.renderSoon();
   }
 
   // checkHeld asks the server, once the run stopped, whether it holds the
@@ -593,14 +387,10 @@ export class ThreadView {
     });
   }
 
-  private cancelAccepted(): boolean {
-    return this.run !== null && (this.run.status === "cancel_requested" || this.run.status === "cancelling");
-  }
-
   // canCancel: a run is active and this tab has not asked to cancel it yet
   // (or the server already recorded a cancel).
   private canCancel(): boolean {
-    return this.run !== null && !this.cancelAccepted() && this.cancels.state(this.run.id) === null;
+    return this.s.run !== null && !cancelAccepted(this.s) && this.cancels.state(this.s.run.id) === null;
   }
 
   // onCancelAnswer shows the server's answer to a cancel the user pressed:
@@ -609,12 +399,7 @@ export class ThreadView {
   private onCancelAnswer(intent: CancelIntent, a: CancelAnswer): void {
     const here = intent.thread_id === this.threadID;
     if (a.kind === "accepted") {
-      const r = this.run;
-      // The ack says the status when the cancel was recorded; run.cancelling
-      // (the engine's next write) may reach the tab before it, and an ack
-      // never takes the status back from cancelling to cancel_requested.
-      const ackStatus = a.ack.status;
-      if (here && r && r.id === a.ack.run_id && (ackStatus === "cancel_requested" || ackStatus === "cancelling") && r.status !== "cancelling") r.status = ackStatus;
+      if (here) this.s = withCancelAck(this.s, a.ack.run_id, a.ack.status);
       if (this.noticeOffline) this.show("");
     } else {
       const e = a.error;
@@ -648,13 +433,13 @@ export class ThreadView {
       for (let wait = 250; !this.subscribed; wait = Math.min(wait * 2, 2000)) {
         const snap = await this.fetchSnapshot();
         if (this.subscribed) return;
-        if (snap && snap.last_seq >= this.lastSeq && snap.active_run?.run_id !== runID) {
-          const shown = this.streamed && this.streamed.runID === runID ? this.streamed : null;
+        if (snap && snap.last_seq >= this.s.lastSeq && snap.active_run?.run_id !== runID) {
+          const shown = this.s.streamed && this.s.streamed.runID === runID ? this.s.streamed : null;
           this.applySnapshot(snap);
           // What this tab showed of the cancelled reply stays on screen as
           // discarded text (and can be saved), as after a run.cancelled.
-          if (shown && !this.streamed && this.receipt?.runID === runID) {
-            this.streamed = shown;
+          if (shown && !this.s.streamed && this.s.receipt?.runID === runID) {
+            this.s.streamed = shown;
             this.render();
           }
           void this.loadCheckpoints();
@@ -681,7 +466,7 @@ export class ThreadView {
   // it could not ("" when it did, or when the page is going away). opening
   // says the panel is being opened (see treeOpening).
   private async loadCheckpoints(opening = false): Promise<string> {
-    if (this.gone || this.closing) return "";
+    if (this.gone || this.s.closing) return "";
     this.treeLoads++;
     if (opening) this.treeOpening++;
     this.treeStatus("");
@@ -695,7 +480,7 @@ export class ThreadView {
       const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: Checkpoint[] };
       this.checkpoints = body.checkpoints;
       const head = body.checkpoints.find((c) => c.checkpoint_id === body.head_checkpoint_id);
-      if (head && body.head_checkpoint_id === this.head) this.pendingStep = head.pending !== null && this.run === null;
+      if (head && body.head_checkpoint_id === this.s.head) this.s.pendingStep = head.pending !== null && this.s.run === null;
       this.render();
       this.renderTree();
     } catch {
@@ -729,7 +514,7 @@ export class ThreadView {
   // carries them). A title being edited in the box is left alone.
   private async refreshTitle(): Promise<void> {
     const input = this.root.querySelector<HTMLInputElement>("[data-testid=title-input]");
-    if (!input || document.activeElement === input || this.gone || this.closing) return;
+    if (!input || document.activeElement === input || this.gone || this.s.closing) return;
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}`);
       if (!r.ok) return;
@@ -752,15 +537,12 @@ export class ThreadView {
   }
 
   private async loadOperations(): Promise<void> {
-    if (this.gone || this.closing) return;
+    if (this.gone || this.s.closing) return;
     try {
       const r = await fetch(`/api/threads/${encodeURIComponent(this.threadID)}/operations`);
       if (!r.ok) return;
       const body = (await r.json()) as { operations: Operation[] };
-      for (const op of body.operations) {
-        const known = this.operations.get(op.operation_id);
-        if (!known || known.updated_at <= op.updated_at) this.operations.set(op.operation_id, op);
-      }
+      this.s = withOperationLog(this.s, body.operations);
       this.render();
     } catch {
       // The log is an aid; events keep it current once connected.
@@ -776,7 +558,7 @@ export class ThreadView {
       return;
     }
     const text = this.input.value.trim();
-    if (text && this.run) {
+    if (text && this.s.run) {
       this.show("Wait for the reply to finish, or cancel it (Cancel or Esc): your text stays here.", { tone: "info" });
       this.noticeBusy = true;
       return;
@@ -790,7 +572,7 @@ export class ThreadView {
     const cmd: Record<string, unknown> = {
       type: "run.start",
       thread_id: this.threadID,
-      expected_state_version: this.stateVersion,
+      expected_state_version: this.s.stateVersion,
       user_message: text,
     };
     if (this.editing) cmd.resume_from_checkpoint_id = this.editing.resumeFrom;
@@ -805,8 +587,8 @@ export class ThreadView {
   // requestCancel is the Cancel button and Esc: the cancel is kept until
   // the server answers it, whatever the connection does meanwhile.
   private requestCancel(): void {
-    if (!this.run || !this.canCancel()) return;
-    this.cancels.request(this.run.id, this.threadID);
+    if (!this.s.run || !this.canCancel()) return;
+    this.cancels.request(this.s.run.id, this.threadID);
   }
 
   private async action(name: string, target: HTMLElement): Promise<void> {
@@ -814,10 +596,10 @@ export class ThreadView {
       case "cancel":
         return this.requestCancel();
       case "continue":
-        await this.startRun({ type: "run.start", thread_id: this.threadID, expected_state_version: this.stateVersion });
+        await this.startRun({ type: "run.start", thread_id: this.threadID, expected_state_version: this.s.stateVersion });
         return;
       case "edit": {
-        const lastUser = [...this.messages].reverse().find((m) => m.role === "user");
+        const lastUser = [...this.s.messages].reverse().find((m) => m.role === "user");
         // The tree is only refreshed while it is open, so the checkpoint of
         // a request sent since the page loaded may not be known yet.
         if (lastUser && !this.checkpoints.some((c) => c.checkpoint_id === lastUser.checkpoint_id)) {
@@ -847,15 +629,15 @@ export class ThreadView {
         this.render();
         return;
       case "fork":
-        return this.fork(this.head);
+        return this.fork(this.s.head);
       case "fork-at":
         return this.fork(target.dataset.checkpointId ?? "");
       case "checkout":
         if (!target.dataset.checkpointId) return;
-        await this.command({ type: "thread.checkout", thread_id: this.threadID, checkpoint_id: target.dataset.checkpointId, expected_state_version: this.stateVersion });
+        await this.command({ type: "thread.checkout", thread_id: this.threadID, checkpoint_id: target.dataset.checkpointId, expected_state_version: this.s.stateVersion });
         return;
       case "fork-seen":
-        return this.fork(this.conflictFrom ?? this.head);
+        return this.fork(this.conflictFrom ?? this.s.head);
       case "delete-thread":
         this.askDelete(true);
         return;
@@ -879,14 +661,14 @@ export class ThreadView {
         return;
       }
       case "save-fragment": {
-        const s = this.streamed;
+        const s = this.s.streamed;
         if (!s) return;
         const ok = await this.command({
           type: "fragment.save",
           thread_id: this.threadID,
           message_id: s.messageID,
           last_seq: s.lastSeq,
-          expected_state_version: this.stateVersion,
+          expected_state_version: this.s.stateVersion,
         });
         if (ok) s.saved = true;
         this.render();
@@ -897,7 +679,7 @@ export class ThreadView {
         await this.command({
           type: name === "confirm-op" ? "tool.confirm" : "tool.reject",
           operation_id: target.dataset.operationId,
-          expected_state_version: this.stateVersion,
+          expected_state_version: this.s.stateVersion,
         });
         return;
       case "delete-draft":
@@ -916,7 +698,7 @@ export class ThreadView {
           type: "draft.delete",
           thread_id: this.threadID,
           message_id: target.dataset.messageId,
-          expected_state_version: this.stateVersion,
+          expected_state_version: this.s.stateVersion,
         });
         this.render();
         return;
@@ -970,9 +752,9 @@ export class ThreadView {
     const confirm = $<HTMLButtonElement>(panel, "[data-testid=delete-thread-confirm]");
     this.deletingThread = true;
     confirm.disabled = true;
-    confirm.textContent = this.run ? "Stopping the reply, then deleting…" : "Deleting…";
+    confirm.textContent = this.s.run ? "Stopping the reply, then deleting…" : "Deleting…";
     try {
-      await this.socket.send({ type: "thread.delete", thread_id: this.threadID, expected_state_version: this.stateVersion });
+      await this.socket.send({ type: "thread.delete", thread_id: this.threadID, expected_state_version: this.s.stateVersion });
       this.gone = "here";
       saveDraft(this.threadID, "");
       location.assign("/");
@@ -1067,25 +849,25 @@ export class ThreadView {
     if (atBottom) scrollToLatest();
     // "Wait … or cancel it" holds while the reply streams and
     // this tab has not asked to cancel it.
-    if (this.noticeBusy && (!this.run || !this.canCancel())) {
+    if (this.noticeBusy && (!this.s.run || !this.canCancel())) {
       this.noticeBusy = false;
       if (this.notice.dataset.tone === "info") this.show("");
     }
     this.renderJump();
     this.renderCancelPending();
-    const busy = this.run !== null;
-    const mine = this.run ? this.cancels.state(this.run.id) : null;
+    const busy = this.s.run !== null;
+    const mine = this.s.run ? this.cancels.state(this.s.run.id) : null;
     this.send.hidden = busy;
     this.send.disabled = !this.subscribed || this.gone !== "";
     this.renderGone();
     this.cancel.hidden = !busy;
     this.cancel.disabled = !this.canCancel();
-    this.cancel.textContent = this.cancelAccepted() || mine === "sending" ? "Cancelling…" : mine === "kept" ? "Cancel pending" : "Cancel";
+    this.cancel.textContent = cancelAccepted(this.s) || mine === "sending" ? "Cancelling…" : mine === "kept" ? "Cancel pending" : "Cancel";
     this.socket.urgent = this.cancels.any();
     this.input.placeholder = this.editing ? "Edit your request; sending starts a new branch from before it" : "Ask something…";
-    this.root.dataset.stateVersion = String(this.stateVersion);
-    this.root.dataset.lastSeq = String(this.lastSeq);
-    this.root.dataset.runStatus = this.run ? this.run.status : this.receipt ? "cancelled" : this.failure ? "failed" : "idle";
+    this.root.dataset.stateVersion = String(this.s.stateVersion);
+    this.root.dataset.lastSeq = String(this.s.lastSeq);
+    this.root.dataset.runStatus = this.s.run ? this.s.run.status : this.s.receipt ? "cancelled" : this.s.failure ? "failed" : "idle";
     this.root.dataset.cancel = mine ?? "";
   }
 
@@ -1143,10 +925,10 @@ export class ThreadView {
     // a message can be switched to.
     const branches = this.branches();
     const nav = [...branches].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",");
-    const want = this.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.run ? "busy" : ""}`;
+    const want = this.s.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.s.run ? "busy" : ""}`;
     if (this.list.dataset.ids === want) return;
     this.list.dataset.ids = want;
-    this.list.replaceChildren(...this.messages.map((m) => this.messageItem(m, branches.get(m.message_id))));
+    this.list.replaceChildren(...this.s.messages.map((m) => this.messageItem(m, branches.get(m.message_id))));
   }
 
   // branches finds, for each message of the history shown, the other
@@ -1160,11 +942,11 @@ export class ThreadView {
   // latest state of that branch).
   private branches(): Map<string, Branch> {
     const out = new Map<string, Branch>();
-    const hist = historyIDs(this.messages, this.earlier, this.checkpoints.find((c) => c.checkpoint_id === this.head));
+    const hist = historyIDs(this.s.messages, this.s.earlier, this.checkpoints.find((c) => c.checkpoint_id === this.s.head));
     if (hist.length === 0 || this.checkpoints.length === 0) return out;
     const byID = new Map(this.checkpoints.map((c) => [c.checkpoint_id, c]));
     const ancestors = new Set<string>();
-    let at = byID.get(this.head) ?? byID.get(this.messages[this.messages.length - 1].checkpoint_id);
+    let at = byID.get(this.s.head) ?? byID.get(this.s.messages[this.s.messages.length - 1].checkpoint_id);
     while (at && !ancestors.has(at.checkpoint_id)) {
       ancestors.add(at.checkpoint_id);
       at = at.parent_checkpoint_id ? byID.get(at.parent_checkpoint_id) : undefined;
@@ -1198,8 +980,8 @@ export class ThreadView {
     next.setAttribute("aria-label", "Next version");
     for (const [btn, target] of [[prev, b.prev], [next, b.next]] as const) {
       if (target) btn.dataset.checkpointId = target;
-      btn.disabled = !target || this.run !== null;
-      if (target && this.run !== null) btn.title = "Wait for the reply to finish, or cancel it, to switch versions";
+      btn.disabled = !target || this.s.run !== null;
+      if (target && this.s.run !== null) btn.title = "Wait for the reply to finish, or cancel it, to switch versions";
     }
     return el(
       "span",
@@ -1263,27 +1045,17 @@ export class ThreadView {
 
   // ---- a long conversation, shown in part (history.ts) ----
 
-  // takeHistory keeps the part of a snapshot's history the page shows: from
-  // the first message this tab already showed, when the snapshot still
-  // holds it, else its latest messages.
-  private takeHistory(s: Snapshot): void {
-    const all = s.messages ?? [];
-    const from = windowStart(all, this.messages[0]?.message_id);
-    this.messages = all.slice(from);
-    this.earlier = (s.earlier_messages ?? 0) + from;
-  }
-
   // renderEarlier offers the messages before those shown.
   private renderEarlier(): void {
-    this.earlierBox.hidden = this.earlier === 0;
-    if (!this.loadingEarlier) $(this.earlierBox, "[data-testid=show-earlier]").textContent = earlierLabel(this.earlier);
+    this.earlierBox.hidden = this.s.earlier === 0;
+    if (!this.loadingEarlier) $(this.earlierBox, "[data-testid=show-earlier]").textContent = earlierLabel(this.s.earlier);
   }
 
   // showEarlier brings in the page of the history before the messages
   // shown, and keeps in view the message the user was reading.
   private async showEarlier(): Promise<void> {
-    const first = this.messages[0];
-    if (!first || this.earlier === 0 || this.loadingEarlier) return;
+    const first = this.s.messages[0];
+    if (!first || this.s.earlier === 0 || this.loadingEarlier) return;
     const button = $<HTMLButtonElement>(this.earlierBox, "[data-testid=show-earlier]");
     const status = $(this.earlierBox, "[data-testid=earlier-status]");
     this.loadingEarlier = true;
@@ -1292,13 +1064,13 @@ export class ThreadView {
     try {
       const page = await fetchEarlier(this.threadID, first.message_id);
       status.textContent = "";
-      if (page.head_checkpoint_id !== this.head || this.messages[0] !== first) {
+      if (page.head_checkpoint_id !== this.s.head || this.s.messages[0] !== first) {
         this.resync(); // the history changed meanwhile: read it again
         return;
       }
       const was = this.list.querySelector(`[data-message-id="${CSS.escape(first.message_id)}"]`)?.getBoundingClientRect().top ?? 0;
-      this.messages = [...page.messages, ...this.messages];
-      this.earlier = page.next_before === null ? 0 : Math.max(this.earlier - page.messages.length, 1);
+      this.s.messages = [...page.messages, ...this.s.messages];
+      this.s.earlier = page.next_before === null ? 0 : Math.max(this.s.earlier - page.messages.length, 1);
       this.render();
       const now = this.list.querySelector(`[data-message-id="${CSS.escape(first.message_id)}"]`)?.getBoundingClientRect().top ?? 0;
       window.scrollBy(0, now - was);
@@ -1313,7 +1085,7 @@ export class ThreadView {
 
   // showWhole shows the whole of a reply shown in part.
   private showWhole(id: string): void {
-    const m = this.messages.find((x) => x.message_id === id);
+    const m = this.s.messages.find((x) => x.message_id === id);
     const li = this.list.querySelector<HTMLElement>(`[data-message-id="${CSS.escape(id)}"]`);
     if (!m || !li) return;
     this.expanded.add(id);
@@ -1338,7 +1110,7 @@ export class ThreadView {
   // (an unknown outcome may since have been confirmed, or given up on).
   private renderToolSteps(): void {
     for (const p of this.list.querySelectorAll<HTMLElement>("[data-testid=tool-status]")) {
-      const op = this.operations.get(p.dataset.operationId ?? "");
+      const op = this.s.operations.get(p.dataset.operationId ?? "");
       const line = op && op.contract === "consequential" ? stepLine(opView(op)) : null;
       const want = line ? `${line.state}:${op?.idempotency_key ?? ""}:${JSON.stringify(op?.preview ?? null)}` : "";
       if (p.dataset.shown === want) continue;
@@ -1351,12 +1123,12 @@ export class ThreadView {
 
   private renderLive(): void {
     const parts: Node[] = [];
-    const s = this.streamed;
+    const s = this.s.streamed;
     if (s && !s.saved) {
-      const streaming = this.run !== null && this.run.id === s.runID;
+      const streaming = this.s.run !== null && this.s.run.id === s.runID;
       const mine = this.cancels.state(s.runID);
       const chip = streaming
-        ? this.cancelAccepted() || mine === "sending"
+        ? cancelAccepted(this.s) || mine === "sending"
           ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancelling…")
           : mine === "kept"
           ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancel pending · not saved yet")
@@ -1372,23 +1144,23 @@ export class ThreadView {
           this.liveMarkdown(s, streaming),
         ),
       );
-    } else if (this.run && this.place() > 0) {
+    } else if (this.s.run && place(this.s) > 0) {
       // Waiting for a free slot is a state of its own, not a reply being
       // written: no pulse, and what it means in words.
-      parts.push(waitingBox(this.place()));
+      parts.push(waitingBox(place(this.s)));
       this.tick(false);
-    } else if (this.run) {
-      const runID = this.run.id;
-      const calling = [...this.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
+    } else if (this.s.run) {
+      const runID = this.s.run.id;
+      const calling = [...this.s.operations.values()].find((op) => op.run_id === runID && (op.phase === "running" || op.phase === "committing"));
       // After a cancel the call in flight stays in view with what the run
       // waits for: a call that cannot be recalled is not hidden.
-      const cancelling = this.cancelAccepted();
-      const showCall = calling && (cancelling || this.run.status === "running");
+      const cancelling = cancelAccepted(this.s);
+      const showCall = calling && (cancelling || this.s.run.status === "running");
       const label = cancelling
         ? "Cancelling…"
-        : this.run.status === "queued"
+        : this.s.run.status === "queued"
           ? "Starting…"
-          : this.run.status === "waiting_confirmation"
+          : this.s.run.status === "waiting_confirmation"
             ? "Waiting for your confirmation"
             : calling
               ? callingLabel(calling)
@@ -1401,24 +1173,24 @@ export class ThreadView {
     } else {
       this.tick(false);
     }
-    for (const op of this.operations.values()) {
-      if (op.phase === "prepared" && this.run && this.run.id === op.run_id) parts.push(this.confirmCard(op));
+    for (const op of this.s.operations.values()) {
+      if (op.phase === "prepared" && this.s.run && this.s.run.id === op.run_id) parts.push(this.confirmCard(op));
     }
-    if (this.receipt) {
-      if (s && s.runID === this.receipt.runID) this.checkHeld(s);
-      parts.push(this.receiptCard(this.receipt));
+    if (this.s.receipt) {
+      if (s && s.runID === this.s.receipt.runID) this.checkHeld(s);
+      parts.push(this.receiptCard(this.s.receipt));
     }
-    if (this.failure) {
+    if (this.s.failure) {
       parts.push(
         el(
           "div",
           { class: "card-box error", "data-testid": "failure", role: "alert" },
           el("strong", {}, "The reply failed. "),
-          this.failure,
+          this.s.failure,
           el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary")),
         ),
       );
-    } else if (!this.receipt && !this.run && this.pendingStep) {
+    } else if (!this.s.receipt && !this.s.run && this.s.pendingStep) {
       parts.push(
         el(
           "div",
@@ -1436,7 +1208,7 @@ export class ThreadView {
     // once, above the composer (app.css: scroll-margin-bottom), however far
     // up the reader was: it is what the user has to read or answer now.
     const ask = this.live.querySelector<HTMLElement>("[data-testid=receipt], [data-testid=confirm-card]");
-    const key = ask ? `${ask.dataset.testid}:${this.receipt?.runID ?? ask.dataset.operationId ?? ""}` : "";
+    const key = ask ? `${ask.dataset.testid}:${this.s.receipt?.runID ?? ask.dataset.operationId ?? ""}` : "";
     if (ask && key !== this.shownAsk) ask.scrollIntoView({ block: "end" });
     this.shownAsk = key;
   }
@@ -1493,11 +1265,11 @@ export class ThreadView {
   private renderOperations(): void {
     // render runs after every event, deltas included: rebuild the list
     // only when an operation changed.
-    const want = [...this.operations.values()].map((op) => `${op.operation_id}:${op.phase}:${op.outcome ?? ""}:${op.updated_at}`).join(",");
+    const want = [...this.s.operations.values()].map((op) => `${op.operation_id}:${op.phase}:${op.outcome ?? ""}:${op.updated_at}`).join(",");
     const list = $(this.opsPanel, ".ops-list");
     if (list.dataset.ops === want) return;
     list.dataset.ops = want;
-    const ops = [...this.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
+    const ops = [...this.s.operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
     // The log is folded (its summary says how many calls): open, a long
     // one would stand between the latest message and the composer, where
     // a conversation opens.
@@ -1514,7 +1286,7 @@ export class ThreadView {
     this.askingExecuted.add(runID);
     void fetchPlace(runID).then((place) => {
       if (place?.executed === undefined) return;
-      this.executed.set(runID, place.executed);
+      this.s = withExecuted(this.s, runID, place.executed);
       if (!place.executed) this.renderSoon();
     });
   }
@@ -1542,11 +1314,11 @@ export class ThreadView {
             );
           });
     const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
-    if (this.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
+    if (this.s.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
     actions.append(button("Start a new branch", "fork", "action-fork"));
     // (An unfinished card was never shown as text: there is no visible
     // fragment to save.)
-    const shown = this.streamed && this.streamed.runID === r.runID && this.streamed.text && !this.streamed.saved && !cardStart.test(this.streamed.text) ? this.streamed : null;
+    const shown = this.s.streamed && this.s.streamed.runID === r.runID && this.s.streamed.text && !this.s.streamed.saved && !cardStart.test(this.s.streamed.text) ? this.s.streamed : null;
     if (shown && canSave(shown.held)) {
       const save = button("Save visible fragment", "save-fragment", "action-save-fragment");
       // (Enabled once the server said it holds the text as shown.)
@@ -1570,14 +1342,14 @@ export class ThreadView {
     // called, and the server says no worker ever took it up (in the
     // run.cancelled event, or, after a reload, asked once; until it
     // answers, the ordinary receipt).
-    const quiet = r.discarded === 0 && r.operations.length === 0 && this.streamed?.runID !== r.runID;
-    if (quiet && !this.executed.has(r.runID)) this.askExecuted(r.runID);
-    const neverStarted = quiet && this.executed.get(r.runID) === false;
+    const quiet = r.discarded === 0 && r.operations.length === 0 && this.s.streamed?.runID !== r.runID;
+    if (quiet && !this.s.executed.has(r.runID)) this.askExecuted(r.runID);
+    const neverStarted = quiet && this.s.executed.get(r.runID) === false;
     // A cancel that deletes the conversation: nothing can continue here.
     const heading =
-      this.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : neverStarted ? `Cancelled${where} while waiting for a free slot` : `Cancelled${where}`;
-    if (this.closing || this.gone) actions.replaceChildren();
-    const saved = this.messages.find((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
+      this.s.closing || this.gone ? `Stopped${where}: the conversation is being deleted` : neverStarted ? `Cancelled${where} while waiting for a free slot` : `Cancelled${where}`;
+    if (this.s.closing || this.gone) actions.replaceChildren();
+    const saved = this.s.messages.find((m) => m.kind === "fragment" && m.fragment_of?.run_id === r.runID);
     const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, kept)];
     const lost = shown ? notHeld(shown.held, [...shown.text].length) : "";
     if (r.discarded > 0 || saved || lost) {
@@ -1620,14 +1392,14 @@ export class ThreadView {
     const list = $(this.tree, "[data-testid=tree-list]");
     const byID = new Map(this.checkpoints.map((c) => [c.checkpoint_id, c]));
     const onBranch = new Set<string>();
-    for (let c = byID.get(this.head); c; c = c.parent_checkpoint_id ? byID.get(c.parent_checkpoint_id) : undefined) {
+    for (let c = byID.get(this.s.head); c; c = c.parent_checkpoint_id ? byID.get(c.parent_checkpoint_id) : undefined) {
       onBranch.add(c.checkpoint_id);
     }
-    const known = new Map(this.messages.map((m) => [m.message_id, m]));
+    const known = new Map(this.s.messages.map((m) => [m.message_id, m]));
     const ordered = [...this.checkpoints].sort((a, b) => a.state_version - b.state_version);
     list.replaceChildren(
       ...ordered.map((c) => {
-        const head = c.checkpoint_id === this.head;
+        const head = c.checkpoint_id === this.s.head;
         const last = c.message_ids.length ? known.get(c.message_ids[c.message_ids.length - 1]) : undefined;
         const what =
           c.message_ids.length === 0
