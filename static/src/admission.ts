@@ -10,6 +10,7 @@
 
 import type { RunStatus } from "./protocol";
 import { el } from "./dom";
+import { readRun } from "./api";
 
 // pollEvery is how often a waiting run's place is asked for while it is
 // near the front; a run far back (more than farBack ahead of it) is asked
@@ -55,15 +56,9 @@ export interface RunPlace {
 // be asked or did not answer with the run (the page keeps what it shows,
 // and events or the next ask tell).
 export async function fetchPlace(runID: string): Promise<RunPlace | null> {
-  try {
-    const r = await fetch(`/api/runs/${encodeURIComponent(runID)}`, { credentials: "same-origin", cache: "no-store" });
-    if (!r.ok) return null;
-    const body = (await r.json()) as { status?: RunStatus; queue_position?: unknown; executed?: unknown };
-    if (typeof body.status !== "string") return null;
-    return { status: body.status, position: queuePosition(body.queue_position), executed: typeof body.executed === "boolean" ? body.executed : undefined };
-  } catch {
-    return null;
-  }
+  const body = await readRun(runID);
+  if (!body || typeof body.status !== "string") return null;
+  return { status: body.status, position: queuePosition(body.queue_position), executed: typeof body.executed === "boolean" ? body.executed : undefined };
 }
 
 // PlaceWatch asks for one waiting run's place every pollEvery while it is

@@ -10,6 +10,7 @@
 
 import { CommandError, type CancelAck, type ErrorReply } from "./protocol";
 import type { Socket } from "./socket";
+import { postCancel } from "./api";
 
 export interface CancelIntent {
   run_id: string;
@@ -143,28 +144,33 @@ export class Cancels {
         // Lost with the connection, or no answer in time: try HTTP.
       }
     }
-    let r: Response;
-    try {
-      r = await fetch(`/api/runs/${encodeURIComponent(i.run_id)}/cancel`, {
-        method: "POST",
-        credentials: "same-origin",
-        // The audit journal names this tab: requested_by "api:<tab id>".
-        headers: { "Content-Type": "application/json", "X-Client-Name": this.socket.tabID },
-        body: JSON.stringify({ reason: i.reason }),
-      });
-    } catch {
-      return { kind: "unanswered" }; // the server is not reachable
-    }
-    let body: Record<string, unknown>;
-    try {
-      body = (await r.json()) as Record<string, unknown>;
-    } catch {
-      return { kind: "unanswered" }; // not the gateway's answer (a proxy's error page)
-    }
-    if (r.ok) return { kind: "accepted", ack: body as unknown as CancelAck, via: "http" };
+    // The audit journal names this tab: requested_by "api:<tab id>".
+    const a = await postCancel(i.run_id, i.reason, this.socket.tabID);
+    // (No answer: not reachable, or not the gateway's, e.g. a proxy's error page.)
+    if (!a) return { kind: "unanswered" };
+    const body = a.body;
+    if (a.ok) return { kind: "accepted", ack: body as unknown as CancelAck, via: "http" };
     if (typeof body.error === "string") return classify(new CommandError({ ...body, type: "error" } as ErrorReply));
     return { kind: "unanswered" };
   }
+}
+
+// refusalNotice is what the page says when the server refused a cancel
+// the user pressed (here: in the conversation on screen): why there was
+// nothing to cancel, or what to do.
+export function refusalNotice(e: CommandError, here: boolean): { text: string; tone: "error" | "info" } {
+  const where = here ? "" : " (in another conversation)";
+  if (e.code === "run_not_active" && e.reply.status === "failed") {
+    return { text: `The reply failed before your cancel reached the server${where}; nothing of it was published. Continue from the saved point when you are ready.`, tone: "info" };
+  }
+  if (e.code === "run_not_active") {
+    return {
+      text: `The reply finished before your cancel reached the server${where}, so it stays in the conversation. To go back to before it, open Checkpoints and fork from an earlier point.`,
+      tone: "info",
+    };
+  }
+  if (e.code === "not_found") return { text: `That reply is gone${where} (its conversation was deleted), so there was nothing left to cancel.`, tone: "info" };
+  return { text: `The server refused the cancel: ${e.message} Reload the page; if the reply is still running, press Cancel again.`, tone: "error" };
 }
 
 function classify(err: CommandError): CancelAnswer | Unanswered {

@@ -5,6 +5,11 @@
 // not parse is shown as it is. Everything goes in as text: nothing a model
 // writes in a card becomes markup.
 
+// cardStart: a reply that begins as a JSON object is a card in the
+// making (only a card message is one JSON document; a Markdown reply does
+// not start with "{").
+export const cardStart = /^\s*\{/;
+
 interface OrderItem {
   name: string;
   quantity: number;

@@ -34,3 +34,24 @@ export function snippet(text: string, n = 90): string {
 export function scrollToLatest(): void {
   window.scrollTo({ top: document.documentElement.scrollHeight });
 }
+
+// JumpToLatest is the "Jump to latest" button: shown while the latest
+// message is out of view below (checked once a frame while scrolling, and
+// on show).
+export class JumpToLatest {
+  constructor(private readonly button: HTMLElement) {
+    let frame = 0;
+    window.addEventListener("scroll", () => {
+      if (!frame) frame = window.requestAnimationFrame(() => ((frame = 0), this.show()));
+    });
+    button.addEventListener("click", () => {
+      scrollToLatest();
+      this.show();
+    });
+  }
+
+  show(): void {
+    const below = document.documentElement.scrollHeight - (window.innerHeight + window.scrollY);
+    this.button.hidden = below < 160;
+  }
+}

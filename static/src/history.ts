@@ -7,6 +7,7 @@
 // same numbers (web/history.go, chat.HistoryPageBytes).
 
 import type { HistoryPage, Message } from "./protocol";
+import { readEarlier } from "./api";
 
 export const historyMessages = 200;
 export const historyBytes = 1 << 20;
@@ -66,20 +67,8 @@ export function windowStart(messages: Message[], keepFrom?: string): number {
 }
 
 // fetchEarlier reads the page of the history before message before.
-export async function fetchEarlier(threadID: string, before: string): Promise<HistoryPage> {
-  const q = new URLSearchParams({ before, limit: String(earlierPage) });
-  const r = await fetch(`/api/threads/${encodeURIComponent(threadID)}/messages?${q}`, { credentials: "same-origin" });
-  if (!r.ok) {
-    let why = `the server answered ${r.status}`;
-    try {
-      const body = (await r.json()) as { message?: string };
-      if (body.message) why = body.message;
-    } catch {
-      // not JSON: the status says enough
-    }
-    throw new Error(why);
-  }
-  return (await r.json()) as HistoryPage;
+export function fetchEarlier(threadID: string, before: string): Promise<HistoryPage> {
+  return readEarlier(threadID, before, earlierPage);
 }
 
 // historyIDs is the whole history's message ids when the head checkpoint
@@ -134,4 +123,48 @@ function size(n: number): string {
   if (n >= 1 << 20) return `${(n / (1 << 20)).toFixed(1)} MiB`;
   if (n >= 1 << 10) return `${Math.floor(n / 1024)} KiB`;
   return `${n} bytes`;
+}
+
+// EarlierBox is the "Show earlier messages" box above the messages.
+// Owned by the conversation's view; one load at a time.
+export class EarlierBox {
+  private loading = false;
+
+  constructor(
+    private readonly box: HTMLElement,
+    private readonly threadID: string,
+  ) {}
+
+  // show offers the earlier messages left out (none: the box hides).
+  show(earlier: number): void {
+    this.box.hidden = earlier === 0;
+    if (!this.loading) this.button().textContent = earlierLabel(earlier);
+  }
+
+  // load reads the page of the history before message before and hands
+  // it to apply; the box says it is loading, or why it could not (and to
+  // press again). Then it shows earlier() as it is.
+  async load(before: string, apply: (page: HistoryPage) => void, earlier: () => number): Promise<void> {
+    if (this.loading) return;
+    const button = this.button();
+    const status = this.box.querySelector<HTMLElement>("[data-testid=earlier-status]")!;
+    this.loading = true;
+    button.disabled = true;
+    status.textContent = "Loading earlier messages…";
+    try {
+      const page = await fetchEarlier(this.threadID, before);
+      status.textContent = "";
+      apply(page);
+    } catch (err) {
+      status.textContent = `Could not load the earlier messages (${(err as Error).message}): press the button to try again.`;
+    } finally {
+      this.loading = false;
+      button.disabled = false;
+      this.show(earlier());
+    }
+  }
+
+  private button(): HTMLButtonElement {
+    return this.box.querySelector<HTMLButtonElement>("[data-testid=show-earlier]")!;
+  }
 }

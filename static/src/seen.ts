@@ -6,6 +6,7 @@
 // character: only text the server holds as shown is offered.
 
 import type { ErrorReply } from "./protocol";
+import { readStreamed } from "./api";
 
 // Held is where the tab's text stands with the server.
 export type Held =
@@ -19,19 +20,11 @@ export type Held =
 // would keep (GET /api/threads/{id}/streamed/{message_id}), and compares it
 // with text, the text on screen.
 export async function askHeld(threadID: string, messageID: string, lastSeq: number, text: string): Promise<Held> {
-  let r: Response;
-  try {
-    r = await fetch(`/api/threads/${encodeURIComponent(threadID)}/streamed/${encodeURIComponent(messageID)}?last_seq=${lastSeq}`, { credentials: "same-origin" });
-  } catch {
-    return { state: "unknown" };
-  }
-  let body: Record<string, unknown>;
-  try {
-    body = (await r.json()) as Record<string, unknown>;
-  } catch {
-    return { state: "unknown" }; // not the gateway's answer (a proxy's page)
-  }
-  if (r.ok) {
+  const a = await readStreamed(threadID, messageID, lastSeq);
+  // (No answer: not reachable, or not the gateway's, e.g. a proxy's page.)
+  if (!a) return { state: "unknown" };
+  const body = a.body;
+  if (a.ok) {
     const content = typeof body.content === "string" ? body.content : "";
     return content === text ? { state: "held" } : { state: "differs", serverChars: [...content].length };
   }

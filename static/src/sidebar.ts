@@ -1,3 +1,5 @@
+import { listThreads } from "./api";
+
 // groupByDay puts headings into the conversation list (newest first, each
 // item's data-updated-at an RFC 3339 time): Today, Yesterday, Previous 7
 // days, Older — by this browser's clock and time zone, which the server
@@ -107,7 +109,7 @@ export class ThreadSearch {
     try {
       // Empty: the whole list again, as it is now (titles given since the
       // page loaded included), 100 like the page's own.
-      const r = await fetch(q === "" ? "/api/threads?limit=100" : `/api/threads?limit=50&q=${encodeURIComponent(q)}`, { credentials: "same-origin" });
+      const r = await listThreads(q === "" ? 100 : 50, q);
       const body = (await r.json()) as { threads?: ListedThread[]; next_cursor?: string; message?: string };
       if (n !== this.asked) return;
       if (!r.ok) {
@@ -140,8 +142,7 @@ export class ThreadSearch {
     more.setAttribute("aria-disabled", "true");
     more.textContent = "Loading older conversations…";
     try {
-      const q = this.query ? `&q=${encodeURIComponent(this.query)}` : "";
-      const r = await fetch(`/api/threads?limit=100&cursor=${encodeURIComponent(this.cursor)}${q}`, { credentials: "same-origin" });
+      const r = await listThreads(100, this.query, this.cursor);
       const body = (await r.json()) as { threads?: ListedThread[]; next_cursor?: string; message?: string };
       if (n !== this.asked) return; // a search changed the list meanwhile
       if (!r.ok) throw new Error(body.message ?? r.statusText);

@@ -6,6 +6,7 @@
 // resubscribes from the last seq it applied.
 
 import { CommandError, type ErrorReply, type ServerEvent } from "./protocol";
+import { listThreads } from "./api";
 
 export type ConnState = "connecting" | "live" | "reconnecting";
 
@@ -99,7 +100,7 @@ export class Socket {
         return;
       }
       if (!opened) {
-        fetch("/api/threads?limit=1", { credentials: "same-origin" })
+        listThreads(1)
           .then((r) => {
             if (r.status === 401) signIn();
           })

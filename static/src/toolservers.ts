@@ -5,6 +5,8 @@
 // whoever asks and says only names and states (why a server is down is in
 // the server's log).
 
+import { readReadiness } from "./api";
+
 interface ToolServer {
   name: string;
   connected: boolean;
@@ -26,7 +28,7 @@ export function watchToolServers(place: HTMLElement): void {
   const check = async (): Promise<void> => {
     let servers: ToolServer[] = [];
     try {
-      const res = await fetch("/readyz", { cache: "no-store" });
+      const res = await readReadiness();
       if (!res.ok) return; // starting or stopping: keep what is shown
       servers = ((await res.json()) as { tool_servers?: ToolServer[] }).tool_servers ?? [];
     } catch {

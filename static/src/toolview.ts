@@ -193,3 +193,19 @@ export function cancelWaitsFor(op: Operation): string {
   if (op.contract === "idempotent") return `Waiting for ${name} to finish: it is safe to repeat, and its result is kept for the next run.`;
   return `Stopping ${name}…`;
 }
+
+// showOperationLog draws the thread's operation log in panel: folded, its
+// summary says how many calls (open, a long one would stand between the
+// latest message and the composer, where a conversation opens). The page
+// draws after every event, deltas included: the list is rebuilt only when
+// an operation changed.
+export function showOperationLog(panel: HTMLElement, operations: ReadonlyMap<string, Operation>): void {
+  const want = [...operations.values()].map((op) => `${op.operation_id}:${op.phase}:${op.outcome ?? ""}:${op.updated_at}`).join(",");
+  const list = panel.querySelector<HTMLElement>(".ops-list")!;
+  if (list.dataset.ops === want) return;
+  list.dataset.ops = want;
+  const ops = [...operations.values()].sort((a, b) => a.created_at.localeCompare(b.created_at));
+  panel.hidden = ops.length === 0;
+  panel.querySelector<HTMLElement>("[data-testid=operations-count]")!.textContent = ops.length === 1 ? "1 call" : `${ops.length} calls`;
+  list.replaceChildren(...ops.map((op) => operationItem(op)));
+}
