@@ -22,6 +22,7 @@ import (
 	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/catalog"
 	"github.com/honestcancel/gateway/tools/email"
 )
 
@@ -53,7 +54,7 @@ func newToolHarness(t *testing.T, pace time.Duration, cfg email.OutboxConfig, op
 		if outbox, err = email.NewOutbox(st.ServiceDB(), cfg); err != nil {
 			t.Fatalf("email provider: %v", err)
 		}
-		reg, err := tools.NewRegistry(tools.NewCatalogSearch(toolLatency), email.NewSendEmail(outbox))
+		reg, err := tools.NewRegistry(catalog.New(toolLatency), email.NewSendEmail(outbox))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -944,11 +945,11 @@ func TestToolsCatalogSearch(t *testing.T) {
 	var args struct {
 		Query string `json:"query"`
 	}
-	var res tools.CatalogResult
+	var res catalog.Result
 	if err := json.Unmarshal(rec.Arguments, &args); err != nil || args.Query != "coffee grinder" {
 		t.Errorf("search arguments %s", rec.Arguments)
 	}
-	want, err := tools.SearchCatalog(args.Query, tools.DefaultCatalogLimit)
+	want, err := catalog.Search(args.Query, catalog.DefaultLimit)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/catalog"
 )
 
 const webhookSchema = `{
@@ -876,7 +877,7 @@ func TestLoadWebhooksTestdata(t *testing.T) {
 			t.Errorf("%s: tools.Runner %v, tools.Committer %v", w.name, isRunner, isCommitter)
 		}
 	}
-	reg, err := tools.NewRegistry(append(ts, tools.NewCatalogSearch(0))...)
+	reg, err := tools.NewRegistry(append(ts, catalog.New(0))...)
 	if err != nil || len(reg.Specs()) != 4 {
 		t.Fatalf("registry: %v", err)
 	}
