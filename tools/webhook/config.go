@@ -285,7 +285,7 @@ func newWebhook(cfg Config, client *http.Client) (tools.Tool, error) {
 	}
 	var params *schema.Schema
 	if len(bytes.TrimSpace(cfg.Parameters)) == 0 {
-		fail("parameters", `is required: a JSON tools.Schema such as {"type": "object", "properties": {...}}`)
+		fail("parameters", `is required: a JSON Schema such as {"type": "object", "properties": {...}}`)
 	} else {
 		s, err := schema.Compile(cfg.Parameters)
 		if err != nil {
