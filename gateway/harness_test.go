@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/honestcancel/gateway/bus"
 	"github.com/honestcancel/gateway/chat"
@@ -480,4 +481,59 @@ func filter(evs []*wireEvent, keep func(*wireEvent) bool) []*wireEvent {
 		}
 	}
 	return out
+}
+
+// waitTimeout bounds every wait for an event, so a bug fails a test rather
+// than hanging it.
+const waitTimeout = 20 * time.Second
+
+// wireEvent is one Server-Sent Event: the SSE framing (ID, Event, Data) and
+// the protocol fields decoded from Data.
+type wireEvent struct {
+	ID    int64           `json:"-"` // the "id:" line
+	Event string          `json:"-"` // the "event:" line
+	Data  json.RawMessage `json:"-"` // the "data:" line, verbatim
+
+	chat.EventHeader
+
+	// message.delta, message.deleted
+	MessageID string `json:"message_id"`
+	Text      string `json:"text"`
+	// message.published, checkpoint.created, message.deleted
+	Message            *chat.Message `json:"message"`
+	CheckpointID       string        `json:"checkpoint_id"`
+	ParentCheckpointID *string       `json:"parent_checkpoint_id"`
+	// run.*
+	BaseCheckpointID     string                  `json:"base_checkpoint_id"`
+	Reason               string                  `json:"reason"`
+	RequestedBy          string                  `json:"requested_by"`
+	ResumeCheckpointID   string                  `json:"resume_checkpoint_id"`
+	PublishedMessageID   *string                 `json:"published_message_id"`
+	DiscardedStreamChars int64                   `json:"discarded_stream_chars"`
+	ResumePolicy         string                  `json:"resume_policy"`
+	Operations           []chat.OperationOutcome `json:"operations"`
+	Error                string                  `json:"error"`
+	// thread.snapshot
+	Title            string          `json:"title"`
+	HeadCheckpointID string          `json:"head_checkpoint_id"`
+	LastSeq          int64           `json:"last_seq"`
+	Messages         []chat.Message  `json:"messages"`
+	ActiveRun        *chat.ActiveRun `json:"active_run"`
+}
+
+func (e *wireEvent) String() string {
+	return fmt.Sprintf("#%d %s %s", e.Seq, e.Type, e.Data)
+}
+
+func (e *wireEvent) durable() bool {
+	return e.Type != chat.EventMessageDelta && e.Type != chat.EventThreadSnapshot
+}
+
+// runeCount sums the characters of some deltas.
+func runeCount(evs []*wireEvent) int64 {
+	var n int64
+	for _, e := range evs {
+		n += int64(utf8.RuneCountInString(e.Text))
+	}
+	return n
 }
