@@ -32,6 +32,7 @@ import (
 	"github.com/honestcancel/gateway/model/openai"
 	"github.com/honestcancel/gateway/store"
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/catalog"
 	"github.com/honestcancel/gateway/tools/email"
 	"github.com/honestcancel/gateway/tools/mcp"
 	"github.com/honestcancel/gateway/tools/webhook"
@@ -272,7 +273,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *App, err error) 
 // (all at once, each bounded by its timeout; one that fails is logged and
 // retried in the background) and keeps connected until Close.
 func (a *App) tools(ctx context.Context) (*tools.Registry, error) {
-	all := []tools.Tool{tools.NewCatalogSearch(a.cfg.SearchLatency), email.NewSendEmail(a.outbox)}
+	all := []tools.Tool{catalog.New(a.cfg.SearchLatency), email.NewSendEmail(a.outbox)}
 	var servers []mcp.ServerConfig
 	if path := a.cfg.ToolsConfig; path != "" {
 		data, err := os.ReadFile(path)

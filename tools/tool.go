@@ -1,5 +1,5 @@
-// Package tools holds the tools an agent may call, each with a contract
-// that says what a cancel can honestly do to it:
+// Package tools defines what a tool an agent may call is: each has a
+// contract that says what a cancel can honestly do to it:
 //
 //   - cancellable: can be aborted; after a cancel its result is absent and
 //     the step runs again on resume.
@@ -13,12 +13,21 @@
 //
 // The registry is read-only after construction and safe for concurrent
 // use; the tools of its sources (MCP servers) may change while it serves.
+//
+// This package owns only that contract (Spec, Tool, Runner, Committer,
+// InvalidArgs, …), the Registry, the helpers every tool shares (Wait,
+// progress reports, ActionKey, the tools config's env references) and
+// imports no tool. The tools themselves and their parts live below it:
+// tools/schema (JSON Schema of arguments, and schema.Tool to embed),
+// tools/catalog (catalog_search), tools/email (send_email), tools/webhook
+// (the operator's HTTP tools) and tools/mcp (MCP servers' tools).
 package tools
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 )
 
 // Contracts.
@@ -177,4 +186,23 @@ func (r *Registry) Specs() []Spec {
 		}
 	}
 	return out
+}
+
+// Wait sleeps d or until ctx ends, whichever is first: the latency of a
+// simulated external system (the catalog, the email provider).
+func Wait(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/schema"
 )
 
 const emailSchema = `{
@@ -32,7 +33,7 @@ const emailSchema = `{
 // email to an Outbox, the (simulated) external provider, under the
 // business idempotency key made by Prepare.
 type SendEmail struct {
-	*tools.SchemaTool
+	*schema.Tool
 	outbox *Outbox
 }
 
@@ -44,7 +45,7 @@ func (s *SendEmail) ResendSafe() bool { return true }
 // NewSendEmail returns the tool committing to outbox.
 func NewSendEmail(outbox *Outbox) *SendEmail {
 	return &SendEmail{
-		SchemaTool: tools.MustSchemaTool(tools.Spec{
+		Tool: schema.MustTool(tools.Spec{
 			Name:        "send_email",
 			Description: "Send an email. The user sees the draft and must confirm before it is sent.",
 			Contract:    tools.Consequential,
@@ -102,7 +103,7 @@ func (s *SendEmail) Prepare(scope string, args json.RawMessage) (json.RawMessage
 	if err != nil {
 		return nil, "", err
 	}
-	preview, err := tools.Compact(d)
+	preview, err := schema.Compact(d)
 	if err != nil {
 		return nil, "", err
 	}
@@ -124,7 +125,7 @@ func (s *SendEmail) Commit(ctx context.Context, key string, args json.RawMessage
 	if err != nil {
 		return nil, err // tools.ErrRejected (wrapped) or an unknown outcome, as the outbox said
 	}
-	return tools.Compact(EmailResult{Status: "committed", ProviderID: sent.ProviderID, Key: key, AlreadySent: sent.Duplicate})
+	return schema.Compact(EmailResult{Status: "committed", ProviderID: sent.ProviderID, Key: key, AlreadySent: sent.Duplicate})
 }
 
 // Status implements tools.Committer: Known when the provider holds key,
@@ -137,7 +138,7 @@ func (s *SendEmail) Status(ctx context.Context, key string) (tools.Status, error
 	if !found {
 		return tools.Status{}, nil
 	}
-	res, err := tools.Compact(EmailResult{Status: "committed", ProviderID: id, Key: key})
+	res, err := schema.Compact(EmailResult{Status: "committed", ProviderID: id, Key: key})
 	if err != nil {
 		return tools.Status{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/catalog"
 	"regexp"
 	"testing"
 )
@@ -139,7 +140,7 @@ func TestSendEmailCommitFaults(t *testing.T) {
 
 func TestRegistryWithBuiltins(t *testing.T) {
 	ob := openTestOutbox(t, OutboxConfig{})
-	r, err := tools.NewRegistry(tools.NewCatalogSearch(0), NewSendEmail(ob))
+	r, err := tools.NewRegistry(catalog.New(0), NewSendEmail(ob))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/schema"
 )
 
 // NameSeparator joins a server's name and its tool's name.
@@ -67,7 +68,7 @@ func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 			s.log.Warn("MCP tool left out: unreadable input schema", "tool", t.Name, "err", err)
 			continue
 		}
-		schema, err := tools.CompileExternalSchema(raw)
+		sch, err := schema.CompileExternal(raw)
 		if err != nil {
 			s.log.Warn("MCP tool left out: its input schema does not compile", "tool", t.Name, "err", err)
 			continue
@@ -80,12 +81,12 @@ func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 		base := &remoteTool{
 			server: s,
 			remote: t.Name,
-			schema: schema,
+			schema: sch,
 			spec: tools.Spec{
 				Name:        name,
 				Description: fmt.Sprintf("%s (MCP server %s)", strings.TrimSpace(desc), s.cfg.Name),
 				Contract:    ContractFor(s.cfg.Contracts[t.Name], t.Annotations),
-				Parameters:  schema.JSON(),
+				Parameters:  sch.JSON(),
 			},
 		}
 		if base.spec.Contract == tools.Consequential {
@@ -111,7 +112,7 @@ func (s *Server) adapt(listed []*mcp.Tool) []tools.Tool {
 type remoteTool struct {
 	server *Server
 	remote string // the tool's name at the server
-	schema *tools.Schema
+	schema *schema.Schema
 	spec   tools.Spec
 }
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/schema"
 )
 
 // Config is one entry of the "tools" array of a webhook config file
@@ -62,7 +63,7 @@ var reservedHeaders = map[string]bool{
 //	      "name": "lookup_order",                      // ^[a-z][a-z0-9_]{0,63}$, unique
 //	      "description": "Look an order up by id.",   // for the model; required
 //	      "contract": "idempotent",                    // cancellable | idempotent | consequential
-//	      "parameters": {"type": "object", ...},       // JSON Schema, see tools.CompileSchema
+//	      "parameters": {"type": "object", ...},       // JSON Schema, see schema.Compile
 //	      "url": "https://orders.example.com/lookup",  // http or https; POSTed to
 //	      "status_url": "https://…/status/{key}",      // consequential only, optional
 //	      "timeout": "10s",                            // optional, default 10s, at most 10m
@@ -282,15 +283,15 @@ func newWebhook(cfg Config, client *http.Client) (tools.Tool, error) {
 	default:
 		fail("contract", "%q is not one of cancellable, idempotent, consequential", cfg.Contract)
 	}
-	var schema *tools.Schema
+	var params *schema.Schema
 	if len(bytes.TrimSpace(cfg.Parameters)) == 0 {
-		fail("parameters", `is required: a JSON tools.Schema such as {"type": "object", "properties": {...}}`)
+		fail("parameters", `is required: a JSON Schema such as {"type": "object", "properties": {...}}`)
 	} else {
-		s, err := tools.CompileSchema(cfg.Parameters)
+		s, err := schema.Compile(cfg.Parameters)
 		if err != nil {
 			fail("parameters", "%v", err)
 		}
-		schema = s
+		params = s
 	}
 
 	h := &webhook{name: cfg.Name, contract: cfg.Contract, timeout: DefaultTimeout, headers: http.Header{}}
@@ -353,15 +354,15 @@ func newWebhook(cfg Config, client *http.Client) (tools.Tool, error) {
 		return nil, errors.Join(errs...)
 	}
 
-	st, err := tools.NewSchemaTool(tools.Spec{Name: cfg.Name, Description: cfg.Description, Contract: cfg.Contract}, schema.JSON())
+	st, err := schema.NewTool(tools.Spec{Name: cfg.Name, Description: cfg.Description, Contract: cfg.Contract}, params.JSON())
 	if err != nil {
 		return nil, errors.Join(err)
 	}
 	h.client = noRedirectClient(client)
 	if cfg.Contract == tools.Consequential {
-		return &Committer{SchemaTool: st, hook: h}, nil
+		return &Committer{Tool: st, hook: h}, nil
 	}
-	return &Runner{SchemaTool: st, hook: h}, nil
+	return &Runner{Tool: st, hook: h}, nil
 }
 
 // splitJoined returns the errors joined in err (by errors.Join).

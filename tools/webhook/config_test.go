@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/catalog"
 )
 
 func TestWebhookConfigErrors(t *testing.T) {
@@ -229,7 +230,7 @@ func TestLoadWebhooksTestdata(t *testing.T) {
 			t.Errorf("%s: tools.Runner %v, tools.Committer %v", w.name, isRunner, isCommitter)
 		}
 	}
-	reg, err := tools.NewRegistry(append(ts, tools.NewCatalogSearch(0))...)
+	reg, err := tools.NewRegistry(append(ts, catalog.New(0))...)
 	if err != nil || len(reg.Specs()) != 4 {
 		t.Fatalf("registry: %v", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/schema"
 )
 
 // Webhook limits and defaults.
@@ -39,7 +40,7 @@ const (
 
 // Runner is a cancellable or idempotent webhook tool.
 type Runner struct {
-	*tools.SchemaTool
+	*schema.Tool
 	hook *webhook
 }
 
@@ -67,7 +68,7 @@ func (t *Runner) Run(ctx context.Context, key string, args json.RawMessage) (jso
 
 // Committer is a consequential webhook tool.
 type Committer struct {
-	*tools.SchemaTool
+	*schema.Tool
 	hook *webhook
 }
 

@@ -1,4 +1,4 @@
-package tools
+package schema
 
 import (
 	"encoding/json"
@@ -13,9 +13,9 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// The checks CompileSchema adds to the library's: each catches a schema
+// The checks Compile adds to the library's: each catches a schema
 // that is valid but would validate less than its author thinks (see
-// CompileSchema).
+// Compile).
 
 // annotationKeywords are accepted in every draft, as they always were here.
 const annotationKeywords = "title description default examples $schema $id $comment"
@@ -158,7 +158,7 @@ func subschemas(s *jsonschema.Schema) []*jsonschema.Schema {
 }
 
 // lintSchema returns what is wrong with the compiled schema of doc by
-// CompileSchema's checks, or "".
+// Compile's checks, or "".
 func lintSchema(doc any, root *jsonschema.Schema) string {
 	nodes := schemaNodes(doc, root)
 	declared := map[string]bool{}

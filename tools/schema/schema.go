@@ -1,4 +1,14 @@
-package tools
+// Package schema owns the JSON Schema layer of tools: it compiles the
+// schema of a tool's arguments (Compile for the gateway's own tools and
+// webhook tools, with checks against schemas that validate less than their
+// author thinks; CompileExternal for third-party schemas such as an MCP
+// server's), validates and normalises arguments against it, and phrases
+// what is wrong with them for a user or the model. Tool (NewTool, MustTool)
+// is the tools.Tool whose Validate is its schema, for other tools to embed.
+//
+// It depends on package tools (Spec, the contracts, InvalidArgs); tools
+// does not depend on it.
+package schema
 
 import (
 	"bytes"
@@ -12,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/honestcancel/gateway/tools"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
@@ -61,7 +72,7 @@ type refusingLoader struct{}
 
 func (refusingLoader) Load(string) (any, error) { return nil, errNoLoading }
 
-// CompileSchema compiles the JSON Schema of a tool's arguments written for
+// Compile compiles the JSON Schema of a tool's arguments written for
 // this gateway (a built-in tool, a webhook tool's "parameters"). On top of
 // being a valid schema (see Schema for drafts, references and formats), it
 // must pass checks that catch mistakes which would otherwise make a schema
@@ -82,20 +93,20 @@ func (refusingLoader) Load(string) (any, error) { return nil, errNoLoading }
 //
 // Errors say where in the schema the problem is, e.g.
 // `schema of "to": unsupported type "strin"`.
-func CompileSchema(src json.RawMessage) (*Schema, error) { return compileSchema(src, true) }
+func Compile(src json.RawMessage) (*Schema, error) { return compileSchema(src, true) }
 
-// CompileExternalSchema compiles a schema written by a third party, such as
+// CompileExternal compiles a schema written by a third party, such as
 // an MCP server's tool input schema: any valid schema is accepted (see
-// Schema for drafts, references and formats). Unlike CompileSchema it
+// Schema for drafts, references and formats). Unlike Compile it
 // neither requires a root "type": "object" nor refuses unknown keywords or
 // formats, which are annotations there, as the specification says; Validate
 // still accepts only a JSON object of arguments.
-func CompileExternalSchema(src json.RawMessage) (*Schema, error) { return compileSchema(src, false) }
+func CompileExternal(src json.RawMessage) (*Schema, error) { return compileSchema(src, false) }
 
-// MustCompileSchema is CompileSchema for schemas written in the source; it
+// MustCompile is Compile for schemas written in the source; it
 // panics on error.
-func MustCompileSchema(src string) *Schema {
-	s, err := CompileSchema(json.RawMessage(src))
+func MustCompile(src string) *Schema {
+	s, err := Compile(json.RawMessage(src))
 	if err != nil {
 		panic(err)
 	}
@@ -182,33 +193,33 @@ func validateEmail(v any) error {
 // can act on: it names the field, e.g. `field "addr.city" is required`.
 func (s *Schema) Validate(args json.RawMessage) (json.RawMessage, error) {
 	if len(args) > MaxArgsBytes {
-		return nil, &InvalidArgs{Reason: fmt.Sprintf("arguments are larger than %d KiB", MaxArgsBytes>>10)}
+		return nil, &tools.InvalidArgs{Reason: fmt.Sprintf("arguments are larger than %d KiB", MaxArgsBytes>>10)}
 	}
 	trimmed := bytes.TrimSpace(args)
 	if len(trimmed) == 0 || !json.Valid(trimmed) {
-		return nil, &InvalidArgs{Reason: "arguments are not valid JSON"}
+		return nil, &tools.InvalidArgs{Reason: "arguments are not valid JSON"}
 	}
 	if trimmed[0] != '{' {
-		return nil, &InvalidArgs{Reason: "arguments must be a JSON object"}
+		return nil, &tools.InvalidArgs{Reason: "arguments must be a JSON object"}
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(trimmed))
 	if err != nil {
-		return nil, &InvalidArgs{Reason: "arguments are not valid JSON"}
+		return nil, &tools.InvalidArgs{Reason: "arguments are not valid JSON"}
 	}
 	norm, reason := canonical(doc, []*jsonschema.Schema{s.sch}, "")
 	if reason != "" {
-		return nil, &InvalidArgs{Reason: reason}
+		return nil, &tools.InvalidArgs{Reason: reason}
 	}
 	if err := s.sch.Validate(norm); err != nil {
 		var ve *jsonschema.ValidationError
 		if !errors.As(err, &ve) {
-			return nil, &InvalidArgs{Reason: err.Error()}
+			return nil, &tools.InvalidArgs{Reason: err.Error()}
 		}
-		return nil, &InvalidArgs{Reason: argsProblems(ve, norm)}
+		return nil, &tools.InvalidArgs{Reason: argsProblems(ve, norm)}
 	}
 	out, err := Compact(norm)
 	if err != nil {
-		return nil, &InvalidArgs{Reason: "arguments cannot be encoded: " + err.Error()}
+		return nil, &tools.InvalidArgs{Reason: "arguments cannot be encoded: " + err.Error()}
 	}
 	return out, nil
 }
@@ -458,54 +469,54 @@ func isEmail(s string) bool {
 	return true
 }
 
-// SchemaTool is a Tool whose Validate is its schema. Embed it in a tool
+// Tool is a tools.Tool whose Validate is its schema. Embed it in a tool
 // (a built-in or a webhook tool) to get Spec and Validate.
-type SchemaTool struct {
-	spec   Spec
+type Tool struct {
+	spec   tools.Spec
 	schema *Schema
 }
 
-// NewSchemaTool compiles schema (with CompileSchema) and returns a Tool
+// NewTool compiles schema (with Compile) and returns a tool
 // with spec, whose Parameters become the compiled schema's JSON. It checks
 // that the spec has a name and a known contract.
-func NewSchemaTool(spec Spec, schema json.RawMessage) (*SchemaTool, error) {
+func NewTool(spec tools.Spec, schema json.RawMessage) (*Tool, error) {
 	if spec.Name == "" {
 		return nil, errors.New("tool: empty name")
 	}
 	switch spec.Contract {
-	case Cancellable, Idempotent, Consequential:
+	case tools.Cancellable, tools.Idempotent, tools.Consequential:
 	default:
 		return nil, fmt.Errorf("tool %s: unknown contract %q", spec.Name, spec.Contract)
 	}
-	s, err := CompileSchema(schema)
+	s, err := Compile(schema)
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", spec.Name, err)
 	}
 	spec.Parameters = s.JSON()
-	return &SchemaTool{spec: spec, schema: s}, nil
+	return &Tool{spec: spec, schema: s}, nil
 }
 
-// MustSchemaTool is NewSchemaTool for a schema written in the tool's own
+// MustTool is NewTool for a schema written in the tool's own
 // source: a mistake there is a bug, so it panics.
-func MustSchemaTool(spec Spec, schema string) *SchemaTool {
-	t, err := NewSchemaTool(spec, json.RawMessage(schema))
+func MustTool(spec tools.Spec, schema string) *Tool {
+	t, err := NewTool(spec, json.RawMessage(schema))
 	if err != nil {
 		panic(err)
 	}
 	return t
 }
 
-// Spec implements Tool.
-func (t *SchemaTool) Spec() Spec {
+// Spec implements tools.Tool.
+func (t *Tool) Spec() tools.Spec {
 	s := t.spec
 	s.Parameters = t.schema.JSON()
 	return s
 }
 
-// Validate implements Tool.
-func (t *SchemaTool) Validate(args json.RawMessage) (json.RawMessage, error) {
+// Validate implements tools.Tool.
+func (t *Tool) Validate(args json.RawMessage) (json.RawMessage, error) {
 	return t.schema.Validate(args)
 }
 
 // Schema returns the compiled schema.
-func (t *SchemaTool) Schema() *Schema { return t.schema }
+func (t *Tool) Schema() *Schema { return t.schema }

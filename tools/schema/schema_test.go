@@ -1,4 +1,4 @@
-package tools
+package schema
 
 import (
 	"encoding/json"
@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 const testSchema = `{
@@ -44,7 +46,7 @@ func validatesTo(t *testing.T, s *Schema, in, want string) {
 }
 
 func TestSchemaValidate(t *testing.T) {
-	s := MustCompileSchema(testSchema)
+	s := MustCompile(testSchema)
 	good := []struct{ in, want string }{
 		{`{"to":"ann@example.com"}`, `{"to":"ann@example.com"}`},
 		{` { "n" : 5.0, "to":"ann@example.com" , "ok": false } `, `{"n":5,"ok":false,"to":"ann@example.com"}`},
@@ -92,7 +94,7 @@ func TestSchemaValidate(t *testing.T) {
 	}
 	for _, c := range bad {
 		_, err := s.Validate(json.RawMessage(c.in))
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if !errors.As(err, &ia) {
 			t.Errorf("Validate(%.60s): err = %v, want *InvalidArgs", c.in, err)
 			continue
@@ -104,7 +106,7 @@ func TestSchemaValidate(t *testing.T) {
 }
 
 func TestSchemaOpenObject(t *testing.T) {
-	s := MustCompileSchema(`{"type":"object","properties":{"a":{"type":"integer"}}}`)
+	s := MustCompile(`{"type":"object","properties":{"a":{"type":"integer"}}}`)
 	got, err := s.Validate(json.RawMessage(`{"z":{"y":1,"x":[1.0]},"a":3}`))
 	if err != nil {
 		t.Fatal(err)
@@ -144,11 +146,11 @@ func TestCompileSchemaErrors(t *testing.T) {
 		{`{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"a":{"prefixItems":[]}}}`, `keyword "prefixItems" is not supported (it is not a draft-07 keyword)`},
 	}
 	for _, c := range bad {
-		_, err := CompileSchema(json.RawMessage(c.src))
+		_, err := Compile(json.RawMessage(c.src))
 		if err == nil {
-			t.Errorf("CompileSchema(%s) succeeded", c.src)
+			t.Errorf("Compile(%s) succeeded", c.src)
 		} else if !strings.Contains(err.Error(), c.want) {
-			t.Errorf("CompileSchema(%s):\n got %v\nwant %s", c.src, err, c.want)
+			t.Errorf("Compile(%s):\n got %v\nwant %s", c.src, err, c.want)
 		}
 	}
 }
@@ -166,8 +168,8 @@ func TestCompileSchemaFullVocabulary(t *testing.T) {
 		`{"$id":"https://example.com/tool.json","type":"object","properties":{"a":{"$ref":"#/$defs/s"},"b":{"$ref":"https://example.com/tool.json#/$defs/s"},"c":{"$ref":"#pos"}},"$defs":{"s":{"type":"string"},"p":{"$anchor":"pos","type":"integer","minimum":0}}}`,
 		`{"type":"object","properties":{"t":{"type":"object","properties":{"v":{"$ref":"#/properties/t"}}}}}`,
 	} {
-		if _, err := CompileSchema(json.RawMessage(src)); err != nil {
-			t.Errorf("CompileSchema(%s): %v", src, err)
+		if _, err := Compile(json.RawMessage(src)); err != nil {
+			t.Errorf("Compile(%s): %v", src, err)
 		}
 	}
 }
@@ -202,7 +204,7 @@ const fullSchema = `{
 }`
 
 func TestSchemaFullVocabulary(t *testing.T) {
-	s := MustCompileSchema(fullSchema)
+	s := MustCompile(fullSchema)
 	good := []struct{ in, want string }{
 		{`{"kind":"a","shape":{"r":0.5,"type":"circle"},"code":"ABC","addr":{"city":"Köln"},"v":1.0,"opt":null}`,
 			`{"addr":{"city":"Köln"},"code":"ABC","kind":"a","opt":null,"shape":{"r":0.5,"type":"circle"},"v":1.0}`},
@@ -240,7 +242,7 @@ func TestSchemaFullVocabulary(t *testing.T) {
 	}
 	for _, c := range bad {
 		_, err := s.Validate(json.RawMessage(c.in))
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if !errors.As(err, &ia) {
 			t.Errorf("Validate(%s): err = %v, want *InvalidArgs", c.in, err)
 		} else if ia.Reason != c.reason {
@@ -272,7 +274,7 @@ func TestCompileSchemaLoadsNothing(t *testing.T) {
 		{`{"type":"object","properties":{"a":{"$dynamicRef":"` + srv.URL + `/s.json#x"}}}`, srv.URL + "/s.json"},
 	}
 	for _, c := range cases {
-		for _, compile := range []func(json.RawMessage) (*Schema, error){CompileSchema, CompileExternalSchema} {
+		for _, compile := range []func(json.RawMessage) (*Schema, error){Compile, CompileExternal} {
 			_, err := compile(json.RawMessage(c.src))
 			want := `schema: cannot use "` + c.shown + `": a "$ref" or "$schema" may only point inside the schema, such as "#/$defs/name" (schemas are never loaded from the network or from files)`
 			if err == nil || err.Error() != want {
@@ -285,8 +287,8 @@ func TestCompileSchemaLoadsNothing(t *testing.T) {
 	}
 }
 
-// CompileSchema refuses schemas that are valid but would validate less than
-// their author thinks; CompileExternalSchema, for schemas from elsewhere,
+// Compile refuses schemas that are valid but would validate less than
+// their author thinks; CompileExternal, for schemas from elsewhere,
 // takes them as the specification says.
 func TestCompileExternalSchema(t *testing.T) {
 	lenient := []struct{ src, args, want string }{
@@ -299,12 +301,12 @@ func TestCompileExternalSchema(t *testing.T) {
 		{`{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"a":{"$ref":"#/definitions/s","maxLength":1}},"definitions":{"s":{"type":"string"}}}`, `{"a":"abc"}`, `{"a":"abc"}`},
 	}
 	for _, c := range lenient {
-		if _, err := CompileSchema(json.RawMessage(c.src)); err == nil {
-			t.Errorf("CompileSchema(%s) succeeded", c.src)
+		if _, err := Compile(json.RawMessage(c.src)); err == nil {
+			t.Errorf("Compile(%s) succeeded", c.src)
 		}
-		s, err := CompileExternalSchema(json.RawMessage(c.src))
+		s, err := CompileExternal(json.RawMessage(c.src))
 		if err != nil {
-			t.Errorf("CompileExternalSchema(%s): %v", c.src, err)
+			t.Errorf("CompileExternal(%s): %v", c.src, err)
 			continue
 		}
 		if got, err := s.Validate(json.RawMessage(c.args)); err != nil || string(got) != c.want {
@@ -314,7 +316,7 @@ func TestCompileExternalSchema(t *testing.T) {
 	// Formats it knows are still checked, formats are not the only thing
 	// checked, arguments must still be an object, and an invalid schema is
 	// still refused.
-	s, err := CompileExternalSchema(json.RawMessage(`{"type":"object","properties":{"to":{"type":"string","format":"email"},"n":{"type":"integer"}},"required":["n"]}`))
+	s, err := CompileExternal(json.RawMessage(`{"type":"object","properties":{"to":{"type":"string","format":"email"},"n":{"type":"integer"}},"required":["n"]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,12 +325,12 @@ func TestCompileExternalSchema(t *testing.T) {
 		`{}`:                           `field "n" is required`,
 		`[1]`:                          "arguments must be a JSON object",
 	} {
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if _, err := s.Validate(json.RawMessage(in)); !errors.As(err, &ia) || ia.Reason != reason {
 			t.Errorf("Validate(%s): %v, want %s", in, err, reason)
 		}
 	}
-	if _, err := CompileExternalSchema(json.RawMessage(`{"type":5}`)); err == nil || !strings.Contains(err.Error(), `schema: "type" must be one of`) {
+	if _, err := CompileExternal(json.RawMessage(`{"type":5}`)); err == nil || !strings.Contains(err.Error(), `schema: "type" must be one of`) {
 		t.Errorf("invalid schema: %v", err)
 	}
 }
@@ -337,7 +339,7 @@ func TestCompileExternalSchema(t *testing.T) {
 // (exactly), numbers in float64. Numbers it does not type are kept as they
 // are written.
 func TestSchemaNumbers(t *testing.T) {
-	s := MustCompileSchema(`{"type":"object","properties":{
+	s := MustCompile(`{"type":"object","properties":{
 		"i": {"type": "integer"},
 		"f": {"type": "number"},
 		"either": {"type": ["integer", "number"]},
@@ -369,7 +371,7 @@ func TestSchemaNumbers(t *testing.T) {
 	}
 	for _, c := range bad {
 		_, err := s.Validate(json.RawMessage(c.in))
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if !errors.As(err, &ia) || ia.Reason != c.reason {
 			t.Errorf("Validate(%s): %v, want reason %q", c.in, err, c.reason)
 		}
@@ -390,15 +392,15 @@ func TestSchemaDrafts(t *testing.T) {
 			`{"p":[1]}`, `{"p":[1]}`, `{"p":[1,2]}`, `field "p[1]" is not allowed`},
 	}
 	for _, c := range cases {
-		s, err := CompileSchema(json.RawMessage(c.src))
+		s, err := Compile(json.RawMessage(c.src))
 		if err != nil {
-			t.Errorf("CompileSchema(%s): %v", c.src, err)
+			t.Errorf("Compile(%s): %v", c.src, err)
 			continue
 		}
 		if got, err := s.Validate(json.RawMessage(c.good)); err != nil || string(got) != c.want {
 			t.Errorf("Validate(%s) = %s, %v; want %s", c.good, got, err, c.want)
 		}
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if _, err := s.Validate(json.RawMessage(c.bad)); !errors.As(err, &ia) || ia.Reason != c.reason {
 			t.Errorf("Validate(%s): %v, want reason %q", c.bad, err, c.reason)
 		}
@@ -407,7 +409,7 @@ func TestSchemaDrafts(t *testing.T) {
 
 // A Schema is used by many runs at once.
 func TestSchemaConcurrent(t *testing.T) {
-	s := MustCompileSchema(fullSchema)
+	s := MustCompile(fullSchema)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
@@ -429,29 +431,38 @@ func TestSchemaConcurrent(t *testing.T) {
 }
 
 func TestNewSchemaTool(t *testing.T) {
-	tool, err := NewSchemaTool(Spec{Name: "hook", Description: "d", Contract: Cancellable},
+	tool, err := NewTool(tools.Spec{Name: "hook", Description: "d", Contract: tools.Cancellable},
 		json.RawMessage(`{ "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"] }`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var _ Tool = tool
+	var _ tools.Tool = tool
 	if got := string(tool.Spec().Parameters); got != `{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}` {
 		t.Errorf("Parameters = %s", got)
 	}
 	if _, err := tool.Validate(json.RawMessage(`{}`)); err == nil {
 		t.Error("missing q accepted")
 	}
-	if _, err := NewSchemaTool(Spec{Name: "x", Contract: "maybe"}, json.RawMessage(`{"type":"object"}`)); err == nil {
+	if _, err := NewTool(tools.Spec{Name: "x", Contract: "maybe"}, json.RawMessage(`{"type":"object"}`)); err == nil {
 		t.Error("unknown contract accepted")
 	}
-	if _, err := NewSchemaTool(Spec{Contract: Idempotent}, json.RawMessage(`{"type":"object"}`)); err == nil {
+	if _, err := NewTool(tools.Spec{Contract: tools.Idempotent}, json.RawMessage(`{"type":"object"}`)); err == nil {
 		t.Error("empty name accepted")
 	}
 }
 
-// benchSchemas are typical tool schemas with typical arguments.
+// benchSchemas are typical tool schemas with typical arguments (copies of
+// catalog_search's and send_email's: this package cannot import theirs).
 var benchSchemas = []struct{ name, schema, args string }{
-	{"catalog", catalogSchema, `{"query":"wireless headphones","limit":5}`},
+	{"catalog", `{
+  "type": "object",
+  "properties": {
+    "query": {"type": "string", "minLength": 1, "maxLength": 200, "description": "Words to look for in product names, descriptions and tags."},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 20, "description": "Most matches to return (default 5)."}
+  },
+  "required": ["query"],
+  "additionalProperties": false
+}`, `{"query":"wireless headphones","limit":5}`},
 	{"email", `{
   "type": "object",
   "properties": {
@@ -467,7 +478,7 @@ var benchSchemas = []struct{ name, schema, args string }{
 
 func BenchmarkSchemaValidate(b *testing.B) {
 	for _, bs := range benchSchemas {
-		s := MustCompileSchema(bs.schema)
+		s := MustCompile(bs.schema)
 		args := json.RawMessage(bs.args)
 		b.Run(bs.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -483,6 +494,6 @@ func BenchmarkSchemaValidate(b *testing.B) {
 func BenchmarkSchemaCompile(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		MustCompileSchema(testSchema)
+		MustCompile(testSchema)
 	}
 }

@@ -1,4 +1,9 @@
-package tools
+// Package catalog owns the built-in demo tool catalog_search (contract
+// idempotent) and the product catalog it searches, which ships in the
+// binary as catalog.json. Search ranks the catalog against a query; Tool
+// (New) is the tool, with a configurable latency standing for an external
+// system's so that cancelling a search in flight can be tried.
+package catalog
 
 import (
 	"context"
@@ -11,6 +16,9 @@ import (
 	"sync"
 	"time"
 	"unicode"
+
+	"github.com/honestcancel/gateway/tools"
+	"github.com/honestcancel/gateway/tools/schema"
 )
 
 //go:embed catalog.json
@@ -57,8 +65,8 @@ func loadCatalog() ([]indexedProduct, error) {
 	return out, nil
 }
 
-// Catalog returns the built-in catalog, ordered by SKU.
-func Catalog() []Product {
+// Products returns the built-in catalog, ordered by SKU.
+func Products() []Product {
 	ips, err := catalogOnce()
 	if err != nil {
 		panic(err) // the file ships with the binary; tests load it
@@ -96,50 +104,50 @@ const catalogSchema = `{
   "additionalProperties": false
 }`
 
-// DefaultCatalogLimit is the number of matches when "limit" is absent.
-const DefaultCatalogLimit = 5
+// DefaultLimit is the number of matches when "limit" is absent.
+const DefaultLimit = 5
 
-// CatalogSearch is the catalog_search tool (contract idempotent): it finds
+// Tool is the catalog_search tool (contract idempotent): it finds
 // products of the built-in catalog. The same arguments always give the same
 // result.
-type CatalogSearch struct {
-	*SchemaTool
+type Tool struct {
+	*schema.Tool
 	latency time.Duration
 }
 
-var _ Runner = (*CatalogSearch)(nil)
+var _ tools.Runner = (*Tool)(nil)
 
-// NewCatalogSearch returns the tool; every Run takes latency (0 for none)
+// New returns the tool; every Run takes latency (0 for none)
 // before answering, so cancelling a search in flight can be tried.
-func NewCatalogSearch(latency time.Duration) *CatalogSearch {
-	return &CatalogSearch{
-		SchemaTool: MustSchemaTool(Spec{
+func New(latency time.Duration) *Tool {
+	return &Tool{
+		Tool: schema.MustTool(tools.Spec{
 			Name:        "catalog_search",
 			Description: "Search the product catalog. Returns matching products with SKU, name and price in EUR.",
-			Contract:    Idempotent,
+			Contract:    tools.Idempotent,
 		}, catalogSchema),
 		latency: latency,
 	}
 }
 
-// CatalogMatch is one product in a catalog_search result.
-type CatalogMatch struct {
+// Match is one product in a catalog_search result.
+type Match struct {
 	SKU      string      `json:"sku"`
 	Name     string      `json:"name"`
 	Price    json.Number `json:"price"` // two decimals, e.g. 129.90
 	Currency string      `json:"currency"`
 }
 
-// CatalogResult is the result of catalog_search.
-type CatalogResult struct {
-	Matches []CatalogMatch `json:"matches"`
-	Query   string         `json:"query"`
+// Result is the result of catalog_search.
+type Result struct {
+	Matches []Match `json:"matches"`
+	Query   string  `json:"query"`
 }
 
-// Run implements Runner. It waits the configured latency (returning
+// Run implements tools.Runner. It waits the configured latency (returning
 // ctx.Err() at once if ctx ends first) and then answers; key is unused
 // because the answer depends on args alone.
-func (c *CatalogSearch) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
+func (c *Tool) Run(ctx context.Context, key string, args json.RawMessage) (json.RawMessage, error) {
 	norm, err := c.Validate(args)
 	if err != nil {
 		return nil, err
@@ -149,32 +157,32 @@ func (c *CatalogSearch) Run(ctx context.Context, key string, args json.RawMessag
 		Limit *int   `json:"limit"`
 	}
 	if err := json.Unmarshal(norm, &a); err != nil {
-		return nil, &InvalidArgs{Reason: err.Error()}
+		return nil, &tools.InvalidArgs{Reason: err.Error()}
 	}
-	limit := DefaultCatalogLimit
+	limit := DefaultLimit
 	if a.Limit != nil {
 		limit = *a.Limit
 	}
-	if err := Wait(ctx, c.latency); err != nil {
+	if err := tools.Wait(ctx, c.latency); err != nil {
 		return nil, err
 	}
-	res, err := SearchCatalog(a.Query, limit)
+	res, err := Search(a.Query, limit)
 	if err != nil {
 		return nil, err
 	}
-	return Compact(res)
+	return schema.Compact(res)
 }
 
-// SearchCatalog ranks the catalog against query: each distinct query word
+// Search ranks the catalog against query: each distinct query word
 // scores 3 if it is a word of the name, else 2 if of a tag, else 1 if of
 // the description. Products scoring 0 are left out; higher scores come
 // first, equal scores by SKU. At most limit matches are returned.
-func SearchCatalog(query string, limit int) (CatalogResult, error) {
+func Search(query string, limit int) (Result, error) {
 	ips, err := catalogOnce()
 	if err != nil {
-		return CatalogResult{}, err
+		return Result{}, err
 	}
-	res := CatalogResult{Matches: []CatalogMatch{}, Query: query}
+	res := Result{Matches: []Match{}, Query: query}
 	qs := tokenSet(query)
 	if len(qs) == 0 || limit <= 0 {
 		return res, nil
@@ -211,7 +219,7 @@ func SearchCatalog(query string, limit int) (CatalogResult, error) {
 		hits = hits[:limit]
 	}
 	for _, h := range hits {
-		res.Matches = append(res.Matches, CatalogMatch{
+		res.Matches = append(res.Matches, Match{
 			SKU:      h.ip.SKU,
 			Name:     h.ip.Name,
 			Price:    json.Number(strconv.FormatFloat(h.ip.Price, 'f', 2, 64)),
@@ -219,23 +227,4 @@ func SearchCatalog(query string, limit int) (CatalogResult, error) {
 		})
 	}
 	return res, nil
-}
-
-// Wait sleeps d or until ctx ends, whichever is first: the latency of a
-// simulated external system (the catalog, the email provider).
-func Wait(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -1,4 +1,4 @@
-package tools
+package catalog
 
 import (
 	"context"
@@ -7,10 +7,12 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/honestcancel/gateway/tools"
 )
 
 func TestCatalogLoads(t *testing.T) {
-	ps := Catalog()
+	ps := Products()
 	if len(ps) < 30 {
 		t.Fatalf("catalog has %d products", len(ps))
 	}
@@ -24,20 +26,20 @@ func TestCatalogLoads(t *testing.T) {
 	}
 }
 
-func runCatalog(t *testing.T, c *CatalogSearch, args string) CatalogResult {
+func runCatalog(t *testing.T, c *Tool, args string) Result {
 	t.Helper()
 	out, err := c.Run(context.Background(), "op_1", json.RawMessage(args))
 	if err != nil {
 		t.Fatalf("Run(%s): %v", args, err)
 	}
-	var res CatalogResult
+	var res Result
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("result %s: %v", out, err)
 	}
 	return res
 }
 
-func skus(r CatalogResult) []string {
+func skus(r Result) []string {
 	var out []string
 	for _, m := range r.Matches {
 		out = append(out, m.SKU)
@@ -46,7 +48,7 @@ func skus(r CatalogResult) []string {
 }
 
 func TestCatalogRanking(t *testing.T) {
-	c := NewCatalogSearch(0)
+	c := New(0)
 	// TECH-001: "headphones" in the name (3) + "wireless" a tag (2) = 5;
 	// TECH-002 and TECH-005: "wireless" in the name (3), tie broken by sku;
 	// TECH-003: "wireless" a tag (2).
@@ -82,15 +84,15 @@ func TestCatalogRanking(t *testing.T) {
 }
 
 func TestCatalogLimit(t *testing.T) {
-	c := NewCatalogSearch(0)
-	if got := len(runCatalog(t, c, `{"query":"outdoor"}`).Matches); got != DefaultCatalogLimit {
+	c := New(0)
+	if got := len(runCatalog(t, c, `{"query":"outdoor"}`).Matches); got != DefaultLimit {
 		t.Errorf("default limit: %d matches", got)
 	}
 	if got := len(runCatalog(t, c, `{"query":"outdoor","limit":2}`).Matches); got != 2 {
 		t.Errorf("limit 2: %d matches", got)
 	}
 	all := runCatalog(t, c, `{"query":"outdoor","limit":20}`)
-	if len(all.Matches) <= DefaultCatalogLimit {
+	if len(all.Matches) <= DefaultLimit {
 		t.Fatalf("only %d outdoor products", len(all.Matches))
 	}
 	// A smaller limit is a prefix of a larger one.
@@ -100,7 +102,7 @@ func TestCatalogLimit(t *testing.T) {
 	}
 	for _, bad := range []string{`{"query":"x","limit":0}`, `{"query":"x","limit":21}`, `{"query":""}`, `{"limit":3}`, `{"query":"x","sort":"price"}`} {
 		_, err := c.Run(context.Background(), "k", json.RawMessage(bad))
-		var ia *InvalidArgs
+		var ia *tools.InvalidArgs
 		if !errors.As(err, &ia) {
 			t.Errorf("Run(%s): err = %v, want *InvalidArgs", bad, err)
 		}
@@ -108,7 +110,7 @@ func TestCatalogLimit(t *testing.T) {
 }
 
 func TestCatalogEmpty(t *testing.T) {
-	c := NewCatalogSearch(0)
+	c := New(0)
 	for _, q := range []string{"submarine periscope", "!!!", " "} {
 		out, err := c.Run(context.Background(), "k", json.RawMessage(`{"query":"`+q+`"}`))
 		if err != nil {
@@ -122,7 +124,7 @@ func TestCatalogEmpty(t *testing.T) {
 }
 
 func TestCatalogCancel(t *testing.T) {
-	c := NewCatalogSearch(10 * time.Second)
+	c := New(10 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	start := time.Now()
@@ -136,7 +138,7 @@ func TestCatalogCancel(t *testing.T) {
 }
 
 func TestCatalogLatency(t *testing.T) {
-	c := NewCatalogSearch(80 * time.Millisecond)
+	c := New(80 * time.Millisecond)
 	start := time.Now()
 	runCatalog(t, c, `{"query":"coffee"}`)
 	if d := time.Since(start); d < 80*time.Millisecond {
