@@ -342,6 +342,26 @@ func (h *harness) requireUnchanged(snap chat.Snapshot) {
 	}
 }
 
+// requireOnlyDeltas is requireUnchanged for a thread whose run streams
+// meanwhile: its version, head and messages are as in snap, and every
+// event after snap's last seq is a delta (read on s, the thread's stream,
+// up to the thread's last seq now).
+func (h *harness) requireOnlyDeltas(snap chat.Snapshot, s *sseStream) {
+	h.t.Helper()
+	now := h.snapshot(snap.ThreadID)
+	if now.StateVersion != snap.StateVersion || now.HeadCheckpointID != snap.HeadCheckpointID ||
+		len(now.Messages) != len(snap.Messages) {
+		h.t.Errorf("thread %s changed: v%d head %s -> v%d head %s", snap.ThreadID,
+			snap.StateVersion, snap.HeadCheckpointID, now.StateVersion, now.HeadCheckpointID)
+	}
+	s.catchUp(now.LastSeq)
+	for _, e := range s.events {
+		if e.Seq > snap.LastSeq && e.Seq <= now.LastSeq && e.Type != chat.EventMessageDelta {
+			h.t.Errorf("thread %s: %s at seq %d, where only deltas were expected", snap.ThreadID, e.Type, e.Seq)
+		}
+	}
+}
+
 // runUntilDeltas creates a thread, opens its event stream from seq 0,
 // starts a run on it with userMessage and returns once the stream has
 // delivered n of the run's deltas, with those deltas.
