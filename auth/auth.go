@@ -361,8 +361,7 @@ func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 		return chat.Principal{}, chat.Errorf(
 			chat.CodeInvalidRequest,
 			"the request carries %d %s headers: the proxy must name exactly one user (and drop the client's own)",
-			len(values),
-			a.cfg.ProxyHeader,
+			len(values), a.cfg.ProxyHeader,
 		)
 	case len(values) == 1 && strings.Contains(values[0], ","):
 		return chat.Principal{}, chat.Errorf(
@@ -384,8 +383,7 @@ func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 		return chat.Principal{}, chat.Errorf(
 			chat.CodeForbidden,
 			"the proxy's %s is not a usable user name: %v",
-			a.cfg.ProxyHeader,
-			err,
+			a.cfg.ProxyHeader, err,
 		)
 	}
 	if Reserved(name) {
