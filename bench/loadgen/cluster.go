@@ -54,9 +54,7 @@ func newSchema(ctx context.Context, base string) (dsn, schema string, drop func(
 		admin.Close()
 		return "", "", nil, fmt.Errorf(
 			"create schema %s in %s: %w (is PostgreSQL running, and may this user create schemas?)",
-			schema,
-			redactDB(base),
-			err,
+			schema, redactDB(base), err,
 		)
 	}
 	drop = func() error {
@@ -174,9 +172,7 @@ func (p *clusterPhase) setup(ctx context.Context, threads, tabsPer int) error {
 	}
 	p.r.logf(
 		"cluster: %d tabs over %d threads and 2 instances subscribed in %.1fs",
-		threads*tabsPer,
-		threads,
-		time.Since(began).Seconds(),
+		threads*tabsPer, threads, time.Since(began).Seconds(),
 	)
 	return nil
 }
@@ -315,13 +311,7 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		"%d concurrent runs at %s a word on 2 instances (%s; one PostgreSQL schema, NATS), "+
 			"%d tabs each alternating over them; each run cancelled at a random moment (0–%s after its first delta) "+
 			"from %s, then the next started; %s measured after %s warm-up",
-		c.ClusterRuns,
-		c.Pace,
-		strings.Join(clusterIDs, ", "),
-		c.ClusterTabs,
-		maxDelay,
-		where,
-		c.ClusterWindow,
+		c.ClusterRuns, c.Pace, strings.Join(clusterIDs, ", "), c.ClusterTabs, maxDelay, where, c.ClusterWindow,
 		c.Warmup,
 	)
 	dsn, schema, drop, err := newSchema(ctx, c.Postgres)

@@ -119,12 +119,10 @@ func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error
 // cancel's own transaction.
 func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
 	return gaps(
-		ctx,
-		db,
+		ctx, db,
 		`SELECT c.ts - r.ts FROM events r JOIN events c ON c.run_id = r.run_id AND c.type = 'run.cancelled'
 		WHERE r.type = 'run.cancel_requested' AND r.ts >= ? AND r.ts < ?`,
-		from,
-		to,
+		from, to,
 	)
 }
 
@@ -152,8 +150,7 @@ func firstDeltaRuns(ctx context.Context, db string, from, to int64) ([]runGap, e
 	defer conn.Close()
 	query := strings.ReplaceAll(
 		`SELECT e.run_id, f.first_ts - e.ts `+firstDeltaFrom,
-		"{stream}",
-		streamTable(ctx, conn),
+		"{stream}", streamTable(ctx, conn),
 	)
 	rows, err := conn.QueryContext(ctx, rebind(db, query), from, to)
 	if err != nil {

@@ -161,9 +161,7 @@ func floorPayload(topic string, seq, ts int64, size int) []byte {
 	head := fmt.Sprintf(
 		`{"type":"message.delta","thread_id":%q,"seq":%d,"ts":%d,`+
 			`"run_id":"run_floor0000000000000000","message_id":"msg_floor0000000000000000","text":"`,
-		topic,
-		seq,
-		ts,
+		topic, seq, ts,
 	)
 	const tail = `"}`
 	pad := max(size-len(head)-len(tail), 1)

@@ -20,9 +20,7 @@ const maxRunsPerThread = 100_000
 func longMessage(scenario string, thread, i int) string {
 	return fmt.Sprintf(
 		"Explain goroutines, channels and backpressure for the %s benchmark, thread %d, round %d",
-		scenario,
-		thread,
-		i,
+		scenario, thread, i,
 	)
 }
 
@@ -116,9 +114,7 @@ func (th *gwThread) neverStarted(s started, pace time.Duration) {
 		kind,
 		fmt.Sprintf(
 			"%s: no delta within %s of its ack (queue_position %d)",
-			s.runID,
-			th.startLimit(s, pace),
-			s.position,
+			s.runID, th.startLimit(s, pace), s.position,
 		),
 	)
 }

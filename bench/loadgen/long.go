@@ -36,9 +36,7 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	s.Shape = fmt.Sprintf(
 		"one thread, one tab, %d exchanges one after another (run.start with a short message, "+
 			"wait for run.completed, the next; starts at least %s apart), the demo model at %s a word",
-		n,
-		longStartEvery,
-		c.LongPace,
+		n, longStartEvery, c.LongPace,
 	)
 	p := r.startSetUp(ctx, &s, "long", c.LongPace, 1+16, 1, 1, false)
 	if p == nil {

@@ -122,10 +122,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintf(
 		&b,
 		"gateway benchmark — %s — %d CPUs (%s), %s\n",
-		r.Date,
-		r.Machine.CPUs,
-		r.Machine.Model,
-		r.Machine.GoVersion,
+		r.Date, r.Machine.CPUs, r.Machine.Model, r.Machine.GoVersion,
 	)
 	for _, s := range r.Scenarios {
 		if s.Skipped != "" {
@@ -146,12 +143,7 @@ func WriteTable(w io.Writer, r *Report) error {
 			fmt.Fprintf(
 				tw,
 				"   %s (%s)\t%s\t%s\t%s\t%s\n",
-				m.Name,
-				m.Unit,
-				formatNumber(m.Gateway),
-				floor,
-				formatRatio(m.Ratio),
-				m.Target,
+				m.Name, m.Unit, formatNumber(m.Gateway), floor, formatRatio(m.Ratio), m.Target,
 			)
 		}
 		if err := tw.Flush(); err != nil {
@@ -181,10 +173,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintf(
 		&b,
 		"\n%s: %d protocol errors, checks ok: %v, %.0fs in all\n",
-		verdict,
-		r.ProtocolErrors,
-		r.ChecksOK,
-		r.DurationSeconds,
+		verdict, r.ProtocolErrors, r.ChecksOK, r.DurationSeconds,
 	)
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -422,10 +422,7 @@ func (p *gwPhase) connectTabs(ctx context.Context, tabsPer int, notesAll bool) e
 	}
 	p.r.logf(
 		"%s: %d tabs over %d threads subscribed in %.1fs",
-		p.env.scenario,
-		len(p.threads)*tabsPer,
-		len(p.threads),
-		time.Since(began).Seconds(),
+		p.env.scenario, len(p.threads)*tabsPer, len(p.threads), time.Since(began).Seconds(),
 	)
 	return nil
 }

@@ -24,9 +24,7 @@ func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
 	n := per * c.IdleThreads
 	s.Shape = fmt.Sprintf(
 		"%d tabs over %d threads (%d each), connected and subscribed, no traffic",
-		n,
-		c.IdleThreads,
-		per,
+		n, c.IdleThreads, per,
 	)
 	gw0, gw1, fl0, fl1 := nan, nan, nan, nan
 	var gwConnect, flConnect float64 = nan, nan
@@ -303,9 +301,7 @@ func (r *runner) fanoutFloor(ctx context.Context, s *ScenarioReport) *fanFigures
 	}
 	r.logf(
 		"fanout: floor publishing every %s per topic, %d-byte messages; warming up %s",
-		interval.Round(time.Microsecond),
-		size,
-		c.Warmup,
+		interval.Round(time.Microsecond), size, c.Warmup,
 	)
 	sleep(ctx, c.Warmup)
 	r.logf("fanout: floor measuring %s", c.Window)
@@ -367,12 +363,7 @@ func (r *runner) fanout(ctx context.Context) (s ScenarioReport) {
 	s.Shape = fmt.Sprintf(
 		"%d threads × %d tabs, one run streaming per thread at %s a word, %s measured after %s warm-up, "+
 			"%.0f%% of tabs reconnect once",
-		c.FanoutThreads,
-		c.FanoutTabs,
-		c.Pace,
-		c.Window,
-		c.Warmup,
-		100*c.ReconnectFraction,
+		c.FanoutThreads, c.FanoutTabs, c.Pace, c.Window, c.Warmup, 100*c.ReconnectFraction,
 	)
 	gw := r.fanoutGateway(ctx, &s)
 	if gw != nil && gw.deltaRate > 0 {
@@ -423,12 +414,7 @@ func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	s.Shape = fmt.Sprintf(
 		"%d concurrent runs at %s a word, %d tabs each; each run cancelled at a random moment "+
 			"(0–%s after its first delta) from a random tab, then the next started; %s measured after %s warm-up",
-		c.CancelRuns,
-		c.Pace,
-		c.CancelTabs,
-		maxDelay,
-		c.CancelWindow,
-		c.Warmup,
+		c.CancelRuns, c.Pace, c.CancelTabs, maxDelay, c.CancelWindow, c.Warmup,
 	)
 	p := r.startSetUp(ctx, &s, "cancel", c.Pace, c.CancelRuns+16, c.CancelRuns, c.CancelTabs, true)
 	if p == nil {
@@ -552,15 +538,8 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 			"%d of the threads cancel each run at a random moment (0–%s after its first delta, or, "+
 			"for half of the queued runs, after its ack) from a random tab, the others stream back to back; "+
 			"%s measured after %s warm-up",
-		c.ScaleRuns,
-		c.ScalePace,
-		c.ScaleTabs,
-		float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(),
-		capacity,
-		cancellers,
-		maxDelay,
-		c.ScaleWindow,
-		c.Warmup,
+		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), capacity,
+		cancellers, maxDelay, c.ScaleWindow, c.Warmup,
 	)
 	p, err := r.startGateway("scale", c.ScalePace, c.ScaleCapacity)
 	if err != nil {
