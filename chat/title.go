@@ -35,9 +35,7 @@ func CheckTitle(field, title string) error {
 		return Invalid(
 			"%s contains the control character %U at byte %d: a title is one line of plain text (no line breaks, "+
 				"tabs, escape sequences or bidirectional overrides)",
-			field,
-			r,
-			i,
+			field, r, i,
 		)
 	}
 	return nil
