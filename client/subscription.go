@@ -264,9 +264,7 @@ func (s *Subscription) offer(ev Event, leaving bool) (last bool) {
 		st.note(
 			&st.lagged,
 			"subscription of %s: %d events unread; resuming from %d once read",
-			s.thread,
-			s.limit,
-			s.pos,
+			s.thread, s.limit, s.pos,
 		)
 		s.lagging = true
 		return false
