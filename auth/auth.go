@@ -146,7 +146,11 @@ func New(cfg Config) (*Authenticator, error) {
 	case ModeNone, ModePassword:
 	case ModeHeader:
 		if len(cfg.TrustedProxies) == 0 {
-			return nil, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", cfg.ProxyHeader)
+			return nil, fmt.Errorf(
+				"-auth header needs -trusted-proxies: the addresses of the proxy that sets %s "+
+					"(anyone else could set it too)",
+				cfg.ProxyHeader,
+			)
 		}
 	default:
 		return nil, fmt.Errorf("unknown auth mode %q", cfg.Mode)
@@ -157,8 +161,13 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Authenticator{cfg: cfg, limiter: newLimiter(cfg.Limiter), compare: bcrypt.CompareHashAndPassword, log: cfg.Log,
-		checked: newCredCache(cfg.CredentialCache, cfg.CredentialCacheEntries)}
+	a := &Authenticator{
+		cfg:     cfg,
+		limiter: newLimiter(cfg.Limiter),
+		compare: bcrypt.CompareHashAndPassword,
+		log:     cfg.Log,
+		checked: newCredCache(cfg.CredentialCache, cfg.CredentialCacheEntries),
+	}
 	a.hashing = make(chan struct{}, a.limiter.cfg.Hashing)
 	if cfg.Mode == ModePassword { // only SignIn compares against it
 		dummy, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cfg.BcryptCost)
@@ -185,7 +194,10 @@ func (a *Authenticator) Authenticate(r *http.Request) (chat.Principal, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, token, _ := strings.Cut(h, " ")
 		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-			return chat.Principal{}, a.unauthorized("the Authorization header must be \"Bearer <token>\": create a token with `gateway token create -user NAME`")
+			return chat.Principal{}, a.unauthorized(
+				"the Authorization header must be \"Bearer <token>\": " +
+					"create a token with `gateway token create -user NAME`",
+			)
 		}
 		return a.token(r.Context(), strings.TrimSpace(token))
 	}
@@ -279,17 +291,27 @@ func (a *Authenticator) sessionCookie(r *http.Request) (*http.Cookie, error) {
 func (a *Authenticator) session(r *http.Request) (chat.Principal, error) {
 	c, err := a.sessionCookie(r)
 	if err != nil || c.Value == "" {
-		return chat.Principal{}, a.unauthorized("sign in at /login, or send Authorization: Bearer <token> (create one with `gateway token create -user NAME`)")
+		return chat.Principal{}, a.unauthorized(
+			"sign in at /login, or send Authorization: Bearer <token> " +
+				"(create one with `gateway token create -user NAME`)",
+		)
 	}
 	hash := hashSecret(c.Value)
 	u, _, err := a.cfg.Store.SessionUntil(r.Context(), hash, a.cfg.Now())
 	if chat.ErrorCode(err) == chat.CodeNotFound {
-		return chat.Principal{}, a.unauthorized("your session ended (signed out, expired or password changed): sign in again at /login")
+		return chat.Principal{}, a.unauthorized(
+			"your session ended (signed out, expired or password changed): sign in again at /login",
+		)
 	}
 	if err != nil {
 		return chat.Principal{}, err
 	}
-	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthSession, Credential: sessionCredential(hash)}, nil
+	return chat.Principal{
+		UserID:     u.UserID,
+		Name:       u.Name,
+		Method:     chat.AuthSession,
+		Credential: sessionCredential(hash),
+	}, nil
 }
 
 // sessionCredential is a session's chat.Principal.Credential.
@@ -298,24 +320,37 @@ func sessionCredential(hash string) string { return chat.AuthSession + ":" + has
 func (a *Authenticator) token(ctx context.Context, token string) (chat.Principal, error) {
 	id, secret, ok := strings.Cut(token, ".")
 	if !ok || !strings.HasPrefix(id, chat.PrefixToken) || secret == "" {
-		return chat.Principal{}, a.unauthorized("malformed bearer token: it looks like tok_….…; create one with `gateway token create -user NAME`")
+		return chat.Principal{}, a.unauthorized(
+			"malformed bearer token: it looks like tok_….…; create one with `gateway token create -user NAME`",
+		)
 	}
 	u, want, _, err := a.cfg.Store.TokenUntil(ctx, id, a.cfg.Now())
 	if chat.ErrorCode(err) == chat.CodeNotFound {
-		return chat.Principal{}, a.unauthorized("the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`")
+		return chat.Principal{}, a.unauthorized(
+			"the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`",
+		)
 	}
 	if err != nil {
 		return chat.Principal{}, err
 	}
 	if subtle.ConstantTimeCompare([]byte(hashSecret(secret)), []byte(want)) != 1 {
-		return chat.Principal{}, a.unauthorized("the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`")
+		return chat.Principal{}, a.unauthorized(
+			"the bearer token is unknown, revoked or expired: create a new one with `gateway token create -user NAME`",
+		)
 	}
-	return chat.Principal{UserID: u.UserID, Name: u.Name, Method: chat.AuthToken, Credential: chat.AuthToken + ":" + id}, nil
+	return chat.Principal{
+		UserID:     u.UserID,
+		Name:       u.Name,
+		Method:     chat.AuthToken,
+		Credential: chat.AuthToken + ":" + id,
+	}, nil
 }
 
 func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 	if !a.fromTrustedProxy(r) {
-		return chat.Principal{}, a.unauthorized("this server takes identities only from its reverse proxy: go through it, or use a bearer token")
+		return chat.Principal{}, a.unauthorized(
+			"this server takes identities only from its reverse proxy: go through it, or use a bearer token",
+		)
 	}
 	// Two header lines (Go keeps each as a value), or values joined by a
 	// comma (as HTTP lets a proxy merge them): which one the proxy meant
@@ -323,21 +358,44 @@ func (a *Authenticator) header(r *http.Request) (chat.Principal, error) {
 	// its own line ahead of the proxy's choose who it is.
 	switch values := r.Header.Values(a.cfg.ProxyHeader); {
 	case len(values) > 1:
-		return chat.Principal{}, chat.Errorf(chat.CodeInvalidRequest, "the request carries %d %s headers: the proxy must name exactly one user (and drop the client's own)", len(values), a.cfg.ProxyHeader)
+		return chat.Principal{}, chat.Errorf(
+			chat.CodeInvalidRequest,
+			"the request carries %d %s headers: the proxy must name exactly one user (and drop the client's own)",
+			len(values), a.cfg.ProxyHeader,
+		)
 	case len(values) == 1 && strings.Contains(values[0], ","):
-		return chat.Principal{}, chat.Errorf(chat.CodeInvalidRequest, "the %s header holds a comma-separated list: the proxy must name exactly one user (and drop the client's own)", a.cfg.ProxyHeader)
+		return chat.Principal{}, chat.Errorf(
+			chat.CodeInvalidRequest,
+			"the %s header holds a comma-separated list: the proxy must name exactly one user "+
+				"(and drop the client's own)",
+			a.cfg.ProxyHeader,
+		)
 	}
 	raw := r.Header.Get(a.cfg.ProxyHeader)
 	if raw == "" {
-		return chat.Principal{}, a.unauthorized("the proxy sent no %s header: sign in through the proxy", a.cfg.ProxyHeader)
+		return chat.Principal{}, a.unauthorized(
+			"the proxy sent no %s header: sign in through the proxy",
+			a.cfg.ProxyHeader,
+		)
 	}
 	name, err := NormalizeName(raw)
 	if err != nil {
-		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy's %s is not a usable user name: %v", a.cfg.ProxyHeader, err)
+		return chat.Principal{}, chat.Errorf(
+			chat.CodeForbidden,
+			"the proxy's %s is not a usable user name: %v",
+			a.cfg.ProxyHeader, err,
+		)
 	}
 	if Reserved(name) {
-		a.log.LogAttrs(r.Context(), slog.LevelWarn, AuditProxyNameRefused, slog.String("user", name),
-			slog.String("header", a.cfg.ProxyHeader), slog.String("addr", a.ClientIP(r)), slog.String("reason", "reserved_name"))
+		a.log.LogAttrs(
+			r.Context(),
+			slog.LevelWarn,
+			AuditProxyNameRefused,
+			slog.String("user", name),
+			slog.String("header", a.cfg.ProxyHeader),
+			slog.String("addr", a.ClientIP(r)),
+			slog.String("reason", "reserved_name"),
+		)
 		return chat.Principal{}, chat.Errorf(chat.CodeForbidden, "the proxy names the user %q in %s, "+
 			"a name reserved for the built-in user of -auth none: rename that user at the proxy "+
 			"(or map it to another name there)", name, a.cfg.ProxyHeader)

@@ -104,7 +104,8 @@ func (c *credCache) put(key string, gen uint64, checked, expires time.Time) {
 		return
 	}
 	// Make room: what expired at the front, then the oldest check.
-	for f := c.order.Front(); f != nil && (len(c.entries) >= c.limit || !checked.Before(f.Value.(*credEntry).until)); f = c.order.Front() {
+	for f := c.order.Front(); f != nil &&
+		(len(c.entries) >= c.limit || !checked.Before(f.Value.(*credEntry).until)); f = c.order.Front() {
 		c.removeLocked(f)
 	}
 	c.entries[key] = c.order.PushBack(&credEntry{key: key, until: until})

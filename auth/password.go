@@ -79,7 +79,11 @@ func HashPassword(password string, cost int) (string, error) {
 // outcome is written to the audit log (never the password).
 func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, password string) (chat.User, error) {
 	if a.cfg.Mode != ModePassword {
-		return chat.User{}, chat.Errorf(chat.CodeInvalidRequest, "this server signs users in through %s, not with a password", a.cfg.Mode)
+		return chat.User{}, chat.Errorf(
+			chat.CodeInvalidRequest,
+			"this server signs users in through %s, not with a password",
+			a.cfg.Mode,
+		)
 	}
 	now := a.cfg.Now()
 	addr := a.ClientIP(r)
@@ -120,7 +124,11 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 	default:
 		// Not checked, so not a failure: the charge is given back.
 		a.limiter.refund(t)
-		return refused("busy", chat.Errorf(chat.CodeRateLimited, "too many sign-ins at once: wait 1 s and try again").With("retry_after_seconds", 1))
+		return refused(
+			"busy",
+			chat.Errorf(chat.CodeRateLimited, "too many sign-ins at once: wait 1 s and try again").
+				With("retry_after_seconds", 1),
+		)
 	}
 	acct, reason, err := func() (*storedAccount, string, error) {
 		defer func() { <-a.hashing }()
@@ -256,7 +264,13 @@ type TokenStore interface {
 // CreateToken makes and stores a token for the account userName, valid for
 // ttl (0: until revoked), and returns it with the secret token string that
 // is shown once.
-func CreateToken(ctx context.Context, st TokenStore, userName, label string, ttl time.Duration, now time.Time) (chat.APIToken, string, error) {
+func CreateToken(
+	ctx context.Context,
+	st TokenStore,
+	userName, label string,
+	ttl time.Duration,
+	now time.Time,
+) (chat.APIToken, string, error) {
 	id, hash, token := NewToken()
 	tok := chat.APIToken{TokenID: id, Name: label}
 	if ttl > 0 {

@@ -79,7 +79,12 @@ func (b *NATS) Add(threadID string, sink Sink) {
 		<-wait // closed unless the first Add still reads the baseline
 		return
 	}
-	t = &threadState{sinks: map[Sink]struct{}{sink: {}}, baselining: true, ready: make(chan struct{}), pending: map[int64]*chat.Event{}}
+	t = &threadState{
+		sinks:      map[Sink]struct{}{sink: {}},
+		baselining: true,
+		ready:      make(chan struct{}),
+		pending:    map[int64]*chat.Event{},
+	}
 	b.threads[threadID] = t
 	b.mu.Unlock()
 
@@ -98,7 +103,11 @@ func (b *NATS) Add(threadID string, sink Sink) {
 		return // every sink went meanwhile
 	}
 	if err != nil {
-		b.log.Warn("read thread baseline failed: the first event will be the baseline", "thread_id", threadID, "err", err)
+		b.log.Warn(
+			"read thread baseline failed: the first event will be the baseline",
+			"thread_id", threadID,
+			"err", err,
+		)
 		if len(t.pending) > 0 {
 			t.based, t.last = true, minSeq(t.pending)-1
 			t.wake()
@@ -181,7 +190,12 @@ func (b *NATS) receiveLocked(ev *chat.Event) {
 		// first event on. The sinks see the gap and close their
 		// connections; the clients resync from the log by after_seq.
 		first := minSeq(t.pending)
-		b.log.Warn("too many events held behind a gap: delivering past it", "thread_id", ev.ThreadID, "missing_from", t.last+1, "missing_to", first-1)
+		b.log.Warn(
+			"too many events held behind a gap: delivering past it",
+			"thread_id", ev.ThreadID,
+			"missing_from", t.last+1,
+			"missing_to", first-1,
+		)
 		b.skipLocked(ev.ThreadID, t, first-1)
 		b.drainLocked(ev.ThreadID, t)
 		if b.threads[ev.ThreadID] == t && len(t.pending) > 0 {

@@ -118,7 +118,10 @@ func (b *NATS) publisher() {
 
 func (b *NATS) send(msgs []outMsg, dropped int) {
 	if dropped > 0 {
-		b.log.Warn("nats publish queue full: messages not sent (the other instances recover them from the log)", "dropped", dropped)
+		b.log.Warn(
+			"nats publish queue full: messages not sent (the other instances recover them from the log)",
+			"dropped", dropped,
+		)
 	}
 	var failed int
 	var last error

@@ -61,7 +61,13 @@ func (b *NATS) recover(threadID string, t *threadState) {
 			}
 			b.mu.Unlock()
 			if warn {
-				b.log.Warn("recover thread events from the log failed: the sweep retries (further failures within 5s are not logged)", "thread_id", threadID, "after_seq", after, "err", err)
+				b.log.Warn(
+					"recover thread events from the log failed: the sweep retries "+
+						"(further failures within 5s are not logged)",
+					"thread_id", threadID,
+					"after_seq", after,
+					"err", err,
+				)
 			}
 			return
 		}
@@ -124,7 +130,12 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 			if t.last < rep.LastSeq {
 				// Not held by the log and nothing after it yet: the next
 				// event shows the gap to the sinks.
-				b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", rep.LastSeq)
+				b.log.Warn(
+					"events missing from the log: delivering past them",
+					"thread_id", threadID,
+					"missing_from", t.last+1,
+					"missing_to", rep.LastSeq,
+				)
 				b.skipLocked(threadID, t, rep.LastSeq)
 			}
 			return
@@ -134,7 +145,12 @@ func (b *NATS) applyReplayLocked(threadID string, t *threadState, rep chat.Repla
 			t.again = true
 			return
 		}
-		b.log.Warn("events missing from the log: delivering past them", "thread_id", threadID, "missing_from", t.last+1, "missing_to", first-1)
+		b.log.Warn(
+			"events missing from the log: delivering past them",
+			"thread_id", threadID,
+			"missing_from", t.last+1,
+			"missing_to", first-1,
+		)
 		b.skipLocked(threadID, t, first-1)
 		if b.threads[threadID] != t {
 			return

@@ -75,7 +75,15 @@ type EventHeader struct {
 
 // Event returns the event of header h with body (Raw left empty).
 func (h EventHeader) Event(body any) Event {
-	return Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Body: body}
+	return Event{
+		Type:         h.Type,
+		ThreadID:     h.ThreadID,
+		Seq:          h.Seq,
+		TS:           h.TS,
+		StateVersion: h.StateVersion,
+		RunID:        h.RunID,
+		Body:         body,
+	}
 }
 
 // Encode fills Raw with the event's JSON: the common fields followed by the

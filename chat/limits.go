@@ -105,7 +105,9 @@ func firstError(errs ...error) error {
 // applied nothing sends 0).
 func CheckVersion(v int64) error {
 	if v < 0 {
-		return Invalid("expected_state_version must not be negative: send the state_version of the last event you applied")
+		return Invalid(
+			"expected_state_version must not be negative: send the state_version of the last event you applied",
+		)
 	}
 	return nil
 }
@@ -141,7 +143,11 @@ func (q StreamedTextQuery) Validate() error {
 
 // Validate checks draft.delete's fields.
 func (p DeleteDraft) Validate() error {
-	return firstError(CheckID("thread_id", p.ThreadID), CheckID("message_id", p.MessageID), CheckVersion(p.ExpectedStateVersion))
+	return firstError(
+		CheckID("thread_id", p.ThreadID),
+		CheckID("message_id", p.MessageID),
+		CheckVersion(p.ExpectedStateVersion),
+	)
 }
 
 // Validate checks thread.fork's fields.
@@ -151,7 +157,11 @@ func (p Fork) Validate() error {
 
 // Validate checks thread.checkout's fields.
 func (p Checkout) Validate() error {
-	return firstError(CheckID("thread_id", p.ThreadID), CheckID("checkpoint_id", p.CheckpointID), CheckVersion(p.ExpectedStateVersion))
+	return firstError(
+		CheckID("thread_id", p.ThreadID),
+		CheckID("checkpoint_id", p.CheckpointID),
+		CheckVersion(p.ExpectedStateVersion),
+	)
 }
 
 // Validate checks thread.delete's fields: the version is optional

@@ -32,7 +32,11 @@ func CheckTitle(field, title string) error {
 	}
 	if i := strings.IndexFunc(title, IsControl); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(title[i:])
-		return Invalid("%s contains the control character %U at byte %d: a title is one line of plain text (no line breaks, tabs, escape sequences or bidirectional overrides)", field, r, i)
+		return Invalid(
+			"%s contains the control character %U at byte %d: a title is one line of plain text (no line breaks, "+
+				"tabs, escape sequences or bidirectional overrides)",
+			field, r, i,
+		)
 	}
 	return nil
 }

@@ -456,13 +456,25 @@ func (c *Client) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStart
 // to resume from; run.cancelled follows on the thread's events once the
 // run stopped, with the receipt.
 func (c *Client) CancelRun(ctx context.Context, r CancelRunRequest) (chat.CancelAck, error) {
-	return callFor[chat.CancelAck](ctx, c, http.MethodPost, "/api/runs/"+esc(r.RunID)+"/cancel", cancelBody{Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion})
+	return callFor[chat.CancelAck](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/runs/"+esc(r.RunID)+"/cancel",
+		cancelBody{Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion},
+	)
 }
 
 // SaveFragment saves the streamed text of a message up to a delta seq as
 // a fragment message (POST /api/threads/{id}/fragments).
 func (c *Client) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.FragmentSaved, error) {
-	return callFor[chat.FragmentSaved](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/fragments", fragmentBody{MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion})
+	return callFor[chat.FragmentSaved](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/threads/"+esc(r.ThreadID)+"/fragments",
+		fragmentBody{MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion},
+	)
 }
 
 // StreamedText answers what SaveFragment would keep of a streamed message
@@ -471,7 +483,11 @@ func (c *Client) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.
 // with what was displayed before offering to save it. A *Error with code
 // fragment_unavailable says why the server does not hold it (its "cause"
 // field: server_stopped, expired).
-func (c *Client) StreamedText(ctx context.Context, threadID, messageID string, lastSeq int64) (chat.StreamedText, error) {
+func (c *Client) StreamedText(
+	ctx context.Context,
+	threadID, messageID string,
+	lastSeq int64,
+) (chat.StreamedText, error) {
 	var out chat.StreamedText
 	err := c.call(ctx, http.MethodGet, "/api/threads/"+esc(threadID)+"/streamed/"+esc(messageID),
 		url.Values{"last_seq": {strconv.FormatInt(lastSeq, 10)}}, nil, &out)
@@ -481,19 +497,37 @@ func (c *Client) StreamedText(ctx context.Context, threadID, messageID string, l
 // DeleteDraft removes a fragment from the thread's history (POST
 // /api/threads/{id}/drafts/{message_id}/delete).
 func (c *Client) DeleteDraft(ctx context.Context, r DeleteDraftRequest) (chat.DraftDeleted, error) {
-	return callFor[chat.DraftDeleted](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/drafts/"+esc(r.MessageID)+"/delete", draftBody{ExpectedStateVersion: r.ExpectedStateVersion})
+	return callFor[chat.DraftDeleted](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/threads/"+esc(r.ThreadID)+"/drafts/"+esc(r.MessageID)+"/delete",
+		draftBody{ExpectedStateVersion: r.ExpectedStateVersion},
+	)
 }
 
 // Fork copies a thread's state at one of its checkpoints into a new
 // thread (POST /api/threads/{id}/fork); the original is untouched.
 func (c *Client) Fork(ctx context.Context, threadID, fromCheckpointID string) (chat.ForkAck, error) {
-	return callFor[chat.ForkAck](ctx, c, http.MethodPost, "/api/threads/"+esc(threadID)+"/fork", forkBody{FromCheckpointID: fromCheckpointID})
+	return callFor[chat.ForkAck](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/threads/"+esc(threadID)+"/fork",
+		forkBody{FromCheckpointID: fromCheckpointID},
+	)
 }
 
 // Checkout moves a thread's head to another of its checkpoints (POST
 // /api/threads/{id}/head): switching branch.
 func (c *Client) Checkout(ctx context.Context, r CheckoutRequest) (chat.CheckoutAck, error) {
-	return callFor[chat.CheckoutAck](ctx, c, http.MethodPost, "/api/threads/"+esc(r.ThreadID)+"/head", checkoutBody{CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion})
+	return callFor[chat.CheckoutAck](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/threads/"+esc(r.ThreadID)+"/head",
+		checkoutBody{CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion},
+	)
 }
 
 // DeleteThread deletes a thread (DELETE /api/threads/{id}), cancelling
@@ -508,18 +542,32 @@ func (c *Client) DeleteThread(ctx context.Context, r DeleteThreadRequest) (chat.
 
 // ConfirmTool confirms a prepared consequential tool call (POST
 // /api/operations/{id}/confirm): its commit goes ahead.
-func (c *Client) ConfirmTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
+func (c *Client) ConfirmTool(
+	ctx context.Context,
+	operationID string,
+	expectedStateVersion int64,
+) (chat.ConfirmAck, error) {
 	return c.decide(ctx, "confirm", operationID, expectedStateVersion)
 }
 
 // RejectTool rejects a prepared consequential tool call (POST
 // /api/operations/{id}/reject): it is never made.
-func (c *Client) RejectTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
+func (c *Client) RejectTool(
+	ctx context.Context,
+	operationID string,
+	expectedStateVersion int64,
+) (chat.ConfirmAck, error) {
 	return c.decide(ctx, "reject", operationID, expectedStateVersion)
 }
 
 func (c *Client) decide(ctx context.Context, verb, operationID string, expected int64) (chat.ConfirmAck, error) {
-	return callFor[chat.ConfirmAck](ctx, c, http.MethodPost, "/api/operations/"+esc(operationID)+"/"+verb, decideBody{ExpectedStateVersion: expected})
+	return callFor[chat.ConfirmAck](
+		ctx,
+		c,
+		http.MethodPost,
+		"/api/operations/"+esc(operationID)+"/"+verb,
+		decideBody{ExpectedStateVersion: expected},
+	)
 }
 
 // callFor is c.call of a request whose answer is one T.

@@ -138,7 +138,12 @@ func (s *Stream) connect(ctx context.Context) error {
 		q.Set("after_seq", strconv.FormatInt(s.pos, 10))
 	}
 	cctx, end := context.WithCancel(s.ctx)
-	req, err := http.NewRequestWithContext(cctx, http.MethodGet, c.endpoint("/api/threads/"+esc(s.thread)+"/events", q), nil)
+	req, err := http.NewRequestWithContext(
+		cctx,
+		http.MethodGet,
+		c.endpoint("/api/threads/"+esc(s.thread)+"/events", q),
+		nil,
+	)
 	if err != nil {
 		end()
 		return fmt.Errorf("client: event stream: %w", err)

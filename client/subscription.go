@@ -261,7 +261,11 @@ func (s *Subscription) offer(ev Event, leaving bool) (last bool) {
 		return false
 	}
 	if len(s.queue)-s.head >= s.limit {
-		st.note(&st.lagged, "subscription of %s: %d events unread; resuming from %d once read", s.thread, s.limit, s.pos)
+		st.note(
+			&st.lagged,
+			"subscription of %s: %d events unread; resuming from %d once read",
+			s.thread, s.limit, s.pos,
+		)
 		s.lagging = true
 		return false
 	}

@@ -123,7 +123,15 @@ func decodeEventHead(raw []byte, h chat.EventHeader) (Event, error) {
 	if h.Type == "" || h.ThreadID == "" {
 		return Event{}, fmt.Errorf("client: event without type or thread_id: %.200s", raw)
 	}
-	ev := Event{Type: h.Type, ThreadID: h.ThreadID, Seq: h.Seq, TS: h.TS, StateVersion: h.StateVersion, RunID: h.RunID, Raw: raw}
+	ev := Event{
+		Type:         h.Type,
+		ThreadID:     h.ThreadID,
+		Seq:          h.Seq,
+		TS:           h.TS,
+		StateVersion: h.StateVersion,
+		RunID:        h.RunID,
+		Raw:          raw,
+	}
 	newBody, ok := eventBodies[h.Type]
 	if !ok {
 		return ev, nil

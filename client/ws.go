@@ -122,8 +122,10 @@ func (c *Client) Connect(ctx context.Context, o ConnOptions) (*Conn, error) {
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	conn := &Conn{cl: c, opts: o, ctx: cctx, cancel: cancel, done: make(chan struct{}),
-		bo:    backoff{min: c.minBackoff, max: c.maxBackoff},
-		ready: make(chan struct{}), pending: map[string]*pending{}, subs: map[string]*Subscription{}, leaving: map[string]int{}}
+		bo: backoff{min: c.minBackoff, max: c.maxBackoff},
+		ready: make(
+			chan struct{},
+		), pending: map[string]*pending{}, subs: map[string]*Subscription{}, leaving: map[string]int{}}
 	ws, err := conn.dial(ctx)
 	if err != nil {
 		cancel()
@@ -664,42 +666,103 @@ func (c *Conn) StartRun(ctx context.Context, r StartRunRequest) (chat.RunStartAc
 
 // CancelRun sends run.cancel, requested_by this tab (see Client.CancelRun).
 func (c *Conn) CancelRun(ctx context.Context, r CancelRunRequest) (chat.CancelAck, error) {
-	return doFor[chat.CancelAck](ctx, c, "run.cancel", cancelBody{RunID: r.RunID, Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion}, false)
+	return doFor[chat.CancelAck](
+		ctx,
+		c,
+		"run.cancel",
+		cancelBody{RunID: r.RunID, Reason: r.Reason, ExpectedStateVersion: r.ExpectedStateVersion},
+		false,
+	)
 }
 
 // SaveFragment sends fragment.save (see Client.SaveFragment).
 func (c *Conn) SaveFragment(ctx context.Context, r SaveFragmentRequest) (chat.FragmentSaved, error) {
-	return doFor[chat.FragmentSaved](ctx, c, "fragment.save", fragmentBody{ThreadID: r.ThreadID, MessageID: r.MessageID, LastSeq: r.LastSeq, ExpectedStateVersion: r.ExpectedStateVersion}, false)
+	return doFor[chat.FragmentSaved](
+		ctx,
+		c,
+		"fragment.save",
+		fragmentBody{
+			ThreadID:             r.ThreadID,
+			MessageID:            r.MessageID,
+			LastSeq:              r.LastSeq,
+			ExpectedStateVersion: r.ExpectedStateVersion,
+		},
+		false,
+	)
 }
 
 // DeleteDraft sends draft.delete (see Client.DeleteDraft).
 func (c *Conn) DeleteDraft(ctx context.Context, r DeleteDraftRequest) (chat.DraftDeleted, error) {
-	return doFor[chat.DraftDeleted](ctx, c, "draft.delete", draftBody{ThreadID: r.ThreadID, MessageID: r.MessageID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
+	return doFor[chat.DraftDeleted](
+		ctx,
+		c,
+		"draft.delete",
+		draftBody{ThreadID: r.ThreadID, MessageID: r.MessageID, ExpectedStateVersion: r.ExpectedStateVersion},
+		false,
+	)
 }
 
 // Fork sends thread.fork (see Client.Fork).
 func (c *Conn) Fork(ctx context.Context, threadID, fromCheckpointID string) (chat.ForkAck, error) {
-	return doFor[chat.ForkAck](ctx, c, "thread.fork", forkBody{ThreadID: threadID, FromCheckpointID: fromCheckpointID}, false)
+	return doFor[chat.ForkAck](
+		ctx,
+		c,
+		"thread.fork",
+		forkBody{ThreadID: threadID, FromCheckpointID: fromCheckpointID},
+		false,
+	)
 }
 
 // Checkout sends thread.checkout (see Client.Checkout).
 func (c *Conn) Checkout(ctx context.Context, r CheckoutRequest) (chat.CheckoutAck, error) {
-	return doFor[chat.CheckoutAck](ctx, c, "thread.checkout", checkoutBody{ThreadID: r.ThreadID, CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
+	return doFor[chat.CheckoutAck](
+		ctx,
+		c,
+		"thread.checkout",
+		checkoutBody{ThreadID: r.ThreadID, CheckpointID: r.CheckpointID, ExpectedStateVersion: r.ExpectedStateVersion},
+		false,
+	)
 }
 
 // DeleteThread sends thread.delete (see Client.DeleteThread).
 func (c *Conn) DeleteThread(ctx context.Context, r DeleteThreadRequest) (chat.ThreadDeletedAck, error) {
-	return doFor[chat.ThreadDeletedAck](ctx, c, "thread.delete", deleteThreadBody{ThreadID: r.ThreadID, ExpectedStateVersion: r.ExpectedStateVersion}, false)
+	return doFor[chat.ThreadDeletedAck](
+		ctx,
+		c,
+		"thread.delete",
+		deleteThreadBody{ThreadID: r.ThreadID, ExpectedStateVersion: r.ExpectedStateVersion},
+		false,
+	)
 }
 
 // ConfirmTool sends tool.confirm (see Client.ConfirmTool).
-func (c *Conn) ConfirmTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
-	return doFor[chat.ConfirmAck](ctx, c, "tool.confirm", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false)
+func (c *Conn) ConfirmTool(
+	ctx context.Context,
+	operationID string,
+	expectedStateVersion int64,
+) (chat.ConfirmAck, error) {
+	return doFor[chat.ConfirmAck](
+		ctx,
+		c,
+		"tool.confirm",
+		decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion},
+		false,
+	)
 }
 
 // RejectTool sends tool.reject (see Client.RejectTool).
-func (c *Conn) RejectTool(ctx context.Context, operationID string, expectedStateVersion int64) (chat.ConfirmAck, error) {
-	return doFor[chat.ConfirmAck](ctx, c, "tool.reject", decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion}, false)
+func (c *Conn) RejectTool(
+	ctx context.Context,
+	operationID string,
+	expectedStateVersion int64,
+) (chat.ConfirmAck, error) {
+	return doFor[chat.ConfirmAck](
+		ctx,
+		c,
+		"tool.reject",
+		decideBody{OperationID: operationID, ExpectedStateVersion: expectedStateVersion},
+		false,
+	)
 }
 
 // doFor is c.do of a command whose ack is one T.

@@ -120,19 +120,28 @@ func New() *Metrics {
 		bytesOut: f.counter("gateway_websocket_sent_bytes_total",
 			"Payload bytes of the WebSocket data frames sent."),
 		slowCloses: f.counterVec("gateway_websocket_slow_closes_total",
-			"WebSocket connections closed as slow consumers, by reason: queue_overflow (more than the queue bound waited, closed with 1013), stuck_write (one write blocked too long, dropped), missed_events (an event never reached the queue, closed with 1013).",
+			"WebSocket connections closed as slow consumers, by reason: "+
+				"queue_overflow (more than the queue bound waited, closed with 1013), "+
+				"stuck_write (one write blocked too long, dropped), "+
+				"missed_events (an event never reached the queue, closed with 1013).",
 			"reason", slowReasons),
 		sseSlow: f.counterVec("gateway_sse_slow_closes_total",
-			"Server-Sent Event streams ended as slow consumers, by reason: queue_overflow (fell more than the queue bound behind the live feed), stuck_write (one write blocked past the write deadline), missed_events (an event never reached the stream). The client reconnects with Last-Event-ID.",
+			"Server-Sent Event streams ended as slow consumers, by reason: "+
+				"queue_overflow (fell more than the queue bound behind the live feed), "+
+				"stuck_write (one write blocked past the write deadline), "+
+				"missed_events (an event never reached the stream). The client reconnects with Last-Event-ID.",
 			"reason", slowReasons),
 		refused: f.counterVec("gateway_connections_refused_total",
-			"WebSocket upgrades and event streams refused because their user already holds the most connections allowed (-max-conns-per-user), by transport.",
+			"WebSocket upgrades and event streams refused because their user already holds the most connections "+
+				"allowed (-max-conns-per-user), by transport.",
 			"transport", connTransports),
 		rateLimited: f.counterVec("gateway_rate_limited_total",
-			"Answers rate_limited, by the limit that gave them: user_commands, cancels (the cancel reserve), connection_commands, connections (as gateway_connections_refused_total), subscriptions.",
+			"Answers rate_limited, by the limit that gave them: user_commands, cancels (the cancel reserve), "+
+				"connection_commands, connections (as gateway_connections_refused_total), subscriptions.",
 			"kind", rateLimitKinds),
 		cancelAck: f.histogramVec("gateway_cancel_ack_seconds",
-			"Time from a cancel command's arrival to its ack: until the ack is queued for the connection's writer (websocket) or written to the response (http). Acks only, errors not.",
+			"Time from a cancel command's arrival to its ack: until the ack is queued for the connection's writer "+
+				"(websocket) or written to the response (http). Acks only, errors not.",
 			fastBuckets, "transport", cancelTransports),
 
 		runsStarted: f.counter("gateway_runs_started_total",
@@ -141,16 +150,20 @@ func New() *Metrics {
 			"Runs ended, by status: completed, failed, cancelled (run.completed, run.failed, run.cancelled committed).",
 			"status", finishStatuses),
 		runsExecuting: f.gauge("gateway_runs_executing",
-			"Runs this process's workers hold now: claimed and not yet completed, failed, cancelled, handed back or left waiting for a decision."),
+			"Runs this process's workers hold now: claimed and not yet completed, failed, cancelled, "+
+				"handed back or left waiting for a decision."),
 		runCapacity: f.gauge("gateway_run_capacity",
 			"Runs this process's workers may execute at once (-workers): its admission capacity."),
 		runsWaiting: f.gauge("gateway_runs_waiting",
-			"Runs queued and not yet claimed by any instance, as this process last counted them (after each claim pass): the runs waiting for a free slot, or for a moment for the next claim."),
+			"Runs queued and not yet claimed by any instance, as this process last counted them "+
+				"(after each claim pass): the runs waiting for a free slot, or for a moment for the next claim."),
 		firstToken: f.histogram("gateway_run_first_token_seconds",
-			"Time from a worker claiming a run to the model's first chunk (text or tool call); claims that start with a tool step are not measured.",
+			"Time from a worker claiming a run to the model's first chunk (text or tool call); "+
+				"claims that start with a tool step are not measured.",
 			slowBuckets),
 		cancelSettle: f.histogram("gateway_cancel_to_cancelled_seconds",
-			"Time from a cancel being accepted (the run's cancel_requested_at, millisecond resolution) to the commit of its run.cancelled, whichever worker or process finished it.",
+			"Time from a cancel being accepted (the run's cancel_requested_at, millisecond resolution) "+
+				"to the commit of its run.cancelled, whichever worker or process finished it.",
 			slowBuckets),
 		tokens: f.counterVec("gateway_model_tokens_total",
 			"Tokens model calls reported using, by kind: prompt or completion (only backends that report usage).",
@@ -158,20 +171,26 @@ func New() *Metrics {
 		deltas: f.counter("gateway_deltas_streamed_total",
 			"Text deltas written to the stream buffer and sent to subscribers (message.delta committed)."),
 		toolPhases: f.counterVec("gateway_tool_phase_transitions_total",
-			"Tool operations entering a phase (tool.prepared and tool.updated committed), by configured tool and phase.",
+			"Tool operations entering a phase (tool.prepared and tool.updated committed), "+
+				"by configured tool and phase.",
 			"tool", nil, "phase"),
 		toolOutcomes: f.counterVec("gateway_tool_operations_total",
-			"Tool operations that reached a final phase, by configured tool and outcome (completed, committed, failed, aborted, not_started, unknown).",
+			"Tool operations that reached a final phase, by configured tool and outcome (completed, committed, "+
+				"failed, aborted, not_started, unknown).",
 			"tool", nil, "outcome"),
 
 		txSeconds: f.histogramVec("gateway_store_transaction_seconds",
-			"Time one store transaction takes, from BEGIN to COMMIT or ROLLBACK, by kind: write (one group commit: the state changes and stream-buffer writes queued at the time, including handing their events to subscribers), read (a read transaction).",
+			"Time one store transaction takes, from BEGIN to COMMIT or ROLLBACK, by kind: write (one group commit: "+
+				"the state changes and stream-buffer writes queued at the time, "+
+				"including handing their events to subscribers), read (a read transaction).",
 			fastBuckets, "kind", txKinds),
 		groupSize: f.histogram("gateway_store_group_commit_requests",
 			"Stream-buffer writes (one batch of one run's deltas each) per group-commit transaction.",
 			[]float64{1, 2, 4, 8, 16, 32, 64, 128}),
 		streamBuffer: f.gauge("gateway_stream_buffer_deltas",
-			"Deltas held in the stream buffer now (deltas in stream_batches: counted at start, then kept up to date as batches commit and the purge removes them; deltas fanned out and not yet written are not counted)."),
+			"Deltas held in the stream buffer now (deltas in stream_batches: counted at start, "+
+				"then kept up to date as batches commit and the purge removes them; "+
+				"deltas fanned out and not yet written are not counted)."),
 	}
 	m.runsCompleted = m.runsFinished.WithLabelValues(string(chat.RunCompleted))
 	m.runsFailed = m.runsFinished.WithLabelValues(string(chat.RunFailed))
@@ -425,14 +444,52 @@ func (m *Metrics) WatchBus(counts func() BusCounts) {
 		name, help string
 		value      func(BusCounts) int64
 	}{
-		{"gateway_bus_recoveries_total", "Reads of the event log by the NATS bus to fill a gap in a thread's seqs (a message NATS lost, or an interleaving of two instances' commits).", func(b BusCounts) int64 { return b.Recoveries }},
-		{"gateway_bus_recovered_events_total", "Events the NATS bus took from the event log because NATS had not brought them.", func(b BusCounts) int64 { return b.Recovered }},
-		{"gateway_bus_skipped_events_total", "Events neither NATS nor the event log could give (purged): the tabs saw a gap and resynced. Should stay 0.", func(b BusCounts) int64 { return b.Skipped }},
-		{"gateway_bus_unsent_total", "Messages not handed to NATS (its queue was full or it refused them); other instances recover their events from the log.", func(b BusCounts) int64 { return b.Unsent }},
-		{"gateway_stream_yields_total", "Threads another instance streamed on that it handed over when this one had to write them (its pending deltas written first).", func(b BusCounts) int64 { return b.Yields }},
-		{"gateway_stream_yields_unanswered_total", "Requests to hand a thread over that the other instance did not answer in time (gone, stalled or cut off).", func(b BusCounts) int64 { return b.Unanswered }},
-		{"gateway_stream_written_past_total", "Another process's reserved seqs this instance recorded as lost and wrote past (after an unanswered request). Should stay 0 while every instance is healthy.", func(b BusCounts) int64 { return b.WrittenPast }},
-		{"gateway_stream_deltas_lost_total", "Deltas this instance fanned out and then dropped unwritten because another instance had written past them (tabs that saw them resync). Should stay 0 while every instance is healthy.", func(b BusCounts) int64 { return b.DeltasLost }},
+		{
+			"gateway_bus_recoveries_total",
+			"Reads of the event log by the NATS bus to fill a gap in a thread's seqs (a message NATS lost, " +
+				"or an interleaving of two instances' commits).",
+			func(b BusCounts) int64 { return b.Recoveries },
+		},
+		{
+			"gateway_bus_recovered_events_total",
+			"Events the NATS bus took from the event log because NATS had not brought them.",
+			func(b BusCounts) int64 { return b.Recovered },
+		},
+		{
+			"gateway_bus_skipped_events_total",
+			"Events neither NATS nor the event log could give (purged): " +
+				"the tabs saw a gap and resynced. Should stay 0.",
+			func(b BusCounts) int64 { return b.Skipped },
+		},
+		{
+			"gateway_bus_unsent_total",
+			"Messages not handed to NATS (its queue was full or it refused them); " +
+				"other instances recover their events from the log.",
+			func(b BusCounts) int64 { return b.Unsent },
+		},
+		{
+			"gateway_stream_yields_total",
+			"Threads another instance streamed on that it handed over when this one had to write them " +
+				"(its pending deltas written first).",
+			func(b BusCounts) int64 { return b.Yields },
+		},
+		{
+			"gateway_stream_yields_unanswered_total",
+			"Requests to hand a thread over that the other instance did not answer in time (gone, stalled or cut off).",
+			func(b BusCounts) int64 { return b.Unanswered },
+		},
+		{
+			"gateway_stream_written_past_total",
+			"Another process's reserved seqs this instance recorded as lost and wrote past " +
+				"(after an unanswered request). Should stay 0 while every instance is healthy.",
+			func(b BusCounts) int64 { return b.WrittenPast },
+		},
+		{
+			"gateway_stream_deltas_lost_total",
+			"Deltas this instance fanned out and then dropped unwritten because another instance had written past " +
+				"them (tabs that saw them resync). Should stay 0 while every instance is healthy.",
+			func(b BusCounts) int64 { return b.DeltasLost },
+		},
 	} {
 		value := c.value
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},

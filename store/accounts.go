@@ -49,7 +49,10 @@ func (a Accounts) CreateUser(ctx context.Context, name, passwordHash string) (ch
 		_, err := t.exec(`INSERT INTO users (user_id, name, created_at, password_hash) VALUES (?, ?, ?, ?)`,
 			r.UserID, r.Name, r.CreatedAt, r.PasswordHash)
 		if isUniqueViolation(err) {
-			return chat.Invalid("user %q already exists: pick another name, or change its password with `gateway user passwd %s`", name, name)
+			return chat.Invalid(
+				"user %q already exists: pick another name, or change its password with `gateway user passwd %s`",
+				name, name,
+			)
 		}
 		if err != nil {
 			return fmt.Errorf("create user: %w", err)
@@ -84,7 +87,11 @@ func (a Accounts) EnsureUser(ctx context.Context, name string) (chat.User, error
 func (a Accounts) UserByName(ctx context.Context, name string) (chat.User, string, error) {
 	s := a.s
 	var r userRow
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`), name)
+	err := s.reader.GetContext(
+		ctx, &r,
+		s.reader.Rebind(`SELECT `+userCols+` FROM users WHERE name = ? AND deleted_at IS NULL`),
+		name,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return chat.User{}, "", noUser(name)
 	}
@@ -98,7 +105,8 @@ func (a Accounts) UserByName(ctx context.Context, name string) (chat.User, strin
 func (a Accounts) Users(ctx context.Context) ([]chat.User, error) {
 	s := a.s
 	var rows []userRow
-	if err := s.reader.SelectContext(ctx, &rows, `SELECT `+userCols+` FROM users WHERE deleted_at IS NULL ORDER BY name`); err != nil {
+	if err := s.reader.SelectContext(ctx, &rows, `SELECT `+userCols+` FROM users WHERE deleted_at IS NULL
+		ORDER BY name`); err != nil {
 		return nil, fmt.Errorf("list users: %w", err)
 	}
 	out := make([]chat.User, len(rows))
@@ -142,7 +150,11 @@ func (a Accounts) ResetPassword(ctx context.Context, name, passwordHash string, 
 
 // revokeTokens revokes the live tokens of user id and says how many.
 func (t *txn) revokeTokens(id string) (int, error) {
-	res, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)`, ms(t.now), id, ms(t.now))
+	res, err := t.exec(
+		`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL AND (expires_at IS NULL
+			OR expires_at > ?)`,
+		ms(t.now), id, ms(t.now),
+	)
 	if err != nil {
 		return 0, fmt.Errorf("revoke tokens: %w", err)
 	}
@@ -183,7 +195,8 @@ func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
 	var ended int
 	err := a.writeForUser(ctx, name, func(t *txn, id string) error {
 		var live int
-		if err := t.get(&live, `SELECT COUNT(*) FROM sessions WHERE user_id = ? AND expires_at > ?`, id, ms(t.now)); err != nil {
+		if err := t.get(&live, `SELECT COUNT(*) FROM sessions WHERE user_id = ? AND expires_at > ?`,
+			id, ms(t.now)); err != nil {
 			return fmt.Errorf("count sessions: %w", err)
 		}
 		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
@@ -200,13 +213,15 @@ func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
 // them; its name is free for a new account, which does not see them.
 func (a Accounts) DeleteUser(ctx context.Context, name string) error {
 	return a.writeForUser(ctx, name, func(t *txn, id string) error {
-		if _, err := t.exec(`UPDATE users SET deleted_at = ?, password_hash = NULL WHERE user_id = ?`, ms(t.now), id); err != nil {
+		if _, err := t.exec(`UPDATE users SET deleted_at = ?, password_hash = NULL WHERE user_id = ?`,
+			ms(t.now), id); err != nil {
 			return fmt.Errorf("delete user: %w", err)
 		}
 		if _, err := t.exec(`DELETE FROM sessions WHERE user_id = ?`, id); err != nil {
 			return fmt.Errorf("end sessions: %w", err)
 		}
-		if _, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
+		if _, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL`,
+			ms(t.now), id); err != nil {
 			return fmt.Errorf("revoke tokens: %w", err)
 		}
 		return nil
@@ -267,9 +282,13 @@ func (a Accounts) SessionUntil(ctx context.Context, sessionHash string, now time
 		userRow
 		ExpiresAt int64 `db:"expires_at"`
 	}
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, s.expires_at
+	err := s.reader.GetContext(
+		ctx, &r,
+		s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, s.expires_at
 		FROM sessions s JOIN users u ON u.user_id = s.user_id
-		WHERE s.session_hash = ? AND s.expires_at > ? AND u.deleted_at IS NULL`), sessionHash, ms(now))
+		WHERE s.session_hash = ? AND s.expires_at > ? AND u.deleted_at IS NULL`),
+		sessionHash, ms(now),
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return chat.User{}, time.Time{}, chat.Errorf(chat.CodeNotFound, "no such session")
 	}
@@ -302,21 +321,34 @@ type tokenRow struct {
 }
 
 func (r tokenRow) token() chat.APIToken {
-	return chat.APIToken{TokenID: r.TokenID, UserID: r.UserID, UserName: r.UserName, Name: r.Name, CreatedAt: fromMS(r.CreatedAt),
-		ExpiresAt: fromNullMS(r.ExpiresAt), RevokedAt: fromNullMS(r.RevokedAt)}
+	return chat.APIToken{
+		TokenID:   r.TokenID,
+		UserID:    r.UserID,
+		UserName:  r.UserName,
+		Name:      r.Name,
+		CreatedAt: fromMS(r.CreatedAt),
+		ExpiresAt: fromNullMS(r.ExpiresAt),
+		RevokedAt: fromNullMS(r.RevokedAt),
+	}
 }
 
 // CreateToken stores an API token of the active account userName under the
 // hash of its secret. tok.TokenID must be set; a zero ExpiresAt never
 // expires.
-func (a Accounts) CreateToken(ctx context.Context, userName string, tok chat.APIToken, secretHash string) (chat.APIToken, error) {
+func (a Accounts) CreateToken(
+	ctx context.Context,
+	userName string,
+	tok chat.APIToken,
+	secretHash string,
+) (chat.APIToken, error) {
 	err := a.writeForUser(ctx, userName, func(t *txn, id string) error {
 		tok.UserID, tok.CreatedAt = id, t.now.Truncate(time.Millisecond).UTC()
 		var expires sql.NullInt64
 		if tok.ExpiresAt != nil {
 			expires = sql.NullInt64{Int64: ms(*tok.ExpiresAt), Valid: true}
 		}
-		if _, err := t.exec(`INSERT INTO api_tokens (token_id, user_id, name, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		if _, err := t.exec(`INSERT INTO api_tokens (token_id, user_id, name, secret_hash, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?)`,
 			tok.TokenID, id, tok.Name, secretHash, ms(t.now), expires); err != nil {
 			return fmt.Errorf("create token: %w", err)
 		}
@@ -341,9 +373,14 @@ func (a Accounts) TokenUntil(ctx context.Context, tokenID string, now time.Time)
 		SecretHash string        `db:"secret_hash"`
 		ExpiresAt  sql.NullInt64 `db:"expires_at"`
 	}
-	err := s.reader.GetContext(ctx, &r, s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, t.secret_hash, t.expires_at
+	err := s.reader.GetContext(
+		ctx, &r,
+		s.reader.Rebind(`SELECT u.user_id, u.name, u.created_at, u.password_hash, t.secret_hash, t.expires_at
 		FROM api_tokens t JOIN users u ON u.user_id = t.user_id
-		WHERE t.token_id = ? AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ?) AND u.deleted_at IS NULL`), tokenID, ms(now))
+		WHERE t.token_id = ? AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ?)
+		AND u.deleted_at IS NULL`),
+		tokenID, ms(now),
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return chat.User{}, "", time.Time{}, chat.Errorf(chat.CodeNotFound, "no such token")
 	}
@@ -361,7 +398,10 @@ func (a Accounts) TokenUntil(ctx context.Context, tokenID string, now time.Time)
 func (a Accounts) RevokeToken(ctx context.Context, tokenID string) error {
 	s := a.s
 	return s.write(ctx, func(t *txn) error {
-		res, err := t.exec(`UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE token_id = ?`, ms(t.now), tokenID)
+		res, err := t.exec(
+			`UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE token_id = ?`,
+			ms(t.now), tokenID,
+		)
 		if err != nil {
 			return fmt.Errorf("revoke token: %w", err)
 		}
@@ -384,7 +424,8 @@ func (a Accounts) Tokens(ctx context.Context, userName string) ([]chat.APIToken,
 		args = append(args, userName)
 	}
 	var rows []tokenRow
-	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(q+` ORDER BY t.created_at DESC, t.token_id DESC`), args...); err != nil {
+	if err := s.reader.SelectContext(ctx, &rows, s.reader.Rebind(q+` ORDER BY t.created_at DESC, t.token_id DESC`),
+		args...); err != nil {
 		return nil, fmt.Errorf("list tokens: %w", err)
 	}
 	out := make([]chat.APIToken, len(rows))

@@ -40,7 +40,11 @@ func (s *Store) QueueState(ctx context.Context, runID string) (position int, atS
 			UpdatedAt int64          `db:"updated_at"`
 			ThreadID  string         `db:"thread_id"`
 		}
-		err := q.GetContext(ctx, &row, q.Rebind(`SELECT status, lease_owner, updated_at, thread_id FROM runs WHERE run_id = ?`), runID)
+		err := q.GetContext(
+			ctx, &row,
+			q.Rebind(`SELECT status, lease_owner, updated_at, thread_id FROM runs WHERE run_id = ?`),
+			runID,
+		)
 		if errors.Is(err, sql.ErrNoRows) || (err == nil && (row.Status != string(chat.RunQueued) || row.Owner.Valid)) {
 			return nil
 		}
@@ -67,7 +71,8 @@ func (s *Store) QueueState(ctx context.Context, runID string) (position int, atS
 			// are ahead: their queued runs are passed over, but for this
 			// run's own user, whose runs ahead go first anyway.
 			var others []string
-			if err := q.SelectContext(ctx, &others, q.Rebind(`SELECT t.user_id FROM runs r JOIN threads t ON t.thread_id = r.thread_id
+			if err := q.SelectContext(ctx, &others, q.Rebind(`SELECT t.user_id FROM runs r JOIN threads t
+				ON t.thread_id = r.thread_id
 				WHERE r.lease_owner IS NOT NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
 				AND t.user_id <> (SELECT user_id FROM threads WHERE thread_id = ?)
 				GROUP BY t.user_id HAVING count(*) >= ?`), row.ThreadID, s.perUser); err != nil {
@@ -80,7 +85,8 @@ func (s *Store) QueueState(ctx context.Context, runID string) (position int, atS
 				for _, u := range others {
 					args = append(args, u)
 				}
-				if err := q.GetContext(ctx, &passed, q.Rebind(`SELECT count(*) FROM runs WHERE status = 'queued' AND lease_owner IS NULL`+older+`
+				if err := q.GetContext(ctx, &passed, q.Rebind(`SELECT count(*) FROM runs WHERE status = 'queued'
+					AND lease_owner IS NULL`+older+`
 					AND thread_id IN (SELECT thread_id FROM threads WHERE user_id IN (`+in+`))`), args...); err != nil {
 					return fmt.Errorf("count the runs passed over: %w", err)
 				}

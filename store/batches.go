@@ -43,15 +43,24 @@ type bufferedDelta struct {
 func (b deltaBatch) deltas() ([]bufferedDelta, error) {
 	var texts []string
 	if err := json.Unmarshal([]byte(b.Texts), &texts); err != nil {
-		return nil, fmt.Errorf("stream batch %s/%d: texts are not a JSON array of strings: %w", b.ThreadID, b.FirstSeq, err)
+		return nil, fmt.Errorf(
+			"stream batch %s/%d: texts are not a JSON array of strings: %w",
+			b.ThreadID, b.FirstSeq, err,
+		)
 	}
 	if int64(len(texts)) != b.LastSeq-b.FirstSeq+1 {
-		return nil, fmt.Errorf("stream batch %s/%d: %d texts for seqs %d..%d", b.ThreadID, b.FirstSeq, len(texts), b.FirstSeq, b.LastSeq)
+		return nil, fmt.Errorf(
+			"stream batch %s/%d: %d texts for seqs %d..%d",
+			b.ThreadID, b.FirstSeq, len(texts), b.FirstSeq, b.LastSeq,
+		)
 	}
 	var offsets []int64
 	if b.TSOffsets != "" {
 		if err := json.Unmarshal([]byte(b.TSOffsets), &offsets); err != nil || len(offsets) != len(texts) {
-			return nil, fmt.Errorf("stream batch %s/%d: ts_offsets %q do not give one offset per delta", b.ThreadID, b.FirstSeq, b.TSOffsets)
+			return nil, fmt.Errorf(
+				"stream batch %s/%d: ts_offsets %q do not give one offset per delta",
+				b.ThreadID, b.FirstSeq, b.TSOffsets,
+			)
 		}
 	}
 	out := make([]bufferedDelta, len(texts))

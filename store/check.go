@@ -62,8 +62,18 @@ var invariants = []invariant{
 	{0, "a deleted thread ended: thread.deleted is its last event, no run of it goes on", checkDeleted, nil},
 	{1, "no published message exists without a checkpoint that contains it", checkMessagesInCheckpoints, nil},
 	{2, "one idempotency key causes at most one external action", nil, checkOneActionPerKey},
-	{3, "every resume references an existing checkpoint of the same thread (or of its fork source)", checkResumeLineage, nil},
-	{4, "after run.cancelled nothing of the run is published or emitted but tool.updated", checkNothingAfterCancelled, nil},
+	{
+		3,
+		"every resume references an existing checkpoint of the same thread (or of its fork source)",
+		checkResumeLineage,
+		nil,
+	},
+	{
+		4,
+		"after run.cancelled nothing of the run is published or emitted but tool.updated",
+		checkNothingAfterCancelled,
+		nil,
+	},
 	{5, "state_version moves by exactly one per durable event and no other way", checkStateVersion, nil},
 	{6, "history holds only published messages; delta text is never history", checkHistoryIsPublished, nil},
 	{7, "a run has at most one terminal status; once cancel_requested it is cancelled", checkTerminalStatus, nil},
@@ -85,8 +95,14 @@ const auditPage = 100
 
 // Audit runs the whole audit in one consistent read.
 func (s *Store) Audit(ctx context.Context) (Audit, error) {
-	a := &auditor{ctx: ctx, pg: s.pg,
-		cpThread: map[string]string{}, msgThread: map[string]string{}, opThread: map[string]string{}, forkedFrom: map[string]string{}}
+	a := &auditor{
+		ctx:        ctx,
+		pg:         s.pg,
+		cpThread:   map[string]string{},
+		msgThread:  map[string]string{},
+		opThread:   map[string]string{},
+		forkedFrom: map[string]string{},
+	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		a.q = q
 		a.out = Audit{}
@@ -248,7 +264,8 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		return nil
 	}
 	var cpRows []checkpointRow
-	if err := sel(&cpRows, "checkpoints", `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id IN (?) ORDER BY thread_id, state_version, checkpoint_id`); err != nil {
+	if err := sel(&cpRows, "checkpoints", `SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id IN (?)
+		ORDER BY thread_id, state_version, checkpoint_id`); err != nil {
 		return nil, err
 	}
 	// Each with its lists whole; one that cannot be made whole (its parent
@@ -265,15 +282,18 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 	// query's order, and in its map by id.
 	for _, load := range []func() error{
 		func() error {
-			return selectEach(sel, "messages", `SELECT `+messageCols+` FROM messages WHERE thread_id IN (?) ORDER BY thread_id, state_version, message_id`,
+			return selectEach(sel, "messages", `SELECT `+messageCols+` FROM messages WHERE thread_id IN (?)
+				ORDER BY thread_id, state_version, message_id`,
 				func(m messageRow) { th := byID[m.ThreadID]; th.msgs = addByID(th.msgs, th.msgByID, m.MessageID, m) })
 		},
 		func() error {
-			return selectEach(sel, "runs", `SELECT `+runCols+` FROM runs WHERE thread_id IN (?) ORDER BY thread_id, created_at, run_id`,
+			return selectEach(sel, "runs", `SELECT `+runCols+` FROM runs WHERE thread_id IN (?)
+				ORDER BY thread_id, created_at, run_id`,
 				func(r runRow) { th := byID[r.ThreadID]; th.runs = addByID(th.runs, th.runByID, r.RunID, r) })
 		},
 		func() error {
-			return selectEach(sel, "operations", `SELECT `+operationCols+` FROM operations WHERE thread_id IN (?) ORDER BY thread_id, created_at, operation_id`,
+			return selectEach(sel, "operations", `SELECT `+operationCols+` FROM operations WHERE thread_id IN (?)
+				ORDER BY thread_id, created_at, operation_id`,
 				func(o operationRow) { th := byID[o.ThreadID]; th.ops = addByID(th.ops, th.opByID, o.OperationID, o) })
 		},
 	} {
@@ -313,7 +333,8 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		deltas = append(deltas, ds...)
 	})
 	var lost []lostSeqs
-	if err := sel(&lost, "lost stream seqs", `SELECT thread_id, first_seq, last_seq FROM stream_gaps WHERE thread_id IN (?) ORDER BY thread_id, first_seq`); err != nil {
+	if err := sel(&lost, "lost stream seqs", `SELECT thread_id, first_seq, last_seq FROM stream_gaps
+		WHERE thread_id IN (?) ORDER BY thread_id, first_seq`); err != nil {
 		return nil, err
 	}
 	for _, l := range lost {
@@ -391,7 +412,8 @@ func (th *auditThread) versionPurged(v int64) bool { return v <= th.row.EventsPu
 // and comes after its run.started (at start_state_version): it can have
 // been purged only when both lie within the mark.
 func (th *auditThread) terminalPurged(r runRow) bool {
-	return r.FinishedAt.Valid && r.StartStateVersion <= th.row.EventsPurgedVersion && r.FinishedAt.Int64 <= th.row.EventsPurgedTS
+	return r.FinishedAt.Valid && r.StartStateVersion <= th.row.EventsPurgedVersion &&
+		r.FinishedAt.Int64 <= th.row.EventsPurgedTS
 }
 
 // lineage reports whether checkpoint cpID belongs to thread threadID or to
@@ -434,7 +456,11 @@ func (a *auditor) forkSource(threadID string) (string, error) {
 		return t, nil
 	}
 	var src sql.NullString
-	err := a.q.GetContext(a.ctx, &src, a.q.Rebind(`SELECT forked_from_thread_id FROM threads WHERE thread_id = ?`), threadID)
+	err := a.q.GetContext(
+		a.ctx, &src,
+		a.q.Rebind(`SELECT forked_from_thread_id FROM threads WHERE thread_id = ?`),
+		threadID,
+	)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("audit: fork source of %s: %w", threadID, err)
 	}

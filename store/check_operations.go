@@ -21,7 +21,8 @@ func checkOneActionPerKey(a *auditor) error {
 	ctx, q := a.ctx, a.q
 	var keyless []string
 	if err := q.SelectContext(ctx, &keyless, `SELECT operation_id FROM operations WHERE contract = 'consequential'
-		AND (commit_started_at IS NOT NULL OR phase IN ('committing', 'committed', 'unknown', 'reconciled')) AND idempotency_key IS NULL`); err != nil {
+		AND (commit_started_at IS NOT NULL OR phase IN ('committing', 'committed', 'unknown', 'reconciled'))
+		AND idempotency_key IS NULL`); err != nil {
 		return fmt.Errorf("audit: keyless operations: %w", err)
 	}
 	for _, id := range keyless {
@@ -32,14 +33,18 @@ func checkOneActionPerKey(a *auditor) error {
 		return err
 	}
 	if !has {
-		a.unchecked("2, 10: this database holds no embedded email provider records (outbox, outbox_attempts), so no provider's acceptances were compared")
+		a.unchecked(
+			"2, 10: this database holds no embedded email provider records (outbox, outbox_attempts), " +
+				"so no provider's acceptances were compared",
+		)
 	} else {
 		var twice []struct {
 			Key string `db:"idempotency_key"`
 			N   int    `db:"n"`
 		}
 		if err := q.SelectContext(ctx, &twice, `SELECT idempotency_key, COUNT(*) AS n FROM outbox_attempts
-			WHERE result = 'accepted' GROUP BY idempotency_key HAVING COUNT(*) > 1 ORDER BY idempotency_key`); err != nil {
+			WHERE result = 'accepted' GROUP BY idempotency_key HAVING COUNT(*) > 1
+			ORDER BY idempotency_key`); err != nil {
 			return fmt.Errorf("audit: provider log: %w", err)
 		}
 		for _, k := range twice {
@@ -49,19 +54,25 @@ func checkOneActionPerKey(a *auditor) error {
 		// the acceptance in one transaction: each without the other is a
 		// lost record (without the row it would accept the key again).
 		var unlogged, unheld []string
-		if err := q.SelectContext(ctx, &unlogged, `SELECT p.idempotency_key FROM outbox p WHERE NOT EXISTS (SELECT 1 FROM outbox_attempts l
-			WHERE l.idempotency_key = p.idempotency_key AND l.result = 'accepted') ORDER BY p.idempotency_key`); err != nil {
+		if err := q.SelectContext(ctx, &unlogged, `SELECT p.idempotency_key FROM outbox p
+			WHERE NOT EXISTS (SELECT 1 FROM outbox_attempts l
+			WHERE l.idempotency_key = p.idempotency_key AND l.result = 'accepted')
+			ORDER BY p.idempotency_key`); err != nil {
 			return fmt.Errorf("audit: provider records: %w", err)
 		}
 		for _, key := range unlogged {
-			a.add(2, "the provider holds key %q as accepted (outbox), but its log (outbox_attempts) has no acceptance of it", key)
+			a.add(2, "the provider holds key %q as accepted (outbox), but its log (outbox_attempts) "+
+				"has no acceptance of it", key)
 		}
-		if err := q.SelectContext(ctx, &unheld, `SELECT DISTINCT l.idempotency_key FROM outbox_attempts l WHERE l.result = 'accepted'
-			AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.idempotency_key = l.idempotency_key) ORDER BY l.idempotency_key`); err != nil {
+		if err := q.SelectContext(ctx, &unheld, `SELECT DISTINCT l.idempotency_key FROM outbox_attempts l
+			WHERE l.result = 'accepted'
+			AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.idempotency_key = l.idempotency_key)
+			ORDER BY l.idempotency_key`); err != nil {
 			return fmt.Errorf("audit: provider records: %w", err)
 		}
 		for _, key := range unheld {
-			a.add(2, "the provider's log accepted key %q, but it holds no record of it (outbox): it would accept the key again", key)
+			a.add(2, "the provider's log accepted key %q, but it holds no record of it (outbox): "+
+				"it would accept the key again", key)
 		}
 		// The outer direction of "every operation's key": every key the
 		// provider took is carried by an operation (the send_email tool
@@ -71,23 +82,30 @@ func checkOneActionPerKey(a *auditor) error {
 			ProviderID string `db:"provider_id"`
 		}
 		if err := q.SelectContext(ctx, &orphans, `SELECT p.idempotency_key, p.provider_id FROM outbox p
-			WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.idempotency_key = p.idempotency_key) ORDER BY p.idempotency_key`); err != nil {
+			WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.idempotency_key = p.idempotency_key)
+			ORDER BY p.idempotency_key`); err != nil {
 			return fmt.Errorf("audit: keys the provider accepted: %w", err)
 		}
 		for _, o := range orphans {
-			a.add(2, "the provider accepted key %q (%s), which no operation carries: an external action no operation accounts for", o.Key, o.ProviderID)
+			a.add(2, "the provider accepted key %q (%s), which no operation carries: "+
+				"an external action no operation accounts for", o.Key, o.ProviderID)
 		}
 	}
 	var outside []struct {
 		Tool string `db:"tool"`
 		N    int    `db:"n"`
 	}
-	if err := q.SelectContext(ctx, &outside, `SELECT tool, COUNT(*) AS n FROM operations WHERE contract = 'consequential'
+	if err := q.SelectContext(ctx, &outside, `SELECT tool, COUNT(*) AS n FROM operations
+		WHERE contract = 'consequential'
 		AND tool <> 'send_email' AND commit_started_at IS NOT NULL GROUP BY tool ORDER BY tool`); err != nil {
 		return fmt.Errorf("audit: operations of other providers: %w", err)
 	}
 	for _, o := range outside {
-		a.unchecked("2, 10: %d operations of %s reached a provider outside this database; whether each key acted at most once, and as reported, only that provider's records can tell", o.N, o.Tool)
+		a.unchecked(
+			"2, 10: %d operations of %s reached a provider outside this database; "+
+				"whether each key acted at most once, and as reported, only that provider's records can tell",
+			o.N, o.Tool,
+		)
 	}
 	return nil
 }
@@ -127,7 +145,11 @@ func checkOutcomes(a *auditor, th *auditThread) {
 	for _, o := range th.ops {
 		r, ok := th.runByID[o.RunID]
 		if !ok {
-			a.add(10, "operation %s names run %s, which is not one of thread %s", o.OperationID, o.RunID, th.row.ThreadID)
+			a.add(
+				10,
+				"operation %s names run %s, which is not one of thread %s",
+				o.OperationID, o.RunID, th.row.ThreadID,
+			)
 			continue
 		}
 		outcome := o.Outcome.String
@@ -142,7 +164,11 @@ func checkOutcomes(a *auditor, th *auditThread) {
 				// Still asked (a next lookup), or given up at the horizon
 				// (no next lookup, the horizon on record: the receipt says so).
 				if !o.ReconcileNextAt.Valid && !o.ReconcileUntil.Valid {
-					a.add(10, "run %s ended %s with operation %s unknown and no reconciliation going on", r.RunID, r.Status, o.OperationID)
+					a.add(
+						10,
+						"run %s ended %s with operation %s unknown and no reconciliation going on",
+						r.RunID, r.Status, o.OperationID,
+					)
 				}
 			}
 		}
@@ -176,7 +202,8 @@ func checkOutcomesAtProvider(a *auditor) error {
 		Key         string `db:"idempotency_key"`
 		OperationID string `db:"operation_id"`
 	}
-	if err := a.q.SelectContext(a.ctx, &denied, `SELECT o.idempotency_key, MIN(o.operation_id) AS operation_id FROM operations o
+	if err := a.q.SelectContext(a.ctx, &denied, `SELECT o.idempotency_key, MIN(o.operation_id) AS operation_id
+		FROM operations o
 		JOIN outbox p ON p.idempotency_key = o.idempotency_key
 		WHERE o.contract = 'consequential'
 		GROUP BY o.idempotency_key
@@ -186,7 +213,11 @@ func checkOutcomesAtProvider(a *auditor) error {
 		return fmt.Errorf("audit: outcomes against the provider: %w", err)
 	}
 	for _, d := range denied {
-		a.add(10, "the provider accepted key %q, but operation %s (and every other with that key) reports no action", d.Key, d.OperationID)
+		a.add(
+			10,
+			"the provider accepted key %q, but operation %s (and every other with that key) reports no action",
+			d.Key, d.OperationID,
+		)
 	}
 	// Committed for a key the provider never accepted: the app's send_email
 	// commits through the embedded provider only.
@@ -198,13 +229,19 @@ func checkOutcomesAtProvider(a *auditor) error {
 	}
 	if err := a.q.SelectContext(a.ctx, &claimed, `SELECT o.operation_id, o.thread_id, o.idempotency_key,
 		(SELECT COUNT(*) FROM outbox_attempts l WHERE l.idempotency_key = o.idempotency_key) AS calls FROM operations o
-		WHERE o.contract = 'consequential' AND o.tool = 'send_email' AND o.outcome = 'committed' AND o.idempotency_key IS NOT NULL
+		WHERE o.contract = 'consequential' AND o.tool = 'send_email' AND o.outcome = 'committed'
+		AND o.idempotency_key IS NOT NULL
 		AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.idempotency_key = o.idempotency_key)
 		ORDER BY o.operation_id`); err != nil {
 		return fmt.Errorf("audit: commits against the provider: %w", err)
 	}
 	for _, c := range claimed {
-		a.add(10, "operation %s (thread %s) reports committed, but the provider never accepted its key %q (it logged %d calls with it)", c.OperationID, c.ThreadID, c.Key, c.Calls)
+		a.add(
+			10,
+			"operation %s (thread %s) reports committed, but the provider never accepted its key %q "+
+				"(it logged %d calls with it)",
+			c.OperationID, c.ThreadID, c.Key, c.Calls,
+		)
 	}
 	return nil
 }

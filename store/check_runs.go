@@ -19,17 +19,29 @@ func checkResumeLineage(a *auditor, th *auditThread) {
 	}
 	for _, r := range th.runs {
 		if !in(r.BaseCheckpointID) {
-			a.add(3, "run %s starts from checkpoint %s, not in thread %s or its fork source", r.RunID, r.BaseCheckpointID, r.ThreadID)
+			a.add(
+				3,
+				"run %s starts from checkpoint %s, not in thread %s or its fork source",
+				r.RunID, r.BaseCheckpointID, r.ThreadID,
+			)
 		}
 		if r.ResumeCheckpointID.Valid && !in(r.ResumeCheckpointID.String) {
-			a.add(3, "run %s resumes from checkpoint %s, not in thread %s or its fork source", r.RunID, r.ResumeCheckpointID.String, r.ThreadID)
+			a.add(
+				3,
+				"run %s resumes from checkpoint %s, not in thread %s or its fork source",
+				r.RunID, r.ResumeCheckpointID.String, r.ThreadID,
+			)
 		}
 	}
 	if t := th.row; t.ForkedFromCheckpointID.Valid {
 		ok, err := a.lineage(t.ForkedFromThreadID.String, t.ForkedFromCheckpointID.String)
 		a.lookupErr(err)
 		if !ok {
-			a.add(3, "thread %s is forked from checkpoint %s, which is not in its source thread %s", t.ThreadID, t.ForkedFromCheckpointID.String, t.ForkedFromThreadID.String)
+			a.add(
+				3,
+				"thread %s is forked from checkpoint %s, which is not in its source thread %s",
+				t.ThreadID, t.ForkedFromCheckpointID.String, t.ForkedFromThreadID.String,
+			)
 		}
 	}
 	for _, cp := range th.cps {
@@ -37,7 +49,11 @@ func checkResumeLineage(a *auditor, th *auditThread) {
 			continue
 		}
 		if _, ok := th.cpByID[*cp.ParentCheckpointID]; !ok {
-			a.add(3, "checkpoint %s continues %s, which is not a checkpoint of thread %s", cp.CheckpointID, *cp.ParentCheckpointID, th.row.ThreadID)
+			a.add(
+				3,
+				"checkpoint %s continues %s, which is not a checkpoint of thread %s",
+				cp.CheckpointID, *cp.ParentCheckpointID, th.row.ThreadID,
+			)
 		}
 	}
 }
@@ -51,7 +67,8 @@ func checkNothingAfterCancelled(a *auditor, th *auditThread) {
 		}
 		// A purged run.cancelled lay at or below the watermark: whatever of
 		// the run is left above it came after it.
-		if r, ok := th.runByID[runID]; ok && r.status() == chat.RunCancelled && len(th.terminal[runID]) == 0 && th.terminalPurged(r) {
+		if r, ok := th.runByID[runID]; ok && r.status() == chat.RunCancelled && len(th.terminal[runID]) == 0 &&
+			th.terminalPurged(r) {
 			return th.row.EventsPurgedThrough, true
 		}
 		return 0, false
@@ -130,7 +147,11 @@ func checkStepsOnce(a *auditor, th *auditThread) {
 		}
 		runID := *cp.RunID
 		if _, ok := th.runByID[runID]; !ok {
-			a.add(9, "checkpoint %s names run %s, which is not one of thread %s", cp.CheckpointID, runID, th.row.ThreadID)
+			a.add(
+				9,
+				"checkpoint %s names run %s, which is not one of thread %s",
+				cp.CheckpointID, runID, th.row.ThreadID,
+			)
 			continue
 		}
 		if cp.ParentCheckpointID == nil {
@@ -152,24 +173,44 @@ func checkStepsOnce(a *auditor, th *auditThread) {
 		}
 		for _, id := range added {
 			if m, ok := th.msgByID[id]; !ok || m.RunID.String != runID || m.CheckpointID != cp.CheckpointID {
-				a.add(9, "checkpoint %s of run %s adds message %s, which that step did not publish", cp.CheckpointID, runID, id)
+				a.add(
+					9,
+					"checkpoint %s of run %s adds message %s, which that step did not publish",
+					cp.CheckpointID, runID, id,
+				)
 			}
 		}
 		p := parent.Pending
 		switch {
 		case p == nil:
-			a.add(9, "run %s published checkpoint %s on top of %s, which had no step left to run (a step published twice)", runID, cp.CheckpointID, parent.CheckpointID)
+			a.add(
+				9,
+				"run %s published checkpoint %s on top of %s, which had no step left to run (a step published twice)",
+				runID, cp.CheckpointID, parent.CheckpointID,
+			)
 		case p.Step == chat.StepGenerate:
 			if cp.Pending != nil && cp.Pending.Step != chat.StepTool {
-				a.add(9, "generate step checkpoint %s of run %s leaves a %s step pending", cp.CheckpointID, runID, cp.Pending.Step)
+				a.add(
+					9,
+					"generate step checkpoint %s of run %s leaves a %s step pending",
+					cp.CheckpointID, runID, cp.Pending.Step,
+				)
 			}
 			if cp.Pending != nil {
 				if op, ok := th.opByID[cp.Pending.InputHash]; !ok || op.RunID != runID {
-					a.add(9, "checkpoint %s of run %s waits on operation %s, which is not the run's", cp.CheckpointID, runID, cp.Pending.InputHash)
+					a.add(
+						9,
+						"checkpoint %s of run %s waits on operation %s, which is not the run's",
+						cp.CheckpointID, runID, cp.Pending.InputHash,
+					)
 				}
 			}
 			if len(added) == 0 && cp.Pending == nil {
-				a.add(9, "generate step checkpoint %s of run %s produced neither a message nor a call", cp.CheckpointID, runID)
+				a.add(
+					9,
+					"generate step checkpoint %s of run %s produced neither a message nor a call",
+					cp.CheckpointID, runID,
+				)
 			}
 		case p.Step == chat.StepTool:
 			waited, ok := th.opByID[p.InputHash]
@@ -177,7 +218,11 @@ func checkStepsOnce(a *auditor, th *auditThread) {
 			if !ok {
 				// A fork's first checkpoint may wait on a call of the thread
 				// it was forked from; the fork prepares it again.
-				owner, err := a.rowThread(a.opThread, `SELECT thread_id FROM operations WHERE operation_id = ?`, p.InputHash)
+				owner, err := a.rowThread(
+					a.opThread,
+					`SELECT thread_id FROM operations WHERE operation_id = ?`,
+					p.InputHash,
+				)
 				a.lookupErr(err)
 				for src, depth := th.row.ThreadID, 0; owner != "" && src != "" && depth < 1000 && !inherited; depth++ {
 					src, err = a.forkSource(src)
@@ -189,24 +234,41 @@ func checkStepsOnce(a *auditor, th *auditThread) {
 			case inherited && len(added) == 0 && cp.Pending != nil && cp.Pending.Step == chat.StepTool:
 				// The source's call, prepared again in the fork.
 			case !ok:
-				a.add(9, "checkpoint %s waited on operation %s, which is not one of its thread or fork source", parent.CheckpointID, p.InputHash)
+				a.add(
+					9,
+					"checkpoint %s waited on operation %s, which is not one of its thread or fork source",
+					parent.CheckpointID, p.InputHash,
+				)
 			case len(added) == 1:
 				m := th.msgByID[added[0]]
 				if m.Role != chat.RoleTool || toolMessageOp(m) != waited.OperationID {
-					a.add(9, "tool step checkpoint %s of run %s records %s, not the result of operation %s", cp.CheckpointID, runID, added[0], waited.OperationID)
+					a.add(
+						9,
+						"tool step checkpoint %s of run %s records %s, not the result of operation %s",
+						cp.CheckpointID, runID, added[0], waited.OperationID,
+					)
 				}
-			case len(added) == 0 && cp.Pending != nil && cp.Pending.Step == chat.StepTool && cp.Pending.InputHash != waited.OperationID &&
+			case len(added) == 0 && cp.Pending != nil && cp.Pending.Step == chat.StepTool &&
+				cp.Pending.InputHash != waited.OperationID &&
 				(waited.Phase == chat.PhaseAborted || waited.Phase == chat.PhaseVoided):
 				// The call a cancel stopped, prepared again.
 			default:
-				a.add(9, "checkpoint %s of run %s completes the tool step of %s without recording operation %s's result", cp.CheckpointID, runID, parent.CheckpointID, waited.OperationID)
+				a.add(
+					9,
+					"checkpoint %s of run %s completes the tool step of %s without recording operation %s's result",
+					cp.CheckpointID, runID, parent.CheckpointID, waited.OperationID,
+				)
 			}
 		}
 	}
 	for parent, kids := range stepChildren {
 		if len(kids) > 1 {
 			sort.Strings(kids)
-			a.add(9, "the step pending at checkpoint %s was published %d times: %s", parent, len(kids), strings.Join(kids, ", "))
+			a.add(
+				9,
+				"the step pending at checkpoint %s was published %d times: %s",
+				parent, len(kids), strings.Join(kids, ", "),
+			)
 		}
 	}
 	// One recorded result per tool call.
@@ -229,7 +291,11 @@ func checkStepsOnce(a *auditor, th *auditThread) {
 			a.add(9, "operation %s has %d recorded results: %s", o.OperationID, len(got), strings.Join(got, ", "))
 		}
 		if o.ResultRef.Valid && !slices.Contains(got, o.ResultRef.String) {
-			a.add(9, "operation %s names result %s, which is not a tool message reporting it", o.OperationID, o.ResultRef.String)
+			a.add(
+				9,
+				"operation %s names result %s, which is not a tool message reporting it",
+				o.OperationID, o.ResultRef.String,
+			)
 		}
 	}
 }

@@ -28,7 +28,11 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 				ok = src == owner
 			}
 			if !ok {
-				a.add(6, "checkpoint %s holds %s, which is not a published message of its thread or fork source", cp.CheckpointID, id)
+				a.add(
+					6,
+					"checkpoint %s holds %s, which is not a published message of its thread or fork source",
+					cp.CheckpointID, id,
+				)
 			}
 		}
 	}
@@ -53,16 +57,32 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 			case b == nil || !b.counted:
 				// A fragment is saved only from a message the thread streamed
 				// (stream_messages), and that row is never deleted.
-				a.add(6, "saved fragment %s (thread %s) is the text of message %s, which thread %s never streamed", m.MessageID, m.ThreadID, of.MessageID, m.ThreadID)
+				a.add(
+					6,
+					"saved fragment %s (thread %s) is the text of message %s, which thread %s never streamed",
+					m.MessageID, m.ThreadID, of.MessageID, m.ThreadID,
+				)
 			case b.misnumbered != "":
-				a.add(6, "saved fragment %s (thread %s) cannot be the text of message %s: %s", m.MessageID, m.ThreadID, of.MessageID, b.misnumbered)
+				a.add(
+					6,
+					"saved fragment %s (thread %s) cannot be the text of message %s: %s",
+					m.MessageID, m.ThreadID, of.MessageID, b.misnumbered,
+				)
 			case len(b.gone) > 0 && b.goneFrom <= of.LastSeq:
-				a.add(6, "saved fragment %s (thread %s) is the text of message %s up to seq %d, but %s of it (seq %d or later) is gone and no retention purge explains it",
-					m.MessageID, m.ThreadID, of.MessageID, of.LastSeq, partList(b.gone), b.goneFrom)
+				a.add(
+					6,
+					"saved fragment %s (thread %s) is the text of message %s up to seq %d, "+
+						"but %s of it (seq %d or later) is gone and no retention purge explains it",
+					m.MessageID, m.ThreadID, of.MessageID, of.LastSeq, partList(b.gone), b.goneFrom,
+				)
 			case b.purged:
 				// Its first deltas went with the stream TTL: no longer comparable.
 			case b.text(of.LastSeq) != m.Content:
-				a.add(6, "saved fragment %s is not exactly the text of message %s up to seq %d", m.MessageID, of.MessageID, of.LastSeq)
+				a.add(
+					6,
+					"saved fragment %s is not exactly the text of message %s up to seq %d",
+					m.MessageID, of.MessageID, of.LastSeq,
+				)
 			}
 		case m.RunID.Valid && m.Kind != chat.KindFragment && !m.RedactedAt.Valid:
 			b := texts[m.MessageID]
@@ -72,15 +92,30 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 			b.published = true
 			switch {
 			case b.misnumbered != "":
-				a.add(6, "message %s (thread %s, run %s) is published, but its deltas are not what was written of it: %s", m.MessageID, m.ThreadID, m.RunID.String, b.misnumbered)
+				a.add(
+					6,
+					"message %s (thread %s, run %s) is published, but its deltas are not what was written of it: %s",
+					m.MessageID, m.ThreadID, m.RunID.String, b.misnumbered,
+				)
 			case len(b.gone) > 0:
-				a.add(6, "message %s (thread %s, run %s) is published, but %s of its %d written deltas (seq %d or later) is gone and no retention purge explains it (stream purge mark %d): its content is not the concatenation of its deltas",
-					m.MessageID, m.ThreadID, m.RunID.String, partList(b.gone), b.written.Parts, b.goneFrom, th.row.DeltasPurgedThrough)
+				a.add(
+					6,
+					"message %s (thread %s, run %s) is published, but %s of its %d written deltas (seq %d or later) "+
+						"is gone and no retention purge explains it (stream purge mark %d): "+
+						"its content is not the concatenation of its deltas",
+					m.MessageID, m.ThreadID, m.RunID.String, partList(b.gone), b.written.Parts, b.goneFrom,
+					th.row.DeltasPurgedThrough,
+				)
 			case b.purged:
 				// Its first deltas went with the stream TTL: the rest is the
 				// end of its text.
 				if !strings.HasSuffix(m.Content, b.text(-1)) {
-					a.add(6, "message %s does not end with the text of its deltas still buffered (the first ones were purged)", m.MessageID)
+					a.add(
+						6,
+						"message %s does not end with the text of its deltas still buffered "+
+							"(the first ones were purged)",
+						m.MessageID,
+					)
 				}
 			case b.text(-1) != m.Content:
 				a.add(6, "message %s differs from the text of its deltas", m.MessageID)
@@ -93,10 +128,18 @@ func checkHistoryIsPublished(a *auditor, th *auditThread) {
 		switch b := texts[id]; {
 		case b.published:
 		case b.misnumbered != "":
-			a.add(8, "thread %s: the deltas of message %s are not what was written of it: %s", th.row.ThreadID, id, b.misnumbered)
+			a.add(
+				8,
+				"thread %s: the deltas of message %s are not what was written of it: %s",
+				th.row.ThreadID, id, b.misnumbered,
+			)
 		case len(b.gone) > 0:
-			a.add(8, "thread %s: %s of the %d written deltas of message %s (seq %d or later) is gone and no retention purge explains it",
-				th.row.ThreadID, partList(b.gone), b.written.Parts, id, b.goneFrom)
+			a.add(
+				8,
+				"thread %s: %s of the %d written deltas of message %s (seq %d or later) "+
+					"is gone and no retention purge explains it",
+				th.row.ThreadID, partList(b.gone), b.written.Parts, id, b.goneFrom,
+			)
 		}
 	}
 }
@@ -164,9 +207,15 @@ func (th *auditThread) bufferedTexts() map[string]*bufferedText {
 		for _, d := range b.held {
 			switch {
 			case !b.counted:
-				b.misnumbered = fmt.Sprintf("message %s has deltas (seq %d on) but no stream_messages row counting them", id, d.Seq)
+				b.misnumbered = fmt.Sprintf(
+					"message %s has deltas (seq %d on) but no stream_messages row counting them",
+					id, d.Seq,
+				)
 			case d.Part < next || d.Part >= b.written.Parts:
-				b.misnumbered = fmt.Sprintf("delta seq %d of message %s is part %d, not the next of the %d parts written in seq order", d.Seq, id, d.Part, b.written.Parts)
+				b.misnumbered = fmt.Sprintf(
+					"delta seq %d of message %s is part %d, not the next of the %d parts written in seq order",
+					d.Seq, id, d.Part, b.written.Parts,
+				)
 			}
 			if b.misnumbered != "" {
 				break
@@ -241,14 +290,23 @@ func checkEventLog(a *auditor, th *auditThread) {
 	// Seqs recorded lost in a crash may be absent; one of them held, or a
 	// record past last_seq, contradicts the record.
 	for i, l := range th.lost {
-		if l.FirstSeq < 1 || l.LastSeq < l.FirstSeq || l.LastSeq > t.LastSeq || (i > 0 && l.FirstSeq <= th.lost[i-1].LastSeq) {
-			a.add(8, "thread %s records seqs %d–%d lost, outside 1..last_seq (%d) or overlapping another record", t.ThreadID, l.FirstSeq, l.LastSeq, t.LastSeq)
+		if l.FirstSeq < 1 || l.LastSeq < l.FirstSeq || l.LastSeq > t.LastSeq ||
+			(i > 0 && l.FirstSeq <= th.lost[i-1].LastSeq) {
+			a.add(
+				8,
+				"thread %s records seqs %d–%d lost, outside 1..last_seq (%d) or overlapping another record",
+				t.ThreadID, l.FirstSeq, l.LastSeq, t.LastSeq,
+			)
 		}
 	}
 	for _, seq := range held {
 		for _, l := range th.lost {
 			if seq >= l.FirstSeq && seq <= l.LastSeq {
-				a.add(8, "thread %s holds seq %d, which it records lost (%d–%d)", t.ThreadID, seq, l.FirstSeq, l.LastSeq)
+				a.add(
+					8,
+					"thread %s holds seq %d, which it records lost (%d–%d)",
+					t.ThreadID, seq, l.FirstSeq, l.LastSeq,
+				)
 			}
 		}
 	}
@@ -299,7 +357,11 @@ func checkEventLog(a *auditor, th *auditThread) {
 		}
 		b := e.body
 		if b.Type != e.Type || b.Seq != e.Seq || b.StateVersion != e.StateVersion || b.RunID != e.RunID.String {
-			a.add(8, "thread %s event seq %d (%s) carries other fields than its log row (type %s, seq %d, v%d, run %q)", t.ThreadID, e.Seq, e.Type, b.Type, b.Seq, b.StateVersion, b.RunID)
+			a.add(
+				8,
+				"thread %s event seq %d (%s) carries other fields than its log row (type %s, seq %d, v%d, run %q)",
+				t.ThreadID, e.Seq, e.Type, b.Type, b.Seq, b.StateVersion, b.RunID,
+			)
 		}
 		switch e.Type {
 		case chat.EventMessagePublished:
@@ -310,54 +372,97 @@ func checkEventLog(a *auditor, th *auditThread) {
 			case b.Message == nil || b.Message.MessageID != id:
 				a.add(8, "message.published seq %d of thread %s does not carry message %s", e.Seq, t.ThreadID, id)
 			case !ok:
-				a.add(8, "message.published seq %d of thread %s names message %s, which does not exist", e.Seq, t.ThreadID, id)
+				a.add(
+					8,
+					"message.published seq %d of thread %s names message %s, which does not exist",
+					e.Seq, t.ThreadID, id,
+				)
 			case b.Message.Content != m.Content:
-				a.add(8, "message.published seq %d of thread %s carries another text than message %s", e.Seq, t.ThreadID, id)
+				a.add(
+					8,
+					"message.published seq %d of thread %s carries another text than message %s",
+					e.Seq, t.ThreadID, id,
+				)
 			}
 		case chat.EventCheckpointCreated:
 			created[b.CheckpointID]++
 			cp, ok := th.cpByID[b.CheckpointID]
 			switch {
 			case !ok:
-				a.add(8, "checkpoint.created seq %d of thread %s names checkpoint %q, which does not exist", e.Seq, t.ThreadID, b.CheckpointID)
-			case (cp.ParentCheckpointID == nil) != (b.ParentID == nil) || (b.ParentID != nil && *b.ParentID != *cp.ParentCheckpointID):
-				a.add(8, "checkpoint.created seq %d of thread %s names another parent than checkpoint %s has", e.Seq, t.ThreadID, cp.CheckpointID)
+				a.add(
+					8,
+					"checkpoint.created seq %d of thread %s names checkpoint %q, which does not exist",
+					e.Seq, t.ThreadID, b.CheckpointID,
+				)
+			case (cp.ParentCheckpointID == nil) != (b.ParentID == nil) ||
+				(b.ParentID != nil && *b.ParentID != *cp.ParentCheckpointID):
+				a.add(
+					8,
+					"checkpoint.created seq %d of thread %s names another parent than checkpoint %s has",
+					e.Seq, t.ThreadID, cp.CheckpointID,
+				)
 			}
 			logHead = b.CheckpointID
 		case chat.EventThreadHeadMoved:
 			if _, ok := th.cpByID[b.HeadID]; !ok {
-				a.add(8, "thread.head_moved seq %d of thread %s moves the head to %q, which is not one of its checkpoints", e.Seq, t.ThreadID, b.HeadID)
+				a.add(
+					8,
+					"thread.head_moved seq %d of thread %s moves the head to %q, which is not one of its checkpoints",
+					e.Seq, t.ThreadID, b.HeadID,
+				)
 			}
 			if logHead != "" && b.PreviousHead != logHead {
-				a.add(8, "thread.head_moved seq %d of thread %s says the head was %q, but the log put it at %s", e.Seq, t.ThreadID, b.PreviousHead, logHead)
+				a.add(
+					8,
+					"thread.head_moved seq %d of thread %s says the head was %q, but the log put it at %s",
+					e.Seq, t.ThreadID, b.PreviousHead, logHead,
+				)
 			}
 			logHead = b.HeadID
 		case chat.EventMessageDeleted:
 			if _, ok := th.msgByID[b.MessageID]; !ok {
-				a.add(8, "message.deleted seq %d of thread %s names message %q, which is not the thread's", e.Seq, t.ThreadID, b.MessageID)
+				a.add(
+					8,
+					"message.deleted seq %d of thread %s names message %q, which is not the thread's",
+					e.Seq, t.ThreadID, b.MessageID,
+				)
 			}
 		case chat.EventToolPrepared, chat.EventToolUpdated:
 			if b.Operation == nil {
 				a.add(8, "%s seq %d of thread %s carries no operation", e.Type, e.Seq, t.ThreadID)
 			} else if op, ok := th.opByID[b.Operation.OperationID]; !ok || op.RunID != e.RunID.String {
-				a.add(8, "%s seq %d of thread %s names operation %q, which is not one of run %s", e.Type, e.Seq, t.ThreadID, b.Operation.OperationID, e.RunID.String)
+				a.add(8, "%s seq %d of thread %s names operation %q, "+
+					"which is not one of run %s", e.Type, e.Seq, t.ThreadID, b.Operation.OperationID, e.RunID.String)
 			}
 		}
 		if strings.HasPrefix(e.Type, "run.") || strings.HasPrefix(e.Type, "tool.") {
 			if _, ok := th.runByID[e.RunID.String]; !ok {
-				a.add(8, "%s seq %d of thread %s names run %q, which is not one of the thread's", e.Type, e.Seq, t.ThreadID, e.RunID.String)
+				a.add(
+					8,
+					"%s seq %d of thread %s names run %q, which is not one of the thread's",
+					e.Type, e.Seq, t.ThreadID, e.RunID.String,
+				)
 			}
 		}
 	}
 	if logHead != "" && logHead != t.HeadCheckpointID {
-		a.add(8, "thread %s has head %s, but its last checkpoint.created or thread.head_moved put it at %s", t.ThreadID, t.HeadCheckpointID, logHead)
+		a.add(
+			8,
+			"thread %s has head %s, but its last checkpoint.created or thread.head_moved put it at %s",
+			t.ThreadID, t.HeadCheckpointID, logHead,
+		)
 	}
 	for _, m := range th.msgs {
 		if n := published[m.MessageID]; n != 1 && !(n == 0 && th.versionPurged(m.StateVersion)) {
 			a.add(8, "message %s has %d message.published events", m.MessageID, n)
 		}
-		if m.RedactedAt.Valid && (m.Content != "" || (!t.DeletedAt.Valid && (!m.DeletedAt.Valid || m.Kind != chat.KindFragment))) {
-			a.add(0, "message %s is marked redacted but is not an emptied deleted draft or message of a deleted thread", m.MessageID)
+		if m.RedactedAt.Valid &&
+			(m.Content != "" || (!t.DeletedAt.Valid && (!m.DeletedAt.Valid || m.Kind != chat.KindFragment))) {
+			a.add(
+				0,
+				"message %s is marked redacted but is not an emptied deleted draft or message of a deleted thread",
+				m.MessageID,
+			)
 		}
 	}
 	for _, cp := range th.cps {

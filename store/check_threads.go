@@ -10,19 +10,32 @@ import (
 
 func checkWatermarks(a *auditor, th *auditThread) {
 	t := th.row
-	if t.EventsPurgedThrough < 0 || t.EventsPurgedThrough > t.LastSeq || (t.EventsPurgedThrough == 0) != (t.EventsPurgedVersion == 0) ||
+	if t.EventsPurgedThrough < 0 || t.EventsPurgedThrough > t.LastSeq ||
+		(t.EventsPurgedThrough == 0) != (t.EventsPurgedVersion == 0) ||
 		(t.EventsPurgedThrough > 0 && t.EventsPurgedVersion >= t.StateVersion) {
 		a.add(0, "thread %s has an impossible event purge watermark (seq %d, v%d; thread at seq %d, v%d)",
 			t.ThreadID, t.EventsPurgedThrough, t.EventsPurgedVersion, t.LastSeq, t.StateVersion)
 	}
 	if t.DeltasPurgedThrough < 0 || t.DeltasPurgedThrough > t.LastSeq {
-		a.add(0, "thread %s has an impossible stream purge mark %d (thread at seq %d)", t.ThreadID, t.DeltasPurgedThrough, t.LastSeq)
+		a.add(
+			0,
+			"thread %s has an impossible stream purge mark %d (thread at seq %d)",
+			t.ThreadID, t.DeltasPurgedThrough, t.LastSeq,
+		)
 	}
 	if len(th.events) > 0 && th.events[0].Seq <= t.EventsPurgedThrough {
-		a.add(0, "thread %s still holds event seq %d at or below its purge watermark %d", t.ThreadID, th.events[0].Seq, t.EventsPurgedThrough)
+		a.add(
+			0,
+			"thread %s still holds event seq %d at or below its purge watermark %d",
+			t.ThreadID, th.events[0].Seq, t.EventsPurgedThrough,
+		)
 	}
 	if len(th.deltas) > 0 && th.deltas[0].Seq <= t.DeltasPurgedThrough {
-		a.add(0, "thread %s still holds delta seq %d at or below its stream purge mark %d", t.ThreadID, th.deltas[0].Seq, t.DeltasPurgedThrough)
+		a.add(
+			0,
+			"thread %s still holds delta seq %d at or below its stream purge mark %d",
+			t.ThreadID, th.deltas[0].Seq, t.DeltasPurgedThrough,
+		)
 	}
 }
 
@@ -32,7 +45,11 @@ func checkMessagesInCheckpoints(a *auditor, th *auditThread) {
 	for _, m := range th.msgs {
 		cp, ok := th.cpByID[m.CheckpointID]
 		if !ok || !slices.Contains(cp.MessageIDs, m.MessageID) {
-			a.add(1, "message %s (thread %s) names checkpoint %s, which is not one of the thread's that contains it", m.MessageID, m.ThreadID, m.CheckpointID)
+			a.add(
+				1,
+				"message %s (thread %s) names checkpoint %s, which is not one of the thread's that contains it",
+				m.MessageID, m.ThreadID, m.CheckpointID,
+			)
 		}
 	}
 }
@@ -89,12 +106,20 @@ func checkStateVersion(a *auditor, th *auditThread) {
 	want := t.EventsPurgedVersion + 1
 	for _, e := range th.events {
 		if e.StateVersion != want {
-			a.add(5, "thread %s event seq %d (%s) has state_version %d, want %d (one more than the durable event before it)", t.ThreadID, e.Seq, e.Type, e.StateVersion, want)
+			a.add(
+				5,
+				"thread %s event seq %d (%s) has state_version %d, want %d (one more than the durable event before it)",
+				t.ThreadID, e.Seq, e.Type, e.StateVersion, want,
+			)
 		}
 		want = e.StateVersion + 1
 	}
 	if want-1 != t.StateVersion {
-		a.add(5, "thread %s is at state_version %d but its last durable event says %d", t.ThreadID, t.StateVersion, want-1)
+		a.add(
+			5,
+			"thread %s is at state_version %d but its last durable event says %d",
+			t.ThreadID, t.StateVersion, want-1,
+		)
 	}
 	// A checkpoint and a message carry the version of their own event.
 	versionOf := map[string]int64{} // checkpoint or message id -> its event's version
@@ -110,25 +135,42 @@ func checkStateVersion(a *auditor, th *auditThread) {
 	}
 	for _, cp := range th.cps {
 		if v, ok := versionOf[cp.CheckpointID]; ok && v != cp.StateVersion {
-			a.add(5, "checkpoint %s has state_version %d but its checkpoint.created says %d", cp.CheckpointID, cp.StateVersion, v)
+			a.add(
+				5,
+				"checkpoint %s has state_version %d but its checkpoint.created says %d",
+				cp.CheckpointID, cp.StateVersion, v,
+			)
 		}
 		if cp.StateVersion > t.StateVersion {
-			a.add(5, "checkpoint %s (v%d) is newer than its thread %s (v%d)", cp.CheckpointID, cp.StateVersion, t.ThreadID, t.StateVersion)
+			a.add(
+				5,
+				"checkpoint %s (v%d) is newer than its thread %s (v%d)",
+				cp.CheckpointID, cp.StateVersion, t.ThreadID, t.StateVersion,
+			)
 		}
 		if cp.ParentCheckpointID != nil {
 			if p, ok := th.cpByID[*cp.ParentCheckpointID]; ok && p.StateVersion >= cp.StateVersion {
-				a.add(5, "checkpoint %s (v%d) has parent %s with version %d", cp.CheckpointID, cp.StateVersion, p.CheckpointID, p.StateVersion)
+				a.add(
+					5,
+					"checkpoint %s (v%d) has parent %s with version %d",
+					cp.CheckpointID, cp.StateVersion, p.CheckpointID, p.StateVersion,
+				)
 			}
 		}
 	}
 	for _, m := range th.msgs {
 		if v, ok := versionOf[m.MessageID]; ok && v != m.StateVersion {
-			a.add(5, "message %s has state_version %d but its message.published says %d", m.MessageID, m.StateVersion, v)
+			a.add(
+				5,
+				"message %s has state_version %d but its message.published says %d",
+				m.MessageID, m.StateVersion, v,
+			)
 		}
 	}
 	if head, ok := th.cpByID[t.HeadCheckpointID]; !ok {
 		a.add(5, "thread %s has head %s, not one of its checkpoints", t.ThreadID, t.HeadCheckpointID)
 	} else if head.StateVersion > t.StateVersion {
-		a.add(5, "thread %s head %s is newer (v%d) than the thread (v%d)", t.ThreadID, head.CheckpointID, head.StateVersion, t.StateVersion)
+		a.add(5, "thread %s head %s is newer (v%d) than the thread "+
+			"(v%d)", t.ThreadID, head.CheckpointID, head.StateVersion, t.StateVersion)
 	}
 }

@@ -153,16 +153,25 @@ func (c *chainCache) node(ctx context.Context, q *sqlx.Tx, threadID, id string) 
 	var base *cpNode
 	for at := id; ; {
 		var page []chainRow
-		err := q.SelectContext(ctx, &page, q.Rebind(`WITH RECURSIVE chain (checkpoint_id, parent_checkpoint_id, appended,
+		err := q.SelectContext(
+			ctx,
+			&page,
+			q.Rebind(`WITH RECURSIVE chain (checkpoint_id, parent_checkpoint_id, appended,
 			message_ids, completed_steps, tool_results, depth) AS (
 			SELECT checkpoint_id, parent_checkpoint_id, appended, message_ids, completed_steps, tool_results, 0
 				FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?
 			UNION ALL
-			SELECT p.checkpoint_id, p.parent_checkpoint_id, p.appended, p.message_ids, p.completed_steps, p.tool_results, chain.depth + 1
+			SELECT p.checkpoint_id, p.parent_checkpoint_id, p.appended, p.message_ids, p.completed_steps,
+			p.tool_results, chain.depth + 1
 				FROM chain JOIN checkpoints p ON p.checkpoint_id = chain.parent_checkpoint_id AND p.thread_id = ?
 				WHERE chain.appended = 1 AND chain.depth < ?
 		) SELECT checkpoint_id, parent_checkpoint_id, appended, message_ids, completed_steps, tool_results, depth
-			FROM chain ORDER BY depth`), at, threadID, threadID, chainPage-1)
+			FROM chain ORDER BY depth`),
+			at,
+			threadID,
+			threadID,
+			chainPage-1,
+		)
 		if err != nil {
 			return nil, fmt.Errorf("read checkpoint %s's chain: %w", at, err)
 		}
@@ -170,7 +179,10 @@ func (c *chainCache) node(ctx context.Context, q *sqlx.Tx, threadID, id string) 
 			if at == id {
 				return nil, checkpointNotFound(threadID, id)
 			}
-			return nil, fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", walked[len(walked)-1].CheckpointID, at, threadID)
+			return nil, fmt.Errorf(
+				"checkpoint %s's lists continue %s, which is not a checkpoint of thread %s",
+				walked[len(walked)-1].CheckpointID, at, threadID,
+			)
 		}
 		walked = append(walked, page...)
 		last := page[len(page)-1]
@@ -185,7 +197,10 @@ func (c *chainCache) node(ctx context.Context, q *sqlx.Tx, threadID, id string) 
 		}
 		if len(page) < chainPage {
 			// The walk stopped early: the parent is not in the thread.
-			return nil, fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", last.CheckpointID, *last.ParentCheckpointID, threadID)
+			return nil, fmt.Errorf(
+				"checkpoint %s's lists continue %s, which is not a checkpoint of thread %s",
+				last.CheckpointID, *last.ParentCheckpointID, threadID,
+			)
 		}
 		at = *last.ParentCheckpointID
 	}
@@ -207,9 +222,18 @@ func (c *chainCache) node(ctx context.Context, q *sqlx.Tx, threadID, id string) 
 
 // loadCheckpoint loads a checkpoint of the given thread with its lists
 // whole; one of another thread answers checkpoint_not_found.
-func loadCheckpoint(ctx context.Context, q *sqlx.Tx, cache *chainCache, threadID, checkpointID string) (chat.Checkpoint, error) {
+func loadCheckpoint(
+	ctx context.Context,
+	q *sqlx.Tx,
+	cache *chainCache,
+	threadID, checkpointID string,
+) (chat.Checkpoint, error) {
 	var row checkpointRow
-	err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`), checkpointID, threadID)
+	err := q.GetContext(
+		ctx, &row,
+		q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE checkpoint_id = ? AND thread_id = ?`),
+		checkpointID, threadID,
+	)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return chat.Checkpoint{}, checkpointNotFound(threadID, checkpointID)
@@ -271,7 +295,10 @@ func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error
 			case !r.ParentCheckpointID.Valid:
 				d.err = fmt.Errorf("checkpoint %s is stored as appended to its parent but has none", r.CheckpointID)
 			case !ok || p.row.ThreadID != r.ThreadID || depth > len(rows):
-				d.err = fmt.Errorf("checkpoint %s's lists continue %s, which is not a checkpoint of thread %s", r.CheckpointID, r.ParentCheckpointID.String, r.ThreadID)
+				d.err = fmt.Errorf(
+					"checkpoint %s's lists continue %s, which is not a checkpoint of thread %s",
+					r.CheckpointID, r.ParentCheckpointID.String, r.ThreadID,
+				)
 			default:
 				var err error
 				if parent, err = resolve(p, depth+1); err != nil {
@@ -301,21 +328,28 @@ func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error
 // checkpointNotFound is the answer for a checkpoint that is not one of
 // the thread's.
 func checkpointNotFound(threadID, checkpointID string) error {
-	return chat.Errorf(chat.CodeCheckpointNotFound, "no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints", checkpointID, threadID)
+	return chat.Errorf(
+		chat.CodeCheckpointNotFound,
+		"no checkpoint %q in thread %s: reload the thread and pick one of its checkpoints",
+		checkpointID, threadID,
+	)
 }
 
 // storedLists is what addCheckpoint writes of cp's lists: what they append
 // to the parent's (appended true) when the parent is a checkpoint of the
 // thread whose lists are a prefix of cp's, else the lists whole. node is
 // cp's node for the cache.
-func (t *txn) storedLists(cp chat.Checkpoint) (msgs, steps []string, tools []chat.ToolResult, appended bool, node *cpNode, err error) {
+func (t *txn) storedLists(
+	cp chat.Checkpoint,
+) (msgs, steps []string, tools []chat.ToolResult, appended bool, node *cpNode, err error) {
 	if cp.ParentCheckpointID != nil {
 		parent, err := t.cps.node(t.ctx, t.tx, cp.ThreadID, *cp.ParentCheckpointID)
 		if err != nil && chat.ErrorCode(err) != chat.CodeCheckpointNotFound {
 			return nil, nil, nil, false, nil, err
 		}
 		if parent != nil && parent.prefixOf(cp.MessageIDs, cp.CompletedSteps, cp.ToolResults) {
-			msgs, steps, tools = cp.MessageIDs[parent.nMsgs:], cp.CompletedSteps[parent.nSteps:], cp.ToolResults[parent.nTools:]
+			msgs, steps, tools = cp.MessageIDs[parent.nMsgs:], cp.CompletedSteps[parent.nSteps:],
+				cp.ToolResults[parent.nTools:]
 			msgs, steps, tools = slices.Clone(msgs), slices.Clone(steps), slices.Clone(tools)
 			return msgs, steps, tools, true, newNode(parent, msgs, steps, tools), nil
 		}

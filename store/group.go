@@ -324,7 +324,8 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			}
 			return 1 + s.commitGroupLocked(rest), nil
 		}
-		t.events, t.buffered, t.cancelsAccepted, t.live = t.events[:mark], buffered, t.cancelsAccepted[:cancels], t.live[:live]
+		t.events, t.buffered, t.cancelsAccepted, t.live = t.events[:mark], buffered, t.cancelsAccepted[:cancels],
+			t.live[:live]
 		t.yield, t.unyield = t.yield[:yields], t.unyield[:unyields]
 		t.rollBackCursors()
 	}

@@ -33,7 +33,12 @@ func (w historyWindow) pick(ctx context.Context, q *sqlx.Tx, ids []string) (from
 			}
 		}
 		if to < 0 {
-			return 0, 0, chat.Errorf(chat.CodeNotFound, "message %s is not in this conversation's current history (another branch was checked out, or it is not a message of it): read the conversation again and page back from its latest messages", w.before)
+			return 0, 0, chat.Errorf(
+				chat.CodeNotFound,
+				"message %s is not in this conversation's current history (another branch was checked out, "+
+					"or it is not a message of it): read the conversation again and page back from its latest messages",
+				w.before,
+			)
 		}
 	}
 	if to == 0 {
@@ -41,7 +46,10 @@ func (w historyWindow) pick(ctx context.Context, q *sqlx.Tx, ids []string) (from
 	}
 	// Only the ids that can be in the window are measured.
 	candidates := ids[max(0, to-w.limit):to]
-	query, args, err := sqlx.In(`SELECT message_id, octet_length(content) AS size FROM messages WHERE message_id IN (?)`, candidates)
+	query, args, err := sqlx.In(
+		`SELECT message_id, octet_length(content) AS size FROM messages WHERE message_id IN (?)`,
+		candidates,
+	)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -71,7 +79,12 @@ func (w historyWindow) pick(ctx context.Context, q *sqlx.Tx, ids []string) (from
 // at most limit of them and, but for the latest one, at most maxBytes of
 // content; EarlierMessages counts those left out. It is the conversation
 // page's first paint, which fetches the rest when asked (History).
-func (s *Store) SnapshotLatest(ctx context.Context, userID, threadID string, limit int, maxBytes int64) (chat.Snapshot, error) {
+func (s *Store) SnapshotLatest(
+	ctx context.Context,
+	userID, threadID string,
+	limit int,
+	maxBytes int64,
+) (chat.Snapshot, error) {
 	return s.snapshot(ctx, userID, threadID, &historyWindow{limit: max(limit, 1), maxBytes: maxBytes})
 }
 
@@ -80,7 +93,12 @@ func (s *Store) SnapshotLatest(ctx context.Context, userID, threadID string, lim
 // ("": the latest ones), at most limit of them and, but for the newest of
 // them, at most maxBytes of content. A before that is not in the head's
 // history answers not_found.
-func (s *Store) History(ctx context.Context, userID, threadID, before string, limit int, maxBytes int64) (chat.HistoryPage, error) {
+func (s *Store) History(
+	ctx context.Context,
+	userID, threadID, before string,
+	limit int,
+	maxBytes int64,
+) (chat.HistoryPage, error) {
 	var page chat.HistoryPage
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		row, err := readThread(ctx, q, userID, threadID)

@@ -179,7 +179,11 @@ func (s *Store) YieldStream(ctx context.Context, threadID string) error {
 // ("" when none does, or the run is not active), as last committed.
 func (s *Store) RunHolder(ctx context.Context, runID string) (string, error) {
 	var owner sql.NullString
-	err := s.reader.GetContext(ctx, &owner, s.reader.Rebind(`SELECT lease_owner FROM runs WHERE run_id = ? AND status IN `+activeStatuses), runID)
+	err := s.reader.GetContext(
+		ctx, &owner,
+		s.reader.Rebind(`SELECT lease_owner FROM runs WHERE run_id = ? AND status IN `+activeStatuses),
+		runID,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}

@@ -74,11 +74,13 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 			args := []any{owner, now + ttl.Milliseconds(), ms(t.now)}
 			share := ""
 			if perUser > 0 {
-				share, args = ` AND (status <> 'queued' OR `+userExecuting(`runs.thread_id`)+` < ?)`, append(args, perUser)
+				share, args = ` AND (status <> 'queued' OR `+userExecuting(`runs.thread_id`)+` < ?)`,
+					append(args, perUser)
 			}
 			err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
 				lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
-				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+share+` ORDER BY updated_at, run_id LIMIT 1`+t.skipLocked()+`)
+				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+share+` ORDER BY updated_at, run_id
+				LIMIT 1`+t.skipLocked()+`)
 				AND lease_owner IS NULL RETURNING `+runCols, args...)
 			if errors.Is(err, sql.ErrNoRows) {
 				return nil
@@ -119,7 +121,8 @@ func (t *txn) claimStream(lease chat.Lease, threadID string) error {
 		return err
 	}
 	var pending sql.NullString
-	if err := t.get(&pending, `SELECT pending FROM checkpoints WHERE checkpoint_id = ?`, c.row.HeadCheckpointID); err != nil {
+	if err := t.get(&pending, `SELECT pending FROM checkpoints WHERE checkpoint_id = ?`,
+		c.row.HeadCheckpointID); err != nil {
 		return fmt.Errorf("load the claimed step: %w", err)
 	}
 	var step chat.Pending
@@ -146,8 +149,11 @@ func (s *Store) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.D
 			return err
 		}
 		for _, l := range leases {
-			res, err := t.exec(`UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?
-				AND status IN `+activeStatuses, now+ttl.Milliseconds(), l.RunID, l.Owner, l.Epoch)
+			res, err := t.exec(
+				`UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?
+				AND status IN `+activeStatuses,
+				now+ttl.Milliseconds(), l.RunID, l.Owner, l.Epoch,
+			)
 			if err != nil {
 				return fmt.Errorf("renew lease of %s: %w", l.RunID, err)
 			}
@@ -171,7 +177,12 @@ func (s *Store) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.D
 // pending step is re-queued (attempt + 1) or, after maxAttempts, the run
 // fails "interrupted". A commit that may have reached its system is
 // handed to a worker to reconcile first.
-func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, maxAttempts int) ([]chat.Recovered, error) {
+func (s *Store) Recover(
+	ctx context.Context,
+	owner string,
+	foreignExpired bool,
+	maxAttempts int,
+) ([]chat.Recovered, error) {
 	now := ms(s.clock())
 	if s.pg {
 		if err := s.writer.GetContext(ctx, &now, dbClockSQL); err != nil {
@@ -179,7 +190,8 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 		}
 	}
 	var ids []string
-	q := `SELECT run_id FROM runs WHERE status IN ('running', 'cancel_requested', 'cancelling') AND lease_owner IS NOT NULL
+	q := `SELECT run_id FROM runs WHERE status IN ('running', 'cancel_requested', 'cancelling')
+		AND lease_owner IS NOT NULL
 		AND ((CAST(? AS BOOLEAN) AND lease_owner <> ?) OR lease_expires_at < ?)`
 	if err := s.writer.SelectContext(ctx, &ids, s.writer.Rebind(q), foreignExpired, owner, now); err != nil {
 		return nil, fmt.Errorf("find interrupted runs: %w", err)
@@ -188,7 +200,8 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 	// attempts) are settled here as well.
 	var orphans []string
 	if err := s.writer.SelectContext(ctx, &orphans, s.writer.Rebind(`SELECT run_id FROM runs
-		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL AND NOT EXISTS (SELECT 1 FROM operations o
+		WHERE status IN ('cancel_requested', 'cancelling') AND lease_owner IS NULL
+		AND NOT EXISTS (SELECT 1 FROM operations o
 		WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)`)); err != nil {
 		return nil, fmt.Errorf("find orphaned cancels: %w", err)
 	}
@@ -217,7 +230,8 @@ func (s *Store) Recover(ctx context.Context, owner string, foreignExpired bool, 
 				}
 			}
 			var openCommit int
-			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ? AND phase IN ('committing', 'unknown') AND result_ref IS NULL`, row.RunID); err != nil {
+			if err := t.get(&openCommit, `SELECT COUNT(*) FROM operations WHERE run_id = ?
+				AND phase IN ('committing', 'unknown') AND result_ref IS NULL`, row.RunID); err != nil {
 				return err
 			}
 			if openCommit > 0 && row.LeaseOwner.Valid {
@@ -293,6 +307,9 @@ func (t *txn) lastStep(row runRow) (*chat.Checkpoint, error) {
 // handOver drops a run's lease so that a worker claims it (see claimable).
 func (t *txn) handOver(runID string) error {
 	t.runChanged(runID)
-	_, err := t.exec(`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`, ms(t.now), runID)
+	_, err := t.exec(
+		`UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE run_id = ?`,
+		ms(t.now), runID,
+	)
 	return err
 }

@@ -75,8 +75,14 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 		if kind == "" {
 			kind = chat.KindText
 		}
-		if _, err := t.publishMessage(c, chat.Message{MessageID: out.MessageID, Role: chat.RoleAssistant, Kind: kind, Content: out.Content, Model: out.Model,
-			Truncated: out.Truncated}, cpID, runID); err != nil {
+		if _, err := t.publishMessage(c, chat.Message{
+			MessageID: out.MessageID,
+			Role:      chat.RoleAssistant,
+			Kind:      kind,
+			Content:   out.Content,
+			Model:     out.Model,
+			Truncated: out.Truncated,
+		}, cpID, runID); err != nil {
 			return row, err
 		}
 		ids = append(ids, out.MessageID)
@@ -88,8 +94,16 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 			phase = chat.PhasePrepared
 		}
 		op := chat.Operation{
-			OperationID: call.OperationID, RunID: runID, ThreadID: row.ThreadID, Tool: call.Tool, Contract: call.Contract,
-			Phase: phase, Args: call.Args, Preview: call.Preview, CreatedAt: t.now.UTC(), UpdatedAt: t.now.UTC(),
+			OperationID: call.OperationID,
+			RunID:       runID,
+			ThreadID:    row.ThreadID,
+			Tool:        call.Tool,
+			Contract:    call.Contract,
+			Phase:       phase,
+			Args:        call.Args,
+			Preview:     call.Preview,
+			CreatedAt:   t.now.UTC(),
+			UpdatedAt:   t.now.UTC(),
 		}
 		if call.IdempotencyKey != "" {
 			op.IdempotencyKey = &call.IdempotencyKey
@@ -118,7 +132,8 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 			return row, err
 		}
 		t.runChanged(runID)
-		if _, err := t.exec(`UPDATE runs SET status = 'waiting_confirmation', lease_owner = NULL, lease_expires_at = NULL,
+		if _, err := t.exec(`UPDATE runs SET status = 'waiting_confirmation', lease_owner = NULL,
+			lease_expires_at = NULL,
 			updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
 			return row, fmt.Errorf("wait for confirmation: %w", err)
 		}
@@ -135,7 +150,10 @@ func (t *txn) publishStep(lease chat.Lease, out chat.StepOutput) (runRow, error)
 // caller is stale; it is reported as chat.ErrStepNotPending.
 func waitsOn(head chat.Checkpoint, step chat.Pending) error {
 	if head.Pending == nil || *head.Pending != step {
-		return fmt.Errorf("%w: checkpoint %s waits on %v, not on %v", chat.ErrStepNotPending, head.CheckpointID, head.Pending, step)
+		return fmt.Errorf(
+			"%w: checkpoint %s waits on %v, not on %v",
+			chat.ErrStepNotPending, head.CheckpointID, head.Pending, step,
+		)
 	}
 	return nil
 }
@@ -146,7 +164,8 @@ func (t *txn) insertOperation(op chat.Operation) error {
 		preview = string(op.Preview)
 	}
 	_, err := t.exec(`INSERT INTO operations (operation_id, run_id, thread_id, tool, contract, phase, args, preview,
-		idempotency_key, outcome, result_ref, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)`,
+		idempotency_key, outcome, result_ref, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)`,
 		op.OperationID, op.RunID, op.ThreadID, op.Tool, op.Contract, op.Phase, string(op.Args), preview,
 		nullStrPtr(op.IdempotencyKey), ms(t.now), ms(t.now))
 	if err != nil {
@@ -207,7 +226,8 @@ func (t *txn) updateOperation(opID, phase, outcome, resultRef string, noLookup b
 		next, until = now+reconcileDelay(0).Milliseconds(), now+t.horizon.Milliseconds()
 	}
 	settled := phase != chat.PhaseUnknown || noLookup // no next lookup
-	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = COALESCE(?, outcome), result_ref = COALESCE(?, result_ref),
+	if _, err := t.exec(`UPDATE operations SET phase = ?, outcome = COALESCE(?, outcome), result_ref = COALESCE(?,
+		result_ref),
 		commit_started_at = COALESCE(commit_started_at, ?),
 		reconcile_next_at = CASE WHEN ? THEN NULL ELSE COALESCE(reconcile_next_at, ?) END,
 		reconcile_until = COALESCE(reconcile_until, ?), updated_at = ? WHERE operation_id = ?`,
@@ -238,7 +258,12 @@ func (t *txn) ownWorking(lease chat.Lease) (runRow, error) {
 // unknown, aborted, voided …) and reports it. With needRunning, a recorded
 // cancel refuses the move (*chat.ErrNotRunning): the safe point before an
 // irreversible commit.
-func (s *Store) SetOperationPhase(ctx context.Context, lease chat.Lease, opID, phase, outcome string, needRunning bool) error {
+func (s *Store) SetOperationPhase(
+	ctx context.Context,
+	lease chat.Lease,
+	opID, phase, outcome string,
+	needRunning bool,
+) error {
 	return s.write(ctx, func(t *txn) error {
 		row, err := t.ownWorking(lease)
 		if err != nil {
@@ -346,15 +371,26 @@ func (t *txn) recordToolResult(row runRow, opID string, out chat.ToolOutcome) er
 	if err != nil {
 		return err
 	}
-	if _, err := t.publishMessage(c, chat.Message{MessageID: msgID, Role: chat.RoleTool, Kind: chat.KindText, Content: string(content)}, cpID, row.RunID); err != nil {
+	if _, err := t.publishMessage(c, chat.Message{
+		MessageID: msgID,
+		Role:      chat.RoleTool,
+		Kind:      chat.KindText,
+		Content:   string(content),
+	}, cpID, row.RunID); err != nil {
 		return err
 	}
 	_, err = t.addCheckpoint(c, chat.Checkpoint{
 		CheckpointID: cpID, ParentCheckpointID: &head.CheckpointID,
 		MessageIDs:     append(append([]string{}, head.MessageIDs...), msgID),
 		CompletedSteps: append(append([]string{}, head.CompletedSteps...), chat.StepTool),
-		ToolResults:    append(append([]chat.ToolResult{}, head.ToolResults...), chat.ToolResult{OperationID: opID, Tool: op.Tool, ResultRef: msgID}),
-		Pending:        &chat.Pending{Step: chat.StepGenerate, InputHash: inputHash(append(append([]string{}, head.MessageIDs...), msgID))},
+		ToolResults: append(
+			append([]chat.ToolResult{}, head.ToolResults...),
+			chat.ToolResult{OperationID: opID, Tool: op.Tool, ResultRef: msgID},
+		),
+		Pending: &chat.Pending{
+			Step:      chat.StepGenerate,
+			InputHash: inputHash(append(append([]string{}, head.MessageIDs...), msgID)),
+		},
 	}, row.RunID)
 	return err
 }
@@ -380,7 +416,8 @@ func (s *Store) MarkCancelling(ctx context.Context, lease chat.Lease, active cha
 			return err
 		}
 		t.runChanged(runID)
-		if _, err := t.exec(`UPDATE runs SET status = 'cancelling', updated_at = ? WHERE run_id = ?`, ms(t.now), runID); err != nil {
+		if _, err := t.exec(`UPDATE runs SET status = 'cancelling', updated_at = ? WHERE run_id = ?`,
+			ms(t.now), runID); err != nil {
 			return fmt.Errorf("mark cancelling: %w", err)
 		}
 		ev := t.event(c, chat.EventRunCancelling, runID)
@@ -419,14 +456,17 @@ func (s *Store) DecideOperation(ctx context.Context, p chat.Decide) (chat.Confir
 			return err
 		}
 		if op.Phase != chat.PhasePrepared || row.status() != chat.RunWaitingConfirmation {
-			return chat.Errorf(chat.CodeOperationNotPending, "operation %s is %s, not waiting for a decision: reload to see what happened to it", opID, op.Phase).
-				With("operation_id", opID).With("phase", op.Phase)
+			return chat.Errorf(chat.CodeOperationNotPending, "operation %s is %s, not waiting for a decision: "+
+				"reload to see what happened to it", opID, op.Phase).
+				With("operation_id", opID).
+				With("phase", op.Phase)
 		}
 		if err := transition(row, chat.RunRunning); err != nil {
 			return err
 		}
 		t.runChanged(row.RunID)
-		if _, err := t.exec(`UPDATE runs SET status = 'running', lease_owner = NULL, lease_expires_at = NULL, updated_at = ?
+		if _, err := t.exec(`UPDATE runs SET status = 'running', lease_owner = NULL, lease_expires_at = NULL,
+			updated_at = ?
 			WHERE run_id = ?`, ms(t.now), row.RunID); err != nil {
 			return fmt.Errorf("resume run: %w", err)
 		}
@@ -435,7 +475,11 @@ func (s *Store) DecideOperation(ctx context.Context, p chat.Decide) (chat.Confir
 			err = t.setPhase(c, opID, phase, "")
 		} else {
 			phase = chat.PhaseRejected
-			err = t.recordToolResult(row, opID, chat.ToolOutcome{Phase: phase, Outcome: chat.OutcomeNotStarted, Result: json.RawMessage(`{"status":"rejected"}`)})
+			err = t.recordToolResult(row, opID, chat.ToolOutcome{
+				Phase:   phase,
+				Outcome: chat.OutcomeNotStarted,
+				Result:  json.RawMessage(`{"status":"rejected"}`),
+			})
 		}
 		if err != nil {
 			return err
@@ -449,7 +493,11 @@ func (s *Store) DecideOperation(ctx context.Context, p chat.Decide) (chat.Confir
 // Operation returns one operation of the user.
 func (s *Store) Operation(ctx context.Context, userID, opID string) (chat.Operation, error) {
 	var op operationRow
-	err := s.reader.GetContext(ctx, &op, s.reader.Rebind(`SELECT `+operationCols+` FROM operations WHERE operation_id = ?`), opID)
+	err := s.reader.GetContext(
+		ctx, &op,
+		s.reader.Rebind(`SELECT `+operationCols+` FROM operations WHERE operation_id = ?`),
+		opID,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return chat.Operation{}, chat.NotFound("operation", opID)
 	}

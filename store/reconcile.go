@@ -131,7 +131,8 @@ func (s *Store) SettleReconciliation(ctx context.Context, opID string, found cha
 		now := ms(t.now)
 		switch {
 		case found == chat.LookupFound:
-			if _, err := t.exec(`UPDATE operations SET phase = 'reconciled', outcome = 'committed', reconcile_next_at = NULL,
+			if _, err := t.exec(`UPDATE operations SET phase = 'reconciled', outcome = 'committed',
+				reconcile_next_at = NULL,
 				reconcile_tries = reconcile_tries + 1, updated_at = ? WHERE operation_id = ?`, now, opID); err != nil {
 				return fmt.Errorf("record reconciliation: %w", err)
 			}

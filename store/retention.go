@@ -141,7 +141,11 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		Through int64 `db:"events_purged_through"`
 		TS      int64 `db:"events_purged_ts"`
 	}
-	err := t.get(&mark, `SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`+t.skipLocked(), threadID)
+	err := t.get(
+		&mark,
+		`SELECT events_purged_through, events_purged_ts FROM threads WHERE thread_id = ?`+t.skipLocked(),
+		threadID,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil // busy (PostgreSQL: another transaction holds it): the next pass purges it
 	}
@@ -157,7 +161,8 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 		(SELECT MAX(seq) FROM events WHERE thread_id = ?) AS last_seq,
 		(SELECT seq FROM events WHERE thread_id = ? AND seq > ? AND ts >= ? ORDER BY seq LIMIT 1) AS young_seq,
 		(SELECT MIN(e.seq) FROM runs r JOIN events e ON e.run_id = r.run_id AND e.thread_id = r.thread_id
-			WHERE r.thread_id = ? AND r.status NOT IN `+terminalStatuses+` AND e.run_id IS NOT NULL) AS active_seq`, // e.run_id IS NOT NULL: events_by_run is partial
+			WHERE r.thread_id = ? AND r.status NOT IN `+terminalStatuses+`
+			AND e.run_id IS NOT NULL) AS active_seq`, // e.run_id IS NOT NULL: events_by_run is partial
 		threadID, threadID, mark.Through, cutoff, threadID); err != nil {
 		return 0, false, fmt.Errorf("bound purge: %w", err)
 	}
@@ -188,7 +193,10 @@ func (t *txn) purgeThreadEvents(threadID string, cutoff, budget int64) (int64, b
 	for _, r := range rows {
 		maxTS = max(maxTS, r.TS)
 	}
-	res, err := t.exec(`DELETE FROM events WHERE thread_id = ? AND seq > ? AND seq <= ?`, threadID, mark.Through, last.Seq)
+	res, err := t.exec(
+		`DELETE FROM events WHERE thread_id = ? AND seq > ? AND seq <= ?`,
+		threadID, mark.Through, last.Seq,
+	)
 	if err != nil {
 		return 0, false, fmt.Errorf("purge events: %w", err)
 	}
@@ -220,8 +228,10 @@ func (r Retention) PurgeStream(ctx context.Context, before time.Time) (int64, er
 	// each is bounded again in its write transaction.
 	list := func(after string) ([]thread, error) {
 		var threads []thread
-		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(last_seq) AS up_to FROM stream_batches
-			WHERE ts < ? AND thread_id > ? GROUP BY thread_id ORDER BY thread_id LIMIT ?`), cutoff, after, purgeBatch); err != nil {
+		if err := s.reader.SelectContext(ctx, &threads, s.reader.Rebind(`SELECT thread_id, MAX(last_seq) AS up_to
+			FROM stream_batches
+			WHERE ts < ? AND thread_id > ? GROUP BY thread_id ORDER BY thread_id
+			LIMIT ?`), cutoff, after, purgeBatch); err != nil {
 			return nil, fmt.Errorf("find deltas to purge: %w", err)
 		}
 		return threads, nil
@@ -252,7 +262,8 @@ func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, boo
 		FirstSeq int64 `db:"first_seq"`
 		LastSeq  int64 `db:"last_seq"`
 	}
-	if err := t.sel(&batches, `SELECT first_seq, last_seq FROM stream_batches WHERE thread_id = ? AND last_seq <= ? ORDER BY first_seq LIMIT ?`,
+	if err := t.sel(&batches, `SELECT first_seq, last_seq FROM stream_batches WHERE thread_id = ? AND last_seq <= ?
+		ORDER BY first_seq LIMIT ?`,
 		threadID, upTo, budget); err != nil {
 		return 0, false, fmt.Errorf("list deltas to purge: %w", err)
 	}
@@ -269,10 +280,12 @@ func (t *txn) purgeThreadDeltas(threadID string, upTo, budget int64) (int64, boo
 		n, last, taken = n+size, b.LastSeq, taken+1
 	}
 	more := last < upTo && (taken < len(batches) || int64(len(batches)) == budget)
-	if _, err := t.exec(`DELETE FROM stream_batches WHERE thread_id = ? AND last_seq <= ?`, threadID, last); err != nil {
+	if _, err := t.exec(`DELETE FROM stream_batches WHERE thread_id = ? AND last_seq <= ?`,
+		threadID, last); err != nil {
 		return 0, false, fmt.Errorf("purge deltas: %w", err)
 	}
-	if _, err := t.exec(`UPDATE threads SET deltas_purged_through = ? WHERE thread_id = ? AND deltas_purged_through < ?`,
+	if _, err := t.exec(`UPDATE threads SET deltas_purged_through = ? WHERE thread_id = ?
+		AND deltas_purged_through < ?`,
 		last, threadID, last); err != nil {
 		return 0, false, fmt.Errorf("move stream purge mark: %w", err)
 	}
@@ -384,7 +397,8 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 		)`
 	var heads []threadHead
 	if !t.pg {
-		if err := t.sel(&heads, lineage+` SELECT th.thread_id, th.head_checkpoint_id FROM lineage l JOIN threads th ON th.thread_id = l.thread_id
+		if err := t.sel(&heads, lineage+` SELECT th.thread_id, th.head_checkpoint_id FROM lineage l JOIN threads th
+			ON th.thread_id = l.thread_id
 			WHERE th.deleted_at IS NULL`, threadID); err != nil {
 			return false, fmt.Errorf("find heads holding a draft: %w", err)
 		}
@@ -418,7 +432,10 @@ func (t *txn) inSomeHead(threadID, messageID string) (bool, error) {
 			}
 			return t.headsHold(heads, messageID)
 		}
-		q, args, err := sqlx.In(`SELECT thread_id FROM threads WHERE thread_id IN (?) ORDER BY thread_id FOR UPDATE SKIP LOCKED`, fresh)
+		q, args, err := sqlx.In(
+			`SELECT thread_id FROM threads WHERE thread_id IN (?) ORDER BY thread_id FOR UPDATE SKIP LOCKED`,
+			fresh,
+		)
 		if err != nil {
 			return false, err
 		}
@@ -475,7 +492,8 @@ func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (
 		err := r.s.write(ctx, func(t *txn) error {
 			n = 0
 			var threads []string
-			if err := t.sel(&threads, `SELECT thread_id FROM threads WHERE deleted_at IS NOT NULL AND redacted_at IS NULL
+			if err := t.sel(&threads, `SELECT thread_id FROM threads WHERE deleted_at IS NOT NULL
+				AND redacted_at IS NULL
 				AND deleted_at < ? ORDER BY deleted_at, thread_id LIMIT ?`, ms(before), 16); err != nil {
 				return fmt.Errorf("find deleted threads: %w", err)
 			}
@@ -483,7 +501,8 @@ func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (
 		threads:
 			for _, id := range threads {
 				var msgs []string
-				if err := t.sel(&msgs, `SELECT message_id FROM messages WHERE thread_id = ? AND redacted_at IS NULL ORDER BY message_id`, id); err != nil {
+				if err := t.sel(&msgs, `SELECT message_id FROM messages WHERE thread_id = ? AND redacted_at IS NULL
+					ORDER BY message_id`, id); err != nil {
 					return fmt.Errorf("find messages of deleted thread %s: %w", id, err)
 				}
 				if len(msgs) > budget && n > 0 {
@@ -505,7 +524,8 @@ func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (
 					}
 				}
 				budget -= len(msgs)
-				if _, err := t.exec(`UPDATE threads SET title = ?, redacted_at = ? WHERE thread_id = ?`, deletedTitle, ms(t.now), id); err != nil {
+				if _, err := t.exec(`UPDATE threads SET title = ?, redacted_at = ? WHERE thread_id = ?`,
+					deletedTitle, ms(t.now), id); err != nil {
 					return fmt.Errorf("redact deleted thread %s: %w", id, err)
 				}
 				n++
@@ -522,7 +542,8 @@ const deletedTitle = "Deleted conversation"
 // redactMessage empties a message's text in its row and in its
 // message.published event (when the event log still holds it).
 func (t *txn) redactMessage(threadID, messageID string) error {
-	if _, err := t.exec(`UPDATE messages SET content = '', redacted_at = ? WHERE message_id = ?`, ms(t.now), messageID); err != nil {
+	if _, err := t.exec(`UPDATE messages SET content = '', redacted_at = ? WHERE message_id = ?`,
+		ms(t.now), messageID); err != nil {
 		return fmt.Errorf("redact message: %w", err)
 	}
 	var evs []struct {
@@ -538,7 +559,8 @@ func (t *txn) redactMessage(threadID, messageID string) error {
 		if err != nil {
 			return fmt.Errorf("redact message.published seq %d of thread %s: %w", ev.Seq, threadID, err)
 		}
-		if _, err := t.exec(`UPDATE events SET payload = ? WHERE thread_id = ? AND seq = ?`, string(payload), threadID, ev.Seq); err != nil {
+		if _, err := t.exec(`UPDATE events SET payload = ? WHERE thread_id = ? AND seq = ?`,
+			string(payload), threadID, ev.Seq); err != nil {
 			return fmt.Errorf("redact draft event: %w", err)
 		}
 	}

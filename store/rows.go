@@ -63,8 +63,8 @@ func threadColsOf(alias string) string {
 func (r *threadRow) scanTargets() []any {
 	return []any{&r.ThreadID, &r.UserID, &r.Title, &r.StateVersion, &r.LastSeq, &r.HeadCheckpointID,
 		&r.ForkedFromThreadID, &r.ForkedFromCheckpointID, &r.CreatedAt, &r.UpdatedAt,
-		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough, &r.SeqReserved, &r.SeqHolder,
-		&r.DeletedAt}
+		&r.EventsPurgedThrough, &r.EventsPurgedVersion, &r.EventsPurgedTS, &r.DeltasPurgedThrough,
+		&r.SeqReserved, &r.SeqHolder, &r.DeletedAt}
 }
 
 func (r threadRow) thread() chat.Thread {
@@ -74,7 +74,10 @@ func (r threadRow) thread() chat.Thread {
 		CreatedAt: fromMS(r.CreatedAt), UpdatedAt: fromMS(r.UpdatedAt),
 	}
 	if r.ForkedFromThreadID.Valid {
-		t.ForkedFrom = &chat.ForkSource{ThreadID: r.ForkedFromThreadID.String, CheckpointID: r.ForkedFromCheckpointID.String}
+		t.ForkedFrom = &chat.ForkSource{
+			ThreadID:     r.ForkedFromThreadID.String,
+			CheckpointID: r.ForkedFromCheckpointID.String,
+		}
 	}
 	return t
 }

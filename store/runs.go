@@ -49,7 +49,11 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		}
 		if p.ClientRequestID != "" {
 			var row runRow
-			err := t.get(&row, `SELECT `+runCols+` FROM runs WHERE thread_id = ? AND client_request_id = ?`, p.ThreadID, p.ClientRequestID)
+			err := t.get(
+				&row,
+				`SELECT `+runCols+` FROM runs WHERE thread_id = ? AND client_request_id = ?`,
+				p.ThreadID, p.ClientRequestID,
+			)
 			if err == nil {
 				out = chat.RunStartAck{RunID: row.RunID, Status: row.status(), StateVersion: row.StartStateVersion}
 				return nil
@@ -81,7 +85,12 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 			}
 			msgID := chat.NewID(chat.PrefixMessage)
 			cpID := chat.NewID(chat.PrefixCheckpoint)
-			if _, err := t.publishMessage(c, chat.Message{MessageID: msgID, Role: chat.RoleUser, Kind: chat.KindText, Content: *p.UserMessage}, cpID, ""); err != nil {
+			if _, err := t.publishMessage(c, chat.Message{
+				MessageID: msgID,
+				Role:      chat.RoleUser,
+				Kind:      chat.KindText,
+				Content:   *p.UserMessage,
+			}, cpID, ""); err != nil {
 				return err
 			}
 			ids := append(append([]string{}, from.MessageIDs...), msgID)
@@ -94,7 +103,10 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 				return err
 			}
 		case from.Pending == nil:
-			return chat.Invalid("checkpoint %s has no unfinished step to continue: send user_message to ask something new", from.CheckpointID)
+			return chat.Invalid(
+				"checkpoint %s has no unfinished step to continue: send user_message to ask something new",
+				from.CheckpointID,
+			)
 		default:
 			if note, err = t.resumeNote(p.ThreadID, from.CheckpointID); err != nil {
 				return err
@@ -116,10 +128,15 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		ev.Body = chat.RunStartedBody{BaseCheckpointID: base.CheckpointID, Status: chat.RunQueued, Attempt: 1}
 		now := ms(t.now)
 		if _, err := t.exec(`INSERT INTO runs (run_id, thread_id, status, base_checkpoint_id, resume_note, attempt,
-			client_request_id, start_state_version, created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, 1, ?, ?, ?, ?)`,
-			runID, p.ThreadID, base.CheckpointID, note, nullStr(p.ClientRequestID), c.row.StateVersion, now, now); err != nil {
+			client_request_id, start_state_version, created_at, updated_at)
+			VALUES (?, ?, 'queued', ?, ?, 1, ?, ?, ?, ?)`,
+			runID, p.ThreadID, base.CheckpointID, note, nullStr(p.ClientRequestID), c.row.StateVersion,
+			now, now); err != nil {
 			if isUniqueViolation(err) {
-				return chat.Errorf(chat.CodeRunAlreadyActive, "another run started on this thread at the same moment: reload it")
+				return chat.Errorf(
+					chat.CodeRunAlreadyActive,
+					"another run started on this thread at the same moment: reload it",
+				)
 			}
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -142,7 +159,8 @@ func (t *txn) noActiveRun(threadID string) error {
 	var active string
 	err := t.get(&active, `SELECT run_id FROM runs WHERE thread_id = ? AND status IN `+activeStatuses, threadID)
 	if err == nil {
-		return chat.Errorf(chat.CodeRunAlreadyActive, "run %s is still active on this thread: wait for it or cancel it first", active).
+		return chat.Errorf(chat.CodeRunAlreadyActive, "run %s is still active on this thread: "+
+			"wait for it or cancel it first", active).
 			With("run_id", active)
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
@@ -168,8 +186,12 @@ func (t *txn) retitle(c *threadCursor, title string) error {
 // left the checkpoint unfinished.
 func (t *txn) resumeNote(threadID, checkpointID string) (string, error) {
 	var status string
-	err := t.get(&status, `SELECT status FROM runs WHERE thread_id = ? AND (resume_checkpoint_id = ? OR base_checkpoint_id = ?)
-		ORDER BY created_at DESC LIMIT 1`, threadID, checkpointID, checkpointID)
+	err := t.get(
+		&status,
+		`SELECT status FROM runs WHERE thread_id = ? AND (resume_checkpoint_id = ? OR base_checkpoint_id = ?)
+		ORDER BY created_at DESC LIMIT 1`,
+		threadID, checkpointID, checkpointID,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
@@ -178,9 +200,11 @@ func (t *txn) resumeNote(threadID, checkpointID string) (string, error) {
 	}
 	switch chat.RunStatus(status) {
 	case chat.RunCancelled:
-		return "The previous output for this step was stopped by the user before it was published. Answer afresh from the confirmed conversation.", nil
+		return "The previous output for this step was stopped by the user before it was published. Answer afresh " +
+			"from the confirmed conversation.", nil
 	case chat.RunFailed:
-		return "The previous attempt at this step was interrupted before it was published. Answer afresh from the confirmed conversation.", nil
+		return "The previous attempt at this step was interrupted before it was published. Answer afresh from the " +
+			"confirmed conversation.", nil
 	}
 	return "", nil
 }
@@ -220,8 +244,12 @@ func (s *Store) Run(ctx context.Context, userID, runID string) (chat.Run, error)
 		runRow
 		UserID string `db:"user_id"`
 	}
-	err := s.reader.GetContext(ctx, &row, s.reader.Rebind(`SELECT r.`+strings.ReplaceAll(runCols, ", ", ", r.")+`, t.user_id
-		FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`), runID)
+	err := s.reader.GetContext(
+		ctx, &row,
+		s.reader.Rebind(`SELECT r.`+strings.ReplaceAll(runCols, ", ", ", r.")+`, t.user_id
+		FROM runs r JOIN threads t ON t.thread_id = r.thread_id WHERE r.run_id = ?`),
+		runID,
+	)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && row.UserID != userID) {
 		return chat.Run{}, chat.NotFound("run", runID)
 	}
@@ -254,8 +282,10 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 		st := row.status()
 		prev = st
 		if st == chat.RunCompleted || st == chat.RunFailed {
-			return chat.Errorf(chat.CodeRunNotActive, "run %s already ended %s: there is nothing to cancel", p.RunID, st).
-				With("run_id", p.RunID).With("status", st)
+			return chat.Errorf(chat.CodeRunNotActive, "run %s already ended %s: "+
+				"there is nothing to cancel", p.RunID, st).
+				With("run_id", p.RunID).
+				With("status", st)
 		}
 		ack = chat.CancelAck{RunID: row.RunID}
 		if st.CancelAccepted() {
@@ -279,10 +309,11 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 				return err
 			}
 			t.runChanged(row.RunID)
-			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?, cancel_reason = ?,
-				requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?, resume_checkpoint_id = ?,
-				updated_at = ? WHERE run_id = ?`,
-				ms(t.now), p.Reason, p.RequestedBy, ev.StateVersion, nullStrPtr(published), head.CheckpointID, ms(t.now), row.RunID); err != nil {
+			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?,
+				cancel_reason = ?, requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?,
+				resume_checkpoint_id = ?, updated_at = ? WHERE run_id = ?`,
+				ms(t.now), p.Reason, p.RequestedBy, ev.StateVersion, nullStrPtr(published), head.CheckpointID,
+				ms(t.now), row.RunID); err != nil {
 				return fmt.Errorf("record cancel: %w", err)
 			}
 			if err := t.append(ev); err != nil {
@@ -293,10 +324,12 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 			ack.PublishedMessageID = published
 			ack.ResumeCheckpointID = head.CheckpointID
 		}
-		_, err = t.exec(`INSERT INTO cancel_audit (audit_id, run_id, thread_id, user_id, requested_by, reason, requested_at,
+		_, err = t.exec(
+			`INSERT INTO cancel_audit (audit_id, run_id, thread_id, user_id, requested_by, reason, requested_at,
 			accepted_state_version, already_requested) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			chat.NewID("aud_"), row.RunID, row.ThreadID, p.UserID, p.RequestedBy, p.Reason, ms(t.now),
-			ack.AcceptedStateVersion, ack.AlreadyRequested)
+			ack.AcceptedStateVersion, ack.AlreadyRequested,
+		)
 		if err != nil {
 			return fmt.Errorf("write cancel audit: %w", err)
 		}
@@ -373,8 +406,12 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	ev := t.event(c, chat.EventRunCancelled, row.RunID)
 	executed := row.LeaseEpoch > 0 // as Run.Executed: every claim, and only a claim, takes a new lease epoch
 	ev.Body = chat.RunCancelledBody{
-		ResumeCheckpointID: c.row.HeadCheckpointID, PublishedMessageID: fromNullString(row.CancelPublishedMessageID),
-		DiscardedStreamChars: discarded, ResumePolicy: chat.ResumePolicyRegenerate, Operations: ops, Executed: &executed,
+		ResumeCheckpointID:   c.row.HeadCheckpointID,
+		PublishedMessageID:   fromNullString(row.CancelPublishedMessageID),
+		DiscardedStreamChars: discarded,
+		ResumePolicy:         chat.ResumePolicyRegenerate,
+		Operations:           ops,
+		Executed:             &executed,
 	}
 	if err := transition(row, chat.RunCancelled); err != nil {
 		return err
@@ -409,7 +446,8 @@ func (t *txn) operationOutcomes(runID string) ([]chat.OperationOutcome, error) {
 
 func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.OperationOutcome, error) {
 	var rows []operationRow
-	if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE run_id = ? ORDER BY created_at, operation_id`), runID); err != nil {
+	if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE run_id = ?
+		ORDER BY created_at, operation_id`), runID); err != nil {
 		return nil, fmt.Errorf("list operations: %w", err)
 	}
 	out := make([]chat.OperationOutcome, 0, len(rows))
@@ -418,7 +456,10 @@ func operationOutcomes(ctx context.Context, q *sqlx.Tx, runID string) ([]chat.Op
 		if outcome == "" {
 			outcome = "not_started"
 		}
-		out = append(out, chat.OperationOutcome{OperationID: r.OperationID, Tool: r.Tool, Phase: r.Phase, Outcome: outcome})
+		out = append(
+			out,
+			chat.OperationOutcome{OperationID: r.OperationID, Tool: r.Tool, Phase: r.Phase, Outcome: outcome},
+		)
 	}
 	return out, nil
 }
@@ -525,8 +566,11 @@ func (s *Store) AppendDeltas(ctx context.Context, lease chat.Lease, messageID st
 // bookkeeping, not state: no version bump, no event, whatever the status.
 func (s *Store) AddUsage(ctx context.Context, runID string, u chat.Usage) error {
 	return s.write(ctx, func(t *txn) error {
-		_, err := t.exec(`UPDATE runs SET prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ? WHERE run_id = ?`,
-			u.PromptTokens, u.CompletionTokens, runID)
+		_, err := t.exec(
+			`UPDATE runs SET prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ?
+				WHERE run_id = ?`,
+			u.PromptTokens, u.CompletionTokens, runID,
+		)
 		return err
 	})
 }
@@ -580,7 +624,8 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 	t.runChanged(row.RunID)
 	if _, err := t.exec(`UPDATE runs SET status = ?, error = ?, resume_checkpoint_id = ?, discarded_stream_chars = ?,
 		lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ? WHERE run_id = ?`,
-		string(status), nullStr(message), c.row.HeadCheckpointID, discarded, ms(t.now), ms(t.now), row.RunID); err != nil {
+		string(status), nullStr(message), c.row.HeadCheckpointID, discarded, ms(t.now), ms(t.now),
+		row.RunID); err != nil {
 		return fmt.Errorf("finish run: %w", err)
 	}
 	return t.append(ev)
@@ -632,11 +677,13 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 	var in chat.RunInput
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		var row runRow
-		if err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+runCols+` FROM runs WHERE run_id = ?`), runID); err != nil {
+		if err := q.GetContext(ctx, &row, q.Rebind(`SELECT `+runCols+` FROM runs WHERE run_id = ?`),
+			runID); err != nil {
 			return fmt.Errorf("load run: %w", err)
 		}
 		var head string
-		if err := q.GetContext(ctx, &head, q.Rebind(`SELECT head_checkpoint_id FROM threads WHERE thread_id = ?`), row.ThreadID); err != nil {
+		if err := q.GetContext(ctx, &head, q.Rebind(`SELECT head_checkpoint_id FROM threads WHERE thread_id = ?`),
+			row.ThreadID); err != nil {
 			return fmt.Errorf("load head: %w", err)
 		}
 		cp, err := loadCheckpoint(ctx, q, s.cps, row.ThreadID, head)
@@ -649,7 +696,8 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		}
 		note := row.ResumeNote
 		if row.Attempt > 1 && note == "" {
-			note = "The previous attempt at this step was interrupted before it was published. Answer afresh from the confirmed conversation."
+			note = "The previous attempt at this step was interrupted before it was published. Answer afresh from " +
+				"the confirmed conversation."
 		}
 		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note, Pending: cp.Pending}
 		if cp.Pending != nil && cp.Pending.Step == chat.StepTool {
@@ -657,7 +705,11 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 			// By id alone: a fork's first checkpoint may wait on a call of
 			// the thread it was forked from (the engine then prepares that
 			// call again in the fork, under the same key).
-			err := q.GetContext(ctx, &op, q.Rebind(`SELECT `+operationCols+` FROM operations WHERE operation_id = ?`), cp.Pending.InputHash)
+			err := q.GetContext(
+				ctx, &op,
+				q.Rebind(`SELECT `+operationCols+` FROM operations WHERE operation_id = ?`),
+				cp.Pending.InputHash,
+			)
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("load pending operation: %w", err)
 			}

@@ -132,7 +132,11 @@ func SQLiteSynchronous(setting string) (string, error) {
 	case SynchronousFull, SynchronousNormal:
 		return strings.ToUpper(v), nil
 	default:
-		return "", fmt.Errorf("SQLite synchronous %q is not a setting: use full (acknowledged commits survive an OS crash or power loss) or normal (they survive a crash of the process only)", setting)
+		return "", fmt.Errorf(
+			"SQLite synchronous %q is not a setting: use full (acknowledged commits survive an OS crash or power "+
+				"loss) or normal (they survive a crash of the process only)",
+			setting,
+		)
 	}
 }
 
@@ -145,14 +149,15 @@ type Store struct {
 	onCommit atomic.Pointer[func([]*chat.Event)] // never nil after Open
 	metrics  Metrics
 	lock     *os.File
-	pg       bool                     // PostgreSQL, not SQLite
-	cps      *chainCache              // checkpoints' lists as stored (checkpoints.go)
-	buf      *streamBuffer            // deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
-	peers    atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
-	retries  atomic.Int64             // transactions run again (retry.go)
-	clock    func() time.Time
-	horizon  time.Duration // Options.ReconcileHorizon
-	perUser  int           // Options.MaxRunsPerUser
+	pg       bool        // PostgreSQL, not SQLite
+	cps      *chainCache // checkpoints' lists as stored (checkpoints.go)
+	// deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
+	buf     *streamBuffer
+	peers   atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
+	retries atomic.Int64             // transactions run again (retry.go)
+	clock   func() time.Time
+	horizon time.Duration // Options.ReconcileHorizon
+	perUser int           // Options.MaxRunsPerUser
 }
 
 // IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
@@ -212,7 +217,10 @@ func lockFile(path string) (*os.File, error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("database %s is in use by another gateway process: stop it or pass another -db", strings.TrimSuffix(path, ".lock"))
+		return nil, fmt.Errorf(
+			"database %s is in use by another gateway process: stop it or pass another -db",
+			strings.TrimSuffix(path, ".lock"),
+		)
 	}
 	return f, nil
 }
@@ -223,7 +231,11 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	base := "file:" + (&url.URL{Path: path}).EscapedPath()
-	writer, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous="+synchronous+"&_txlock=immediate&_stmt_cache_size=128")
+	writer, err := sqlx.Open(
+		"sqlite3",
+		base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous="+synchronous+
+			"&_txlock=immediate&_stmt_cache_size=128",
+	)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -238,7 +250,10 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		writer.Close()
 		return nil, err
 	}
-	reader, err := sqlx.Open("sqlite3", base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_query_only=1&_stmt_cache_size=64")
+	reader, err := sqlx.Open(
+		"sqlite3",
+		base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_query_only=1&_stmt_cache_size=64",
+	)
 	if err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("open %s for reading: %w", path, err)
@@ -260,7 +275,8 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 		// The stream buffer's size is kept up to date from here on by the
 		// commits that add or purge deltas (no count per scrape).
 		var n int64
-		if err := reader.GetContext(ctx, &n, `SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM stream_batches`); err != nil {
+		if err := reader.GetContext(ctx, &n, `SELECT COALESCE(SUM(last_seq - first_seq + 1), 0)
+			FROM stream_batches`); err != nil {
 			reader.Close()
 			writer.Close()
 			return nil, fmt.Errorf("count the stream buffer: %w", err)
@@ -276,8 +292,16 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 	if horizon <= 0 {
 		horizon = DefaultReconcileHorizon
 	}
-	st := &Store{writer: writer, reader: reader, metrics: metrics, pg: pg, clock: clock, horizon: horizon, perUser: max(opts.MaxRunsPerUser, 0),
-		cps: newChainCache(chainCacheWeight)}
+	st := &Store{
+		writer:  writer,
+		reader:  reader,
+		metrics: metrics,
+		pg:      pg,
+		clock:   clock,
+		horizon: horizon,
+		perUser: max(opts.MaxRunsPerUser, 0),
+		cps:     newChainCache(chainCacheWeight),
+	}
 	st.SetOnCommit(opts.OnCommit)
 	st.gate = newWriterGate(&st.queue.waiting)
 	return st, nil
@@ -382,7 +406,8 @@ func migratePostgres(ctx context.Context, dsn string) error {
 	}
 	defer db.Close()
 	var where string
-	if err := db.QueryRowContext(ctx, `SELECT current_database() || '.' || COALESCE(current_schema(), '')`).Scan(&where); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT current_database() || '.' || COALESCE(current_schema(),
+		'')`).Scan(&where); err != nil {
 		return fmt.Errorf("open PostgreSQL: %w", err)
 	}
 	h := fnv.New64a()
@@ -538,7 +563,9 @@ func fromNullString(v sql.NullString) *string {
 // is the tool for that.
 func (s *Store) Backup(ctx context.Context, dest string) error {
 	if s.pg {
-		return errors.New("backup copies SQLite files only: back up a PostgreSQL database with pg_dump (e.g. pg_dump -Fc -f OUT DSN)")
+		return errors.New(
+			"backup copies SQLite files only: back up a PostgreSQL database with pg_dump (e.g. pg_dump -Fc -f OUT DSN)",
+		)
 	}
 	if err := os.MkdirAll(filepath.Dir(dest), DirMode); err != nil {
 		return fmt.Errorf("create backup folder: %w", err)

@@ -126,7 +126,11 @@ type streamedMessage struct {
 // every delta of it.
 func (t *txn) streamedMessage(p chat.StreamedTextQuery) (streamedMessage, error) {
 	var sm streamedMessage
-	err := t.get(&sm, `SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`, p.MessageID, p.ThreadID)
+	err := t.get(
+		&sm,
+		`SELECT run_id, first_seq FROM stream_messages WHERE message_id = ? AND thread_id = ?`,
+		p.MessageID, p.ThreadID,
+	)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A message lost whole (streambuf.go): the tab saw seqs that were
 		// recorded lost.
@@ -135,11 +139,18 @@ func (t *txn) streamedMessage(p chat.StreamedTextQuery) (streamedMessage, error)
 		case err != nil:
 			return sm, err
 		case lost != nil && lost.Reason == gapWrittenPast:
-			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost before any of it was written: another instance wrote past this reply's reserved seqs while its holder was stalled (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
-				p.MessageID, lost.First, lost.Last).With("cause", chat.CauseWrittenPast)
+			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost before "+
+				"any of it was written: another instance wrote past this reply's reserved seqs while its holder was "+
+				"stalled (seqs %d–%d were never written), so nothing of what you saw can be saved: "+
+				"continue from the saved point",
+				p.MessageID, lost.First, lost.Last).
+				With("cause", chat.CauseWrittenPast)
 		case lost != nil:
-			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the server stopped before any of it was written (seqs %d–%d were never written), so nothing of what you saw can be saved: continue from the saved point",
-				p.MessageID, lost.First, lost.Last).With("cause", chat.CauseServerStopped)
+			return sm, chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s was lost when the "+
+				"server stopped before any of it was written (seqs %d–%d were never written), "+
+				"so nothing of what you saw can be saved: continue from the saved point",
+				p.MessageID, lost.First, lost.Last).
+				With("cause", chat.CauseServerStopped)
 		}
 		return sm, chat.NotFound("streamed message", p.MessageID)
 	}
@@ -153,13 +164,17 @@ func (t *txn) streamedMessage(p chat.StreamedTextQuery) (streamedMessage, error)
 // or says why it cannot.
 func (t *txn) streamedText(c *threadCursor, p chat.StreamedTextQuery, sm streamedMessage) (string, error) {
 	if p.LastSeq < sm.FirstSeq {
-		return "", chat.Invalid("last_seq %d is before the first delta of message %s (seq %d): nothing of it was displayed", p.LastSeq, p.MessageID, sm.FirstSeq)
+		return "", chat.Invalid(
+			"last_seq %d is before the first delta of message %s (seq %d): nothing of it was displayed",
+			p.LastSeq, p.MessageID, sm.FirstSeq,
+		)
 	}
 	if p.LastSeq > c.row.LastSeq {
 		return "", chat.Invalid("last_seq %d is beyond the thread's last event (%d)", p.LastSeq, c.row.LastSeq)
 	}
 	var batches []deltaBatch
-	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`, p.MessageID, p.LastSeq); err != nil {
+	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ?
+		ORDER BY first_seq`, p.MessageID, p.LastSeq); err != nil {
 		return "", fmt.Errorf("load deltas: %w", err)
 	}
 	deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= p.LastSeq })
@@ -181,16 +196,28 @@ func (t *txn) streamedText(c *threadCursor, p chat.StreamedTextQuery, sm streame
 		if n := len(known); n > 0 && known[0].Part == 0 && known[n-1].Part == n-1 {
 			end := known[n-1].Seq
 			if lost.Reason == gapWrittenPast {
-				return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost: another instance wrote past this reply's reserved seqs while its holder was stalled (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
-					p.MessageID, end, lost.First, lost.Last, end, end).With("cause", chat.CauseWrittenPast).With("known_last_seq", end)
+				return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d "+
+					"was lost: another instance wrote past this reply's reserved seqs while its holder was stalled "+
+					"(seqs %d–%d were never written), so what you saw cannot be saved exactly: "+
+					"what is still known ends at seq %d (save with last_seq %d), "+
+					"or continue from the saved point",
+					p.MessageID, end, lost.First, lost.Last, end, end).
+					With("cause", chat.CauseWrittenPast).
+					With("known_last_seq", end)
 			}
-			return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was lost when the server stopped (seqs %d–%d were never written), so what you saw cannot be saved exactly: what is still known ends at seq %d (save with last_seq %d), or continue from the saved point",
-				p.MessageID, end, lost.First, lost.Last, end, end).With("cause", chat.CauseServerStopped).With("known_last_seq", end)
+			return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s after seq %d was "+
+				"lost when the server stopped (seqs %d–%d were never written), "+
+				"so what you saw cannot be saved exactly: what is still known ends at seq %d "+
+				"(save with last_seq %d), or continue from the saved point",
+				p.MessageID, end, lost.First, lost.Last, end, end).
+				With("cause", chat.CauseServerStopped).
+				With("known_last_seq", end)
 		}
 		deltas = nil // what is before the gap is not whole either
 	}
 	if len(deltas) == 0 || deltas[0].Part != 0 || deltas[len(deltas)-1].Part != len(deltas)-1 {
-		return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID).
+		return "", chat.Errorf(chat.CodeFragmentUnavailable, "the streamed text of message %s is no longer "+
+			"buffered, so it cannot be saved exactly: continue from the saved point instead", p.MessageID).
 			With("cause", chat.CauseExpired)
 	}
 	var b strings.Builder
@@ -242,7 +269,8 @@ func (t *txn) streamedWhole(messageID, content string) error {
 		Chars    int64  `db:"chars"`
 	}
 	err := t.get(&sm, `SELECT thread_id, first_seq, parts, chars,
-		COALESCE((SELECT MAX(b.last_seq) FROM stream_batches b WHERE b.message_id = sm.message_id), first_seq) AS last_seq
+		COALESCE((SELECT MAX(b.last_seq) FROM stream_batches b WHERE b.message_id = sm.message_id),
+		first_seq) AS last_seq
 		FROM stream_messages sm WHERE message_id = ?`, messageID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
@@ -255,7 +283,10 @@ func (t *txn) streamedWhole(messageID, content string) error {
 		return err
 	}
 	if lost != nil {
-		return fmt.Errorf("%w: message %s: seqs %d–%d among its deltas were never written (%s)", chat.ErrDeltasLost, messageID, lost.First, lost.Last, lost.Reason)
+		return fmt.Errorf(
+			"%w: message %s: seqs %d–%d among its deltas were never written (%s)",
+			chat.ErrDeltasLost, messageID, lost.First, lost.Last, lost.Reason,
+		)
 	}
 	if sm.Chars == int64(utf8.RuneCountInString(content)) {
 		return nil
@@ -263,7 +294,8 @@ func (t *txn) streamedWhole(messageID, content string) error {
 	// Deltas cut inside a character count its bytes apart: compare the
 	// text itself while all of it is held.
 	var batches []deltaBatch
-	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? ORDER BY first_seq`, messageID); err != nil {
+	if err := t.sel(&batches, `SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? ORDER BY first_seq`,
+		messageID); err != nil {
 		return fmt.Errorf("load deltas: %w", err)
 	}
 	deltas, err := expandBatches(batches, nil)
@@ -311,7 +343,10 @@ func (s *Store) DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.Draft
 			return err
 		}
 		if kind != chat.KindFragment {
-			return chat.Invalid("message %s is a published %s message, not a saved fragment: only drafts can be deleted", messageID, kind)
+			return chat.Invalid(
+				"message %s is a published %s message, not a saved fragment: only drafts can be deleted",
+				messageID, kind,
+			)
 		}
 		head, err := t.checkpoint(threadID, c.row.HeadCheckpointID)
 		if err != nil {
@@ -328,7 +363,8 @@ func (s *Store) DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.Draft
 		if err := t.append(ev); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE messages SET deleted_at = ? WHERE message_id = ?`, ms(t.now), messageID); err != nil {
+		if _, err := t.exec(`UPDATE messages SET deleted_at = ? WHERE message_id = ?`,
+			ms(t.now), messageID); err != nil {
 			return fmt.Errorf("mark draft deleted: %w", err)
 		}
 		cp, err := t.addCheckpoint(c, chat.Checkpoint{
@@ -378,7 +414,12 @@ func (s *Store) ThreadEvents(ctx context.Context, threadID string, after int64) 
 
 // replay is Events, reading the thread row with load (in the same read
 // transaction).
-func (s *Store) replay(ctx context.Context, threadID string, after int64, load func(q *sqlx.Tx) (threadRow, error)) (chat.Replay, error) {
+func (s *Store) replay(
+	ctx context.Context,
+	threadID string,
+	after int64,
+	load func(q *sqlx.Tx) (threadRow, error),
+) (chat.Replay, error) {
 	var out chat.Replay
 	// The deltas only memory holds yet (streambuf.go), all above the
 	// database's last_seq: read with the database under the thread's
@@ -400,7 +441,10 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 		last := row.LastSeq
 		if n := len(pending); n > 0 && pending[0].Seq != row.LastSeq+1 {
 			if !s.pg {
-				return fmt.Errorf("thread %s: the deltas in memory start at seq %d, the database ends at %d", threadID, pending[0].Seq, row.LastSeq)
+				return fmt.Errorf(
+					"thread %s: the deltas in memory start at seq %d, the database ends at %d",
+					threadID, pending[0].Seq, row.LastSeq,
+				)
 			}
 			// Another instance wrote past this process's reservation
 			// (streambuf.go): what memory holds is lost.
@@ -443,11 +487,17 @@ func (s *Store) replay(ctx context.Context, threadID string, after int64, load f
 // last_seq, from the event log and the stream buffer, merged in seq
 // order; complete is false when they do not make every seq in between
 // (purged, lost in a crash) or are too many to replay.
-func readLogged(ctx context.Context, q *sqlx.Tx, threadID string, after, upTo int64) (events []*chat.Event, complete bool, err error) {
+func readLogged(
+	ctx context.Context,
+	q *sqlx.Tx,
+	threadID string,
+	after, upTo int64,
+) (events []*chat.Event, complete bool, err error) {
 	var size int64
 	if err := q.GetContext(ctx, &size, q.Rebind(`SELECT CAST(
 		COALESCE((SELECT SUM(LENGTH(payload)) FROM events WHERE thread_id = ? AND seq > ?), 0) +
-		COALESCE((SELECT SUM(LENGTH(texts) + (last_seq - first_seq + 1) * ?) FROM stream_batches WHERE thread_id = ? AND last_seq > ?), 0) AS BIGINT)`),
+		COALESCE((SELECT SUM(LENGTH(texts) + (last_seq - first_seq + 1) * ?) FROM stream_batches WHERE thread_id = ?
+		AND last_seq > ?), 0) AS BIGINT)`),
 		threadID, after, deltaEnvelope, threadID, after); err != nil {
 		return nil, false, fmt.Errorf("size the replay: %w", err)
 	}
@@ -459,7 +509,8 @@ func readLogged(ctx context.Context, q *sqlx.Tx, threadID string, after, upTo in
 		Type    string `db:"type"`
 		Payload string `db:"payload"`
 	}
-	if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ? AND seq > ? ORDER BY seq`), threadID, after); err != nil {
+	if err := q.SelectContext(ctx, &durable, q.Rebind(`SELECT seq, type, payload FROM events WHERE thread_id = ?
+		AND seq > ? ORDER BY seq`), threadID, after); err != nil {
 		return nil, false, fmt.Errorf("read event log: %w", err)
 	}
 	var batches []deltaBatch

@@ -136,8 +136,17 @@ type stagedLive struct {
 
 func newStreamBuffer(s *Store) *streamBuffer {
 	ctx, stop := context.WithCancel(context.Background())
-	b := &streamBuffer{s: s, threads: map[string]*threadStream{}, runs: map[string]liveRun{}, until: map[string]leaseUntil{}, dirty: map[string]struct{}{},
-		lost: map[string]string{}, wake: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
+	b := &streamBuffer{
+		s:       s,
+		threads: map[string]*threadStream{},
+		runs:    map[string]liveRun{},
+		until:   map[string]leaseUntil{},
+		dirty:   map[string]struct{}{},
+		lost:    map[string]string{},
+		wake:    make(chan struct{}, 1),
+		stop:    stop,
+		done:    make(chan struct{}),
+	}
 	go b.flusher(ctx)
 	return b
 }
@@ -208,7 +217,8 @@ func (b *streamBuffer) lostDeltas(messageID string) error {
 		return nil
 	}
 	return fmt.Errorf("%w: message %s: another instance wrote past the seqs its deltas were given while this process "+
-		"did not answer, so deltas already fanned out are lost and the message cannot be whole", chat.ErrDeltasLost, messageID)
+		"did not answer, so deltas already fanned out are lost and the message cannot be "+
+		"whole", chat.ErrDeltasLost, messageID)
 }
 
 // markDirty gives threads back to the flusher's next pass.
@@ -223,9 +233,15 @@ func (b *streamBuffer) markDirty(ids []string) {
 // appendFast hands out seqs for texts and fans them out without writing,
 // when the run is confirmed running under lease on messageID and its
 // thread has seqs reserved. handled false: take the slow path.
-func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, messageID string, texts []string) (handled bool, err error) {
+func (b *streamBuffer) appendFast(
+	ctx context.Context,
+	lease chat.Lease,
+	messageID string,
+	texts []string,
+) (handled bool, err error) {
 	lr, ts, ok := b.live(lease.RunID)
-	if !ok || lr.lease != lease || (lr.messageID != "" && lr.messageID != messageID) || b.pending.Load() >= maxPendingDeltas {
+	if !ok || lr.lease != lease || (lr.messageID != "" && lr.messageID != messageID) ||
+		b.pending.Load() >= maxPendingDeltas {
 		return false, nil
 	}
 	ts.mu.Lock()
@@ -241,8 +257,15 @@ func (b *streamBuffer) appendFast(ctx context.Context, lease chat.Lease, message
 	}
 	now := ms(b.s.clock())
 	// The caller reuses texts once this returns: keep a copy.
-	pb := &pendingBatch{runID: lease.RunID, messageID: messageID, texts: slices.Clone(texts), first: ts.next + 1, last: ts.next + n, ts: now,
-		events: make([]*chat.Event, len(texts))}
+	pb := &pendingBatch{
+		runID:     lease.RunID,
+		messageID: messageID,
+		texts:     slices.Clone(texts),
+		first:     ts.next + 1,
+		last:      ts.next + n,
+		ts:        now,
+		events:    make([]*chat.Event, len(texts)),
+	}
 	for i, text := range texts {
 		ev := &chat.Event{Type: chat.EventMessageDelta, ThreadID: lr.threadID, Seq: pb.first + int64(i), TS: now,
 			RunID: lease.RunID, MessageID: messageID, Body: chat.MessageDeltaBody{MessageID: messageID, Text: text}}
@@ -446,7 +469,8 @@ func (b *streamBuffer) close(ctx context.Context) error {
 		}
 		return b.s.write(ctx, func(t *txn) error {
 			for _, g := range mine {
-				if _, err := t.exec(`UPDATE threads SET seq_reserved = 0, seq_holder = '' WHERE thread_id = ? AND seq_holder = ? AND last_seq = ?`,
+				if _, err := t.exec(`UPDATE threads SET seq_reserved = 0, seq_holder = '' WHERE thread_id = ?
+					AND seq_holder = ? AND last_seq = ?`,
 					g.threadID, g.holder, g.written); err != nil {
 					return fmt.Errorf("give back reserved seqs: %w", err)
 				}
@@ -469,7 +493,8 @@ func recoverStream(ctx context.Context, s *Store) (int64, error) {
 	var n int64
 	err := s.write(ctx, func(t *txn) error {
 		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at, reason)
-			SELECT thread_id, last_seq + 1, seq_reserved, ?, ? FROM threads WHERE seq_reserved > last_seq`, ms(t.now), gapStopped); err != nil {
+			SELECT thread_id, last_seq + 1, seq_reserved, ?, ? FROM threads
+			WHERE seq_reserved > last_seq`, ms(t.now), gapStopped); err != nil {
 			return fmt.Errorf("record lost stream seqs: %w", err)
 		}
 		res, err := t.exec(`UPDATE threads SET last_seq = seq_reserved WHERE seq_reserved > last_seq`)

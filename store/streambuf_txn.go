@@ -43,11 +43,18 @@ func (t *txn) holdStream(c *threadCursor) error {
 		return t.writePending(c, ts)
 	}
 	if !ts.known {
-		ts.known, ts.written, ts.next, ts.reserved = true, c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
+		ts.known, ts.written, ts.next, ts.reserved = true, c.row.LastSeq, c.row.LastSeq, max(
+			c.row.SeqReserved,
+			c.row.LastSeq,
+		)
 	}
 	if c.row.LastSeq != ts.written {
 		if len(ts.pending) > 0 {
-			return fmt.Errorf("thread %s: the database's last_seq %d is not the %d this process wrote, so the deltas held in memory have no place: another process writes this database", id, c.row.LastSeq, ts.written)
+			return fmt.Errorf(
+				"thread %s: the database's last_seq %d is not the %d this process wrote, "+
+					"so the deltas held in memory have no place: another process writes this database",
+				id, c.row.LastSeq, ts.written,
+			)
 		}
 		// Nothing in memory: the database is the truth.
 		ts.written, ts.next, ts.reserved = c.row.LastSeq, c.row.LastSeq, max(c.row.SeqReserved, c.row.LastSeq)
@@ -122,7 +129,8 @@ func (t *txn) adoptShared(c *threadCursor, ts *threadStream) error {
 			reason = gapStopped
 		}
 		t.wrotePast = t.wrotePast || !own
-		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at, reason) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := t.exec(`INSERT INTO stream_gaps (thread_id, first_seq, last_seq, recorded_at, reason)
+			VALUES (?, ?, ?, ?, ?)`,
 			row.ThreadID, row.LastSeq+1, row.SeqReserved, ms(t.now), reason); err != nil {
 			return fmt.Errorf("record the seqs reserved by %s as lost: %w", row.SeqHolder, err)
 		}
@@ -214,12 +222,16 @@ func (t *txn) writeBatch(c *threadCursor, runID, messageID string, texts []strin
 	}
 	first := c.row.LastSeq + 1
 	var parts int
-	err := t.execRow(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ? RETURNING parts`,
-		len(texts), chars, messageID).Scan(&parts)
+	err := t.execRow(`UPDATE stream_messages SET parts = parts + ?, chars = chars + ? WHERE message_id = ?
+		RETURNING parts`,
+		len(texts), chars, messageID).
+		Scan(&parts)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		if _, err := t.exec(`INSERT INTO stream_messages (message_id, thread_id, run_id, first_seq, parts, chars, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, messageID, c.row.ThreadID, runID, first, len(texts), chars, ms(t.now)); err != nil {
+		if _, err := t.exec(`INSERT INTO stream_messages
+			(message_id, thread_id, run_id, first_seq, parts, chars, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			messageID, c.row.ThreadID, runID, first, len(texts), chars, ms(t.now)); err != nil {
 			return fmt.Errorf("start streamed message: %w", err)
 		}
 		parts = 0
@@ -251,7 +263,10 @@ func (t *txn) writeBatch(c *threadCursor, runID, messageID string, texts []strin
 // transaction changes the run again after it (runChanged).
 func (t *txn) confirmLive(lease chat.Lease, threadID, messageID string) {
 	if t.buf != nil {
-		t.live = append(t.live, stagedLive{liveRun{lease: lease, threadID: threadID, messageID: messageID}, len(t.changedRuns)})
+		t.live = append(
+			t.live,
+			stagedLive{liveRun{lease: lease, threadID: threadID, messageID: messageID}, len(t.changedRuns)},
+		)
 	}
 }
 

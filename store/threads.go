@@ -39,7 +39,8 @@ func (t *txn) createThread(userID, threadID, title string, from *chat.ForkSource
 		fromThread, fromCP = from.ThreadID, from.CheckpointID
 	}
 	if _, err := t.exec(`INSERT INTO threads (thread_id, user_id, title, state_version, last_seq, head_checkpoint_id,
-		forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at) VALUES (?, ?, ?, 0, 0, '', ?, ?, ?, ?)`,
+		forked_from_thread_id, forked_from_checkpoint_id, created_at, updated_at)
+		VALUES (?, ?, ?, 0, 0, '', ?, ?, ?, ?)`,
 		threadID, userID, title, fromThread, fromCP, now, now); err != nil {
 		return fmt.Errorf("insert thread: %w", err)
 	}
@@ -84,7 +85,8 @@ func (t *txn) addCheckpoint(c *threadCursor, cp chat.Checkpoint, runID string) (
 		return cp, err
 	}
 	if _, err := t.exec(`INSERT INTO checkpoints (checkpoint_id, thread_id, parent_checkpoint_id, state_version,
-		message_ids, completed_steps, tool_results, pending, run_id, created_at, appended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		message_ids, completed_steps, tool_results, pending, run_id, created_at, appended)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		cp.CheckpointID, cp.ThreadID, nullStrPtr(cp.ParentCheckpointID), cp.StateVersion, listJSON(msgs),
 		listJSON(steps), listJSON(tools), pending, nullStr(runID), ms(t.now), boolInt(appended)); err != nil {
 		return cp, fmt.Errorf("insert checkpoint: %w", err)
@@ -165,9 +167,12 @@ func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) erro
 	if basedOn != "" {
 		actions = append(actions, "fork_from_"+basedOn)
 	}
-	return chat.Errorf(chat.CodeStateVersionConflict,
-		"this conversation changed elsewhere (you sent version %d, it is now %d): reload it, or fork from the point you saw",
-		expected, c.row.StateVersion).
+	return chat.Errorf(
+		chat.CodeStateVersionConflict,
+		"this conversation changed elsewhere (you sent version %d, it is now %d): reload it, "+
+			"or fork from the point you saw",
+		expected, c.row.StateVersion,
+	).
 		With("current_state_version", c.row.StateVersion).
 		With("current_checkpoint_id", c.row.HeadCheckpointID).
 		With("allowed_actions", actions)
@@ -181,7 +186,12 @@ func (t *txn) checkVersion(c *threadCursor, expected int64, basedOn string) erro
 // (on SQLite for ASCII letters only). It reads every message of the
 // user's threads that the title did not settle — a scan, not an index
 // (docs/page.md, "Search", says why and what it costs).
-func (s *Store) ListThreads(ctx context.Context, userID string, limit int, cursor, search string) ([]chat.Thread, string, error) {
+func (s *Store) ListThreads(
+	ctx context.Context,
+	userID string,
+	limit int,
+	cursor, search string,
+) ([]chat.Thread, string, error) {
 	q := `SELECT ` + threadCols + ` FROM threads WHERE user_id = ? AND deleted_at IS NULL`
 	args := []any{userID}
 	like := "LIKE"
@@ -191,14 +201,18 @@ func (s *Store) ListThreads(ctx context.Context, userID string, limit int, curso
 	words := strings.Fields(search)
 	for _, w := range words[:min(len(words), MaxSearchWords)] {
 		pat := "%" + likeEscaper.Replace(w) + "%"
-		q += ` AND (title ` + like + ` ? ESCAPE '\' OR EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.thread_id
+		q += ` AND (title ` + like + ` ? ESCAPE '\' OR EXISTS (SELECT 1 FROM messages m
+			WHERE m.thread_id = threads.thread_id
 			AND m.deleted_at IS NULL AND m.content ` + like + ` ? ESCAPE '\'))`
 		args = append(args, pat, pat)
 	}
 	if cursor != "" {
 		updated, id, err := decodeCursor(cursor)
 		if err != nil {
-			return nil, "", chat.Invalid("cursor %q is not one this server gave out: start again without a cursor", cursor)
+			return nil, "", chat.Invalid(
+				"cursor %q is not one this server gave out: start again without a cursor",
+				cursor,
+			)
 		}
 		q += ` AND (updated_at < ? OR (updated_at = ? AND thread_id < ?))`
 		args = append(args, updated, updated, id)
@@ -320,7 +334,13 @@ func (s *Store) snapshot(ctx context.Context, userID, threadID string, w *histor
 	return snap, nil
 }
 
-func readSnapshot(ctx context.Context, q *sqlx.Tx, cps *chainCache, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
+func readSnapshot(
+	ctx context.Context,
+	q *sqlx.Tx,
+	cps *chainCache,
+	userID, threadID string,
+	w *historyWindow,
+) (chat.Snapshot, error) {
 	row, err := readThread(ctx, q, userID, threadID)
 	if err != nil {
 		return chat.Snapshot{}, err
@@ -381,7 +401,8 @@ func readSnapshot(ctx context.Context, q *sqlx.Tx, cps *chainCache, userID, thre
 			active.LastSeq = lost.First - 1
 		}
 		var batches []deltaBatch
-		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`), msgID, active.LastSeq); err != nil {
+		if err := q.SelectContext(ctx, &batches, q.Rebind(`SELECT `+batchCols+` FROM stream_batches
+			WHERE message_id = ? AND first_seq <= ? ORDER BY first_seq`), msgID, active.LastSeq); err != nil {
 			return snap, fmt.Errorf("load partial text: %w", err)
 		}
 		deltas, err := expandBatches(batches, func(d bufferedDelta) bool { return d.Seq <= active.LastSeq })
@@ -447,9 +468,13 @@ func readLastRun(ctx context.Context, q *sqlx.Tx, threadID string) (*chat.LastRu
 		return nil, err
 	}
 	return &chat.LastRun{
-		RunID: run.RunID, Status: run.status(), Error: fromNullString(run.Error),
-		DiscardedStreamChars: run.DiscardedStreamChars, PublishedMessageID: fromNullString(run.CancelPublishedMessageID),
-		ResumeCheckpointID: fromNullString(run.ResumeCheckpointID), Operations: ops,
+		RunID:                run.RunID,
+		Status:               run.status(),
+		Error:                fromNullString(run.Error),
+		DiscardedStreamChars: run.DiscardedStreamChars,
+		PublishedMessageID:   fromNullString(run.CancelPublishedMessageID),
+		ResumeCheckpointID:   fromNullString(run.ResumeCheckpointID),
+		Operations:           ops,
 	}, nil
 }
 
@@ -496,7 +521,8 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 		}
 		head = row.HeadCheckpointID
 		var rows []checkpointRow
-		if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ? ORDER BY state_version`), threadID); err != nil {
+		if err := q.SelectContext(ctx, &rows, q.Rebind(`SELECT `+checkpointCols+` FROM checkpoints WHERE thread_id = ?
+			ORDER BY state_version`), threadID); err != nil {
 			return fmt.Errorf("list checkpoints: %w", err)
 		}
 		var errs []error
@@ -539,21 +565,30 @@ func (s *Store) Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck
 		// A point from before a draft was deleted would bring the deleted
 		// text back into history (and retention may have emptied it).
 		if len(cp.MessageIDs) > 0 {
-			q, args, err := sqlx.In(`SELECT message_id FROM messages WHERE message_id IN (?) AND deleted_at IS NOT NULL LIMIT 1`, cp.MessageIDs)
+			q, args, err := sqlx.In(
+				`SELECT message_id FROM messages WHERE message_id IN (?) AND deleted_at IS NOT NULL LIMIT 1`,
+				cp.MessageIDs,
+			)
 			if err != nil {
 				return err
 			}
 			var deleted string
 			err = t.get(&deleted, q, args...)
 			if err == nil {
-				return chat.Invalid("checkpoint %s holds the saved fragment %s, deleted since: switch to a later point of that branch", checkpointID, deleted)
+				return chat.Invalid(
+					"checkpoint %s holds the saved fragment %s, deleted since: switch to a later point of that branch",
+					checkpointID, deleted,
+				)
 			}
 			if !errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("look for deleted drafts: %w", err)
 			}
 		}
 		ev := t.event(c, chat.EventThreadHeadMoved, "")
-		ev.Body = chat.ThreadHeadMovedBody{HeadCheckpointID: checkpointID, PreviousHeadCheckpointID: c.row.HeadCheckpointID}
+		ev.Body = chat.ThreadHeadMovedBody{
+			HeadCheckpointID:         checkpointID,
+			PreviousHeadCheckpointID: c.row.HeadCheckpointID,
+		}
 		if err := t.append(ev); err != nil {
 			return err
 		}
@@ -578,8 +613,18 @@ func (s *Store) Fork(ctx context.Context, p chat.Fork) (chat.Thread, error) {
 			return err
 		}
 		title := forkTitle(src.row.Title)
-		return t.createThread(userID, newID, title, &chat.ForkSource{ThreadID: threadID, CheckpointID: fromCheckpointID},
-			chat.Checkpoint{MessageIDs: cp.MessageIDs, CompletedSteps: cp.CompletedSteps, ToolResults: cp.ToolResults, Pending: cp.Pending})
+		return t.createThread(
+			userID,
+			newID,
+			title,
+			&chat.ForkSource{ThreadID: threadID, CheckpointID: fromCheckpointID},
+			chat.Checkpoint{
+				MessageIDs:     cp.MessageIDs,
+				CompletedSteps: cp.CompletedSteps,
+				ToolResults:    cp.ToolResults,
+				Pending:        cp.Pending,
+			},
+		)
 	})
 	if err != nil {
 		return chat.Thread{}, err
@@ -600,8 +645,10 @@ func forkTitle(title string) string {
 // renaming never makes another tab's next command stale.
 func (s *Store) RenameThread(ctx context.Context, userID, threadID, title string) error {
 	return s.write(ctx, func(t *txn) error {
-		res, err := t.exec(`UPDATE threads SET title = ?, updated_at = ? WHERE thread_id = ? AND user_id = ? AND deleted_at IS NULL`,
-			title, ms(t.now), threadID, userID)
+		res, err := t.exec(
+			`UPDATE threads SET title = ?, updated_at = ? WHERE thread_id = ? AND user_id = ? AND deleted_at IS NULL`,
+			title, ms(t.now), threadID, userID,
+		)
 		if err != nil {
 			return fmt.Errorf("rename thread: %w", err)
 		}
@@ -620,7 +667,11 @@ func (s *Store) RenameThread(ctx context.Context, userID, threadID, title string
 // see engine.DeleteThread); with expected set, a stale version is a
 // state_version_conflict. The text stays, for audit, until retention
 // empties it (RedactDeletedThreads).
-func (s *Store) DeleteThread(ctx context.Context, userID, threadID string, expected *int64) (chat.ThreadDeletedAck, error) {
+func (s *Store) DeleteThread(
+	ctx context.Context,
+	userID, threadID string,
+	expected *int64,
+) (chat.ThreadDeletedAck, error) {
 	err := s.write(ctx, func(t *txn) error {
 		c, err := t.thread(userID, threadID)
 		if err != nil {
@@ -639,7 +690,8 @@ func (s *Store) DeleteThread(ctx context.Context, userID, threadID string, expec
 		}
 		t.release(c) // nothing streams on it again
 		now := ms(t.now)
-		if _, err := t.exec(`UPDATE threads SET deleted_at = ?, updated_at = ? WHERE thread_id = ?`, now, now, threadID); err != nil {
+		if _, err := t.exec(`UPDATE threads SET deleted_at = ?, updated_at = ? WHERE thread_id = ?`,
+			now, now, threadID); err != nil {
 			return fmt.Errorf("delete thread: %w", err)
 		}
 		c.row.DeletedAt = sql.NullInt64{Int64: now, Valid: true}
@@ -657,7 +709,8 @@ func (s *Store) DeleteThread(ctx context.Context, userID, threadID string, expec
 // version, and the thread keeps its place in the list.
 func (s *Store) Retitle(ctx context.Context, threadID, from, to string) error {
 	return s.write(ctx, func(t *txn) error {
-		if _, err := t.exec(`UPDATE threads SET title = ? WHERE thread_id = ? AND title = ? AND deleted_at IS NULL`, to, threadID, from); err != nil {
+		if _, err := t.exec(`UPDATE threads SET title = ? WHERE thread_id = ? AND title = ? AND deleted_at IS NULL`,
+			to, threadID, from); err != nil {
 			return fmt.Errorf("retitle thread: %w", err)
 		}
 		return nil

@@ -265,7 +265,8 @@ func (t *txn) append(ev *chat.Event) error {
 	if ev.Durable() {
 		if _, err := t.exec(`INSERT INTO events (thread_id, seq, type, run_id, message_id, state_version, ts, payload)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			ev.ThreadID, ev.Seq, ev.Type, nullStr(ev.RunID), nullStr(ev.MessageID), ev.StateVersion, ev.TS, string(ev.Raw)); err != nil {
+			ev.ThreadID, ev.Seq, ev.Type, nullStr(ev.RunID), nullStr(ev.MessageID), ev.StateVersion, ev.TS,
+			string(ev.Raw)); err != nil {
 			return fmt.Errorf("append %s: %w", ev.Type, err)
 		}
 	}
@@ -290,9 +291,13 @@ func (t *txn) flushThreads() error {
 		if !c.touched {
 			continue
 		}
-		res, err := t.exec(`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?, seq_reserved = ?, seq_holder = ?
+		res, err := t.exec(
+			`UPDATE threads SET state_version = ?, last_seq = ?, head_checkpoint_id = ?, updated_at = ?,
+				seq_reserved = ?, seq_holder = ?
 			WHERE thread_id = ? AND last_seq = ?`,
-			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.SeqReserved, c.row.SeqHolder, c.row.ThreadID, c.origSeq)
+			c.row.StateVersion, c.row.LastSeq, c.row.HeadCheckpointID, ms(t.now), c.row.SeqReserved, c.row.SeqHolder,
+			c.row.ThreadID, c.origSeq,
+		)
 		if err != nil {
 			return fmt.Errorf("update thread: %w", err)
 		}

@@ -234,11 +234,21 @@ func admissionMetrics(at admissionTotals, dAdm, dQ deltaClassTotals, fdAdm, fdQ 
 		metric("admitted: server: run.started → first delta p99 (store ts)", "ms", fdAdm.P99, firstTarget),
 		metric("admitted: delta delivery latency p50", "ms", dAdm.lat.P50, ""),
 		metric("admitted: delta delivery latency p99", "ms", dAdm.lat.P99, ""),
-		metric("admitted: deltas at pace (within "+within+" of the run's previous delta)", "%", dAdm.gapWithin, "≥ 99 %"),
+		metric(
+			"admitted: deltas at pace (within "+within+" of the run's previous delta)",
+			"%",
+			dAdm.gapWithin,
+			"≥ 99 %",
+		),
 		metric("admitted: deltas delivered within "+within+" of their ts", "%", dAdm.latWithin, "≥ 99 %"),
 		metric("admitted: deltas measured (runs acked any time)", "count", float64(dAdm.deltas), ""),
 		metric("queued: runs that waited for a slot (acked in the window)", "count", float64(at.queued), ""),
-		metric("queued: share of the runs acked in the window", "%", share(int64(at.queued), int64(at.queued+at.admitted)), ""),
+		metric(
+			"queued: share of the runs acked in the window",
+			"%",
+			share(int64(at.queued), int64(at.queued+at.admitted)),
+			"",
+		),
 		metric("queued: queue_position p50", "count", at.positions.P50, ""),
 		metric("queued: queue_position max", "count", at.positions.Max, ""),
 		metric("queued: wait, run.start ack → first delta p50 (tab 0)", "ms", at.wait.P50, ""),
@@ -246,7 +256,12 @@ func admissionMetrics(at admissionTotals, dAdm, dQ deltaClassTotals, fdAdm, fdQ 
 		metric("queued: server: run.started → first delta p99 (store ts)", "ms", fdQ.P99, ""),
 		metric("queued: cancelled before they started", "count", float64(at.neverStarted), ""),
 		metric("queued, once started: delta delivery latency p99", "ms", dQ.lat.P99, ""),
-		metric("queued, once started: deltas at pace (within "+within+" of the run's previous delta)", "%", dQ.gapWithin, ""),
+		metric(
+			"queued, once started: deltas at pace (within "+within+" of the run's previous delta)",
+			"%",
+			dQ.gapWithin,
+			"",
+		),
 	}
 }
 

@@ -52,7 +52,10 @@ func newSchema(ctx context.Context, base string) (dsn, schema string, drop func(
 	defer cancel()
 	if _, err := admin.ExecContext(cctx, `CREATE SCHEMA `+schema); err != nil {
 		admin.Close()
-		return "", "", nil, fmt.Errorf("create schema %s in %s: %w (is PostgreSQL running, and may this user create schemas?)", schema, redactDB(base), err)
+		return "", "", nil, fmt.Errorf(
+			"create schema %s in %s: %w (is PostgreSQL running, and may this user create schemas?)",
+			schema, redactDB(base), err,
+		)
 	}
 	drop = func() error {
 		defer admin.Close()
@@ -167,7 +170,10 @@ func (p *clusterPhase) setup(ctx context.Context, threads, tabsPer int) error {
 	if err := p.env.connect(tabsCtx, p.threads, tabsPer, true, &p.tabs, 60*time.Second); err != nil {
 		return err
 	}
-	p.r.logf("cluster: %d tabs over %d threads and 2 instances subscribed in %.1fs", threads*tabsPer, threads, time.Since(began).Seconds())
+	p.r.logf(
+		"cluster: %d tabs over %d threads and 2 instances subscribed in %.1fs",
+		threads*tabsPer, threads, time.Since(began).Seconds(),
+	)
 	return nil
 }
 
@@ -214,7 +220,8 @@ func (p *clusterPhase) leaseOwner(ctx context.Context, runID string) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var owner sql.NullString
-	if err := p.leases.QueryRowContext(ctx, `SELECT lease_owner FROM runs WHERE run_id = $1`, runID).Scan(&owner); err != nil {
+	if err := p.leases.QueryRowContext(ctx, `SELECT lease_owner FROM runs WHERE run_id = $1`,
+		runID).Scan(&owner); err != nil {
 		if ctx.Err() == nil {
 			p.env.errs.add("lease_read", err.Error())
 		}
@@ -230,7 +237,8 @@ func (p *clusterPhase) deadlocks(ctx context.Context) int64 {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
-	if err := p.leases.QueryRowContext(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+	if err := p.leases.QueryRowContext(ctx, `SELECT deadlocks FROM pg_stat_database
+		WHERE datname = current_database()`).Scan(&n); err != nil {
 		return -1
 	}
 	return n
@@ -299,8 +307,13 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 	if toOwner {
 		where = "a tab on the instance holding the run's lease"
 	}
-	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word on 2 instances (%s; one PostgreSQL schema, NATS), %d tabs each alternating over them; each run cancelled at a random moment (0–%s after its first delta) from %s, then the next started; %s measured after %s warm-up",
-		c.ClusterRuns, c.Pace, strings.Join(clusterIDs, ", "), c.ClusterTabs, maxDelay, where, c.ClusterWindow, c.Warmup)
+	s.Shape = fmt.Sprintf(
+		"%d concurrent runs at %s a word on 2 instances (%s; one PostgreSQL schema, NATS), "+
+			"%d tabs each alternating over them; each run cancelled at a random moment (0–%s after its first delta) "+
+			"from %s, then the next started; %s measured after %s warm-up",
+		c.ClusterRuns, c.Pace, strings.Join(clusterIDs, ", "), c.ClusterTabs, maxDelay, where, c.ClusterWindow,
+		c.Warmup,
+	)
 	dsn, schema, drop, err := newSchema(ctx, c.Postgres)
 	if err != nil {
 		s.Failure = err.Error()
@@ -396,10 +409,30 @@ func (r *runner) cluster(ctx context.Context) (s ScenarioReport) {
 		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
 		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, ""),
 		metric("PostgreSQL deadlocks detected (whole database, warm-up to end)", "count", deadlocks, ""),
-		metric("server metric: threads handed to the other instance before it wrote them (yields)", "count", pw.delta("gateway_stream_yields_total"), ""),
-		metric("server metric: yield requests unanswered in time", "count", pw.delta("gateway_stream_yields_unanswered_total"), "0"),
-		metric("server metric: reservations written past (recorded lost)", "count", pw.delta("gateway_stream_written_past_total"), "0"),
-		metric("server metric: deltas fanned out, then dropped as lost", "count", pw.delta("gateway_stream_deltas_lost_total"), "0"),
+		metric(
+			"server metric: threads handed to the other instance before it wrote them (yields)",
+			"count",
+			pw.delta("gateway_stream_yields_total"),
+			"",
+		),
+		metric(
+			"server metric: yield requests unanswered in time",
+			"count",
+			pw.delta("gateway_stream_yields_unanswered_total"),
+			"0",
+		),
+		metric(
+			"server metric: reservations written past (recorded lost)",
+			"count",
+			pw.delta("gateway_stream_written_past_total"),
+			"0",
+		),
+		metric(
+			"server metric: deltas fanned out, then dropped as lost",
+			"count",
+			pw.delta("gateway_stream_deltas_lost_total"),
+			"0",
+		),
 		metric("cancels measured", "count", float64(ct.ack.N), ""),
 		metric(fmt.Sprintf(dir, clusterIDs[0], clusterIDs[other(0)]), "count", float64(p.byOwner[0].Load()), ""),
 		metric(fmt.Sprintf(dir, clusterIDs[1], clusterIDs[other(1)]), "count", float64(p.byOwner[1].Load()), ""),
@@ -423,8 +456,10 @@ func singleNodeFigures(cancel *ScenarioReport) []Metric {
 		return nil
 	}
 	var out []Metric
-	for _, name := range []string{"cancel ack p50", "cancel ack p99", "cancel → run.cancelled p50", "cancel → run.cancelled p99",
-		"cancel → run.cancelled max", "server: cancel_requested → cancelled p50 (store ts)", "server: cancel_requested → cancelled p99 (store ts)",
+	for _, name := range []string{"cancel ack p50", "cancel ack p99", "cancel → run.cancelled p50", "cancel → " +
+		"run.cancelled p99",
+		"cancel → run.cancelled max", "server: cancel_requested → cancelled p50 (store ts)", "server: " +
+			"cancel_requested → cancelled p99 (store ts)",
 		"CPU of other processes"} {
 		for _, m := range cancel.Metrics {
 			if m.Name == name {

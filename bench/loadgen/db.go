@@ -58,9 +58,11 @@ func redactDB(db string) string {
 type storeStats struct {
 	Deltas      int64 // deltas in stream_batches rows: message.delta events committed
 	DeltaMillis int64 // distinct ts among the rows: a lower bound on delta transactions
-	RunBatches  int64 // stream_batches rows: per-run batches (AppendDeltas calls); one transaction each without group commit
-	Durable     int64 // events rows: durable events committed
-	DurableTx   int64 // distinct (thread, ts) among them: about one per durable transaction
+	// stream_batches rows: per-run batches (AppendDeltas calls); one transaction each
+	// without group commit
+	RunBatches int64
+	Durable    int64 // events rows: durable events committed
+	DurableTx  int64 // distinct (thread, ts) among them: about one per durable transaction
 }
 
 // readStoreStats reads the stopped gateway's database.
@@ -75,13 +77,22 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 		q   string
 		dst []any
 	}{
-		{`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COUNT(DISTINCT ts), COUNT(*) FROM {stream} AS b WHERE ts >= ? AND ts < ?`, []any{&st.Deltas, &st.DeltaMillis, &st.RunBatches}},
+		{
+			`SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COUNT(DISTINCT ts), COUNT(*) FROM {stream} AS b
+			WHERE ts >= ? AND ts < ?`,
+			[]any{&st.Deltas, &st.DeltaMillis, &st.RunBatches},
+		},
 		{`SELECT COUNT(*) FROM events WHERE ts >= ? AND ts < ?`, []any{&st.Durable}},
-		{`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts) AS t`, []any{&st.DurableTx}},
+		{
+			`SELECT COUNT(*) FROM (SELECT 1 FROM events WHERE ts >= ? AND ts < ? GROUP BY thread_id, ts) AS t`,
+			[]any{&st.DurableTx},
+		},
 	}
 	stream := streamTable(ctx, conn)
 	for _, q := range queries {
-		if err := conn.QueryRowContext(ctx, rebind(db, strings.ReplaceAll(q.q, "{stream}", stream)), from, to).Scan(q.dst...); err != nil {
+		if err := conn.QueryRowContext(
+			ctx, rebind(db, strings.ReplaceAll(q.q, "{stream}", stream)), from, to,
+		).Scan(q.dst...); err != nil {
 			return st, fmt.Errorf("read %s: %w", redactDB(db), err)
 		}
 	}
@@ -94,7 +105,9 @@ func readStoreStats(ctx context.Context, db string, from, to int64) (storeStats,
 // step from the end of the stream to publish + checkpoint, including the
 // wait for the writer.
 func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts + COALESCE(CAST(json_extract(NULLIF(d.ts_offsets, ''), '$[#-1]') AS INTEGER), 0)) FROM {stream} d WHERE d.message_id = e.message_id)
+	return gaps(ctx, db, `SELECT e.ts - (SELECT MAX(d.ts
+		+ COALESCE(CAST(json_extract(NULLIF(d.ts_offsets, ''), '$[#-1]') AS INTEGER), 0))
+		FROM {stream} d WHERE d.message_id = e.message_id)
 		FROM events e WHERE e.type = 'message.published' AND e.run_id IS NOT NULL AND e.ts >= ? AND e.ts < ?
 		AND EXISTS (SELECT 1 FROM {stream} d WHERE d.message_id = e.message_id)`, from, to)
 }
@@ -105,8 +118,12 @@ func publishGaps(ctx context.Context, db string, from, to int64) ([]int32, error
 // without the WebSocket hops and the wait for the writer before the
 // cancel's own transaction.
 func cancelGaps(ctx context.Context, db string, from, to int64) ([]int32, error) {
-	return gaps(ctx, db, `SELECT c.ts - r.ts FROM events r JOIN events c ON c.run_id = r.run_id AND c.type = 'run.cancelled'
-		WHERE r.type = 'run.cancel_requested' AND r.ts >= ? AND r.ts < ?`, from, to)
+	return gaps(
+		ctx, db,
+		`SELECT c.ts - r.ts FROM events r JOIN events c ON c.run_id = r.run_id AND c.type = 'run.cancelled'
+		WHERE r.type = 'run.cancel_requested' AND r.ts >= ? AND r.ts < ?`,
+		from, to,
+	)
 }
 
 // firstDeltaGaps reads, for runs started in [from, to) that streamed, the
@@ -131,7 +148,10 @@ func firstDeltaRuns(ctx context.Context, db string, from, to int64) ([]runGap, e
 		return nil, err
 	}
 	defer conn.Close()
-	query := strings.ReplaceAll(`SELECT e.run_id, f.first_ts - e.ts `+firstDeltaFrom, "{stream}", streamTable(ctx, conn))
+	query := strings.ReplaceAll(
+		`SELECT e.run_id, f.first_ts - e.ts `+firstDeltaFrom,
+		"{stream}", streamTable(ctx, conn),
+	)
 	rows, err := conn.QueryContext(ctx, rebind(db, query), from, to)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", redactDB(db), err)
@@ -167,7 +187,14 @@ func streamTable(ctx context.Context, conn *sql.DB) string {
 // storeGaps reads one of the figures above over the window [w0, w1); when
 // the database cannot answer it, notes says which figures are missing and
 // why, and the figures are empty (their summary NaN).
-func storeGaps(ctx context.Context, notes *[]string, what string, read func(context.Context, string, int64, int64) ([]int32, error), db string, w0, w1 time.Time) []int32 {
+func storeGaps(
+	ctx context.Context,
+	notes *[]string,
+	what string,
+	read func(context.Context, string, int64, int64) ([]int32, error),
+	db string,
+	w0, w1 time.Time,
+) []int32 {
 	out, err := read(ctx, db, w0.UnixMilli(), w1.UnixMilli())
 	if err != nil {
 		*notes = append(*notes, "server-side "+what+" figures unavailable: "+err.Error())
@@ -212,8 +239,10 @@ func sqliteInUse(ctx context.Context, db string) (int64, error) {
 	}
 	defer conn.Close()
 	var n int64
-	err = conn.QueryRowContext(ctx, `SELECT ((SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count()))
-		* (SELECT page_size FROM pragma_page_size())`).Scan(&n)
+	err = conn.QueryRowContext(ctx, `SELECT ((SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count
+		FROM pragma_freelist_count()))
+		* (SELECT page_size FROM pragma_page_size())`).
+		Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", db, err)
 	}

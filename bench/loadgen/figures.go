@@ -106,10 +106,21 @@ func cancelMetrics(t cancelTotals, pw *promWindow, settle Dist, doneTarget, on s
 	if on != "" {
 		bound += ", " + on
 	}
-	return append(cancelLatencyMetrics(t, "≤ 10 ms", doneTarget),
+	return append(
+		cancelLatencyMetrics(t, "≤ 10 ms", doneTarget),
 		metric("cancel → run.cancelled max", "ms", t.done.Max, ""),
-		metric("server metric: cancel ack p99 ("+bound+")", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
-		metric("server metric: cancel accepted → cancelled p99 ("+bound+")", "ms", 1000*pw.quantileBound(promSettle, "", 0.99), ""),
+		metric(
+			"server metric: cancel ack p99 ("+bound+")",
+			"ms",
+			1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99),
+			"",
+		),
+		metric(
+			"server metric: cancel accepted → cancelled p99 ("+bound+")",
+			"ms",
+			1000*pw.quantileBound(promSettle, "", 0.99),
+			"",
+		),
 		metric("server: cancel_requested → cancelled p50 (store ts)", "ms", settle.P50, ""),
 		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", settle.P99, ""),
 	)
@@ -135,8 +146,23 @@ func cancelLoadMetrics(f *fanFigures, st storeStats, lat Dist, pace time.Duratio
 
 func nanFigures() fanFigures {
 	d := Dist{P50: nan, P99: nan, Max: nan}
-	return fanFigures{deliveries: nan, deltas: nan, offered: nan, cpuPerDelta: nan, serverCores: nan, genCores: nan,
-		machineBusy: nan, otherCores: nan, lat: d, spread: d, publish: d, serverPublish: d, deltaRate: nan, deltaSize: nan, published: nan}
+	return fanFigures{
+		deliveries:    nan,
+		deltas:        nan,
+		offered:       nan,
+		cpuPerDelta:   nan,
+		serverCores:   nan,
+		genCores:      nan,
+		machineBusy:   nan,
+		otherCores:    nan,
+		lat:           d,
+		spread:        d,
+		publish:       d,
+		serverPublish: d,
+		deltaRate:     nan,
+		deltaSize:     nan,
+		published:     nan,
+	}
 }
 
 // storeMetrics turns the database's counts of a window into rates.
@@ -180,7 +206,11 @@ const (
 // figures; none when it exposes none.
 func serverMetrics(f *fanFigures, s *ScenarioReport) []Metric {
 	if f == nil || f.prom == nil || !f.prom.has(promTxWrite) {
-		s.Notes = append(s.Notes, "no server metrics (the gateway has no admin listener with /metrics): store commits are estimated from the database")
+		s.Notes = append(
+			s.Notes,
+			"no server metrics (the gateway has no admin listener with /metrics): "+
+				"store commits are estimated from the database",
+		)
 		return nil
 	}
 	w := f.prom
@@ -193,8 +223,18 @@ func serverMetrics(f *fanFigures, s *ScenarioReport) []Metric {
 		metric("server metric: store commits (group commits of every write)", "1/s", w.rate(promTxWrite), ""),
 		metric("server metric: writes per group commit", "count", w.delta(promGroupSum)/w.delta(promGroupN), ""),
 		metric("server metric: writer busy (write tx time / window)", "%", 100*w.delta(promTxWriteS)/w.seconds, ""),
-		metric("server metric: write tx p99 (bucket bound)", "ms", ms(w.quantileBound(promTx, `kind="write"`, 0.99)), "≤ 10 ms (publish + checkpoint)"),
-		metric("server metric: write tx p99 (interpolated in its bucket)", "ms", ms(w.quantile(promTx, `kind="write"`, 0.99)), ""),
+		metric(
+			"server metric: write tx p99 (bucket bound)",
+			"ms",
+			ms(w.quantileBound(promTx, `kind="write"`, 0.99)),
+			"≤ 10 ms (publish + checkpoint)",
+		),
+		metric(
+			"server metric: write tx p99 (interpolated in its bucket)",
+			"ms",
+			ms(w.quantile(promTx, `kind="write"`, 0.99)),
+			"",
+		),
 		metric("server metric: write tx mean", "ms", ms(w.delta(promTxWriteS)/w.delta(promTxWrite)), ""),
 		metric("server metric: deltas streamed", "1/s", w.rate(promDeltas), ""),
 		metric("events per WebSocket frame (coalescing)", "count", perFrame, ""),

@@ -87,7 +87,10 @@ func newFloorTopics(e *floorEnv, topics, subsPer int) []*floorTopic {
 	for i := range out {
 		t := &floorTopic{env: e, name: "t" + strconv.Itoa(i)}
 		for k := range subsPer {
-			t.subs = append(t.subs, &floorSub{topic: t, name: fmt.Sprintf("%s.%d", t.name, k), ready: make(chan struct{})})
+			t.subs = append(
+				t.subs,
+				&floorSub{topic: t, name: fmt.Sprintf("%s.%d", t.name, k), ready: make(chan struct{})},
+			)
 		}
 		out[i] = t
 	}
@@ -155,7 +158,11 @@ func (s *floorSub) handle(obj []byte, now time.Time) {
 // gateway message.delta event, its text padded so the whole object is size
 // bytes (when size is larger than the shape itself).
 func floorPayload(topic string, seq, ts int64, size int) []byte {
-	head := fmt.Sprintf(`{"type":"message.delta","thread_id":%q,"seq":%d,"ts":%d,"run_id":"run_floor0000000000000000","message_id":"msg_floor0000000000000000","text":"`, topic, seq, ts)
+	head := fmt.Sprintf(
+		`{"type":"message.delta","thread_id":%q,"seq":%d,"ts":%d,`+
+			`"run_id":"run_floor0000000000000000","message_id":"msg_floor0000000000000000","text":"`,
+		topic, seq, ts,
+	)
 	const tail = `"}`
 	pad := max(size-len(head)-len(tail), 1)
 	b := make([]byte, 0, len(head)+pad+len(tail))
@@ -174,7 +181,13 @@ func floorPayload(topic string, seq, ts int64, size int) []byte {
 // maxMessages), numbering them from 1, after waiting offset (publishers
 // are staggered over one interval, as the gateway's runs are, so the
 // topics do not all publish in the same instant).
-func (t *floorTopic) publish(ctx context.Context, offset, interval time.Duration, size int, stopAt time.Time, maxMessages int64) {
+func (t *floorTopic) publish(
+	ctx context.Context,
+	offset, interval time.Duration,
+	size int,
+	stopAt time.Time,
+	maxMessages int64,
+) {
 	e := t.env
 	conn, err := e.dial(ctx)
 	if err != nil {

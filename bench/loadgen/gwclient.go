@@ -105,7 +105,12 @@ func (e *gwEnv) createThreads(ctx context.Context, n int) ([]*gwThread, error) {
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				th := &gwThread{env: e, idx: i, user: fmt.Sprintf("bench-%s-%d", e.scenario, i), notes: make(chan note, 256)}
+				th := &gwThread{
+					env:   e,
+					idx:   i,
+					user:  fmt.Sprintf("bench-%s-%d", e.scenario, i),
+					notes: make(chan note, 256),
+				}
 				for _, base := range e.bases {
 					c, err := e.client(base, th.user)
 					if err != nil {
@@ -240,8 +245,14 @@ type gwTab struct {
 }
 
 func newGWTab(th *gwThread, k int) *gwTab {
-	t := &gwTab{th: th, k: k, inst: tabInstance(th.idx, k, len(th.env.bases)), tabID: fmt.Sprintf("bench.%s.%d.%d", th.env.scenario, th.idx, k),
-		ready: make(chan struct{}), cancelled: map[string]bool{}}
+	t := &gwTab{
+		th:        th,
+		k:         k,
+		inst:      tabInstance(th.idx, k, len(th.env.bases)),
+		tabID:     fmt.Sprintf("bench.%s.%d.%d", th.env.scenario, th.idx, k),
+		ready:     make(chan struct{}),
+		cancelled: map[string]bool{},
+	}
 	t.lastSeqA.Store(th.createdSeq)
 	return t
 }
@@ -336,7 +347,11 @@ func (t *gwTab) close() {
 	planned := min(t.drops.Load(), st.Connects-1)
 	t.reconnects.Store(planned)
 	if n := st.Connects - 1 - planned; n > 0 {
-		e.errs.addN("reconnect_unexpected", int(n), fmt.Sprintf("tab %s: %d connections, %d drops", t.tabID, st.Connects, t.drops.Load()))
+		e.errs.addN(
+			"reconnect_unexpected",
+			int(n),
+			fmt.Sprintf("tab %s: %d connections, %d drops", t.tabID, st.Connects, t.drops.Load()),
+		)
 	}
 }
 
@@ -374,7 +389,10 @@ func (t *gwTab) handle(ev client.Event) {
 	}
 	t.deliveries.Add(1)
 	if ev.RunID != "" && t.cancelled[ev.RunID] && ev.Type != chat.EventToolUpdated {
-		e.errs.add("event_after_run_cancelled", fmt.Sprintf("tab %s: %s seq %d of %s", t.tabID, ev.Type, ev.Seq, ev.RunID))
+		e.errs.add(
+			"event_after_run_cancelled",
+			fmt.Sprintf("tab %s: %s seq %d of %s", t.tabID, ev.Type, ev.Seq, ev.RunID),
+		)
 	}
 	live := !ev.Replayed
 	if !live {

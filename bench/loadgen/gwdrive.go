@@ -18,7 +18,10 @@ const maxRunsPerThread = 100_000
 // longMessage makes the demo model answer with at least 80 words (a
 // message without the word "short").
 func longMessage(scenario string, thread, i int) string {
-	return fmt.Sprintf("Explain goroutines, channels and backpressure for the %s benchmark, thread %d, round %d", scenario, thread, i)
+	return fmt.Sprintf(
+		"Explain goroutines, channels and backpressure for the %s benchmark, thread %d, round %d",
+		scenario, thread, i,
+	)
 }
 
 func terminal(typ string) bool {
@@ -29,7 +32,14 @@ func terminal(typ string) bool {
 // wg under ctx, and waits until every tab is subscribed (at most timeout).
 // Tab 0 of each thread sends run notes to its driver; so does every tab
 // when notesAll.
-func (e *gwEnv) connect(ctx context.Context, threads []*gwThread, tabsPer int, notesAll bool, wg *sync.WaitGroup, timeout time.Duration) error {
+func (e *gwEnv) connect(
+	ctx context.Context,
+	threads []*gwThread,
+	tabsPer int,
+	notesAll bool,
+	wg *sync.WaitGroup,
+	timeout time.Duration,
+) error {
 	var all []*gwTab
 	for _, th := range threads {
 		for k := range tabsPer {
@@ -63,7 +73,10 @@ func (th *gwThread) startRun(ctx context.Context, text string) (started, bool) {
 	var tm client.CommandTiming
 	cctx, cancel := context.WithTimeout(client.WithCommandTiming(ctx, &tm), commandTimeout)
 	defer cancel()
-	ack, err := th.tabs[0].conn.StartRun(cctx, client.StartRunRequest{ThreadID: th.id, ExpectedStateVersion: th.version, UserMessage: text})
+	ack, err := th.tabs[0].conn.StartRun(
+		cctx,
+		client.StartRunRequest{ThreadID: th.id, ExpectedStateVersion: th.version, UserMessage: text},
+	)
 	if err != nil {
 		th.env.commandFailed(ctx, "run.start", th.id, err)
 		return started{}, false
@@ -97,12 +110,23 @@ func (th *gwThread) neverStarted(s started, pace time.Duration) {
 	if s.queued() {
 		kind = "queued_run_never_started"
 	}
-	th.env.errs.add(kind, fmt.Sprintf("%s: no delta within %s of its ack (queue_position %d)", s.runID, th.startLimit(s, pace), s.position))
+	th.env.errs.add(
+		kind,
+		fmt.Sprintf(
+			"%s: no delta within %s of its ack (queue_position %d)",
+			s.runID, th.startLimit(s, pace), s.position,
+		),
+	)
 }
 
 // cancelRun sends run.cancel from tab k; timing, when not nil, gets when
 // it left and when its answer was read.
-func (th *gwThread) cancelRun(ctx context.Context, k int, r client.CancelRunRequest, timing *client.CommandTiming) (chat.CancelAck, error) {
+func (th *gwThread) cancelRun(
+	ctx context.Context,
+	k int,
+	r client.CancelRunRequest,
+	timing *client.CommandTiming,
+) (chat.CancelAck, error) {
 	if timing != nil {
 		ctx = client.WithCommandTiming(ctx, timing)
 	}
@@ -151,7 +175,8 @@ func (th *gwThread) awaitEnd(ctx context.Context, s started, stopAt time.Time, p
 			if first.IsZero() {
 				th.neverStarted(s, pace)
 			} else {
-				e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s of its first delta", runID, runTimeout(pace)))
+				e.errs.add("run_timeout", fmt.Sprintf("%s did not end within %s of its first "+
+					"delta", runID, runTimeout(pace)))
 			}
 			return note{}, false
 		case <-ctx.Done():
@@ -261,7 +286,13 @@ func anyTab(th *gwThread, rng *rand.Rand) cancelTab {
 // keeping track of the driver's state_version from tab 0's terminal
 // events. It returns the note, or the terminal note of the run if the run
 // ended first.
-func (th *gwThread) awaitNote(ctx context.Context, runID string, tab int, typ string, timeout time.Duration) (note, bool) {
+func (th *gwThread) awaitNote(
+	ctx context.Context,
+	runID string,
+	tab int,
+	typ string,
+	timeout time.Duration,
+) (note, bool) {
 	limit := time.NewTimer(timeout)
 	defer limit.Stop()
 	for {
@@ -338,7 +369,14 @@ func (th *gwThread) watch(ctx context.Context, runID string, d time.Duration, fi
 // the run was queued and tab 0 had seen none of its deltas when the
 // cancel left, else as "streaming". Only cancels sent while the
 // environment measures (and that pick samples) are sampled.
-func (th *gwThread) driveCancels(ctx context.Context, stopAt time.Time, maxDelay, pace time.Duration, rng *rand.Rand, pick cancelTab, st *cancelStats) {
+func (th *gwThread) driveCancels(
+	ctx context.Context,
+	stopAt time.Time,
+	maxDelay, pace time.Duration,
+	rng *rand.Rand,
+	pick cancelTab,
+	st *cancelStats,
+) {
 	e := th.env
 	for round := range maxRunsPerThread {
 		if ctx.Err() != nil || !time.Now().Before(stopAt) {

@@ -33,8 +33,11 @@ const longStartEvery = 60 * time.Millisecond
 func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	n := c.LongExchanges
-	s.Shape = fmt.Sprintf("one thread, one tab, %d exchanges one after another (run.start with a short message, wait for run.completed, the next; starts at least %s apart), the demo model at %s a word",
-		n, longStartEvery, c.LongPace)
+	s.Shape = fmt.Sprintf(
+		"one thread, one tab, %d exchanges one after another (run.start with a short message, "+
+			"wait for run.completed, the next; starts at least %s apart), the demo model at %s a word",
+		n, longStartEvery, c.LongPace,
+	)
 	p := r.startSetUp(ctx, &s, "long", c.LongPace, 1+16, 1, 1, false)
 	if p == nil {
 		return s
@@ -118,7 +121,8 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	for _, e := range []struct {
 		what string
 		err  error
-	}{{"write_bytes (/proc/PID/io)", ioErr}, {"database file sizes", filesErr}, {"database pages in use", inUseErr}, {"database size after the stop", afterErr}} {
+	}{{"write_bytes (/proc/PID/io)", ioErr}, {"database file sizes", filesErr}, {"database pages in " +
+		"use", inUseErr}, {"database size after the stop", afterErr}} {
 		if e.err != nil {
 			s.Notes = append(s.Notes, e.what+" unavailable: "+e.err.Error())
 		}
@@ -146,15 +150,30 @@ func (r *runner) long(ctx context.Context) (s ScenarioReport) {
 	kib := func(v float64) float64 { return v / 1024 }
 	dFirst, dLast := spanDist(ackToDone, first), spanDist(ackToDone, last)
 	s.Metrics = []Metric{
-		metric("bytes written per exchange, "+fl+" (mean, /proc/PID/io)", "KiB", kib(spanMean(perWrite, first)), "≤ 40 KiB"),
+		metric(
+			"bytes written per exchange, "+fl+" (mean, /proc/PID/io)",
+			"KiB",
+			kib(spanMean(perWrite, first)),
+			"≤ 40 KiB",
+		),
 		metric("bytes written per exchange, "+ll+" (mean)", "KiB", kib(spanMean(perWrite, last)), "≤ 40 KiB"),
-		metric("bytes written per exchange, last / first (means)", "×", ratio(spanMean(perWrite, last), spanMean(perWrite, first)), "≤ 1.10×"),
+		metric(
+			"bytes written per exchange, last / first (means)",
+			"×",
+			ratio(spanMean(perWrite, last), spanMean(perWrite, first)),
+			"≤ 1.10×",
+		),
 		metric("bytes written per exchange, "+fl+" (median)", "KiB", kib(spanMedian(perWrite, first)), ""),
 		metric("bytes written per exchange, "+ll+" (median)", "KiB", kib(spanMedian(perWrite, last)), ""),
 		metric(fmt.Sprintf("bytes written per exchange, all %d (mean)", m), "KiB", kib(spanMean(perWrite, all)), ""),
 		metric("database growth per exchange, "+fl+" (pages in use)", "KiB", kib(growth(first)), ""),
 		metric("database growth per exchange, "+ll+" (pages in use)", "KiB", kib(growth(last)), ""),
-		metric(fmt.Sprintf("database + -wal files growth per exchange, all %d", m), "KiB", kib(spanMean(perFiles, all)), ""),
+		metric(
+			fmt.Sprintf("database + -wal files growth per exchange, all %d", m),
+			"KiB",
+			kib(spanMean(perFiles, all)),
+			"",
+		),
 		metric("database + -wal after the server stopped", "MiB", afterMiB, ""),
 		metric("run.start ack → run.completed p50, "+fl, "ms", dFirst.P50, ""),
 		metric("run.start ack → run.completed p99, "+fl, "ms", dFirst.P99, ""),

@@ -46,7 +46,9 @@ func parseProm(r io.Reader) (promSample, error) {
 				// keep its line as a bucket).
 				out[series(name+"_bucket", labels, "le", "+Inf")] = float64(h.GetSampleCount())
 				for _, b := range h.GetBucket() {
-					out[series(name+"_bucket", labels, "le", formatBound(b.GetUpperBound()))] = float64(b.GetCumulativeCount())
+					out[series(name+"_bucket", labels, "le", formatBound(b.GetUpperBound()))] = float64(
+						b.GetCumulativeCount(),
+					)
 				}
 				out[series(name+"_count", labels)] = float64(h.GetSampleCount())
 				out[series(name+"_sum", labels)] = h.GetSampleSum()

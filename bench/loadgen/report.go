@@ -119,7 +119,11 @@ func formatRatio(v *float64) string {
 // WriteTable prints the report as readable tables, one per scenario.
 func WriteTable(w io.Writer, r *Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gateway benchmark — %s — %d CPUs (%s), %s\n", r.Date, r.Machine.CPUs, r.Machine.Model, r.Machine.GoVersion)
+	fmt.Fprintf(
+		&b,
+		"gateway benchmark — %s — %d CPUs (%s), %s\n",
+		r.Date, r.Machine.CPUs, r.Machine.Model, r.Machine.GoVersion,
+	)
 	for _, s := range r.Scenarios {
 		if s.Skipped != "" {
 			fmt.Fprintf(&b, "\n== %s: skipped: %s\n", s.Name, s.Skipped)
@@ -136,7 +140,11 @@ func WriteTable(w io.Writer, r *Report) error {
 			if m.Floor != nil {
 				floor = formatNumber(m.Floor)
 			}
-			fmt.Fprintf(tw, "   %s (%s)\t%s\t%s\t%s\t%s\n", m.Name, m.Unit, formatNumber(m.Gateway), floor, formatRatio(m.Ratio), m.Target)
+			fmt.Fprintf(
+				tw,
+				"   %s (%s)\t%s\t%s\t%s\t%s\n",
+				m.Name, m.Unit, formatNumber(m.Gateway), floor, formatRatio(m.Ratio), m.Target,
+			)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -162,7 +170,11 @@ func WriteTable(w io.Writer, r *Report) error {
 	if r.ProtocolErrors > 0 || !r.ChecksOK {
 		verdict = "FAILED"
 	}
-	fmt.Fprintf(&b, "\n%s: %d protocol errors, checks ok: %v, %.0fs in all\n", verdict, r.ProtocolErrors, r.ChecksOK, r.DurationSeconds)
+	fmt.Fprintf(
+		&b,
+		"\n%s: %d protocol errors, checks ok: %v, %.0fs in all\n",
+		verdict, r.ProtocolErrors, r.ChecksOK, r.DurationSeconds,
+	)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -68,7 +68,8 @@ type Config struct {
 	Postgres, NATS           string
 	ClusterRuns, ClusterTabs int
 	ClusterWindow            time.Duration // measured, after Warmup
-	ClusterCancelTo          string        // "other": the instance not holding the run's lease; "owner": the one holding it
+	// "other": the instance not holding the run's lease; "owner": the one holding it
+	ClusterCancelTo string
 
 	// Synchronous is passed to every gateway on SQLite as
 	// -sqlite-synchronous (normal or full); "" passes nothing, so the
@@ -88,16 +89,40 @@ var AllScenarios = []string{"idle", "fanout", "cancel", "storage", "scale", "lon
 
 func (c Config) summary() map[string]any {
 	return map[string]any{
-		"scenarios": c.Scenarios, "auth": c.Auth, "pace": c.Pace.String(), "warmup": c.Warmup.String(), "window": c.Window.String(),
-		"idle_threads": c.IdleThreads, "idle_tabs": c.IdleTabs,
-		"fanout_threads": c.FanoutThreads, "fanout_tabs_per_thread": c.FanoutTabs, "reconnect_fraction": c.ReconnectFraction,
-		"cancel_runs": c.CancelRuns, "cancel_tabs_per_run": c.CancelTabs, "cancel_window": c.CancelWindow.String(), "cancel_max_delay": c.cancelMaxDelay().String(),
-		"storage_runs": c.StorageRuns, "storage_pace": c.StoragePace.String(), "storage_window": c.StorageWindow.String(),
-		"scale_runs": c.ScaleRuns, "scale_tabs_per_run": c.ScaleTabs, "scale_pace": c.ScalePace.String(), "scale_window": c.ScaleWindow.String(), "scale_cancel_every": c.ScaleCancelEvery, "scale_capacity": c.ScaleCapacity,
-		"long_exchanges": c.LongExchanges, "long_pace": c.LongPace.String(),
-		"cluster_runs": c.ClusterRuns, "cluster_tabs_per_run": c.ClusterTabs, "cluster_window": c.ClusterWindow.String(),
-		"cluster_cancel_to": c.ClusterCancelTo, "postgres": redactDB(c.Postgres), "nats": c.NATS,
-		"sqlite_synchronous": c.Synchronous, "seed": c.Seed, "perf": c.PerfDir != "",
+		"scenarios":              c.Scenarios,
+		"auth":                   c.Auth,
+		"pace":                   c.Pace.String(),
+		"warmup":                 c.Warmup.String(),
+		"window":                 c.Window.String(),
+		"idle_threads":           c.IdleThreads,
+		"idle_tabs":              c.IdleTabs,
+		"fanout_threads":         c.FanoutThreads,
+		"fanout_tabs_per_thread": c.FanoutTabs,
+		"reconnect_fraction":     c.ReconnectFraction,
+		"cancel_runs":            c.CancelRuns,
+		"cancel_tabs_per_run":    c.CancelTabs,
+		"cancel_window":          c.CancelWindow.String(),
+		"cancel_max_delay":       c.cancelMaxDelay().String(),
+		"storage_runs":           c.StorageRuns,
+		"storage_pace":           c.StoragePace.String(),
+		"storage_window":         c.StorageWindow.String(),
+		"scale_runs":             c.ScaleRuns,
+		"scale_tabs_per_run":     c.ScaleTabs,
+		"scale_pace":             c.ScalePace.String(),
+		"scale_window":           c.ScaleWindow.String(),
+		"scale_cancel_every":     c.ScaleCancelEvery,
+		"scale_capacity":         c.ScaleCapacity,
+		"long_exchanges":         c.LongExchanges,
+		"long_pace":              c.LongPace.String(),
+		"cluster_runs":           c.ClusterRuns,
+		"cluster_tabs_per_run":   c.ClusterTabs,
+		"cluster_window":         c.ClusterWindow.String(),
+		"cluster_cancel_to":      c.ClusterCancelTo,
+		"postgres":               redactDB(c.Postgres),
+		"nats":                   c.NATS,
+		"sqlite_synchronous":     c.Synchronous,
+		"seed":                   c.Seed,
+		"perf":                   c.PerfDir != "",
 	}
 }
 
@@ -130,7 +155,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cancel needs runs, tabs and a window")
 	case c.StorageRuns <= 0:
 		return fmt.Errorf("storage needs runs")
-	case slices.Contains(c.Scenarios, "scale") && (c.ScaleRuns <= 0 || c.ScaleTabs <= 0 || c.ScalePace <= 0 || c.ScaleWindow <= 0 || c.ScaleCancelEvery <= 0):
+	case slices.Contains(c.Scenarios, "scale") &&
+		(c.ScaleRuns <= 0 || c.ScaleTabs <= 0 || c.ScalePace <= 0 || c.ScaleWindow <= 0 || c.ScaleCancelEvery <= 0):
 		return fmt.Errorf("scale needs runs, tabs, a pace, a window and -scale-cancel-every ≥ 1")
 	case slices.Contains(c.Scenarios, "long") && (c.LongExchanges <= 0 || c.LongPace < 0):
 		return fmt.Errorf("long needs -long-exchanges ≥ 1 and -long-pace ≥ 0")
@@ -184,7 +210,10 @@ func loopbackURL(raw string, schemes ...string) error {
 func (c Config) clusterSkip() string {
 	var missing []string
 	if c.Postgres == "" {
-		missing = append(missing, "GATEWAY_TEST_POSTGRES_URL (or -postgres) to a PostgreSQL database the generator may create schemas in")
+		missing = append(
+			missing,
+			"GATEWAY_TEST_POSTGRES_URL (or -postgres) to a PostgreSQL database the generator may create schemas in",
+		)
 	}
 	if c.NATS == "" {
 		missing = append(missing, "GATEWAY_TEST_NATS_URL (or -nats) to a NATS server, e.g. nats://127.0.0.1:4222")
@@ -229,7 +258,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := &runner{cfg: cfg, start: time.Now()}
-	rep := &Report{Command: strings.Join(os.Args, " "), Date: time.Now().Format(time.RFC3339), Machine: describeMachine(), Config: cfg.summary()}
+	rep := &Report{
+		Command: strings.Join(os.Args, " "),
+		Date:    time.Now().Format(time.RFC3339),
+		Machine: describeMachine(),
+		Config:  cfg.summary(),
+	}
 	dir, err := os.MkdirTemp("", "gateway-bench-")
 	if err != nil {
 		return nil, err
@@ -252,7 +286,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.admin = supportsFlag(r.gateway, "admin-addr")
 	if !r.admin {
-		r.logf("this gateway has no -admin-addr: no server metrics or Go profiles, store figures from the database only")
+		r.logf(
+			"this gateway has no -admin-addr: no server metrics or Go profiles, store figures from the database only",
+		)
 	}
 	rep.ChecksOK = true
 	scenarios := map[string]func(context.Context) ScenarioReport{ // by AllScenarios' names
@@ -384,7 +420,10 @@ func (p *gwPhase) connectTabs(ctx context.Context, tabsPer int, notesAll bool) e
 	if err := p.env.connect(tabsCtx, p.threads, tabsPer, notesAll, &p.tabs, 60*time.Second); err != nil {
 		return err
 	}
-	p.r.logf("%s: %d tabs over %d threads subscribed in %.1fs", p.env.scenario, len(p.threads)*tabsPer, len(p.threads), time.Since(began).Seconds())
+	p.r.logf(
+		"%s: %d tabs over %d threads subscribed in %.1fs",
+		p.env.scenario, len(p.threads)*tabsPer, len(p.threads), time.Since(began).Seconds(),
+	)
 	return nil
 }
 
@@ -627,7 +666,20 @@ func (r *runner) startPerf(name string, pid int, d time.Duration) *perfRecord {
 		return nil
 	}
 	file := filepath.Join(r.cfg.PerfDir, name+".perf.data")
-	cmd := exec.Command(bin, "record", "-F", "499", "-g", "-p", strconv.Itoa(pid), "-o", file, "--", "sleep", strconv.FormatFloat(d.Seconds(), 'f', 1, 64))
+	cmd := exec.Command(
+		bin,
+		"record",
+		"-F",
+		"499",
+		"-g",
+		"-p",
+		strconv.Itoa(pid),
+		"-o",
+		file,
+		"--",
+		"sleep",
+		strconv.FormatFloat(d.Seconds(), 'f', 1, 64),
+	)
 	if err := cmd.Start(); err != nil {
 		r.logf("%s: perf: %v", name, err)
 		return nil

@@ -22,7 +22,10 @@ func (r *runner) idle(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	per := c.IdleTabs / c.IdleThreads
 	n := per * c.IdleThreads
-	s.Shape = fmt.Sprintf("%d tabs over %d threads (%d each), connected and subscribed, no traffic", n, c.IdleThreads, per)
+	s.Shape = fmt.Sprintf(
+		"%d tabs over %d threads (%d each), connected and subscribed, no traffic",
+		n, c.IdleThreads, per,
+	)
 	gw0, gw1, fl0, fl1 := nan, nan, nan, nan
 	var gwConnect, flConnect float64 = nan, nan
 	pw := &promWindow{seconds: 1}
@@ -119,7 +122,14 @@ func deliveryLatency(threads []*gwThread) Dist {
 // and sets up threads with tabsPer tabs each on it (see gwPhase.setup).
 // On failure it records it in s, finishes what it started and returns
 // nil; otherwise the caller finishes the phase.
-func (r *runner) startSetUp(ctx context.Context, s *ScenarioReport, name string, pace time.Duration, workers, threads, tabsPer int, notesAll bool) *gwPhase {
+func (r *runner) startSetUp(
+	ctx context.Context,
+	s *ScenarioReport,
+	name string,
+	pace time.Duration,
+	workers, threads, tabsPer int,
+	notesAll bool,
+) *gwPhase {
 	p, err := r.startGateway(name, pace, workers)
 	if err != nil {
 		s.Failure = err.Error()
@@ -159,7 +169,14 @@ func dropper(ctx context.Context, tabs []*gwTab, window time.Duration, rng *rand
 // received, its own metrics before and after, and, when asked (-perf), perf
 // and pprof profiles under name. It fills f and returns the window's
 // bounds; during's context ends with the window.
-func (r *runner) measureGateway(ctx context.Context, p *gwPhase, name string, d time.Duration, f *fanFigures, during func(context.Context)) (w0, w1 time.Time) {
+func (r *runner) measureGateway(
+	ctx context.Context,
+	p *gwPhase,
+	name string,
+	d time.Duration,
+	f *fanFigures,
+	during func(context.Context),
+) (w0, w1 time.Time) {
 	var m cpuMeter
 	f.prom = &promWindow{before: p.scrape(ctx)}
 	p.env.measuring.Store(true)
@@ -218,7 +235,14 @@ func (r *runner) fanoutGateway(ctx context.Context, s *ScenarioReport) *fanFigur
 	droppable = droppable[:int(math.Round(c.ReconnectFraction*float64(len(droppable))))]
 
 	r.logf("fanout: gateway measuring %s (%d tabs drop and resubscribe)", c.Window, len(droppable))
-	w0, w1 := r.measureGateway(ctx, p, "fanout-gateway", c.Window, f, func(ctx context.Context) { dropper(ctx, droppable, c.Window, rng) })
+	w0, w1 := r.measureGateway(
+		ctx,
+		p,
+		"fanout-gateway",
+		c.Window,
+		f,
+		func(ctx context.Context) { dropper(ctx, droppable, c.Window, rng) },
+	)
 
 	p.endDrivers(ctx, &drivers, 5*time.Second)
 	var lat, spread, publish []*samples
@@ -275,7 +299,10 @@ func (r *runner) fanoutFloor(ctx context.Context, s *ScenarioReport) *fanFigures
 		offset := interval * time.Duration(i) / time.Duration(len(p.topics))
 		pubs.Go(func() { t.publish(ctx, offset, interval, size, stopAt, maxMessages) })
 	}
-	r.logf("fanout: floor publishing every %s per topic, %d-byte messages; warming up %s", interval.Round(time.Microsecond), size, c.Warmup)
+	r.logf(
+		"fanout: floor publishing every %s per topic, %d-byte messages; warming up %s",
+		interval.Round(time.Microsecond), size, c.Warmup,
+	)
 	sleep(ctx, c.Warmup)
 	r.logf("fanout: floor measuring %s", c.Window)
 	var m cpuMeter
@@ -333,8 +360,11 @@ func (r *runner) fanoutFloor(ctx context.Context, s *ScenarioReport) *fanFigures
 
 func (r *runner) fanout(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
-	s.Shape = fmt.Sprintf("%d threads × %d tabs, one run streaming per thread at %s a word, %s measured after %s warm-up, %.0f%% of tabs reconnect once",
-		c.FanoutThreads, c.FanoutTabs, c.Pace, c.Window, c.Warmup, 100*c.ReconnectFraction)
+	s.Shape = fmt.Sprintf(
+		"%d threads × %d tabs, one run streaming per thread at %s a word, %s measured after %s warm-up, "+
+			"%.0f%% of tabs reconnect once",
+		c.FanoutThreads, c.FanoutTabs, c.Pace, c.Window, c.Warmup, 100*c.ReconnectFraction,
+	)
 	gw := r.fanoutGateway(ctx, &s)
 	if gw != nil && gw.deltaRate > 0 {
 		r.gwDeltaRate, r.gwDeltaSize = gw.deltaRate, int(math.Round(gw.deltaSize))
@@ -381,8 +411,11 @@ func (r *runner) fanout(ctx context.Context) (s ScenarioReport) {
 func (r *runner) cancel(ctx context.Context) (s ScenarioReport) {
 	c := r.cfg
 	maxDelay := c.cancelMaxDelay()
-	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each; each run cancelled at a random moment (0–%s after its first delta) from a random tab, then the next started; %s measured after %s warm-up",
-		c.CancelRuns, c.Pace, c.CancelTabs, maxDelay, c.CancelWindow, c.Warmup)
+	s.Shape = fmt.Sprintf(
+		"%d concurrent runs at %s a word, %d tabs each; each run cancelled at a random moment "+
+			"(0–%s after its first delta) from a random tab, then the next started; %s measured after %s warm-up",
+		c.CancelRuns, c.Pace, c.CancelTabs, maxDelay, c.CancelWindow, c.Warmup,
+	)
 	p := r.startSetUp(ctx, &s, "cancel", c.Pace, c.CancelRuns+16, c.CancelRuns, c.CancelTabs, true)
 	if p == nil {
 		return s
@@ -500,8 +533,14 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	if c.ScaleCapacity > 0 {
 		capacity = fmt.Sprintf("capacity %d (-workers)", c.ScaleCapacity)
 	}
-	s.Shape = fmt.Sprintf("%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered), %s; %d of the threads cancel each run at a random moment (0–%s after its first delta, or, for half of the queued runs, after its ack) from a random tab, the others stream back to back; %s measured after %s warm-up",
-		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), capacity, cancellers, maxDelay, c.ScaleWindow, c.Warmup)
+	s.Shape = fmt.Sprintf(
+		"%d concurrent runs at %s a word, %d tabs each (%.0f deliveries/s offered), %s; "+
+			"%d of the threads cancel each run at a random moment (0–%s after its first delta, or, "+
+			"for half of the queued runs, after its ack) from a random tab, the others stream back to back; "+
+			"%s measured after %s warm-up",
+		c.ScaleRuns, c.ScalePace, c.ScaleTabs, float64(c.ScaleRuns*c.ScaleTabs)/c.ScalePace.Seconds(), capacity,
+		cancellers, maxDelay, c.ScaleWindow, c.Warmup,
+	)
 	p, err := r.startGateway("scale", c.ScalePace, c.ScaleCapacity)
 	if err != nil {
 		s.Failure = err.Error()
@@ -567,29 +606,59 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 	if f.offered > 0 {
 		delivered = 100 * f.deltas / f.offered
 	}
-	s.Notes = append(s.Notes,
-		"delivered is delta deliveries against the offer of every thread streaming all the time; a cancelling thread is idle between its cancel and its next run's first delta, and with admission a run waits queued without streaming, so the offer is more than the shape can ask for",
-		"admitted: runs whose run.start ack carried no queue_position; queued: runs whose ack carried one. Run counts, first deltas and waits are of the runs acked in the window; delta figures are of the deltas received in the window, whenever their run was acked (runs admitted in the warm-up stream into the window); a run queued near the window's end that was cancelled before it started (by its thread, or when the phase stopped) has no wait figure and is counted as cancelled before it started")
+	s.Notes = append(
+		s.Notes,
+		"delivered is delta deliveries against the offer of every thread streaming all the time; "+
+			"a cancelling thread is idle between its cancel and its next run's first delta, "+
+			"and with admission a run waits queued without streaming, "+
+			"so the offer is more than the shape can ask for",
+		"admitted: runs whose run.start ack carried no queue_position; queued: "+
+			"runs whose ack carried one. Run counts, first deltas and waits are of the runs acked in the window; "+
+			"delta figures are of the deltas received in the window, "+
+			"whenever their run was acked (runs admitted in the warm-up stream into the window); "+
+			"a run queued near the window's end that was cancelled before it started (by its thread, "+
+			"or when the phase stopped) has no wait figure and is counted as cancelled before it "+
+			"started",
+	)
 	firstTarget := fmt.Sprintf("≤ %s", c.ScalePace+20*time.Millisecond)
-	s.Metrics = slices.Concat([]Metric{
-		metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
-		metric("deliveries/s, deltas", "1/s", f.deltas, ""),
-		metric("delivered of the offer", "%", delivered, "≥ 95 %"),
-		metric("server CPU per delivered delta", "µs", f.cpuPerDelta, "≤ 20 µs"),
-		metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
-		metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, firstTarget),
-	}, cancelLatencyMetrics(ct, "≤ 5 ms", "≤ 15 ms"), []Metric{
-		metric("server metric: cancel ack p99 (bucket bound)", "ms", 1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99), ""),
-		metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
-		metric("cancels measured", "count", float64(ct.ack.N), ""),
-		metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
-		metric("delta delivery latency p50", "ms", l.P50, ""),
-		metric("delta delivery latency p99", "ms", l.P99, ""),
-	}, admissionMetrics(at, dAdm, dQ, summarize(fdAdm), summarize(fdQ), c.ScalePace),
+	s.Metrics = slices.Concat(
+		[]Metric{
+			metric("deliveries/s offered by the shape", "1/s", f.offered, ""),
+			metric("deliveries/s, deltas", "1/s", f.deltas, ""),
+			metric("delivered of the offer", "%", delivered, "≥ 95 %"),
+			metric("server CPU per delivered delta", "µs", f.cpuPerDelta, "≤ 20 µs"),
+			metric("server: run.started → first delta p50 (store ts)", "ms", fd.P50, ""),
+			metric("server: run.started → first delta p99 (store ts)", "ms", fd.P99, firstTarget),
+		},
+		cancelLatencyMetrics(ct, "≤ 5 ms", "≤ 15 ms"),
+		[]Metric{
+			metric(
+				"server metric: cancel ack p99 (bucket bound)",
+				"ms",
+				1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99),
+				"",
+			),
+			metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+			metric("cancels measured", "count", float64(ct.ack.N), ""),
+			metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
+			metric("delta delivery latency p50", "ms", l.P50, ""),
+			metric("delta delivery latency p99", "ms", l.P99, ""),
+		},
+		admissionMetrics(at, dAdm, dQ, summarize(fdAdm), summarize(fdQ), c.ScalePace),
 		waitCancelMetrics(ct),
-		[]Metric{metric("runs streaming at once (deltas committed/s × pace)", "runs", f.runsStreaming(st.Deltas, c.ScalePace), "")},
+		[]Metric{
+			metric(
+				"runs streaming at once (deltas committed/s × pace)",
+				"runs",
+				f.runsStreaming(st.Deltas, c.ScalePace),
+				"",
+			),
+		},
 		capacityMetrics(pw, gauges),
-		cpuMetrics(&f), storeMetrics(&f, &s), serverMetrics(&f, &s))
+		cpuMetrics(&f),
+		storeMetrics(&f, &s),
+		serverMetrics(&f, &s),
+	)
 	return s
 }
 
