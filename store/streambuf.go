@@ -76,11 +76,16 @@ type streamBuffer struct {
 	lost map[string]string
 
 	pending atomic.Int64 // deltas held in memory, all threads
-	stats   streamCounters
-	closed  atomic.Bool   // close began: every batch takes the slow path
-	wake    chan struct{} // cap 1: there is something to write
-	stop    context.CancelFunc
-	done    chan struct{}
+	// flushing is held by a flush from the moment it takes threads off
+	// dirty until their write is done: a flush that comes after it (a
+	// graceful stop's, while the flusher's is under way) waits for it,
+	// instead of finding nothing dirty while those deltas are not written.
+	flushing sync.Mutex
+	stats    streamCounters
+	closed   atomic.Bool   // close began: every batch takes the slow path
+	wake     chan struct{} // cap 1: there is something to write
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 // threadStream is one thread's sequencer. Its fields are guarded by mu.
@@ -324,6 +329,8 @@ func (b *streamBuffer) flusher(ctx context.Context) {
 // transaction, not for every stream's backlog. Threads it did not get to
 // (an error) stay dirty.
 func (b *streamBuffer) flush(ctx context.Context) error {
+	b.flushing.Lock()
+	defer b.flushing.Unlock()
 	b.mu.Lock()
 	dirty := make([]*threadStream, 0, len(b.dirty))
 	names := make([]string, 0, len(b.dirty))
@@ -414,13 +421,10 @@ func (s *Store) WriteStreams(ctx context.Context) error {
 	if b == nil {
 		return nil
 	}
-	// The flusher may have taken the dirty threads and not yet committed
-	// them: an empty write waits for its transaction.
+	// (A flush the flusher has under way is waited for: see flushing.
+	// Deltas that come meanwhile are written by the next round.)
 	for range 100 {
 		if err := b.flush(ctx); err != nil {
-			return err
-		}
-		if err := s.write(ctx, func(*txn) error { return nil }); err != nil {
 			return err
 		}
 		if b.pending.Load() == 0 {
