@@ -10,8 +10,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 func writeConfig(t *testing.T, lines ...string) string {
@@ -161,5 +165,24 @@ func TestEverySettingNamesItsVariable(t *testing.T) {
 		if !envOfFlag.MatchString(u) {
 			t.Errorf("%s does not name its variable as \"(GATEWAY_…\": %q", name, u)
 		}
+	}
+}
+
+// The scenario tests of package app start from apptest.CommandConfig: it
+// must stay what the serve command builds from -addr, -db and -demo-pace
+// alone, or those tests would run a gateway the command never does.
+func TestCommandConfigIsWhatServeBuilds(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "GATEWAY_") && !strings.HasPrefix(name, "GATEWAY_TEST_") {
+			t.Setenv(name, "")
+		}
+	}
+	db := filepath.Join(t.TempDir(), "gw.db")
+	cfg, err := parseServe([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", "7ms"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := apptest.CommandConfig(db, 7*time.Millisecond); !reflect.DeepEqual(cfg.Config, want) {
+		t.Errorf("serve -addr 127.0.0.1:0 -db DB -demo-pace 7ms builds\n%+v\napptest.CommandConfig is\n%+v", cfg.Config, want)
 	}
 }
