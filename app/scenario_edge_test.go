@@ -134,7 +134,7 @@ func TestHostAllowlistStopsDNSRebinding(t *testing.T) {
 	srv := apptest.Start(t, apptest.CommandConfig(db, 5*time.Millisecond))
 	port := portOf(t, srv.Base)
 	th := srv.CreateThread()
-	threadsBefore := threadList(srv)
+	threadsBefore := threadList(srv, who{})
 	before := dbFingerprint(t, db)
 
 	surfaces := []struct {
@@ -216,7 +216,7 @@ func TestHostAllowlistStopsDNSRebinding(t *testing.T) {
 	if after := dbFingerprint(t, db); after != before {
 		t.Errorf("refused requests changed the database:\nbefore %s\nafter  %s", before, after)
 	}
-	if got := threadList(srv); len(got) != len(threadsBefore) {
+	if got := threadList(srv, who{}); len(got) != len(threadsBefore) {
 		t.Errorf("refused requests changed the conversations: %v, had %v", got, threadsBefore)
 	}
 	if snap := srv.Snapshot(th.ThreadID); snap.StateVersion != th.StateVersion || snap.LastSeq != th.LastSeq {
@@ -511,7 +511,7 @@ func TestSlowBodyIsCutStreamsStay(t *testing.T) {
 	}
 	close(stopWriting)
 	<-writerDone
-	if got := threadList(srv); len(got) != 1 {
+	if got := threadList(srv, who{}); len(got) != 1 {
 		t.Errorf("the cut request created something: threads %v", got)
 	}
 

@@ -93,17 +93,6 @@ func prefixesOf(t *testing.T, list string) []netip.Prefix {
 	return p
 }
 
-// threadList is the ids of GET /api/threads through srv's protocol
-// client (its credential, if any).
-func threadList(srv *apptest.Server) []string {
-	srv.T.Helper()
-	var ids []string
-	for _, th := range srv.Threads() {
-		ids = append(ids, th.ThreadID)
-	}
-	return ids
-}
-
 // auditDB opens the SQLite database read-only, as an auditor would; the
 // caller closes it.
 func auditDB(t *testing.T, path string) *sql.DB {
