@@ -51,9 +51,10 @@ func CommandConfig(db string, pace time.Duration) app.Config {
 // (Snapshot, StartRun, CancelRun, …) and event streams (Events).
 //
 // A Server belongs to the test that started it: its methods may stop
-// that test (t.Fatal) and so are called from the test's goroutine only;
-// Stderr, Logged and AdminURL's log reads are safe from any goroutine.
-// It is stopped when the test ends, whatever happened.
+// that test (t.Fatal) and so are called from the test's goroutine only,
+// except Stderr, Logged and API, which are safe from any goroutine. It is
+// stopped when the test ends, whatever happened. The Servers As returns
+// share its App, log and lifecycle.
 type Server struct {
 	T    testing.TB
 	DB   string
@@ -61,11 +62,16 @@ type Server struct {
 
 	logs *logTap
 	api  *client.Client
-	// stopped is closed once Run returned and the App closed; runErr is
-	// what Run returned.
+	run  *running
+}
+
+// running is an App's lifecycle: cancel ends Run's context; stopped is
+// closed once Run returned and the App closed, err is what Run returned
+// (read only after stopped is closed).
+type running struct {
 	cancel  context.CancelFunc
 	stopped chan struct{}
-	runErr  error
+	err     error
 }
 
 // keepLogLines is how many of the last log lines a Server keeps for
@@ -78,9 +84,8 @@ const keepLogLines = 300
 // within 20s; its last log lines are printed when it failed.
 func Start(t testing.TB, cfg app.Config) *Server {
 	t.Helper()
-	s := &Server{T: t, DB: cfg.DB, logs: &logTap{msgs: map[string]int{}}, stopped: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
+	s := &Server{T: t, DB: cfg.DB, logs: &logTap{msgs: map[string]int{}}, run: &running{cancel: cancel, stopped: make(chan struct{})}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	a, err := app.New(ctx, cfg, log)
 	if err != nil {
@@ -95,8 +100,8 @@ func Start(t testing.TB, cfg app.Config) *Server {
 			log.Error("gateway stopped", "err", err)
 		}
 		a.Close()
-		s.runErr = err
-		close(s.stopped)
+		s.run.err = err
+		close(s.run.stopped)
 	}()
 	t.Cleanup(func() {
 		s.end()
@@ -132,8 +137,8 @@ func (s *Server) waitReady() {
 		}
 		select {
 		case <-tick.C:
-		case <-s.stopped:
-			s.T.Fatalf("the gateway stopped while waiting for /readyz (Run: %v)", s.runErr)
+		case <-s.run.stopped:
+			s.T.Fatalf("the gateway stopped while waiting for /readyz (Run: %v)", s.run.err)
 		}
 	}
 }
@@ -142,9 +147,9 @@ var readyClient = &http.Client{Timeout: 15 * time.Second}
 
 // end stops the App whatever state it is in (at the test's end).
 func (s *Server) end() {
-	s.cancel()
+	s.run.cancel()
 	select {
-	case <-s.stopped:
+	case <-s.run.stopped:
 	case <-time.After(20 * time.Second):
 		s.T.Errorf("the in-process gateway (db %s) did not stop within 20s", s.DB)
 	}
@@ -155,14 +160,14 @@ func (s *Server) end() {
 // command's exit status 0).
 func (s *Server) Stop() {
 	s.T.Helper()
-	s.cancel()
+	s.run.cancel()
 	select {
-	case <-s.stopped:
+	case <-s.run.stopped:
 	case <-time.After(20 * time.Second):
 		s.T.Fatalf("gateway did not stop within 20s of the end of its context")
 	}
-	if s.runErr != nil {
-		s.T.Fatalf("Run returned %v after the end of its context, want nil (exit status 0)", s.runErr)
+	if s.run.err != nil {
+		s.T.Fatalf("Run returned %v after the end of its context, want nil (exit status 0)", s.run.err)
 	}
 }
 
