@@ -160,3 +160,6 @@ func (st *Stream) WaitDeltas(deadline time.Time, runID string, n int) string {
 	}
 	return messageID
 }
+
+// Seen is every event read so far, in order.
+func (st *Stream) Seen() []client.Event { return st.seen }
