@@ -2,7 +2,8 @@ package main
 
 // The configuration story against the real binary: a settings file, its
 // precedence below environment variables and flags, its errors, the
-// version command, JSON logs and the admin listener.
+// version command, JSON logs and the admin listener's address; and that
+// apptest.CommandConfig stays what serve builds.
 
 import (
 	"encoding/json"
@@ -115,34 +116,6 @@ func TestVersionAndJSONLogs(t *testing.T) {
 	}
 }
 
-func TestAdminListener(t *testing.T) {
-	if code, _, stderr := runCLI(t, nil, "serve", "-admin-addr", "0.0.0.0:0"); code != 2 || !strings.Contains(stderr, "not a loopback address") {
-		t.Fatalf("public admin address: exit %d, %q", code, stderr)
-	}
-	db := filepath.Join(t.TempDir(), "gw.db")
-	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0")
-	admin := srv.adminURL()
-	resp, err := http.Get(admin + "goroutine?debug=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "goroutine profile") {
-		t.Fatalf("pprof goroutine profile: %d %.200s", resp.StatusCode, body)
-	}
-	// The public listener does not serve profiles.
-	resp, err = http.Get(srv.base + "/debug/pprof/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode == 200 {
-		t.Fatal("the public listener serves /debug/pprof/")
-	}
-	srv.stop()
-}
-
 // Every setting names its environment variable in its help, in the form
 // the settings file reads to keep the variable above the file.
 func TestEverySettingNamesItsVariable(t *testing.T) {
@@ -184,5 +157,14 @@ func TestCommandConfigIsWhatServeBuilds(t *testing.T) {
 	}
 	if want := apptest.CommandConfig(db, 7*time.Millisecond); !reflect.DeepEqual(cfg.Config, want) {
 		t.Errorf("serve -addr 127.0.0.1:0 -db DB -demo-pace 7ms builds\n%+v\napptest.CommandConfig is\n%+v", cfg.Config, want)
+	}
+}
+
+// A public -admin-addr is refused at start: profiles show the process's
+// memory. (What the admin listener serves is tested in-process:
+// app/scenario_edge_test.go's TestAdminListener.)
+func TestAdminAddrMustBeLoopback(t *testing.T) {
+	if code, _, stderr := runCLI(t, nil, "serve", "-admin-addr", "0.0.0.0:0"); code != 2 || !strings.Contains(stderr, "not a loopback address") {
+		t.Fatalf("public admin address: exit %d, %q", code, stderr)
 	}
 }

@@ -305,23 +305,6 @@ func (s *server) stderr() string {
 	return strings.Join(s.logs, "\n")
 }
 
-// adminURL is the admin listener's address as the server logged it (its
-// profiles' URL, ending in /debug/pprof/); none logged stops the test.
-func (s *server) adminURL() string {
-	s.t.Helper()
-	const line = `msg="admin listener" addr=`
-	var admin string
-	for _, l := range strings.Split(s.stderr(), "\n") {
-		if i := strings.Index(l, line); i >= 0 {
-			admin = strings.TrimSpace(l[i+len(line):])
-		}
-	}
-	if admin == "" {
-		s.t.Fatalf("no admin listener line in the log:\n%s", s.stderr())
-	}
-	return admin
-}
-
 // logged counts the stderr lines so far whose msg is exactly msg (all of
 // them, not only the last lines kept for failure reports).
 func (s *server) logged(msg string) int {

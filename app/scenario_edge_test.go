@@ -372,6 +372,36 @@ func TestAdminListenerAnswersLoopbackNamesOnly(t *testing.T) {
 	srv.Stop()
 }
 
+// The admin listener (-admin-addr: Config.AdminAddr) serves Go's
+// profiles; the public listener does not. (A public -admin-addr is
+// refused at start: TestAdminAddrMustBeLoopback, in the root package.)
+func TestAdminListener(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "gw.db")
+	cfg := apptest.CommandConfig(db, 5*time.Millisecond)
+	cfg.AdminAddr, cfg.AdminHosts = "127.0.0.1:0", cfg.Hosts
+	srv := apptest.Start(t, cfg)
+	admin := srv.AdminURL()
+	resp, err := http.Get(admin + "goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "goroutine profile") {
+		t.Fatalf("pprof goroutine profile: %d %.200s", resp.StatusCode, body)
+	}
+	// The public listener does not serve profiles.
+	resp, err = http.Get(srv.Base + "/debug/pprof/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == 200 {
+		t.Fatal("the public listener serves /debug/pprof/")
+	}
+	srv.Stop()
+}
+
 // Strict-Transport-Security only when the request came over HTTPS: here,
 // a trusted proxy that says so (the binary itself serves no TLS; TLS on the
 // connection is tested in package gateway). Pages carry COOP and a
