@@ -2,7 +2,8 @@ package main
 
 // The configuration story against the real binary: a settings file, its
 // precedence below environment variables and flags, its errors, the
-// version command, JSON logs and the admin listener.
+// version command, JSON logs and the admin listener's address; and that
+// apptest.CommandConfig stays what serve builds.
 
 import (
 	"encoding/json"
@@ -10,8 +11,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 func writeConfig(t *testing.T, lines ...string) string {
@@ -111,34 +116,6 @@ func TestVersionAndJSONLogs(t *testing.T) {
 	}
 }
 
-func TestAdminListener(t *testing.T) {
-	if code, _, stderr := runCLI(t, nil, "serve", "-admin-addr", "0.0.0.0:0"); code != 2 || !strings.Contains(stderr, "not a loopback address") {
-		t.Fatalf("public admin address: exit %d, %q", code, stderr)
-	}
-	db := filepath.Join(t.TempDir(), "gw.db")
-	srv := startServerWith(t, db, "5ms", "-admin-addr", "127.0.0.1:0")
-	admin := srv.adminURL()
-	resp, err := http.Get(admin + "goroutine?debug=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "goroutine profile") {
-		t.Fatalf("pprof goroutine profile: %d %.200s", resp.StatusCode, body)
-	}
-	// The public listener does not serve profiles.
-	resp, err = http.Get(srv.base + "/debug/pprof/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode == 200 {
-		t.Fatal("the public listener serves /debug/pprof/")
-	}
-	srv.stop()
-}
-
 // Every setting names its environment variable in its help, in the form
 // the settings file reads to keep the variable above the file.
 func TestEverySettingNamesItsVariable(t *testing.T) {
@@ -161,5 +138,33 @@ func TestEverySettingNamesItsVariable(t *testing.T) {
 		if !envOfFlag.MatchString(u) {
 			t.Errorf("%s does not name its variable as \"(GATEWAY_…\": %q", name, u)
 		}
+	}
+}
+
+// The scenario tests of package app start from apptest.CommandConfig: it
+// must stay what the serve command builds from -addr, -db and -demo-pace
+// alone, or those tests would run a gateway the command never does.
+func TestCommandConfigIsWhatServeBuilds(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "GATEWAY_") && !strings.HasPrefix(name, "GATEWAY_TEST_") {
+			t.Setenv(name, "")
+		}
+	}
+	db := filepath.Join(t.TempDir(), "gw.db")
+	cfg, err := parseServe([]string{"-addr", "127.0.0.1:0", "-db", db, "-demo-pace", "7ms"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := apptest.CommandConfig(db, 7*time.Millisecond); !reflect.DeepEqual(cfg.Config, want) {
+		t.Errorf("serve -addr 127.0.0.1:0 -db DB -demo-pace 7ms builds\n%+v\napptest.CommandConfig is\n%+v", cfg.Config, want)
+	}
+}
+
+// A public -admin-addr is refused at start: profiles show the process's
+// memory. (What the admin listener serves is tested in-process:
+// app/scenario_edge_test.go's TestAdminListener.)
+func TestAdminAddrMustBeLoopback(t *testing.T) {
+	if code, _, stderr := runCLI(t, nil, "serve", "-admin-addr", "0.0.0.0:0"); code != 2 || !strings.Contains(stderr, "not a loopback address") {
+		t.Fatalf("public admin address: exit %d, %q", code, stderr)
 	}
 }

@@ -1,8 +1,9 @@
 package main
 
 // The page forms against the real binary: bodies they must refuse before
-// acting, with the binary's TMPDIR watched for files left behind, and the
-// per-user command budget they share with the API.
+// acting, with the binary's TMPDIR watched for files left behind. The
+// command budget they share with the API is tested in-process:
+// app/scenario_forms_test.go.
 
 import (
 	"bufio"
@@ -200,40 +201,6 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
 	}
 	srv.stop()
-}
-
-// The forms that change conversations draw from the user's command budget
-// (shared with the API): over it they answer 429 with Retry-After and
-// change nothing; sign-out is never refused for it.
-func TestBinaryFormsShareTheCommandBudget(t *testing.T) {
-	// 0.1 command per second, burst 1: one command, then a wait of 10 s.
-	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-user-command-rate", "0.1")
-	form := "application/x-www-form-urlencoded"
-	if status, _, page := srv.formPost(t, "/threads", form, http.NoBody, 0); status != http.StatusSeeOther {
-		t.Fatalf("first new conversation: %d %.300s", status, page)
-	}
-	list := srv.threads()
-	if len(list) != 1 {
-		t.Fatalf("%d threads after one form post", len(list))
-	}
-	id, title := list[0].ThreadID, list[0].Title
-	for _, p := range []struct{ path, body string }{{"/threads", ""}, {"/t/" + id + "/rename", "title=over"}} {
-		status, retry, page := srv.formPost(t, p.path, form, strings.NewReader(p.body), int64(len(p.body)))
-		if secs, err := strconv.Atoi(retry); status != http.StatusTooManyRequests || err != nil || secs < 1 || !strings.Contains(page, `data-error="rate_limited"`) {
-			t.Errorf("POST %s over the budget: %d, Retry-After %q: %.300s; want 429 rate_limited with Retry-After", p.path, status, retry, page)
-		}
-	}
-	// The API sees the same empty budget.
-	_, err := srv.api().CreateThread(context.Background(), "")
-	if refusedStatus(err) != http.StatusTooManyRequests {
-		t.Errorf("API create after the forms spent the budget: %v, want 429", err)
-	}
-	if list := srv.threads(); len(list) != 1 || list[0].Title != title {
-		t.Errorf("threads now %+v, want only the first, titled %q", list, title)
-	}
-	if status, _, _ := srv.formPost(t, "/logout", form, http.NoBody, 0); status != http.StatusSeeOther {
-		t.Errorf("sign-out over the budget: %d, want 303", status)
-	}
 }
 
 // No code of the gateway parses a request body in a way that can write a

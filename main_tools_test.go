@@ -275,32 +275,3 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 		}
 	}
 }
-
-// TestBinaryToolsLostAnswer: the provider accepts the key but its answer
-// is lost: the operation is reported unknown, then reconciled as committed
-// by its key, with one acceptance.
-func TestBinaryToolsLostAnswer(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "gw.db")
-	srv := startServerWith(t, db, "5ms", "-outbox-fault", "accept-then-timeout", "-outbox-latency", "50ms")
-	thread := srv.createThread()
-	tid := thread.ThreadID
-	evs := srv.events(tid, thread.LastSeq)
-	runID, op := srv.askEmail(evs, tid, thread.StateVersion, "Send an email to bob@example.com about the lost parcel")
-
-	srv.confirm(tid, op.OperationID)
-	got := waitCompleted(t, evs, runID, op.OperationID)
-	if !slices.Equal(got.phases, []string{"confirmed", "committing", "unknown", "reconciled"}) {
-		t.Errorf("tool.updated phases %v, want confirmed committing unknown reconciled", got.phases)
-	}
-	for _, u := range got.unknown {
-		if u.Outcome == nil || *u.Outcome != "unknown" {
-			t.Errorf("phase unknown reported outcome %v, want unknown", u.Outcome)
-		}
-	}
-	checkSent(t, srv, got, tid, runID, op)
-	evs.close()
-	srv.stop()
-
-	wantOneAcceptance(t, db, *op.IdempotencyKey, 1)
-	checkDB(t, db)
-}

@@ -1,7 +1,8 @@
-package main
+package app_test
 
-// The reply size limit end to end: the serve command with -model openai
-// against a fake endpoint whose reply never ends.
+// The reply size limit end to end: a gateway with the openai model
+// (-model openai) against a fake endpoint whose reply never ends, and a
+// long conversation of replies cut at the limit (-max-reply-bytes).
 
 import (
 	"encoding/json"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
+	"github.com/honestcancel/gateway/model/openai"
 )
 
 // endlessOpenAI is a chat completions endpoint whose streamed reply never
@@ -75,17 +78,19 @@ func (f *endlessOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 func TestEndlessUpstreamReplyIsCutAtTheSizeLimit(t *testing.T) {
 	fake := newEndlessOpenAI(t)
 	const limit = 20000
-	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-model", "openai", "-openai-base-url", fake.srv.URL+"/v1",
-		"-openai-model", "m", "-no-model-titles", "-max-reply-bytes", fmt.Sprint(limit))
-	thread := srv.createThread()
-	evs := srv.events(thread.ThreadID, thread.LastSeq)
-	run := srv.startRun(thread.ThreadID, thread.StateVersion, "write forever")
+	cfg := apptest.CommandConfig(filepath.Join(t.TempDir(), "gw.db"), 0)
+	cfg.Model, cfg.OpenAI = "openai", openai.Config{BaseURL: fake.srv.URL + "/v1", Model: "m"}
+	cfg.NoModelTitles, cfg.MaxReplyBytes = true, limit
+	srv := apptest.Start(t, cfg)
+	thread := srv.CreateThread()
+	evs := srv.Events(thread.ThreadID, thread.LastSeq)
+	run := srv.StartRun(thread.ThreadID, thread.StateVersion, "write forever")
 	var published *chat.Message
-	end := evs.waitFor(time.Now().Add(30*time.Second), "the run's end", func(ev client.Event) bool {
+	end := evs.WaitFor(time.Now().Add(30*time.Second), "the run's end", func(ev client.Event) bool {
 		if p := ev.Published(); p != nil && p.Message.Role == chat.RoleAssistant {
 			published = &p.Message
 		}
-		return isEnd(run.RunID)(ev)
+		return apptest.IsEnd(run.RunID)(ev)
 	})
 	if end.Type != chat.EventRunCompleted {
 		t.Fatalf("the run ended with %s, want run.completed", end.Raw)
@@ -98,7 +103,7 @@ func TestEndlessUpstreamReplyIsCutAtTheSizeLimit(t *testing.T) {
 	if published == nil {
 		t.Fatal("nothing was published")
 	}
-	streamed := evs.text(published.MessageID)
+	streamed := evs.Text(published.MessageID)
 	if published.Content != streamed || len(streamed) > limit || len(streamed) < limit-utf8.UTFMax || !utf8.ValidString(streamed) {
 		t.Fatalf("published %d bytes, streamed %d (equal: %v), want the same text of at most %d bytes ending on a code point",
 			len(published.Content), len(streamed), published.Content == streamed, limit)
@@ -106,7 +111,7 @@ func TestEndlessUpstreamReplyIsCutAtTheSizeLimit(t *testing.T) {
 	if published.Truncated != chat.TruncatedSizeLimit {
 		t.Fatalf("the published reply says truncated %q, want %q", published.Truncated, chat.TruncatedSizeLimit)
 	}
-	if snap := srv.snapshot(thread.ThreadID); len(snap.Messages) != 2 || snap.Messages[1].Truncated != chat.TruncatedSizeLimit || snap.Messages[1].Content != streamed {
+	if snap := srv.Snapshot(thread.ThreadID); len(snap.Messages) != 2 || snap.Messages[1].Truncated != chat.TruncatedSizeLimit || snap.Messages[1].Content != streamed {
 		t.Fatalf("the snapshot's history: %d messages, the reply marked %q", len(snap.Messages), snap.Messages[len(snap.Messages)-1].Truncated)
 	}
 	fake.mu.Lock()
@@ -123,16 +128,18 @@ func TestEndlessUpstreamReplyIsCutAtTheSizeLimit(t *testing.T) {
 // API's snapshot holds the whole history.
 func TestLongConversationPageIsBounded(t *testing.T) {
 	const limit, replies = 300000, 10
-	srv := startServerWith(t, filepath.Join(t.TempDir(), "gw.db"), "0s", "-max-reply-bytes", fmt.Sprint(limit))
-	thread := srv.createThread()
-	evs := srv.events(thread.ThreadID, thread.LastSeq)
+	cfg := apptest.CommandConfig(filepath.Join(t.TempDir(), "gw.db"), 0)
+	cfg.MaxReplyBytes = limit
+	srv := apptest.Start(t, cfg)
+	thread := srv.CreateThread()
+	evs := srv.Events(thread.ThreadID, thread.LastSeq)
 	for i := range replies {
-		run := srv.startRun(thread.ThreadID, srv.snapshot(thread.ThreadID).StateVersion, fmt.Sprintf("endless: a story about tomatoes, part %d", i+1))
-		if end := evs.waitFor(time.Now().Add(60*time.Second), "the run's end", isEnd(run.RunID)); end.Type != chat.EventRunCompleted {
+		run := srv.StartRun(thread.ThreadID, srv.Snapshot(thread.ThreadID).StateVersion, fmt.Sprintf("endless: a story about tomatoes, part %d", i+1))
+		if end := evs.WaitFor(time.Now().Add(60*time.Second), "the run's end", apptest.IsEnd(run.RunID)); end.Type != chat.EventRunCompleted {
 			t.Fatalf("run %d ended with %s", i+1, end.Raw)
 		}
 	}
-	full := srv.snapshot(thread.ThreadID)
+	full := srv.Snapshot(thread.ThreadID)
 	var content int
 	for _, m := range full.Messages {
 		content += len(m.Content)
@@ -144,7 +151,7 @@ func TestLongConversationPageIsBounded(t *testing.T) {
 		t.Fatalf("the API's snapshot: %d messages, %d bytes, earlier %d; want the whole history", len(full.Messages), content, full.EarlierMessages)
 	}
 
-	resp, err := http.Get(srv.base + "/t/" + thread.ThreadID)
+	resp, err := http.Get(srv.Base + "/t/" + thread.ThreadID)
 	if err != nil {
 		t.Fatal(err)
 	}
