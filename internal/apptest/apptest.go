@@ -17,9 +17,12 @@ import (
 	"github.com/honestcancel/gateway/store"
 )
 
-// Config is an App's configuration with the command's defaults, on a
+// Config is an App's configuration for quick black-box tests, on a
 // loopback port of the system's choosing, over the database db (a SQLite
-// file or a PostgreSQL URL), the demo model at 20 ms a word.
+// file or a PostgreSQL URL), the demo model at 20 ms a word. It is not
+// the command's (fewer workers, shorter sessions, faster simulated
+// tools, no event retention): a test of what the command serves starts
+// from CommandConfig.
 func Config(db string) app.Config {
 	return app.Config{
 		Addr: "127.0.0.1:0", DB: db, SQLiteSynchronous: store.SynchronousNormal,
