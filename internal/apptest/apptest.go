@@ -1,6 +1,7 @@
 // Package apptest runs whole gateways (app.App) in a test's process, on a
-// loopback port, for the black-box tests of packages app and client. For
-// tests only.
+// loopback port, for the black-box tests of packages app and client, and
+// gives the root package's tests the same protocol helpers for a gateway
+// they serve themselves (Attach). For tests only.
 package apptest
 
 import (

@@ -50,7 +50,7 @@ func CommandConfig(db string, pace time.Duration) app.Config {
 // protocol client (API), typed calls that stop the test on any error
 // (Snapshot, StartRun, CancelRun, …) and event streams (Events).
 //
-// A Server belongs to the test that started it: its methods may stop
+// A Server belongs to the test that started (or attached) it: its methods may stop
 // that test (t.Fatal) and so are called from the test's goroutine only,
 // except Stderr, Logged and API, which are safe from any goroutine. It is
 // stopped when the test ends, whatever happened. The Servers As returns
@@ -145,6 +145,20 @@ func (s *Server) waitReady() {
 
 var readyClient = &http.Client{Timeout: 15 * time.Second}
 
+// Attach is a Server for the gateway at base (a URL) over db that the
+// caller serves, already ready: the command's serve in the test's
+// process, or a process of its own. Its protocol helpers (API, As,
+// Snapshot, StartRun, CancelRun, Events, EventsAfterCrash, …) work as a
+// started Server's do, with a protocol client made here (closed when the
+// test ends). Its log and lifecycle stay the caller's: Stderr is empty,
+// Logged counts nothing, AdminURL finds no line, and Stop fails the test;
+// a caller with a log and a lifecycle wraps the Server and gives its own.
+// Attach starts no goroutine.
+func Attach(t testing.TB, db, base string) *Server {
+	t.Helper()
+	return &Server{T: t, DB: db, Base: base, logs: &logTap{msgs: map[string]int{}}, api: NewAPI(t, base, 15*time.Second, nil)}
+}
+
 // end stops the App whatever state it is in (at the test's end).
 func (s *Server) end() {
 	s.run.cancel()
@@ -160,6 +174,9 @@ func (s *Server) end() {
 // command's exit status 0).
 func (s *Server) Stop() {
 	s.T.Helper()
+	if s.run == nil {
+		s.T.Fatalf("Stop: the gateway at %s was attached (Attach): its lifecycle is its caller's", s.Base)
+	}
 	s.run.cancel()
 	select {
 	case <-s.run.stopped:
