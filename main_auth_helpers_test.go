@@ -144,7 +144,7 @@ func (s *server) as(w who) *server {
 	if w.proxy[0] != "" {
 		opts = append(opts, client.WithProxyUser(w.proxy[0], w.proxy[1]))
 	}
-	return &server{t: s.t, db: s.db, base: s.base, apiClient: newAPI(s.t, s.base, 15*time.Second, w.header, opts...)}
+	return &server{t: s.t, db: s.db, base: s.base, Server: s.Server.As(w.header, opts...)}
 }
 
 // wantUnauthorized requires the API's 401 in the protocol's error shape.
@@ -331,20 +331,6 @@ func (c *wsClient) cmd(m map[string]any) map[string]any {
 	}
 }
 
-// connect opens a WebSocket connection with the protocol client, says
-// hello (a tab id) and requires its ack; it is closed when the test ends.
-func (s *server) connect(why string) *client.Conn {
-	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := s.api().Connect(ctx, client.ConnOptions{TabID: "auth-test"})
-	if err != nil {
-		s.t.Fatalf("%s: /ws refused: %v", why, err)
-	}
-	s.t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 // subscribe subscribes conn to a thread from its start, requiring the ack.
 func subscribe(t *testing.T, conn *client.Conn, threadID string, why string) *client.Subscription {
 	t.Helper()
@@ -362,7 +348,7 @@ func (s *server) waitRun(runID string) {
 	s.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r := s.run(runID)
+		r := s.Run(runID)
 		switch r.Status {
 		case chat.RunCompleted:
 			return
@@ -380,7 +366,7 @@ func (s *server) waitRun(runID string) {
 func (s *server) threadList(w who) []string {
 	s.t.Helper()
 	var ids []string
-	for _, th := range s.as(w).threads() {
+	for _, th := range s.as(w).Threads() {
 		ids = append(ids, th.ThreadID)
 	}
 	return ids

@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/honestcancel/gateway/auth"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // ---------------------------------------------------------------------------
@@ -265,7 +266,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 	if got := srv.threadList(alice); len(got) != 0 {
 		t.Fatalf("a new account lists %v", got)
 	}
-	th := srv.as(alice).newThread("alice's first")
+	th := srv.as(alice).NewThread("alice's first")
 	if got := srv.threadList(alice); len(got) != 1 || got[0] != th.ThreadID {
 		t.Fatalf("alice lists %v, want [%s]", got, th.ThreadID)
 	}
@@ -282,7 +283,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 
 	// The WebSocket: the cookie opens it and follows alice's thread; a
 	// foreign page's socket is refused even with the cookie.
-	ws := srv.as(alice).connect("alice's cookie")
+	ws := srv.as(alice).Connect("alice's cookie")
 	subscribe(t, ws, th.ThreadID, "subscribe to alice's thread with her cookie")
 	if _, resp, err := srv.dialWS(who{cookie: cookie, header: http.Header{"Origin": {"https://evil.example"}}}); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Errorf("/ws from a foreign origin with alice's cookie: %v (%v), want 403", err, resp)
@@ -360,12 +361,12 @@ func TestTokenLifecycle(t *testing.T) {
 
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
 	alice := who{bearer: token}
-	th := srv.as(alice).newThread("from a program")
-	got := srv.as(alice).snapshot(th.ThreadID)
+	th := srv.as(alice).NewThread("from a program")
+	got := srv.as(alice).Snapshot(th.ThreadID)
 	if got.ThreadID != th.ThreadID {
 		t.Fatalf("GET /api/threads/%s with the token: %+v", th.ThreadID, got)
 	}
-	ack := srv.as(alice).startRun(th.ThreadID, th.StateVersion, "a short answer please")
+	ack := srv.as(alice).StartRun(th.ThreadID, th.StateVersion, "a short answer please")
 	srv.as(alice).waitRun(ack.RunID)
 	if ids := srv.threadList(alice); len(ids) != 1 || ids[0] != th.ThreadID {
 		t.Fatalf("the token lists %v, want [%s]", ids, th.ThreadID)
@@ -384,7 +385,7 @@ func TestTokenLifecycle(t *testing.T) {
 	}
 
 	// A WebSocket opened with the token works.
-	ws := srv.as(alice).connect("alice's token")
+	ws := srv.as(alice).Connect("alice's token")
 	subscribe(t, ws, th.ThreadID, "subscribe with the token")
 
 	// Revoked while serving: refused at once on HTTP (revoking by the whole
@@ -429,7 +430,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	commander, commanderID := createToken(t, db, "alice")
 	keeper, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
-	th := srv.as(who{bearer: keeper}).createThread()
+	th := srv.as(who{bearer: keeper}).CreateThread()
 
 	closedWith1008 := func(ws *wsClient, what string, since time.Time) {
 		t.Helper()
@@ -474,7 +475,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	ws2.send(map[string]any{"type": "run.start", "id": "after-revoke", "thread_id": th.ThreadID,
 		"expected_state_version": th.StateVersion, "user_message": "short: sent after the revocation"})
 	closedWith1008(ws2, "commanding", revoked)
-	if after := srv.as(who{bearer: keeper}).snapshot(th.ThreadID); after.StateVersion != th.StateVersion {
+	if after := srv.as(who{bearer: keeper}).Snapshot(th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
 	srv.stop()
@@ -493,7 +494,7 @@ func TestUserDeleteEndsAccess(t *testing.T) {
 	token, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
 	viaToken, viaCookie := who{bearer: token}, who{cookie: srv.signIn("alice", pw)}
-	th := srv.as(viaCookie).newThread("before deletion")
+	th := srv.as(viaCookie).NewThread("before deletion")
 	srv.threadList(viaToken)
 
 	code, out, errOut := runCLI(t, nil, "user", "del", "alice", "-db", db)
@@ -524,7 +525,7 @@ func TestUserDeleteEndsAccess(t *testing.T) {
 	if got := srv.threadList(again); len(got) != 0 {
 		t.Errorf("the new alice lists %v, want nothing of the deleted account", got)
 	}
-	if _, err := srv.as(again).api().Thread(context.Background(), th.ThreadID); refusedStatus(err) != http.StatusNotFound {
+	if _, err := srv.as(again).API().Thread(context.Background(), th.ThreadID); apptest.RefusedStatus(err) != http.StatusNotFound {
 		t.Fatalf("the new alice reads the old one's thread: %v, want 404", err)
 	}
 	srv.wantUnauthorized(viaToken, "GET", "/api/threads", "the deleted account's token after the name was reused")

@@ -16,11 +16,11 @@ func TestBinaryBackupWhileServing(t *testing.T) {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "gw.db")
 	srv := startServer(t, db, "30ms")
-	th := srv.createThread()
-	evs := srv.events(th.ThreadID, 0)
-	defer evs.close()
-	started := srv.startRun(th.ThreadID, th.StateVersion, "Tell me about backups taken while a server is busy")
-	evs.waitDeltas(time.Now().Add(20*time.Second), started.RunID, 3)
+	th := srv.CreateThread()
+	evs := srv.Events(th.ThreadID, 0)
+	defer evs.Close()
+	started := srv.StartRun(th.ThreadID, th.StateVersion, "Tell me about backups taken while a server is busy")
+	evs.WaitDeltas(time.Now().Add(20*time.Second), started.RunID, 3)
 
 	out := filepath.Join(dir, "backups", "copy.db")
 	code, stdout, stderr := runCLI(t, nil, "backup", "-db", db, out)
@@ -35,7 +35,7 @@ func TestBinaryBackupWhileServing(t *testing.T) {
 		t.Fatalf("backup without a destination: exit %d, stderr %q", code, stderr)
 	}
 	// The served run goes on to its end.
-	evs.waitFor(time.Now().Add(30*time.Second), "run.completed", func(ev client.Event) bool {
+	evs.WaitFor(time.Now().Add(30*time.Second), "run.completed", func(ev client.Event) bool {
 		return ev.Type == chat.EventRunCompleted && ev.RunID == started.RunID
 	})
 	srv.stop()

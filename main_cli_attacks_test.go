@@ -139,5 +139,5 @@ func TestCLIAttacksChangeNothing(t *testing.T) {
 	}
 	// The account still signs in as before: nothing above touched it.
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
-	srv.as(who{bearer: token}).threads()
+	srv.as(who{bearer: token}).Threads()
 }

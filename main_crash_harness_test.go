@@ -17,6 +17,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 var (
@@ -49,7 +50,7 @@ var crashPrompts = []string{
 // bounded by 10 s.
 func crashAPI(t *testing.T, base string) *client.Client {
 	t.Helper()
-	return newAPI(t, base, 10*time.Second, nil)
+	return apptest.NewAPI(t, base, 10*time.Second, nil)
 }
 
 // ---------------------------------------------------------------------------
@@ -296,7 +297,7 @@ func (cw *crashWorker) answered(what string, err error) (refused *client.Error, 
 	if err == nil {
 		return nil, true
 	}
-	e := refusal(err)
+	e := apptest.Refusal(err)
 	if e == nil {
 		if !cw.stopped() {
 			cw.l.violate("%s failed while the server should be alive: %v", what, err)

@@ -66,7 +66,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		srv := startProcess(t, db, pace(), flags...)
 		if cycle == 0 {
 			for range nThreads {
-				id := srv.createThread().ThreadID
+				id := srv.CreateThread().ThreadID
 				threads = append(threads, id)
 				hists[id] = &threadHistory{sigs: map[int64]string{}}
 			}

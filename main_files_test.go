@@ -25,7 +25,7 @@ func TestBinaryDatabaseFilesArePrivate(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	db := filepath.Join(dir, "gw.db")
 	srv := startServer(t, db, "0s")
-	srv.createThread()
+	srv.CreateThread()
 	backup := filepath.Join(t.TempDir(), "backups", "copy.db")
 	if code, out, errOut := runCLI(t, nil, "backup", "-db", db, backup); code != 0 {
 		t.Fatalf("backup: exit %d %q %q", code, out, errOut)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // generatedMultipart streams a multipart/form-data body of size bytes (a
@@ -142,7 +143,7 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startServerEnv(t, []string{"TMPDIR=" + tmp}, filepath.Join(dir, "gw.db"), "0s")
-	th := srv.newThread("keep me")
+	th := srv.NewThread("keep me")
 
 	big := url.Values{"title": {strings.Repeat("a", 17<<10)}}.Encode()
 	multipart := "multipart/form-data; boundary=" + formBoundary
@@ -168,7 +169,7 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 				if status != a.status || !strings.Contains(page, `data-testid="form-refused"`) {
 					t.Errorf("status %d, want %d with the refusal page: %.300s", status, a.status, page)
 				}
-				if list := srv.threads(); len(list) != 1 || list[0].Title != "keep me" {
+				if list := srv.Threads(); len(list) != 1 || list[0].Title != "keep me" {
 					t.Errorf("threads now %+v, want only %q", list, "keep me")
 				}
 				if left := tempFiles(t, tmp); len(left) > 0 {
@@ -189,12 +190,12 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 		if status != http.StatusBadRequest || !strings.Contains(page, `data-error="invalid_request"`) || !strings.Contains(page, "control character") {
 			t.Errorf("rename to %q: %d %.300s, want 400 invalid_request naming the control character", title, status, page)
 		}
-		_, err := srv.api().CreateThread(context.Background(), title)
-		if e := refusal(err); e == nil || e.Status != http.StatusBadRequest || e.Code != chat.CodeInvalidRequest || !strings.HasPrefix(e.Message, "title ") {
+		_, err := srv.API().CreateThread(context.Background(), title)
+		if e := apptest.Refusal(err); e == nil || e.Status != http.StatusBadRequest || e.Code != chat.CodeInvalidRequest || !strings.HasPrefix(e.Message, "title ") {
 			t.Errorf("API title %q: %v, want 400 invalid_request naming title", title, err)
 		}
 	}
-	if list := srv.threads(); len(list) != 1 || list[0].Title != "renamed" {
+	if list := srv.Threads(); len(list) != 1 || list[0].Title != "renamed" {
 		t.Errorf("threads now %+v, want only %q", list, "renamed")
 	}
 	if left := tempFiles(t, tmp); len(left) > 0 {

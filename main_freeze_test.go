@@ -41,6 +41,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/internal/natstest"
 	"github.com/honestcancel/gateway/internal/pgtest"
 )
@@ -460,7 +461,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	// Conn is closed by now: a cancel without an answer has its error.)
 	for _, s := range cancels {
 		<-s.done
-		e := refusal(s.err)
+		e := apptest.Refusal(s.err)
 		switch {
 		case s.err != nil && (e == nil || e.Re == ""):
 			t.Logf("cancel of %s sent %s (%s) got no answer: its connection was dropped first (%v)", s.runID, s.when, s.base, s.err)

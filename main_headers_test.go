@@ -87,11 +87,11 @@ func TestBinaryOpenAIHeadersFromEnvAndFile(t *testing.T) {
 			fake := newFakeOpenAI(t)
 			srv := startServerEnv(t, tc.env, filepath.Join(t.TempDir(), "gw.db"), "0s",
 				append([]string{"-model", "openai", "-openai-base-url", fake.srv.URL + "/v1", "-openai-model", "test-model"}, tc.flags...)...)
-			th := srv.createThread()
-			evs := srv.events(th.ThreadID, th.LastSeq)
-			defer evs.close()
-			ack := srv.startRun(th.ThreadID, th.StateVersion, "hello")
-			evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
+			th := srv.CreateThread()
+			evs := srv.Events(th.ThreadID, th.LastSeq)
+			defer evs.Close()
+			ack := srv.StartRun(th.ThreadID, th.StateVersion, "hello")
+			evs.WaitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
 				if ev.RunID == ack.RunID && ev.Type == chat.EventRunFailed {
 					t.Fatalf("run failed: %s", ev.Raw)
 				}

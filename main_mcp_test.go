@@ -125,9 +125,9 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	}
 	db := filepath.Join(dir, "gw.db")
 	srv := startProcess(t, db, "5ms", "-tools-config", cfg)
-	thread := srv.createThread()
+	thread := srv.CreateThread()
 	tid := thread.ThreadID
-	evs := srv.events(tid, thread.LastSeq)
+	evs := srv.Events(tid, thread.LastSeq)
 	runID, op := srv.askConsequential(evs, tid, thread.StateVersion, `use bank__transfer with {"to": "ada", "amount": 500}`, "bank__transfer")
 	key := *op.IdempotencyKey
 	srv.confirm(tid, op.OperationID)
@@ -139,17 +139,17 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the confirmed call did not reach the server")
 	}
-	evs.waitFor(time.Now().Add(20*time.Second), "tool.updated committing", func(ev client.Event) bool {
+	evs.WaitFor(time.Now().Add(20*time.Second), "tool.updated committing", func(ev client.Event) bool {
 		return ev.Type == chat.EventToolUpdated && eventOperation(t, ev).Phase == "committing"
 	})
-	seen := evs.lastSeq
-	evs.close()
+	seen := evs.LastSeq()
+	evs.Close()
 	srv.kill()
 	close(bank.release) // the server acts; its answer goes nowhere
 
 	srv = startProcess(t, db, "5ms", "-tools-config", cfg)
-	evs = srv.events(tid, seen)
-	defer evs.close()
+	evs = srv.Events(tid, seen)
+	defer evs.Close()
 	got := waitCompleted(t, evs, runID, op.OperationID)
 	if !slices.Equal(got.phases, []string{"unknown"}) || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
 		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)
@@ -273,19 +273,19 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	cfg, memory := memoryHeldOnFIFO(t)
 	db := filepath.Join(filepath.Dir(cfg), "gw.db")
 	srv := startProcess(t, db, "5ms", "-tools-config", cfg)
-	thread := srv.createThread()
+	thread := srv.CreateThread()
 	tid := thread.ThreadID
-	evs := srv.events(tid, thread.LastSeq)
+	evs := srv.Events(tid, thread.LastSeq)
 
 	runID, op := srv.askConsequential(evs, tid, thread.StateVersion, createEntity("Ada"), "memory__create_entities")
 	srv.confirm(tid, op.OperationID)
 	held := memory.reading()
-	srv.cancelRun(runID)
-	evs.waitFor(time.Now().Add(20*time.Second), "run.cancelling", func(ev client.Event) bool {
+	srv.CancelRun(runID)
+	evs.WaitFor(time.Now().Add(20*time.Second), "run.cancelling", func(ev client.Event) bool {
 		return ev.Type == chat.EventRunCancelling && ev.RunID == runID
 	})
 	memory.feed(held)
-	cancelled := evs.waitFor(time.Now().Add(20*time.Second), "run.cancelled", func(ev client.Event) bool {
+	cancelled := evs.WaitFor(time.Now().Add(20*time.Second), "run.cancelled", func(ev client.Event) bool {
 		return ev.Type == chat.EventRunCancelled && ev.RunID == runID
 	})
 	ops := cancelled.Body.(*chat.RunCancelledBody).Operations
@@ -297,12 +297,12 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	}
 
 	memory.hold()
-	runID, op = srv.askConsequential(evs, tid, srv.snapshot(tid).StateVersion, createEntity("Bob"), "memory__create_entities")
+	runID, op = srv.askConsequential(evs, tid, srv.Snapshot(tid).StateVersion, createEntity("Bob"), "memory__create_entities")
 	key := *op.IdempotencyKey
 	srv.confirm(tid, op.OperationID)
 	held = memory.reading()
-	seen := evs.lastSeq
-	evs.close()
+	seen := evs.LastSeq()
+	evs.Close()
 	srv.kill()
 	memory.feed(held) // the server, its gateway gone, applies the write
 	if n := memory.count("Bob"); n != 1 {
@@ -310,8 +310,8 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	}
 
 	srv = startProcess(t, db, "5ms", "-tools-config", cfg)
-	evs = srv.events(tid, seen)
-	defer evs.close()
+	evs = srv.Events(tid, seen)
+	defer evs.Close()
 	got := waitCompleted(t, evs, runID, op.OperationID)
 	if got.last.Phase != "unknown" || got.last.Outcome == nil || *got.last.Outcome != "unknown" {
 		t.Errorf("after the restart: phases %v, operation %+v; want unknown, not sent again", got.phases, got.last)

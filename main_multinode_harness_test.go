@@ -24,6 +24,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/internal/natstest"
 )
 
@@ -61,7 +62,7 @@ func (c *cluster) startNode(i int) {
 		pace = "8ms"
 	}
 	s := startProcess(c.t, c.dsn, pace, flags...)
-	api := newAPI(c.t, s.base, 10*time.Second, nil)
+	api := apptest.NewAPI(c.t, s.base, 10*time.Second, nil)
 	c.mu.Lock()
 	if c.apis == nil {
 		c.apis = make([]*client.Client, len(c.nodes))
@@ -340,7 +341,7 @@ func (tb *tab) session(ctx context.Context, base string) {
 	sub, err := conn.Subscribe(sctx, tb.threadID, after)
 	cancel()
 	if err != nil {
-		if e := refusal(err); e != nil && e.Re != "" {
+		if e := apptest.Refusal(err); e != nil && e.Re != "" {
 			tb.violate("subscribe on %s refused: %v", base, err)
 		}
 		return
@@ -354,7 +355,7 @@ func (tb *tab) session(ctx context.Context, base string) {
 		if err != nil {
 			// An error frame answering the subscribe the Conn sent again
 			// after reconnecting (not the Conn giving up on its instance).
-			if e := refusal(err); e != nil && e.Re != "" {
+			if e := apptest.Refusal(err); e != nil && e.Re != "" {
 				tb.violate("error frame on %s: %v", base, err)
 			}
 			return
@@ -608,7 +609,7 @@ func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID s
 		_, api := c.pick(r)
 		ack, err := api.StartRun(context.Background(), client.StartRunRequest{ThreadID: threadID,
 			ExpectedStateVersion: version, UserMessage: prompt, ClientRequestID: crid})
-		e := refusal(err)
+		e := apptest.Refusal(err)
 		switch {
 		case err == nil:
 			if ack.RunID == "" {
@@ -632,7 +633,7 @@ func (l *ledger) start(ctx context.Context, c *cluster, r *rand.Rand, threadID s
 func (l *ledger) cancel(c *cluster, r *rand.Rand, runID string) {
 	_, api := c.pick(r)
 	ack, err := api.CancelRun(context.Background(), client.CancelRunRequest{RunID: runID})
-	if e := refusal(err); e != nil {
+	if e := apptest.Refusal(err); e != nil {
 		l.refused("run.cancel", e) // run_not_active: it completed first
 		return
 	}
@@ -693,7 +694,7 @@ func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
 			verb, decide = "confirm", api.ConfirmTool
 		}
 		_, err := decide(ctx, op.OperationID, snap.StateVersion)
-		if e := refusal(err); e != nil {
+		if e := apptest.Refusal(err); e != nil {
 			l.refused("tool."+verb, e)
 			return
 		}

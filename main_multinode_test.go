@@ -416,7 +416,7 @@ func TestSnapshotWhileAnotherInstanceStreams(t *testing.T) {
 	// thread there (with no subscriber it would read its baseline from the
 	// database for each new one, and nothing would be ahead of it).
 	for i := range c.nodes {
-		conn, err := c.node(i).api().Connect(context.Background(), client.ConnOptions{})
+		conn, err := c.node(i).API().Connect(context.Background(), client.ConnOptions{})
 		if err != nil {
 			t.Fatalf("connect: %v", err)
 		}
@@ -456,7 +456,7 @@ func TestSnapshotWhileAnotherInstanceStreams(t *testing.T) {
 			other = 0
 		}
 		for taken < want {
-			done, past := snapshotThenDeltas(t, c.node(other).api(), tid)
+			done, past := snapshotThenDeltas(t, c.node(other).API(), tid)
 			if done {
 				break
 			}

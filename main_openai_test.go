@@ -106,15 +106,15 @@ func TestBinaryOpenAI(t *testing.T) {
 	srv := startServerWith(t, filepath.Join(dir, "gw.db"), "0s",
 		"-model", "openai", "-openai-base-url", fake.srv.URL+"/v1", "-openai-model", "test-model", "-openai-api-key-file", keyFile)
 
-	thread := srv.createThread()
+	thread := srv.CreateThread()
 	tid := thread.ThreadID
-	evs := srv.events(tid, thread.LastSeq)
-	start := func(version int64, text string) chat.RunStartAck { return srv.startRun(tid, version, text) }
+	evs := srv.Events(tid, thread.LastSeq)
+	start := func(version int64, text string) chat.RunStartAck { return srv.StartRun(tid, version, text) }
 
 	// A streamed reply is published.
 	run1 := start(1, "hello")
 	var published *chat.Message
-	evs.waitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
+	evs.WaitFor(time.Now().Add(20*time.Second), "run.completed", func(ev client.Event) bool {
 		if ev.RunID == run1.RunID && ev.Type == chat.EventRunFailed {
 			t.Fatalf("run failed: %s", ev.Raw)
 		}
@@ -128,15 +128,15 @@ func TestBinaryOpenAI(t *testing.T) {
 	}
 
 	// Cancel closes the upstream request; nothing of it is published.
-	run2 := start(srv.snapshot(tid).StateVersion, "stall")
-	evs.waitDeltas(time.Now().Add(20*time.Second), run2.RunID, 1)
-	srv.cancelRun(run2.RunID)
+	run2 := start(srv.Snapshot(tid).StateVersion, "stall")
+	evs.WaitDeltas(time.Now().Add(20*time.Second), run2.RunID, 1)
+	srv.CancelRun(run2.RunID)
 	select {
 	case <-fake.upstreamClosed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the fake did not see the upstream request end within 5s of the cancel")
 	}
-	cancelled := evs.waitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev client.Event) bool {
+	cancelled := evs.WaitFor(time.Now().Add(10*time.Second), "run.cancelled", func(ev client.Event) bool {
 		if ev.RunID == run2.RunID && (ev.Type == chat.EventMessagePublished || ev.Type == chat.EventRunCompleted) {
 			t.Fatalf("the cancelled run emitted %s", ev.Raw)
 		}
@@ -147,8 +147,8 @@ func TestBinaryOpenAI(t *testing.T) {
 	}
 
 	// An upstream refusal fails the run with words a user understands.
-	run3 := start(srv.snapshot(tid).StateVersion, "fail")
-	failed := evs.waitFor(time.Now().Add(20*time.Second), "run.failed", func(ev client.Event) bool {
+	run3 := start(srv.Snapshot(tid).StateVersion, "fail")
+	failed := evs.WaitFor(time.Now().Add(20*time.Second), "run.failed", func(ev client.Event) bool {
 		return ev.Type == chat.EventRunFailed && ev.RunID == run3.RunID
 	})
 	if raw := string(failed.Raw); !strings.Contains(raw, "refused the API key (401)") || strings.Contains(raw, fakeKey) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // writeLock is the database's write lock, held by another process's
@@ -70,15 +71,15 @@ func (l *writeLock) release() {
 // server's memory holds.
 func seenBeforeStop(t *testing.T, srv *server, db string) (th chat.Snapshot, runID, messageID, seen string, lastSeq int64, lock *writeLock) {
 	t.Helper()
-	th = srv.createThread()
-	ack := srv.startRun(th.ThreadID, th.StateVersion, "Tell me about graceful restarts of streaming servers, in detail")
-	evs := srv.events(th.ThreadID, th.LastSeq)
+	th = srv.CreateThread()
+	ack := srv.StartRun(th.ThreadID, th.StateVersion, "Tell me about graceful restarts of streaming servers, in detail")
+	evs := srv.Events(th.ThreadID, th.LastSeq)
 	deadline := time.Now().Add(30 * time.Second)
-	messageID = evs.waitDeltas(deadline, ack.RunID, 4)
+	messageID = evs.WaitDeltas(deadline, ack.RunID, 4)
 	lock = holdWriteLock(t, db)
-	evs.waitDeltas(deadline, ack.RunID, 6) // fanned out while nothing can be written
-	seen, lastSeq = evs.text(messageID), evs.lastSeq
-	evs.close()
+	evs.WaitDeltas(deadline, ack.RunID, 6) // fanned out while nothing can be written
+	seen, lastSeq = evs.Text(messageID), evs.LastSeq()
+	evs.Close()
 	return th, ack.RunID, messageID, seen, lastSeq, lock
 }
 
@@ -86,18 +87,18 @@ func seenBeforeStop(t *testing.T, srv *server, db string) (th chat.Snapshot, run
 // with a cancel pressed while the server was away, and waits for its end.
 func cancelAfterRestart(t *testing.T, srv *server, th chat.Snapshot, runID string, after int64, crashed bool) {
 	t.Helper()
-	var evs *stream
+	var evs *apptest.Stream
 	if crashed {
-		evs = srv.eventsAfterCrash(th.ThreadID, after)
+		evs = srv.EventsAfterCrash(th.ThreadID, after)
 	} else {
-		evs = srv.events(th.ThreadID, after) // a graceful stop lost nothing: no snapshot
+		evs = srv.Events(th.ThreadID, after) // a graceful stop lost nothing: no snapshot
 	}
-	if ack := srv.cancelRun(runID); ack.Status != chat.RunCancelRequested && ack.Status != chat.RunCancelling {
+	if ack := srv.CancelRun(runID); ack.Status != chat.RunCancelRequested && ack.Status != chat.RunCancelling {
 		t.Fatalf("cancel after the restart: %s, want cancel_requested", ack.Status)
 	}
-	evs.waitFor(time.Now().Add(30*time.Second), "the run's end", isEnd(runID))
-	evs.close()
-	if got := srv.run(runID); got.Status != chat.RunCancelled {
+	evs.WaitFor(time.Now().Add(30*time.Second), "the run's end", apptest.IsEnd(runID))
+	evs.Close()
+	if got := srv.Run(runID); got.Status != chat.RunCancelled {
 		t.Fatalf("run %s after the cancel: %s, want cancelled", runID, got.Status)
 	}
 }
@@ -127,7 +128,7 @@ func TestBinaryGracefulStopWritesWhatTabsSaw(t *testing.T) {
 	cancelAfterRestart(t, srv, th, runID, lastSeq, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	got, err := srv.api().StreamedText(ctx, th.ThreadID, messageID, lastSeq)
+	got, err := srv.API().StreamedText(ctx, th.ThreadID, messageID, lastSeq)
 	if err != nil {
 		t.Fatalf("the text the tab saw before the stop (message %s up to seq %d): %v", messageID, lastSeq, err)
 	}
@@ -135,12 +136,12 @@ func TestBinaryGracefulStopWritesWhatTabsSaw(t *testing.T) {
 		t.Fatalf("the server holds %d characters of what the tab saw before the stop, want exactly the %d it saw:\nheld: %q\nseen: %q",
 			got.Chars, len([]rune(seen)), got.Content, seen)
 	}
-	snap := srv.snapshot(th.ThreadID)
-	saved, err := srv.api().SaveFragment(ctx, client.SaveFragmentRequest{ThreadID: th.ThreadID, MessageID: messageID, LastSeq: lastSeq, ExpectedStateVersion: snap.StateVersion})
+	snap := srv.Snapshot(th.ThreadID)
+	saved, err := srv.API().SaveFragment(ctx, client.SaveFragmentRequest{ThreadID: th.ThreadID, MessageID: messageID, LastSeq: lastSeq, ExpectedStateVersion: snap.StateVersion})
 	if err != nil {
 		t.Fatalf("save the fragment the tab saw: %v", err)
 	}
-	after := srv.snapshot(th.ThreadID)
+	after := srv.Snapshot(th.ThreadID)
 	last := after.Messages[len(after.Messages)-1]
 	if last.MessageID != saved.MessageID || last.Kind != chat.KindFragment || last.Content != seen {
 		t.Fatalf("the saved fragment is %s %q, want the text the tab saw: %q", last.Kind, last.Content, seen)
@@ -160,17 +161,17 @@ func TestBinaryCrashSaysWhatTabsSawIsLost(t *testing.T) {
 	cancelAfterRestart(t, srv, th, runID, lastSeq, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	_, err := srv.api().StreamedText(ctx, th.ThreadID, messageID, lastSeq)
+	_, err := srv.API().StreamedText(ctx, th.ThreadID, messageID, lastSeq)
 	var e *client.Error
 	if !errors.As(err, &e) || e.Code != chat.CodeFragmentUnavailable || e.Cause != chat.CauseServerStopped {
 		t.Fatalf("the text the tab saw, lost with the crash: %v, want fragment_unavailable with cause %s", err, chat.CauseServerStopped)
 	}
-	snap := srv.snapshot(th.ThreadID)
-	_, err = srv.api().SaveFragment(ctx, client.SaveFragmentRequest{ThreadID: th.ThreadID, MessageID: messageID, LastSeq: lastSeq, ExpectedStateVersion: snap.StateVersion})
+	snap := srv.Snapshot(th.ThreadID)
+	_, err = srv.API().SaveFragment(ctx, client.SaveFragmentRequest{ThreadID: th.ThreadID, MessageID: messageID, LastSeq: lastSeq, ExpectedStateVersion: snap.StateVersion})
 	if !errors.As(err, &e) || e.Code != chat.CodeFragmentUnavailable {
 		t.Fatalf("saving the text lost with the crash: %v, want fragment_unavailable", err)
 	}
-	if after := srv.snapshot(th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
+	if after := srv.Snapshot(th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
 		t.Fatalf("a refused save changed the conversation: version %d → %d", snap.StateVersion, after.StateVersion)
 	}
 	srv.stop()

@@ -20,10 +20,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
+// server is a gateway the root tests started, served in the test's
+// process (startServer) or as a process of its own (startProcess). Its
+// protocol helpers (API, As, Snapshot, StartRun, CancelRun, Events, …)
+// are those of the embedded apptest.Server, attached (apptest.Attach)
+// once the gateway serves and is ready; its log (stderr, logged) and
+// lifecycle (kill, freeze, thaw, stop, waitExit) are the server's own,
+// not the embedded Server's (whose Stderr is empty and whose Stop fails
+// the test). A server belongs to the test that started it: its methods
+// are called from the test's goroutine, except stderr, logged and API.
+// The goroutines reading its log and waiting for it end with it, at the
+// latest when the test ends.
 type server struct {
+	*apptest.Server
+
 	t    *testing.T
 	db   string
 	cmd  *exec.Cmd // nil: the server runs in the test's process
@@ -37,8 +50,6 @@ type server struct {
 	logs  []string       // the last lines of stderr, for failure reports
 	msgs  map[string]int // msg="…" of every stderr line -> how many lines said it
 	races []string       // the lines of every race detector report, whole
-
-	apiClient *client.Client // see api
 
 	exited  chan struct{} // closed once the process was waited for
 	waitErr error
@@ -184,6 +195,7 @@ func (s *server) started(addr <-chan string) {
 		t.Fatalf("gateway did not log %q within 30s; log:\n%s", "gateway serving", s.stderr())
 	}
 	s.waitReady()
+	s.Server = apptest.Attach(t, s.db, s.base)
 }
 
 // exitReport says how the server ended (once exited is closed).
@@ -379,6 +391,3 @@ func (s *server) stop() {
 		s.t.Fatalf("gateway exited %d after SIGTERM (%v), want 0", code, s.waitErr)
 	}
 }
-
-// ---------------------------------------------------------------------------
-// The protocol client.

@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
@@ -30,17 +31,17 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	type live struct {
 		thread chat.Snapshot
 		runID  string
-		evs    *stream
+		evs    *apptest.Stream
 	}
 	runs := make([]live, n)
 	for i := range runs {
-		th := srv.createThread()
-		ack := srv.startRun(th.ThreadID, th.StateVersion, "Tell me about graceful restarts of streaming servers, in detail")
-		runs[i] = live{thread: th, runID: ack.RunID, evs: srv.events(th.ThreadID, th.LastSeq)}
+		th := srv.CreateThread()
+		ack := srv.StartRun(th.ThreadID, th.StateVersion, "Tell me about graceful restarts of streaming servers, in detail")
+		runs[i] = live{thread: th, runID: ack.RunID, evs: srv.Events(th.ThreadID, th.LastSeq)}
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for _, r := range runs {
-		r.evs.waitDeltas(deadline, r.runID, 3) // streaming, far from done
+		r.evs.WaitDeltas(deadline, r.runID, 3) // streaming, far from done
 	}
 
 	// A WebSocket tab watching the first thread must be told to go away.
@@ -114,24 +115,24 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 		t.Error("the WebSocket was not closed by the shutdown")
 	}
 	for _, r := range runs {
-		r.evs.close()
+		r.evs.Close()
 	}
 	checkDB(t, db) // nothing half-written
 
 	// Restarted on the same database: every run continues.
 	srv = startProcess(t, db, "5ms")
 	for _, r := range runs {
-		snap := srv.snapshot(r.thread.ThreadID)
-		evs := srv.events(r.thread.ThreadID, snap.LastSeq)
+		snap := srv.Snapshot(r.thread.ThreadID)
+		evs := srv.Events(r.thread.ThreadID, snap.LastSeq)
 		if snap.ActiveRun != nil {
-			evs.waitFor(time.Now().Add(30*time.Second), "the continued run's end", isEnd(r.runID))
+			evs.WaitFor(time.Now().Add(30*time.Second), "the continued run's end", apptest.IsEnd(r.runID))
 		}
-		evs.close()
-		got := srv.run(r.runID)
+		evs.Close()
+		got := srv.Run(r.runID)
 		if got.Status != chat.RunCompleted {
 			t.Errorf("run %s after a graceful restart: %s (error %v), want completed", r.runID, got.Status, got.Error)
 		}
-		after := srv.snapshot(r.thread.ThreadID)
+		after := srv.Snapshot(r.thread.ThreadID)
 		replies := 0
 		for _, m := range after.Messages {
 			if m.Role == "assistant" && m.RunID != nil && *m.RunID == r.runID {

@@ -44,7 +44,7 @@ func TestAuthHeaderModeRefusesTwoNames(t *testing.T) {
 func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startServer(t, db, "5ms")
-	private := srv.createThread()
+	private := srv.CreateThread()
 	srv.stop()
 
 	srv = startServerWith(t, db, "5ms", "-auth", "header", "-trusted-proxies", "127.0.0.1/32", "-auth-header", "X-Test-User")

@@ -51,7 +51,7 @@ func TestRevokedTokenEndsItsEventStream(t *testing.T) {
 	other, _ := createToken(t, db, "alice")
 	srv := startServerWith(t, db, "5ms", "-auth", "password", "-ws-ping-interval", "200ms")
 	alice, alice2 := who{bearer: token}, who{bearer: other}
-	th := srv.as(alice).newThread("watched")
+	th := srv.as(alice).NewThread("watched")
 	status, lines := srv.openLines(alice, th.ThreadID, "")
 	if status != http.StatusOK {
 		t.Fatalf("open the stream: %d", status)
@@ -69,7 +69,7 @@ func TestRevokedTokenEndsItsEventStream(t *testing.T) {
 	if last != "event: error" || !strings.Contains(strings.Join(got, "\n"), `"error":"unauthorized"`) {
 		t.Errorf("the stream ended without an unauthorized error event: %q", got[max(0, len(got)-6):])
 	}
-	ack := srv.as(alice2).startRun(th.ThreadID, th.StateVersion, "after the revoke")
+	ack := srv.as(alice2).StartRun(th.ThreadID, th.StateVersion, "after the revoke")
 	srv.as(alice2).waitRun(ack.RunID)
 	if status, _ := srv.openLines(alice, th.ThreadID, ""); status != http.StatusUnauthorized {
 		t.Errorf("reopening the stream with the revoked token: %d, want 401", status)

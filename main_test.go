@@ -101,33 +101,33 @@ func TestBinaryCrashRecovery(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "50ms"
 	srv := startProcess(t, db, pace)
-	tid := srv.createThread().ThreadID
+	tid := srv.CreateThread().ThreadID
 
 	var runs []string
 	// Kill at different moments of the stream: right after the first
 	// delta, a little later, well into the reply.
 	for i, killAfter := range []int{1, 6, 15} {
-		snap := srv.snapshot(tid)
+		snap := srv.Snapshot(tid)
 		if want := 2 * i; len(snap.Messages) != want {
 			t.Fatalf("round %d: history has %d messages, want %d", i, len(snap.Messages), want)
 		}
-		evs := srv.events(tid, snap.LastSeq)
-		started := srv.startRun(tid, snap.StateVersion, fmt.Sprintf("Round %d: describe durable checkpoints, leases and recovery after crashes", i+1))
+		evs := srv.Events(tid, snap.LastSeq)
+		started := srv.StartRun(tid, snap.StateVersion, fmt.Sprintf("Round %d: describe durable checkpoints, leases and recovery after crashes", i+1))
 		runID := started.RunID
 		runs = append(runs, runID)
 
-		lost := evs.waitDeltas(time.Now().Add(20*time.Second), runID, killAfter)
-		seenSeq := evs.lastSeq
-		partial := evs.text(lost)
+		lost := evs.WaitDeltas(time.Now().Add(20*time.Second), runID, killAfter)
+		seenSeq := evs.LastSeq()
+		partial := evs.Text(lost)
 
 		srv.kill()
-		evs.close()
+		evs.Close()
 		checkDB(t, db) // the invariants hold even mid-run
 
 		srv = startProcess(t, db, pace)
-		evs = srv.eventsAfterCrash(tid, seenSeq)
+		evs = srv.EventsAfterCrash(tid, seenSeq)
 		var published *chat.Message
-		evs.waitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev client.Event) bool {
+		evs.WaitFor(time.Now().Add(30*time.Second), fmt.Sprintf("run.completed of run %s after the restart", runID), func(ev client.Event) bool {
 			if ev.RunID == runID {
 				switch ev.Type {
 				case chat.EventMessagePublished:
@@ -147,17 +147,17 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		if published.MessageID == lost {
 			t.Fatalf("round %d: the interrupted message %s was published after the restart", i, lost)
 		}
-		if got := evs.text(published.MessageID); got != published.Content || got == "" {
+		if got := evs.Text(published.MessageID); got != published.Content || got == "" {
 			t.Errorf("round %d: published content is not the concatenation of its deltas:\ncontent: %q\ndeltas:  %q", i, published.Content, got)
 		}
 		if n := len(strings.Fields(published.Content)); n < 40 {
 			t.Errorf("round %d: the published reply has %d words, want a full reply: %q", i, n, published.Content)
 		}
-		if r := srv.run(runID); r.Status != "completed" || r.Attempt != 2 {
+		if r := srv.Run(runID); r.Status != "completed" || r.Attempt != 2 {
 			t.Errorf("round %d: GET /api/runs/%s = %+v, want completed at attempt 2", i, runID, r)
 		}
 
-		snap = srv.snapshot(tid)
+		snap = srv.Snapshot(tid)
 		if want := 2 * (i + 1); len(snap.Messages) != want {
 			t.Fatalf("round %d: history has %d messages after recovery, want %d: %+v", i, len(snap.Messages), want, snap.Messages)
 		}
@@ -185,11 +185,11 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		if snap.ActiveRun != nil {
 			t.Errorf("round %d: active_run after run.completed: %+v", i, snap.ActiveRun)
 		}
-		evs.close()
+		evs.Close()
 	}
 
 	for _, id := range runs {
-		if r := srv.run(id); r.Status != "completed" {
+		if r := srv.Run(id); r.Status != "completed" {
 			t.Errorf("run %s is %s after recovery, want completed", id, r.Status)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // eventOperation is the operation of a tool.* event.
@@ -35,7 +36,7 @@ func eventOperation(t *testing.T, ev client.Event) chat.Operation {
 
 // askEmail starts a run asking for an email and waits until it waits for
 // the decision; it returns the run id and the prepared operation.
-func (s *server) askEmail(evs *stream, threadID string, expected int64, text string) (string, chat.Operation) {
+func (s *server) askEmail(evs *apptest.Stream, threadID string, expected int64, text string) (string, chat.Operation) {
 	s.t.Helper()
 	runID, op := s.askConsequential(evs, threadID, expected, text, "send_email")
 	if !strings.HasPrefix(*op.IdempotencyKey, "email:step-") || !strings.HasSuffix(*op.IdempotencyKey, ":send") {
@@ -47,13 +48,13 @@ func (s *server) askEmail(evs *stream, threadID string, expected int64, text str
 // askConsequential starts a run whose request makes the model call the
 // consequential tool, and waits until the run waits for the decision; it
 // returns the run id and the prepared operation.
-func (s *server) askConsequential(evs *stream, threadID string, expected int64, text, tool string) (string, chat.Operation) {
+func (s *server) askConsequential(evs *apptest.Stream, threadID string, expected int64, text, tool string) (string, chat.Operation) {
 	s.t.Helper()
 	t := s.t
-	started := s.startRun(threadID, expected, text)
+	started := s.StartRun(threadID, expected, text)
 	deadline := time.Now().Add(20 * time.Second)
 	var op *chat.Operation
-	evs.waitFor(deadline, "run.waiting_confirmation", func(ev client.Event) bool {
+	evs.WaitFor(deadline, "run.waiting_confirmation", func(ev client.Event) bool {
 		if ev.RunID != started.RunID {
 			return false
 		}
@@ -78,8 +79,8 @@ func (s *server) askConsequential(evs *stream, threadID string, expected int64, 
 // confirm confirms the operation at the thread's current version.
 func (s *server) confirm(threadID, opID string) {
 	s.t.Helper()
-	v := s.snapshot(threadID).StateVersion
-	ack, err := s.api().ConfirmTool(context.Background(), opID, v)
+	v := s.Snapshot(threadID).StateVersion
+	ack, err := s.API().ConfirmTool(context.Background(), opID, v)
 	if err != nil {
 		s.t.Fatalf("POST /api/operations/%s/confirm: %v", opID, err)
 	}
@@ -98,10 +99,10 @@ type settled struct {
 
 // waitCompleted reads until run.completed of runID, failing on any other
 // end, and collects what happened to opID.
-func waitCompleted(t *testing.T, evs *stream, runID, opID string) settled {
+func waitCompleted(t *testing.T, evs *apptest.Stream, runID, opID string) settled {
 	t.Helper()
 	var out settled
-	evs.waitFor(time.Now().Add(30*time.Second), "run.completed "+runID, func(ev client.Event) bool {
+	evs.WaitFor(time.Now().Add(30*time.Second), "run.completed "+runID, func(ev client.Event) bool {
 		switch {
 		case ev.Type == chat.EventToolUpdated:
 			if op := eventOperation(t, ev); op.OperationID == opID {
@@ -156,17 +157,17 @@ func checkSent(t *testing.T, srv *server, got settled, threadID, runID string, o
 	if answer := got.messages[1].Content; !strings.Contains(answer, "handed to the provider") || !strings.Contains(answer, rec.Result.ProviderID) {
 		t.Errorf("the model's answer %q does not report the send", answer)
 	}
-	ops, err := srv.api().Operations(context.Background(), threadID)
+	ops, err := srv.API().Operations(context.Background(), threadID)
 	if err != nil {
 		t.Fatalf("GET /api/threads/%s/operations: %v", threadID, err)
 	}
 	if len(ops) != 1 || ops[0].Phase != "reconciled" || ops[0].Outcome == nil || *ops[0].Outcome != "committed" {
 		t.Errorf("GET operations %+v, want the one operation reconciled / committed", ops)
 	}
-	if r := srv.run(runID); r.Status != "completed" {
+	if r := srv.Run(runID); r.Status != "completed" {
 		t.Errorf("run %+v, want completed", r)
 	}
-	snap := srv.snapshot(threadID)
+	snap := srv.Snapshot(threadID)
 	var hist []string
 	for _, m := range snap.Messages {
 		hist = append(hist, m.Role)
@@ -223,12 +224,12 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "5ms"
 	srv := startProcess(t, db, pace, "-outbox-fault", "crash", "-outbox-latency", "50ms")
-	thread := srv.createThread()
+	thread := srv.CreateThread()
 	tid := thread.ThreadID
-	evs := srv.events(tid, thread.LastSeq)
+	evs := srv.Events(tid, thread.LastSeq)
 	runID, op := srv.askEmail(evs, tid, thread.StateVersion, "Please send an email to ann@example.com about the signed contract")
 	key := *op.IdempotencyKey
-	seen := evs.lastSeq
+	seen := evs.LastSeq()
 
 	srv.confirm(tid, op.OperationID)
 	if code := srv.waitExit(20 * time.Second); code == 0 {
@@ -236,7 +237,7 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	} else {
 		t.Logf("the gateway died during the commit with exit code %d", code)
 	}
-	evs.close()
+	evs.Close()
 
 	// What the dead process left: the provider holds the key; the
 	// operation is committing (the gateway never heard the answer).
@@ -256,13 +257,13 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	checkDB(t, db) // the invariants hold even mid-commit
 
 	srv = startProcess(t, db, pace, "-log-level", "debug") // no fault any more
-	evs = srv.events(tid, seen)
+	evs = srv.Events(tid, seen)
 	got := waitCompleted(t, evs, runID, op.OperationID)
 	if !slices.Equal(got.phases, []string{"confirmed", "committing", "reconciled"}) {
 		t.Errorf("tool.updated phases %v, want confirmed committing (before the crash) then reconciled", got.phases)
 	}
 	checkSent(t, srv, got, tid, runID, op)
-	evs.close()
+	evs.Close()
 	srv.stop()
 
 	wantOneAcceptance(t, db, key, 1) // reconciled by lookup: no second call
