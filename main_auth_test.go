@@ -121,11 +121,11 @@ func TestAuthServeFlags(t *testing.T) {
 	t.Run("password mode serves on loopback", func(t *testing.T) {
 		db := filepath.Join(t.TempDir(), "gw.db")
 		srv := startServerWith(t, db, "5ms", "-auth", "password")
-		if !strings.Contains(srv.stderr(), "auth=password") {
-			t.Errorf("the serving line does not say auth=password: %s", srv.stderr())
+		if !strings.Contains(srv.Stderr(), "auth=password") {
+			t.Errorf("the serving line does not say auth=password: %s", srv.Stderr())
 		}
 		srv.wantUnauthorized(who{}, "GET", "/api/threads", "no credentials")
-		srv.stop()
+		srv.Stop()
 	})
 }
 
@@ -197,7 +197,7 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 	const pw, pw2 = "correct horse battery", "staple stapler staple"
 	db := dbWithUser(t, "alice", pw)
 	srv := startServerWith(t, db, "5ms", "-auth", "password")
-	if strings.Contains(srv.stderr(), "no account can sign in yet") {
+	if strings.Contains(srv.Stderr(), "no account can sign in yet") {
 		t.Errorf("warned that nobody can sign in although alice can")
 	}
 
@@ -326,10 +326,10 @@ func TestLoginSessionsAndPasswordChange(t *testing.T) {
 	}
 
 	ws.Close()
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 	for _, secret := range []string{pw, pw2, cookie, other} {
-		if strings.Contains(srv.stderr(), secret) {
+		if strings.Contains(srv.Stderr(), secret) {
 			t.Errorf("the server log contains a password or session value %q", secret)
 		}
 	}
@@ -412,9 +412,9 @@ func TestTokenLifecycle(t *testing.T) {
 	// (20 s, not configurable): see TestTokenRevokeEndsWebSocket.
 	ws.Close()
 
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
-	if strings.Contains(srv.stderr(), secret) {
+	if strings.Contains(srv.Stderr(), secret) {
 		t.Error("the server log contains a token secret")
 	}
 }
@@ -478,7 +478,7 @@ func TestTokenRevokeEndsWebSocket(t *testing.T) {
 	if after := srv.as(who{bearer: keeper}).Snapshot(th.ThreadID); after.StateVersion != th.StateVersion {
 		t.Fatalf("a revoked token's command changed the thread: v%d -> v%d", th.StateVersion, after.StateVersion)
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 
@@ -530,6 +530,6 @@ func TestUserDeleteEndsAccess(t *testing.T) {
 	}
 	srv.wantUnauthorized(viaToken, "GET", "/api/threads", "the deleted account's token after the name was reused")
 	srv.wantUnauthorized(viaCookie, "GET", "/api/threads", "the deleted account's session after the name was reused")
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }

@@ -38,6 +38,6 @@ func TestBinaryBackupWhileServing(t *testing.T) {
 	evs.WaitFor(time.Now().Add(30*time.Second), "run.completed", func(ev client.Event) bool {
 		return ev.Type == chat.EventRunCompleted && ev.RunID == started.RunID
 	})
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }

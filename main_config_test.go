@@ -92,7 +92,7 @@ func TestConfigFileRunsTheServer(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("GET /api/threads under auth = password from the file: %d %s, want 401", resp.StatusCode, body)
 	}
-	srv.stop()
+	srv.Stop()
 }
 
 func TestVersionAndJSONLogs(t *testing.T) {

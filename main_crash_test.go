@@ -101,7 +101,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 			l.violate("cycle %d: the gateway exited on its own (%v)", cycle, srv.waitErr)
 		}
 		close(stop)
-		srv.kill()
+		srv.Kill()
 		kills++
 		wg.Wait()
 		cancelWatch()
@@ -282,7 +282,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 		replayThread(t, l, api, tid, hists[tid])
 	}
 
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 
 	l.mu.Lock()

@@ -41,8 +41,8 @@ func TestBinaryDatabaseFilesArePrivate(t *testing.T) {
 			t.Errorf("%s mode %v, want 0600", filepath.Base(f), m)
 		}
 	}
-	srv.stop()
-	if logs := srv.stderr(); strings.Contains(logs, "other users of this machine") {
+	srv.Stop()
+	if logs := srv.Stderr(); strings.Contains(logs, "other users of this machine") {
 		t.Errorf("warned about private files:\n%s", logs)
 	}
 }

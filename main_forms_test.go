@@ -201,7 +201,7 @@ func TestBinaryFormBodiesRefused(t *testing.T) {
 	if left := tempFiles(t, tmp); len(left) > 0 {
 		t.Errorf("left in the server's temporary folder: %s", strings.Join(left, ", "))
 	}
-	srv.stop()
+	srv.Stop()
 }
 
 // No code of the gateway parses a request body in a way that can write a

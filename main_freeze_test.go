@@ -551,17 +551,17 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 		}
 	}
 
-	fig.fenced = gw0.logged(fencedLine)
+	fig.fenced = gw0.Logged(fencedLine)
 	if fig.takenOver > 0 && fig.fenced == 0 {
 		t.Errorf("instance 0 lost %d runs while frozen, yet its log says no stalled execution was refused (%q): the round proved nothing about fencing", fig.takenOver, fencedLine)
 	}
 	for i := range c.nodes {
 		if i != victim {
-			fig.recovered += c.node(i).logged("recovered run")
+			fig.recovered += c.node(i).Logged("recovered run")
 		}
 	}
 	for i := range c.nodes {
-		c.node(i).stop()
+		c.node(i).Stop()
 	}
 	code, out, errOut := runCLI(t, nil, "check", "-db", c.dsn)
 	if code != 0 || !strings.HasPrefix(out, "ok") {

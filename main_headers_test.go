@@ -108,8 +108,8 @@ func TestBinaryOpenAIHeadersFromEnvAndFile(t *testing.T) {
 					t.Errorf("%s: %q, want %q", name, got, want)
 				}
 			}
-			srv.stop()
-			logs := srv.stderr()
+			srv.Stop()
+			logs := srv.Stderr()
 			for _, v := range tc.want {
 				if strings.Contains(logs, v) && v != "demo" {
 					t.Errorf("the log shows the header value %q", v)

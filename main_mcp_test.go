@@ -144,7 +144,7 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 	})
 	seen := evs.LastSeq()
 	evs.Close()
-	srv.kill()
+	srv.Kill()
 	close(bank.release) // the server acts; its answer goes nowhere
 
 	srv = startProcess(t, db, "5ms", "-tools-config", cfg)
@@ -158,7 +158,7 @@ func TestMCPGatewayKilledMidCall(t *testing.T) {
 		t.Errorf("the server saw the key %d times, want 1", n)
 	}
 	checkNotSentAgain(t, got, key)
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 
@@ -303,7 +303,7 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 	held = memory.reading()
 	seen := evs.LastSeq()
 	evs.Close()
-	srv.kill()
+	srv.Kill()
 	memory.feed(held) // the server, its gateway gone, applies the write
 	if n := memory.count("Bob"); n != 1 {
 		t.Fatalf("Bob is recorded %d times after the gateway died, want 1", n)
@@ -322,7 +322,7 @@ func TestMCPWriteHeldAtTheServer(t *testing.T) {
 			t.Errorf("%s is recorded %d times at the end, want %d", name, n, want)
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 

@@ -110,12 +110,12 @@ func (c *cluster) freezeNode(i int) {
 	c.frozen[i] = true
 	s := c.nodes[i]
 	c.mu.Unlock()
-	s.freeze()
+	s.Freeze()
 }
 
 func (c *cluster) thawNode(i int) {
 	c.t.Helper()
-	c.node(i).thaw()
+	c.node(i).Thaw()
 	c.mu.Lock()
 	c.frozen[i] = false
 	c.mu.Unlock()
@@ -127,7 +127,7 @@ func (c *cluster) killNode(i int) {
 	s := c.nodes[i]
 	c.nodes[i] = nil
 	c.mu.Unlock()
-	s.kill()
+	s.Kill()
 }
 
 // busiest returns the instance holding the most run leases right now (the

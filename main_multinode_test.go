@@ -262,7 +262,7 @@ func TestMultiNode(t *testing.T) {
 		c.mu.Lock()
 		s := c.nodes[i]
 		c.mu.Unlock()
-		s.stop()
+		s.Stop()
 	}
 	code, out, errOut := runCLI(t, nil, "check", "-db", dsn)
 	if code != 0 || !strings.HasPrefix(out, "ok") {

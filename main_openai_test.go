@@ -162,7 +162,7 @@ func TestBinaryOpenAI(t *testing.T) {
 			t.Errorf("Authorization %q, want the key from the file", a)
 		}
 	}
-	if logs := srv.stderr(); strings.Contains(logs, fakeKey) {
+	if logs := srv.Stderr(); strings.Contains(logs, fakeKey) {
 		t.Error("the server log contains the API key")
 	}
 }

@@ -114,14 +114,14 @@ func TestBinaryGracefulStopWritesWhatTabsSaw(t *testing.T) {
 	// The stop must outlast a transaction's own wait for the lock (5 s):
 	// it says it is waiting, and only then is the lock released.
 	const waiting = "waiting for the database to write the streamed text before stopping"
-	for deadline := time.Now().Add(30 * time.Second); srv.logged(waiting) == 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); srv.Logged(waiting) == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the stopping gateway did not say %q within 30 s; log:\n%s", waiting, srv.stderr())
+			t.Fatalf("the stopping gateway did not say %q within 30 s; log:\n%s", waiting, srv.Stderr())
 		}
 	}
 	lock.release()
-	if code := srv.waitExit(40 * time.Second); code != 0 {
-		t.Fatalf("graceful stop exited %d, want 0; log:\n%s", code, srv.stderr())
+	if code := srv.WaitExit(40 * time.Second); code != 0 {
+		t.Fatalf("graceful stop exited %d, want 0; log:\n%s", code, srv.Stderr())
 	}
 
 	srv = startProcess(t, db, "40ms")
@@ -146,7 +146,7 @@ func TestBinaryGracefulStopWritesWhatTabsSaw(t *testing.T) {
 	if last.MessageID != saved.MessageID || last.Kind != chat.KindFragment || last.Content != seen {
 		t.Fatalf("the saved fragment is %s %q, want the text the tab saw: %q", last.Kind, last.Content, seen)
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 
@@ -154,7 +154,7 @@ func TestBinaryCrashSaysWhatTabsSawIsLost(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startProcess(t, db, "40ms")
 	th, runID, messageID, _, lastSeq, lock := seenBeforeStop(t, srv, db)
-	srv.kill()
+	srv.Kill()
 	lock.release()
 
 	srv = startProcess(t, db, "40ms")
@@ -174,6 +174,6 @@ func TestBinaryCrashSaysWhatTabsSawIsLost(t *testing.T) {
 	if after := srv.Snapshot(th.ThreadID); after.StateVersion != snap.StateVersion || len(after.Messages) != len(snap.Messages) {
 		t.Fatalf("a refused save changed the conversation: version %d → %d", snap.StateVersion, after.StateVersion)
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }

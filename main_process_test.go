@@ -1,6 +1,6 @@
 // The root tests' process harness: the gateway served in the test's process
 // (startServer) or as the binary built with -race (startProcess), its logs,
-// and kill, freeze, thaw and stop for the tests whose subject is a process
+// and Kill, Freeze, Thaw and Stop for the tests whose subject is a process
 // boundary.
 
 package main
@@ -27,11 +27,12 @@ import (
 // process (startServer) or as a process of its own (startProcess). Its
 // protocol helpers (API, As, Snapshot, StartRun, CancelRun, Events, …)
 // are those of the embedded apptest.Server, attached (apptest.Attach)
-// once the gateway serves and is ready; its log (stderr, logged) and
-// lifecycle (kill, freeze, thaw, stop, waitExit) are the server's own,
-// not the embedded Server's (whose Stderr is empty and whose Stop fails
-// the test). A server belongs to the test that started it: its methods
-// are called from the test's goroutine, except stderr, logged and API.
+// once the gateway serves and is ready; its log (Stderr, Logged) and
+// lifecycle (Kill, Freeze, Thaw, Stop, WaitExit) are the server's own:
+// they shadow the embedded Server's (whose Stderr is empty and whose
+// Stop fails the test). A server belongs to the test that started it:
+// its methods are called from the test's goroutine, except Stderr,
+// Logged and API.
 // The goroutines reading its log and waiting for it end with it, at the
 // latest when the test ends.
 type server struct {
@@ -182,7 +183,7 @@ func (s *server) started(addr <-chan string) {
 			t.Errorf("the gateway (db %s) reported a data race:\n%s", s.db, races)
 		}
 		if t.Failed() {
-			t.Logf("server stderr (db %s), last lines:\n%s", s.db, s.stderr())
+			t.Logf("server stderr (db %s), last lines:\n%s", s.db, s.Stderr())
 		}
 	})
 	deadline := time.NewTimer(30 * time.Second)
@@ -190,9 +191,9 @@ func (s *server) started(addr <-chan string) {
 	select {
 	case s.base = <-addr:
 	case <-s.exited:
-		t.Fatalf("gateway exited before serving (%s); log:\n%s", s.exitReport(), s.stderr())
+		t.Fatalf("gateway exited before serving (%s); log:\n%s", s.exitReport(), s.Stderr())
 	case <-deadline.C:
-		t.Fatalf("gateway did not log %q within 30s; log:\n%s", "gateway serving", s.stderr())
+		t.Fatalf("gateway did not log %q within 30s; log:\n%s", "gateway serving", s.Stderr())
 	}
 	s.waitReady()
 	s.Server = apptest.Attach(t, s.db, s.base)
@@ -219,7 +220,7 @@ func (s *server) needProcess(what string) {
 // server in the test's process is cancelled and waited for.
 func (s *server) end() {
 	if s.cmd != nil {
-		s.kill()
+		s.Kill()
 		return
 	}
 	s.cancel()
@@ -230,15 +231,17 @@ func (s *server) end() {
 	}
 }
 
-func (s *server) stderr() string {
+// Stderr is the last lines of the gateway's stderr (up to keepLogLines),
+// one a line.
+func (s *server) Stderr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return strings.Join(s.logs, "\n")
 }
 
-// logged counts the stderr lines so far whose msg is exactly msg (all of
+// Logged counts the stderr lines so far whose msg is exactly msg (all of
 // them, not only the last lines kept for failure reports).
-func (s *server) logged(msg string) int {
+func (s *server) Logged(msg string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.msgs[msg]
@@ -273,8 +276,8 @@ func (s *server) waitReady() {
 	}
 }
 
-// kill sends SIGKILL (if the process still runs) and waits for it.
-func (s *server) kill() {
+// Kill sends SIGKILL (if the process still runs) and waits for it.
+func (s *server) Kill() {
 	s.needProcess("kill")
 	select {
 	case <-s.exited:
@@ -289,12 +292,12 @@ func (s *server) kill() {
 	}
 }
 
-// freeze stops the process where it is (SIGSTOP: a pause, an overloaded
+// Freeze stops the process where it is (SIGSTOP: a pause, an overloaded
 // machine, a VM migrated): it holds its sockets, answers nothing and runs
-// nothing until thaw. SIGKILL (kill, at cleanup) still ends it; a SIGCONT
+// nothing until Thaw. SIGKILL (Kill, at cleanup) still ends it; a SIGCONT
 // is sent at cleanup anyway, before that kill, so nothing waits on a
 // stopped process.
-func (s *server) freeze() {
+func (s *server) Freeze() {
 	s.t.Helper()
 	s.needProcess("freeze")
 	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -334,8 +337,8 @@ func allThreadsStopped(pid int) bool {
 	return true
 }
 
-// thaw lets a frozen process go on (SIGCONT).
-func (s *server) thaw() {
+// Thaw lets a frozen process go on (SIGCONT).
+func (s *server) Thaw() {
 	s.t.Helper()
 	s.needProcess("thaw")
 	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -343,9 +346,9 @@ func (s *server) thaw() {
 	}
 }
 
-// waitExit waits (bounded) for the process to end on its own and returns
+// WaitExit waits (bounded) for the process to end on its own and returns
 // its exit code.
-func (s *server) waitExit(timeout time.Duration) int {
+func (s *server) WaitExit(timeout time.Duration) int {
 	s.t.Helper()
 	if s.cmd == nil {
 		select {
@@ -363,9 +366,9 @@ func (s *server) waitExit(timeout time.Duration) int {
 	return s.cmd.ProcessState.ExitCode()
 }
 
-// stop asks for a graceful shutdown (SIGTERM; in the test's process, the
+// Stop asks for a graceful shutdown (SIGTERM; in the test's process, the
 // end of serve's context, as SIGTERM ends it) and expects exit status 0.
-func (s *server) stop() {
+func (s *server) Stop() {
 	s.t.Helper()
 	if s.cmd == nil {
 		s.cancel()

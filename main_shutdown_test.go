@@ -98,8 +98,8 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if code := srv.waitExit(20 * time.Second); code != 0 {
-		t.Fatalf("graceful shutdown exited %d, want 0; log:\n%s", code, srv.stderr())
+	if code := srv.WaitExit(20 * time.Second); code != 0 {
+		t.Fatalf("graceful shutdown exited %d, want 0; log:\n%s", code, srv.Stderr())
 	}
 	close(stopWatch)
 	watch.Wait()
@@ -143,6 +143,6 @@ func TestBinaryGracefulRestartContinuesRuns(t *testing.T) {
 			t.Errorf("thread %s after the restart holds %d messages with %d replies of the run, want the question and one reply", r.thread.ThreadID, len(after.Messages), replies)
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }

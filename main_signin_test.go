@@ -31,7 +31,7 @@ func TestAuthHeaderModeRefusesTwoNames(t *testing.T) {
 			}
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	if code, out, errOut := runCLI(t, nil, "user", "list", "-db", db); code != 0 || strings.Contains(out, "mallory") || strings.Contains(out, "trent") {
 		t.Errorf("user list after the refused requests: exit %d, stdout %q, stderr %q; want neither name", code, out, errOut)
 	}
@@ -45,7 +45,7 @@ func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	srv := startServer(t, db, "5ms")
 	private := srv.CreateThread()
-	srv.stop()
+	srv.Stop()
 
 	srv = startServerWith(t, db, "5ms", "-auth", "header", "-trusted-proxies", "127.0.0.1/32", "-auth-header", "X-Test-User")
 	for _, name := range []string{"Local", "local", "LOCAL"} {
@@ -59,14 +59,14 @@ func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
 			}
 		}
 	}
-	if n := srv.logged("proxy user refused"); n != 12 {
+	if n := srv.Logged("proxy user refused"); n != 12 {
 		t.Errorf("%d \"proxy user refused\" log lines for 12 refused requests, want 12", n)
 	}
 	// A user of another name sees nothing of the no-auth user's.
 	if got := srv.threadList(who{proxy: [2]string{"X-Test-User", "carol"}}); len(got) != 0 {
 		t.Errorf("carol lists %v, want nothing", got)
 	}
-	srv.stop()
+	srv.Stop()
 	// What docs/accounts.md documents stays: the operator gives the local user a
 	// password and signs in as local in -auth password.
 	if code, _, errOut := runCLIWith(t, nil, "correct horse battery\n", "user", "passwd", "local", "-db", db); code != 0 {
@@ -76,7 +76,7 @@ func TestAuthHeaderModeRefusesTheLocalUser(t *testing.T) {
 	if got := srv.threadList(who{cookie: srv.signIn("local", "correct horse battery")}); len(got) != 1 || got[0] != private.ThreadID {
 		t.Errorf("signed in as local with the password its operator gave it: lists %v, want [%s]", got, private.ThreadID)
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 
@@ -154,6 +154,6 @@ func TestUserSessionsSignoutAndRevokeTokens(t *testing.T) {
 	if code, _, errOut := runCLIWith(t, nil, "long enough pw\n", "user", "add", "--revoke-tokens", "carol", "-db", db); code != 2 || !strings.Contains(errOut, "revoke-tokens") {
 		t.Errorf("user add --revoke-tokens: exit %d, stderr %q; want 2 and the unknown flag named", code, errOut)
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }

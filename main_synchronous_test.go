@@ -68,7 +68,7 @@ func TestSQLiteSynchronousBinary(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want 2 saying to use full or normal", code, stderr)
 	}
 	srv := startServerWith(t, db, "5ms", "-sqlite-synchronous", "full")
-	if !strings.Contains(srv.stderr(), "sqlite_synchronous=full") {
-		t.Fatalf("the serving line does not name the setting:\n%s", srv.stderr())
+	if !strings.Contains(srv.Stderr(), "sqlite_synchronous=full") {
+		t.Fatalf("the serving line does not name the setting:\n%s", srv.Stderr())
 	}
 }

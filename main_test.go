@@ -120,7 +120,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 		seenSeq := evs.LastSeq()
 		partial := evs.Text(lost)
 
-		srv.kill()
+		srv.Kill()
 		evs.Close()
 		checkDB(t, db) // the invariants hold even mid-run
 
@@ -193,7 +193,7 @@ func TestBinaryCrashRecovery(t *testing.T) {
 			t.Errorf("run %s is %s after recovery, want completed", id, r.Status)
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	checkDB(t, db)
 }
 

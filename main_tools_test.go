@@ -232,7 +232,7 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	seen := evs.LastSeq()
 
 	srv.confirm(tid, op.OperationID)
-	if code := srv.waitExit(20 * time.Second); code == 0 {
+	if code := srv.WaitExit(20 * time.Second); code == 0 {
 		t.Fatalf("the gateway exited 0 during the commit, want a crash (non-zero)")
 	} else {
 		t.Logf("the gateway died during the commit with exit code %d", code)
@@ -264,14 +264,14 @@ func TestBinaryToolsCrashDuringCommit(t *testing.T) {
 	}
 	checkSent(t, srv, got, tid, runID, op)
 	evs.Close()
-	srv.stop()
+	srv.Stop()
 
 	wantOneAcceptance(t, db, key, 1) // reconciled by lookup: no second call
 	checkDB(t, db)
 	// Even at debug level, recovery and reconciliation log ids and phases,
 	// never the message, the tool's arguments or the email's address.
 	for _, secret := range []string{"ann@example.com", "signed contract"} {
-		if logs := srv.stderr(); strings.Contains(logs, secret) {
+		if logs := srv.Stderr(); strings.Contains(logs, secret) {
 			t.Errorf("the debug server log contains %q", secret)
 		}
 	}
