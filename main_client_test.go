@@ -84,6 +84,3 @@ func wantStartsRefused(t *testing.T, db string, starts []refusedStart) {
 		t.Errorf("a refused configuration still created the database %s", db)
 	}
 }
-
-// ---------------------------------------------------------------------------
-// Test 2: crash recovery.

@@ -97,6 +97,9 @@ func noRace(t *testing.T, what, stderr string) {
 
 var servingLine = regexp.MustCompile(`msg="gateway serving" addr=(http://127\.0\.0\.1:\d+)`)
 
+// ---------------------------------------------------------------------------
+// Test 2: crash recovery.
+
 func TestBinaryCrashRecovery(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "gw.db")
 	const pace = "50ms"
