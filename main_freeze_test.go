@@ -546,7 +546,7 @@ func freezeRound(t *testing.T, seed int64) freezeFigures {
 	for i := range c.nodes {
 		// (A bus that skips a recorded gap may skip a few events after it
 		// too, which the log does hold: its sinks resync either way.)
-		if skipped := scrape(t, c.node(i).base+"/metrics").get(t, "gateway_bus_skipped_events_total"); skipped > 0 && recordedLost == 0 {
+		if skipped := apptest.Scrape(t, c.node(i).base+"/metrics").Get(t, "gateway_bus_skipped_events_total"); skipped > 0 && recordedLost == 0 {
 			t.Errorf("instance %d: its bus delivered past %g seqs it could not fill, and the log records none lost", i, skipped)
 		}
 	}

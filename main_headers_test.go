@@ -9,6 +9,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 // Header values for the model endpoint are often credentials: they come
@@ -84,9 +85,9 @@ func TestBinaryOpenAIHeadersFromEnvAndFile(t *testing.T) {
 			map[string]string{"Authorization": "Bearer from-the-file", "X-Route": "a, b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake := newFakeOpenAI(t)
+			fake := apptest.NewFakeOpenAI(t)
 			srv := startServerEnv(t, tc.env, filepath.Join(t.TempDir(), "gw.db"), "0s",
-				append([]string{"-model", "openai", "-openai-base-url", fake.srv.URL + "/v1", "-openai-model", "test-model"}, tc.flags...)...)
+				append([]string{"-model", "openai", "-openai-base-url", fake.URL + "/v1", "-openai-model", "test-model"}, tc.flags...)...)
 			th := srv.CreateThread()
 			evs := srv.Events(th.ThreadID, th.LastSeq)
 			defer evs.Close()
@@ -97,9 +98,7 @@ func TestBinaryOpenAIHeadersFromEnvAndFile(t *testing.T) {
 				}
 				return ev.Type == chat.EventRunCompleted && ev.RunID == ack.RunID
 			})
-			fake.mu.Lock()
-			seen := fake.headers
-			fake.mu.Unlock()
+			seen := fake.Headers()
 			if len(seen) == 0 {
 				t.Fatal("the endpoint saw no request")
 			}

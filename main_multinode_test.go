@@ -37,6 +37,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/internal/natstest"
 	"github.com/honestcancel/gateway/internal/pgtest"
 )
@@ -239,20 +240,20 @@ func TestMultiNode(t *testing.T) {
 		c.mu.Lock()
 		s := c.nodes[i]
 		c.mu.Unlock()
-		m := scrape(t, s.base+"/metrics")
+		m := apptest.Scrape(t, s.base+"/metrics")
 		// (A bus that skips a recorded gap may skip a few events after it
 		// too, which the log does hold: the log's read stops at the gap.
 		// Its sinks resync either way.)
-		if skipped := m.get(t, "gateway_bus_skipped_events_total"); skipped > 0 && recordedLost == 0 {
+		if skipped := m.Get(t, "gateway_bus_skipped_events_total"); skipped > 0 && recordedLost == 0 {
 			t.Errorf("instance %d: its bus delivered past %g seqs it could not fill, and the log records none lost", i, skipped)
 		} else if skipped > 0 {
 			t.Logf("instance %d: its bus delivered past %g seqs; the log records %d lost", i, skipped, recordedLost)
 		}
-		recoveries += m.get(t, "gateway_bus_recoveries_total")
-		recovered += m.get(t, "gateway_bus_recovered_events_total")
-		yields += m.get(t, "gateway_stream_yields_total")
-		writtenPast += m.get(t, "gateway_stream_written_past_total")
-		deltasLost += m.get(t, "gateway_stream_deltas_lost_total")
+		recoveries += m.Get(t, "gateway_bus_recoveries_total")
+		recovered += m.Get(t, "gateway_bus_recovered_events_total")
+		yields += m.Get(t, "gateway_stream_yields_total")
+		writtenPast += m.Get(t, "gateway_stream_written_past_total")
+		deltasLost += m.Get(t, "gateway_stream_deltas_lost_total")
 	}
 	t.Logf("threads handed between instances %g times; reservations written past %g (gaps recorded %d, %d seqs); deltas dropped as lost by live instances %g",
 		yields, writtenPast, len(gaps), recordedLost, deltasLost)

@@ -4,107 +4,28 @@ package main
 // completions endpoint, and the configuration errors of -model openai.
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 const fakeKey = "sk-binary-test-key"
 
-// fakeOpenAI answers by the last user message: "fail" gets a 401, "stall"
-// streams one chunk and waits (closing upstreamClosed when the gateway drops
-// the request), anything else streams a short reply.
-type fakeOpenAI struct {
-	srv            *httptest.Server
-	release        chan struct{}
-	upstreamClosed chan struct{}
-	once           sync.Once
-
-	mu      sync.Mutex
-	auth    []string
-	headers []http.Header // of every request
-}
-
-func newFakeOpenAI(t *testing.T) *fakeOpenAI {
-	f := &fakeOpenAI{release: make(chan struct{}), upstreamClosed: make(chan struct{})}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
-	t.Cleanup(f.srv.Close)
-	t.Cleanup(func() { close(f.release) })
-	return f
-}
-
-func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
-	f.mu.Lock()
-	f.auth = append(f.auth, r.Header.Get("Authorization"))
-	f.headers = append(f.headers, r.Header.Clone())
-	f.mu.Unlock()
-	var body struct {
-		Messages []struct {
-			Role    string `json:"role"`
-			Content any    `json:"content"`
-		} `json:"messages"`
-	}
-	raw, _ := io.ReadAll(r.Body)
-	json.Unmarshal(raw, &body)
-	last := ""
-	for _, m := range body.Messages {
-		if s, ok := m.Content.(string); ok && m.Role == "user" {
-			last = s
-		}
-	}
-	if last == "fail" {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusUnauthorized)
-		io.WriteString(w, `{"error":{"message":"Incorrect API key provided"}}`)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	send := func(v string) {
-		fmt.Fprintf(w, "data: %s\n\n", v)
-		w.(http.Flusher).Flush()
-	}
-	chunk := func(text string) string {
-		b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-			"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": text}}}})
-		return string(b)
-	}
-	if last == "stall" {
-		send(chunk("Once upon a time"))
-		select {
-		case <-r.Context().Done():
-			f.once.Do(func() { close(f.upstreamClosed) })
-		case <-f.release:
-		}
-		return
-	}
-	for _, piece := range []string{"Hello", " from", " the fake."} {
-		send(chunk(piece))
-	}
-	send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
-	send(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
-	send("[DONE]")
-}
-
 func TestBinaryOpenAI(t *testing.T) {
-	fake := newFakeOpenAI(t)
+	fake := apptest.NewFakeOpenAI(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	if err := os.WriteFile(keyFile, []byte(fakeKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv := startServerWith(t, filepath.Join(dir, "gw.db"), "0s",
-		"-model", "openai", "-openai-base-url", fake.srv.URL+"/v1", "-openai-model", "test-model", "-openai-api-key-file", keyFile)
+		"-model", "openai", "-openai-base-url", fake.URL+"/v1", "-openai-model", "test-model", "-openai-api-key-file", keyFile)
 
 	thread := srv.CreateThread()
 	tid := thread.ThreadID
@@ -132,7 +53,7 @@ func TestBinaryOpenAI(t *testing.T) {
 	evs.WaitDeltas(time.Now().Add(20*time.Second), run2.RunID, 1)
 	srv.CancelRun(run2.RunID)
 	select {
-	case <-fake.upstreamClosed:
+	case <-fake.UpstreamClosed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the fake did not see the upstream request end within 5s of the cancel")
 	}
@@ -155,9 +76,7 @@ func TestBinaryOpenAI(t *testing.T) {
 		t.Errorf("run.failed %s, want the 401 explained and no key", raw)
 	}
 
-	fake.mu.Lock()
-	defer fake.mu.Unlock()
-	for _, a := range fake.auth {
+	for _, a := range fake.Auth() {
 		if a != "Bearer "+fakeKey {
 			t.Errorf("Authorization %q, want the key from the file", a)
 		}

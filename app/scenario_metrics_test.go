@@ -17,100 +17,12 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/honestcancel/gateway/auth"
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
 	"github.com/honestcancel/gateway/internal/apptest"
 	"github.com/honestcancel/gateway/model/openai"
 )
-
-// scrapeResult is one parsed /metrics answer and its text.
-type scrapeResult struct {
-	families map[string]*dto.MetricFamily
-	raw      string
-}
-
-// scrape GETs url and parses the exposition format.
-func scrape(t *testing.T, url string) scrapeResult {
-	t.Helper()
-	resp, err := httpClient.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
-		t.Fatalf("GET %s: %s %q, want 200 text/plain", url, resp.Status, resp.Header.Get("Content-Type"))
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
-	if err != nil {
-		t.Fatalf("GET %s: not the exposition format: %v", url, err)
-	}
-	return scrapeResult{families: families, raw: string(raw)}
-}
-
-// get sums the series of name whose labels include want: the value of a
-// counter or gauge, the sample count of a histogram. A family that is
-// missing fails the test.
-func (s scrapeResult) get(t *testing.T, name string, want ...string) float64 {
-	t.Helper()
-	v, ok := s.value(t, name, want...)
-	if !ok {
-		t.Fatalf("no metric %s in the scrape", name)
-	}
-	return v
-}
-
-// value is get, reporting a missing family (a vector with no series yet)
-// instead of failing.
-func (s scrapeResult) value(t *testing.T, name string, want ...string) (float64, bool) {
-	t.Helper()
-	f, ok := s.families[name]
-	if !ok {
-		return 0, false
-	}
-	sum := 0.0
-	for _, m := range f.GetMetric() {
-		if !hasLabels(m, want) {
-			continue
-		}
-		switch f.GetType() {
-		case dto.MetricType_COUNTER:
-			sum += m.GetCounter().GetValue()
-		case dto.MetricType_GAUGE:
-			sum += m.GetGauge().GetValue()
-		case dto.MetricType_HISTOGRAM:
-			sum += float64(m.GetHistogram().GetSampleCount())
-		default:
-			t.Fatalf("metric %s has type %s", name, f.GetType())
-		}
-	}
-	return sum, true
-}
-
-// hasLabels reports whether m has every name=value pair of want.
-func hasLabels(m *dto.Metric, want []string) bool {
-	for i := 0; i+1 < len(want); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
-}
 
 // metricWant is one expectation: the metric (with labels) moved by at least
 // min from the baseline (or, with exact, by exactly delta).
@@ -133,15 +45,15 @@ func (w metricWant) String() string {
 // are observed right after the events a client sees, so this only waits
 // for gauges and for a scrape to land after them), and returns the last
 // scrape.
-func waitMetrics(t *testing.T, url string, base scrapeResult, wants ...metricWant) scrapeResult {
+func waitMetrics(t *testing.T, url string, base apptest.Metrics, wants ...metricWant) apptest.Metrics {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		now := scrape(t, url)
+		now := apptest.Scrape(t, url)
 		var failing []string
 		for _, w := range wants {
-			was, _ := base.value(t, w.name, w.labels...) // a vector may have no series yet
-			d := now.get(t, w.name, w.labels...) - was
+			was, _ := base.Value(t, w.name, w.labels...) // a vector may have no series yet
+			d := now.Get(t, w.name, w.labels...) - was
 			if (w.exact && d != w.delta) || (!w.exact && d < w.delta) {
 				failing = append(failing, fmt.Sprintf("%s: moved %+g", w, d))
 			}
@@ -160,9 +72,9 @@ var idLike = regexp.MustCompile(`^(thr|run|msg|cp|op|usr|tok|con|ins|aud|ses)_`)
 
 // checkNoIDsOrText fails when a label value looks like an id, or when
 // anything of the given ids and texts appears in the exposition.
-func checkNoIDsOrText(t *testing.T, s scrapeResult, secrets ...string) {
+func checkNoIDsOrText(t *testing.T, s apptest.Metrics, secrets ...string) {
 	t.Helper()
-	for name, f := range s.families {
+	for name, f := range s.Families {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if idLike.MatchString(l.GetValue()) {
@@ -171,7 +83,7 @@ func checkNoIDsOrText(t *testing.T, s scrapeResult, secrets ...string) {
 			}
 		}
 	}
-	lower := strings.ToLower(s.raw)
+	lower := strings.ToLower(s.Raw)
 	for _, secret := range secrets {
 		if secret != "" && strings.Contains(lower, strings.ToLower(secret)) {
 			t.Errorf("the metrics contain %q", secret)
@@ -187,11 +99,11 @@ func TestBinaryMetrics(t *testing.T) {
 	srv := apptest.Start(t, cfg)
 	url := srv.Base + "/metrics"
 
-	base := scrape(t, url)
+	base := apptest.Scrape(t, url)
 	// The registry is the gateway's own, with the Go runtime and the
 	// process collectors in it.
 	for _, name := range []string{"go_goroutines", "go_memstats_alloc_bytes", "process_cpu_seconds_total", "process_open_fds"} {
-		if _, ok := base.families[name]; !ok {
+		if _, ok := base.Families[name]; !ok {
 			t.Errorf("no %s: the Go runtime and process collectors belong in the registry", name)
 		}
 	}
@@ -207,10 +119,10 @@ func TestBinaryMetrics(t *testing.T) {
 		{"gateway_rate_limited_total", []string{"kind", "cancels"}},
 		{"gateway_store_transaction_seconds", []string{"kind", "write"}},
 	} {
-		f := base.families[series.name]
+		f := base.Families[series.name]
 		found := false
 		for _, m := range f.GetMetric() {
-			found = found || hasLabels(m, series.labels)
+			found = found || apptest.HasLabels(m, series.labels)
 		}
 		if !found {
 			t.Errorf("no series %s%v before any traffic", series.name, series.labels)
@@ -299,7 +211,7 @@ func TestBinaryMetrics(t *testing.T) {
 	)
 	// The demo model reports no usage: no tokens counted (see
 	// TestBinaryMetricsTokens for a backend that does).
-	if d := after.get(t, "gateway_model_tokens_total") - base.get(t, "gateway_model_tokens_total"); d != 0 {
+	if d := after.Get(t, "gateway_model_tokens_total") - base.Get(t, "gateway_model_tokens_total"); d != 0 {
 		t.Errorf("tokens moved %+g with the demo model, which reports none", d)
 	}
 
@@ -330,8 +242,8 @@ func TestBinaryMetrics(t *testing.T) {
 
 	// The admin listener serves the same registry.
 	admin := strings.TrimSuffix(srv.AdminURL(), "/debug/pprof/")
-	fromAdmin := scrape(t, admin+"/metrics")
-	if got, want := fromAdmin.get(t, "gateway_runs_started_total"), final.get(t, "gateway_runs_started_total"); got != want {
+	fromAdmin := apptest.Scrape(t, admin+"/metrics")
+	if got, want := fromAdmin.Get(t, "gateway_runs_started_total"), final.Get(t, "gateway_runs_started_total"); got != want {
 		t.Errorf("admin listener: runs started %g, main listener %g", got, want)
 	}
 	srv.Stop()
@@ -339,12 +251,12 @@ func TestBinaryMetrics(t *testing.T) {
 
 // A backend that reports usage moves the token counters.
 func TestBinaryMetricsTokens(t *testing.T) {
-	fake := newFakeOpenAI(t)
+	fake := apptest.NewFakeOpenAI(t)
 	cfg := apptest.CommandConfig(filepath.Join(t.TempDir(), "gw.db"), 0)
-	cfg.Model, cfg.OpenAI = "openai", openai.Config{BaseURL: fake.srv.URL + "/v1", Model: "test-model"}
+	cfg.Model, cfg.OpenAI = "openai", openai.Config{BaseURL: fake.URL + "/v1", Model: "test-model"}
 	srv := apptest.Start(t, cfg)
 	url := srv.Base + "/metrics"
-	base := scrape(t, url)
+	base := apptest.Scrape(t, url)
 	th := srv.CreateThread()
 	evs := srv.Events(th.ThreadID, th.LastSeq)
 	ack := srv.StartRun(th.ThreadID, 1, "hello")
@@ -408,7 +320,7 @@ func TestBinaryMetricsExposure(t *testing.T) {
 	if !strings.Contains(srv.Stderr(), "-metrics-public") {
 		t.Errorf("the log does not say where the metrics are:\n%s", srv.Stderr())
 	}
-	scrape(t, adminMetrics(srv))
+	apptest.Scrape(t, adminMetrics(srv))
 	srv.Stop()
 
 	// -metrics-public: on the main listener without sign-in. With one
@@ -417,7 +329,7 @@ func TestBinaryMetricsExposure(t *testing.T) {
 	cfg.AuthMode, cfg.MetricsPublic, cfg.UserConns = auth.ModePassword, true, 1
 	srv = apptest.Start(t, cfg)
 	url := srv.Base + "/metrics"
-	base := scrape(t, url)
+	base := apptest.Scrape(t, url)
 	alice := srv.As(nil, client.WithBearerToken(token))
 	ws := alice.Connect("first connection")
 	threadID := alice.CreateThread().ThreadID

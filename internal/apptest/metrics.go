@@ -1,30 +1,30 @@
-package main
-
-// Reading /metrics of the binary, for the scenarios across processes
-// (main_freeze_test.go, main_multinode_test.go). The metrics' own tests are
-// in-process: app/scenario_metrics_test.go.
+package apptest
 
 import (
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
 
-// scrapeResult is one parsed /metrics answer and its text.
-type scrapeResult struct {
-	families map[string]*dto.MetricFamily
-	raw      string
+// Metrics is one parsed /metrics answer (Families) and its text (Raw).
+type Metrics struct {
+	Families map[string]*dto.MetricFamily
+	Raw      string
 }
 
-// scrape GETs url and parses the exposition format.
-func scrape(t *testing.T, url string) scrapeResult {
+var scrapeClient = &http.Client{Timeout: 15 * time.Second}
+
+// Scrape GETs url, requires a 200 in the text exposition format, and
+// parses it.
+func Scrape(t testing.TB, url string) Metrics {
 	t.Helper()
-	resp, err := httpClient.Get(url)
+	resp, err := scrapeClient.Get(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
@@ -41,41 +41,41 @@ func scrape(t *testing.T, url string) scrapeResult {
 	if err != nil {
 		t.Fatalf("GET %s: not the exposition format: %v", url, err)
 	}
-	return scrapeResult{families: families, raw: string(raw)}
+	return Metrics{Families: families, Raw: string(raw)}
 }
 
-// get sums the series of name whose labels include want: the value of a
-// counter or gauge, the sample count of a histogram. A family that is
-// missing fails the test.
-func (s scrapeResult) get(t *testing.T, name string, want ...string) float64 {
+// Get sums the series of name whose labels include want (name, value,
+// name, value…): the value of a counter or gauge, the sample count of a
+// histogram. A family that is missing fails the test.
+func (m Metrics) Get(t testing.TB, name string, want ...string) float64 {
 	t.Helper()
-	v, ok := s.value(t, name, want...)
+	v, ok := m.Value(t, name, want...)
 	if !ok {
 		t.Fatalf("no metric %s in the scrape", name)
 	}
 	return v
 }
 
-// value is get, reporting a missing family (a vector with no series yet)
+// Value is Get, reporting a missing family (a vector with no series yet)
 // instead of failing.
-func (s scrapeResult) value(t *testing.T, name string, want ...string) (float64, bool) {
+func (m Metrics) Value(t testing.TB, name string, want ...string) (float64, bool) {
 	t.Helper()
-	f, ok := s.families[name]
+	f, ok := m.Families[name]
 	if !ok {
 		return 0, false
 	}
 	sum := 0.0
-	for _, m := range f.GetMetric() {
-		if !hasLabels(m, want) {
+	for _, s := range f.GetMetric() {
+		if !HasLabels(s, want) {
 			continue
 		}
 		switch f.GetType() {
 		case dto.MetricType_COUNTER:
-			sum += m.GetCounter().GetValue()
+			sum += s.GetCounter().GetValue()
 		case dto.MetricType_GAUGE:
-			sum += m.GetGauge().GetValue()
+			sum += s.GetGauge().GetValue()
 		case dto.MetricType_HISTOGRAM:
-			sum += float64(m.GetHistogram().GetSampleCount())
+			sum += float64(s.GetHistogram().GetSampleCount())
 		default:
 			t.Fatalf("metric %s has type %s", name, f.GetType())
 		}
@@ -83,11 +83,11 @@ func (s scrapeResult) value(t *testing.T, name string, want ...string) (float64,
 	return sum, true
 }
 
-// hasLabels reports whether m has every name=value pair of want.
-func hasLabels(m *dto.Metric, want []string) bool {
+// HasLabels reports whether s has every name=value pair of want.
+func HasLabels(s *dto.Metric, want []string) bool {
 	for i := 0; i+1 < len(want); i += 2 {
 		found := false
-		for _, l := range m.GetLabel() {
+		for _, l := range s.GetLabel() {
 			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
 				found = true
 			}

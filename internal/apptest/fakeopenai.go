@@ -1,8 +1,4 @@
-package app_test
-
-// fakeOpenAI: a Go fake of a chat completions endpoint, for the scenario
-// tests of a gateway with -model openai (cfg.Model "openai"). The root
-// package's tests of the binary have the same fake (main_openai_test.go).
+package apptest
 
 import (
 	"encoding/json"
@@ -10,33 +6,55 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 )
 
-// fakeOpenAI answers by the last user message: "fail" gets a 401, "stall"
-// streams one chunk and waits (closing upstreamClosed when the gateway drops
-// the request), anything else streams a short reply.
-type fakeOpenAI struct {
-	srv            *httptest.Server
-	release        chan struct{}
-	upstreamClosed chan struct{}
-	once           sync.Once
+// FakeOpenAI is a Go fake of an OpenAI-compatible chat completions
+// endpoint (URL) for a gateway with model "openai". It answers by the
+// last user message: "fail" gets a 401, "stall" streams one chunk and
+// waits (closing UpstreamClosed when the gateway drops the request),
+// anything else streams a short reply with usage. It keeps each
+// request's headers; it is closed when the test ends.
+type FakeOpenAI struct {
+	URL            string
+	UpstreamClosed chan struct{}
+
+	srv     *httptest.Server
+	release chan struct{}
+	once    sync.Once
 
 	mu      sync.Mutex
 	auth    []string
 	headers []http.Header // of every request
 }
 
-func newFakeOpenAI(t *testing.T) *fakeOpenAI {
-	f := &fakeOpenAI{release: make(chan struct{}), upstreamClosed: make(chan struct{})}
+// NewFakeOpenAI starts a FakeOpenAI on a loopback port.
+func NewFakeOpenAI(t testing.TB) *FakeOpenAI {
+	f := &FakeOpenAI{release: make(chan struct{}), UpstreamClosed: make(chan struct{})}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.URL = f.srv.URL
 	t.Cleanup(f.srv.Close)
 	t.Cleanup(func() { close(f.release) })
 	return f
 }
 
-func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
+// Auth is the Authorization header of every request so far.
+func (f *FakeOpenAI) Auth() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.auth)
+}
+
+// Headers are the headers of every request so far.
+func (f *FakeOpenAI) Headers() []http.Header {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.headers)
+}
+
+func (f *FakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.auth = append(f.auth, r.Header.Get("Authorization"))
 	f.headers = append(f.headers, r.Header.Clone())
@@ -75,7 +93,7 @@ func (f *fakeOpenAI) serve(w http.ResponseWriter, r *http.Request) {
 		send(chunk("Once upon a time"))
 		select {
 		case <-r.Context().Done():
-			f.once.Do(func() { close(f.upstreamClosed) })
+			f.once.Do(func() { close(f.UpstreamClosed) })
 		case <-f.release:
 		}
 		return
