@@ -8,16 +8,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 )
-
-// httpClient is for what the tests read raw: /readyz, /livez, /metrics,
-// pages and requests whose subject is the wire itself.
-var httpClient = &http.Client{Timeout: 15 * time.Second}
 
 // ---------------------------------------------------------------------------
 // The CLI.

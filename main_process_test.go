@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -249,31 +248,7 @@ func (s *server) Logged(msg string) int {
 
 func (s *server) waitReady() {
 	s.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	last := ""
-	for {
-		resp, err := httpClient.Get(s.base + "/readyz")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("GET /readyz never answered 200 within 15s (last: %s)", last)
-		}
-		select {
-		case <-tick.C:
-		case <-s.exited:
-			s.t.Fatalf("gateway exited while waiting for /readyz (%s)", s.exitReport())
-		}
-	}
+	apptest.WaitReady(s.t, s.base, s.exited, s.exitReport)
 }
 
 // Kill sends SIGKILL (if the process still runs) and waits for it.

@@ -2,6 +2,7 @@ package apptest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -116,12 +117,19 @@ func Start(t testing.TB, cfg app.Config) *Server {
 // waitReady polls /readyz until it answers 200 (bounded: 15s).
 func (s *Server) waitReady() {
 	s.T.Helper()
+	WaitReady(s.T, s.Base, s.run.stopped, func() string { return fmt.Sprintf("Run: %v", s.run.err) })
+}
+
+// WaitReady polls base's /readyz until it answers 200, failing t after
+// 15s, or as soon as stopped is closed (the gateway ended: why says how).
+func WaitReady(t testing.TB, base string, stopped <-chan struct{}, why func() string) {
+	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	last := ""
 	for {
-		resp, err := readyClient.Get(s.Base + "/readyz")
+		resp, err := readyClient.Get(base + "/readyz")
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -133,12 +141,12 @@ func (s *Server) waitReady() {
 			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			s.T.Fatalf("GET /readyz never answered 200 within 15s (last: %s)", last)
+			t.Fatalf("GET /readyz never answered 200 within 15s (last: %s)", last)
 		}
 		select {
 		case <-tick.C:
-		case <-s.run.stopped:
-			s.T.Fatalf("the gateway stopped while waiting for /readyz (Run: %v)", s.run.err)
+		case <-stopped:
+			t.Fatalf("the gateway stopped while waiting for /readyz (%s)", why())
 		}
 	}
 }
