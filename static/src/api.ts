@@ -43,16 +43,10 @@ export async function readCheckpoints(threadID: string): Promise<Checkpoints | {
   }
 }
 
-// readTitle is the thread's title ("" when it could not be read).
+// readTitle is the thread's title, from its snapshot ("" when it could
+// not be read).
 export async function readTitle(threadID: string): Promise<string> {
-  try {
-    const r = await fetch(threadPath(threadID), same);
-    if (!r.ok) return "";
-    const { title } = (await r.json()) as { title?: string };
-    return title ?? "";
-  } catch {
-    return "";
-  }
+  return (await readSnapshot(threadID))?.title ?? "";
 }
 
 // readOperations is the thread's operation log; null when it could not be
