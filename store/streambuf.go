@@ -28,19 +28,22 @@ const (
 	// thread's deltas reserves more when fewer than reserveLow are left.
 	reserveBlock = 4096
 	reserveLow   = 1024
-	// flushDelay gathers deltas into one transaction: the flusher writes
+	// flushDelay gathers deltas into few transactions: the flusher writes
 	// what is pending this long after the first delta it was woken for.
-	flushDelay = 10 * time.Millisecond
-	// pgFlushDelay is flushDelay on PostgreSQL, where every statement is
-	// a round trip: longer, so each thread's statements are paid for more
-	// deltas at once.
-	pgFlushDelay = 50 * time.Millisecond
+	// Every commit rewrites each page it touches and, on SQLite, waits for
+	// an fsync, so fewer commits carrying more deltas cost less CPU, fewer
+	// bytes and fewer syncs per delta; and a cancel waits for the commit in
+	// progress, whose sync is what stalls under load (BENCHMARKS.md, issue
+	// 31: 10 ms here made 284 commits/s in the scale benchmark, 50 ms 119).
+	// On PostgreSQL every statement is also a round trip.
+	flushDelay = 50 * time.Millisecond
 	// maxPendingDeltas bounds the deltas held in memory for all threads;
 	// beyond it a batch takes the slow path (written before it is fanned
 	// out), which slows the streams to the writer's pace.
 	maxPendingDeltas = 1 << 16
-	// flushThreads bounds the threads one flush transaction writes.
-	flushThreads = 16
+	// flushThreads bounds the threads one flush transaction writes (a
+	// flush also stops early for a waiting cancel, see flushChunk).
+	flushThreads = 64
 	// yieldTimeout bounds the wait for another instance to give a
 	// thread's reservation back (PostgreSQL) before it is written past,
 	// once it confirmed that it got the request (a holder that does not
@@ -295,9 +298,6 @@ func (b *streamBuffer) appendFast(
 func (b *streamBuffer) flusher(ctx context.Context) {
 	defer close(b.done)
 	delay := flushDelay
-	if b.s.pg {
-		delay = pgFlushDelay
-	}
 	timer := time.NewTimer(delay)
 	timer.Stop()
 	for {
