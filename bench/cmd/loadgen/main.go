@@ -85,7 +85,9 @@ func run() int {
 	fs.IntVar(&c.ScaleRuns, "scale-runs", 500, "scale: concurrent streaming runs (one thread each)")
 	fs.IntVar(&c.ScaleTabs, "scale-tabs", 3, "scale: tabs per run")
 	fs.DurationVar(&c.ScalePace, "scale-pace", 20*time.Millisecond, "scale: demo model time per word")
-	fs.DurationVar(&c.ScaleWindow, "scale-window", 8*time.Second, "scale: measured window, after the warm-up")
+	fs.DurationVar(&c.ScaleWindow, "scale-window", 60*time.Second,
+		"scale: measured window, after the warm-up (60 s measures 160-190 cancels of each kind; a p99 of fewer is the run's "+
+			"largest one or two)")
 	fs.IntVar(
 		&c.ScaleCancelEvery, "scale-cancel-every", 10,
 		"scale: every Nth thread cancels its runs at random moments (from a random tab) instead of letting them finish",
@@ -137,7 +139,7 @@ func run() int {
 	)
 	timeout := fs.Duration(
 		"timeout", 10*time.Minute,
-		"stop everything after this long (a safety net; the standard set takes about a minute)",
+		"stop everything after this long (a safety net; the standard set takes about 3 minutes)",
 	)
 	cpuProfile := fs.String("cpuprofile", "", "write the generator's own CPU profile to this `file`")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the binaries and databases")
