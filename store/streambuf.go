@@ -34,23 +34,21 @@ const (
 	// an fsync, so fewer commits carrying more deltas cost less CPU, fewer
 	// bytes and fewer syncs per delta; and a cancel waits for the commit in
 	// progress, whose sync is what stalls under load (BENCHMARKS.md, issue
-	// 31: 10 ms here made 284 commits/s in the scale benchmark, 50 ms 119).
-	// On PostgreSQL every statement is also a round trip.
+	// 31: 10 ms here made 281-293 commits/s in the scale benchmark, 50 ms
+	// 167). On PostgreSQL every statement is also a round trip.
 	flushDelay = 50 * time.Millisecond
 	// maxPendingDeltas bounds the deltas held in memory for all threads;
 	// beyond it a batch takes the slow path (written before it is fanned
 	// out), which slows the streams to the writer's pace.
 	maxPendingDeltas = 1 << 16
-	// flushThreads bounds the threads one flush transaction writes on
-	// SQLite (a flush also stops early for a waiting cancel, see
-	// flushChunk). pgFlushThreads is the bound on PostgreSQL, unchanged:
-	// there a flush holds its threads' rows until it commits, and another
-	// instance's cancel of one of them waits for that. With 64, two runs
-	// of the cluster benchmark gave a cross-instance cancel ack p99 of 64
-	// and 69 ms, against 33-61 ms in six with 16: not beyond the spread,
-	// but no gain either.
-	flushThreads   = 64
-	pgFlushThreads = 16
+	// flushThreads bounds the threads one flush transaction writes (a
+	// flush also stops early for a waiting cancel, see flushChunk). A
+	// transaction holds each thread's stream until it commits, so a delta
+	// of a thread being flushed waits for that commit: 64 made the fan-out
+	// benchmark's delivery p99 50 ms against 26-40 ms with 16, and on
+	// PostgreSQL a flush holds its threads' rows, which another
+	// instance's cancel waits for (BENCHMARKS.md, issue 31).
+	flushThreads = 16
 	// yieldTimeout bounds the wait for another instance to give a
 	// thread's reservation back (PostgreSQL) before it is written past,
 	// once it confirmed that it got the request (a holder that does not
@@ -356,12 +354,8 @@ func (b *streamBuffer) flush(ctx context.Context) error {
 		}
 		ts.mu.Unlock()
 	}
-	most := flushThreads
-	if b.s.pg {
-		most = pgFlushThreads
-	}
 	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), most)]
+		chunk := ids[:min(len(ids), flushThreads)]
 		done := 0
 		err := b.s.write(ctx, func(t *txn) error {
 			var extended bool
