@@ -339,8 +339,8 @@ func (w *sseWriter) finish() {
 // reachWait bounds how long a subscriber's catch-up waits for this
 // instance to deliver the seqs it saw on another one: NATS delivers in
 // milliseconds and the instance streaming the thread writes its deltas
-// within the store's flush delay (50 ms), so a second means they were lost (the holder
-// stopped) and a snapshot is the honest answer.
+// within the store's flush delay (50 ms), so a second means they were
+// lost (the holder stopped) and a snapshot is the honest answer.
 const reachWait = time.Second
 
 // caughtUp is what a subscriber missed: the events after its seq, or a

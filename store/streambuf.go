@@ -30,12 +30,12 @@ const (
 	reserveLow   = 1024
 	// flushDelay gathers deltas into few transactions: the flusher writes
 	// what is pending this long after the first delta it was woken for.
-	// Every commit rewrites each page it touches and, on SQLite, waits for
-	// an fsync, so fewer commits carrying more deltas cost less CPU, fewer
-	// bytes and fewer syncs per delta; and a cancel waits for the commit in
-	// progress, whose sync is what stalls under load (BENCHMARKS.md, issue
-	// 31: 10 ms here made 281-293 commits/s in the scale benchmark, 50 ms
-	// 167). On PostgreSQL every statement is also a round trip.
+	// Every commit on SQLite waits for a sync, and a cancel waits for the
+	// commit in progress, whose sync is what stalls under load: fewer
+	// commits carrying more deltas make fewer syncs to wait behind
+	// (BENCHMARKS.md, issue 31: with 10 ms the scale benchmark made
+	// 281-293 commits/s, with 50 ms 167, for a third less server CPU).
+	// On PostgreSQL every statement is also a round trip.
 	flushDelay = 50 * time.Millisecond
 	// maxPendingDeltas bounds the deltas held in memory for all threads;
 	// beyond it a batch takes the slow path (written before it is fanned
