@@ -244,7 +244,9 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	freed := time.Now()
 	wg.Wait()
+	finished := time.Since(freed)
 	for i := range errs {
 		for k, err := range errs[i] {
 			if err != nil {
@@ -253,7 +255,11 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 		}
 	}
 	if n := sts[0].Retries() + sts[1].Retries(); n < 1 {
-		t.Errorf("%d transactions ran again, want the deadlock's loser to", n)
+		// Seen twice under the full suite (never alone, 70 runs): the
+		// writes then finished in well under PostgreSQL's deadlock_timeout
+		// (1 s), so no deadlock formed at all. Not yet understood.
+		t.Errorf("%d transactions ran again, want the deadlock's loser to (the writes finished %v after the "+
+			"threads were freed)", n, finished)
 	}
 	for _, th := range threads {
 		rep, err := sts[0].ThreadEvents(ctx, th, 0)
