@@ -302,8 +302,7 @@ func (b *streamBuffer) appendFast(
 // stopped.
 func (b *streamBuffer) flusher(ctx context.Context) {
 	defer close(b.done)
-	delay := flushDelay
-	timer := time.NewTimer(delay)
+	timer := time.NewTimer(flushDelay)
 	timer.Stop()
 	for {
 		select {
@@ -311,7 +310,7 @@ func (b *streamBuffer) flusher(ctx context.Context) {
 			return
 		case <-b.wake:
 		}
-		timer.Reset(delay)
+		timer.Reset(flushDelay)
 		select {
 		case <-ctx.Done():
 			timer.Stop()

@@ -139,7 +139,7 @@ func run() int {
 	)
 	timeout := fs.Duration(
 		"timeout", 10*time.Minute,
-		"stop everything after this long (a safety net; the standard set takes about 3 minutes)",
+		"stop everything after this long (a safety net; the standard set takes under 3 minutes)",
 	)
 	cpuProfile := fs.String("cpuprofile", "", "write the generator's own CPU profile to this `file`")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary folder with the binaries and databases")
