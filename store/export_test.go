@@ -98,7 +98,24 @@ func (s *Store) Synchronous(ctx context.Context) (int, error) {
 // Crash ends the store as a killed process would: what only memory holds
 // (deltas fanned out and not yet written) is lost, and the reserved seqs
 // stay reserved.
-func (s *Store) Crash() {
+func (s *Store) Crash() { s.CrashWhileHeld(nil) }
+
+// CrashWhileHeld is Crash while the test holds the writer (HoldWriter):
+// the database is closed before release lets anything waiting for the
+// writer go, so nothing more is written. What the cancel journal's file
+// holds stays there.
+func (s *Store) CrashWhileHeld(release func()) {
+	if j := s.journal; j != nil {
+		j.stop()
+		j.f.Close()
+	}
+	if release != nil {
+		s.writer.Close()
+		release()
+	}
+	if j := s.journal; j != nil {
+		<-j.done
+	}
 	if s.buf != nil {
 		s.buf.closed.Store(true)
 		s.buf.stop()
@@ -164,5 +181,28 @@ func (s *Store) PauseFlusher() {
 	if s.buf != nil {
 		s.buf.stop()
 		<-s.buf.done
+	}
+}
+
+// JournalMismatches counts journaled cancels the writer recorded with
+// another state_version than their ack gave.
+func (s *Store) JournalMismatches() int64 { return s.journal.mismatches.Load() }
+
+// HoldWriterCommitting holds the writer as HoldWriter does, as a
+// transaction that touched the given threads or runs and now commits.
+func (s *Store) HoldWriterCommitting(ids ...string) (release func()) {
+	s.gate.lock()
+	j := s.journal
+	j.mu.Lock()
+	j.committing = map[string]bool{}
+	for _, id := range ids {
+		j.committing[id] = true
+	}
+	j.mu.Unlock()
+	return func() {
+		j.mu.Lock()
+		j.committing = nil
+		j.mu.Unlock()
+		s.gate.unlock()
 	}
 }

@@ -261,10 +261,12 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 	results := make([]error, len(batch))
 	answered := len(batch)
 	var t *txn
+	var turn *journalTurn
 	answer := func(err error) (int, []*groupReq) {
 		if t != nil {
 			t.endStreams(false) // after a rollback or a failed commit
 		}
+		turn.end(false)
 		if mayRetry && retryable(err) {
 			return 0, batch[:answered]
 		}
@@ -284,6 +286,13 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 		return answer(fmt.Errorf("begin: %w", err))
 	}
 	t = s.newTxn(ctx, tx)
+	// The journaled cancels first (canceljournal.go): if they cannot be
+	// recorded, nothing of the batch runs.
+	turn = s.journal.beginBody()
+	if err := turn.apply(t); err != nil {
+		_ = tx.Rollback()
+		return answer(err)
+	}
 	t.undo = map[string]*threadCursor{} // per request, to undo a refusal
 	ran := 0
 	for i, r := range batch {
@@ -313,6 +322,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 			// transaction can be trusted.
 			_ = tx.Rollback()
 			t.endStreams(false)
+			turn.end(false)
 			if mayRetry && retryable(err) {
 				return 0, batch // another instance's doing: every request again
 			}
@@ -329,7 +339,7 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 		t.yield, t.unyield = t.yield[:yields], t.unyield[:unyields]
 		t.rollBackCursors()
 	}
-	if ran == 0 {
+	if ran == 0 && len(turn.recorded()) == 0 {
 		_ = tx.Rollback()
 		return answer(nil)
 	}
@@ -337,11 +347,13 @@ func (s *Store) tryGroupLocked(batch []*groupReq, mayRetry bool) (int, []*groupR
 		_ = tx.Rollback()
 		return answer(err)
 	}
+	turn.commitStarts(t)
 	if err := tx.Commit(); err != nil {
 		return answer(fmt.Errorf("commit: %w", err))
 	}
 	s.committedLocked(t)
 	t.endStreams(true)
 	t = nil
+	turn.end(true)
 	return answer(nil)
 }

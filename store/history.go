@@ -100,6 +100,9 @@ func (s *Store) History(
 	maxBytes int64,
 ) (chat.HistoryPage, error) {
 	var page chat.HistoryPage
+	if err := s.settled(ctx); err != nil {
+		return page, err
+	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		row, err := readThread(ctx, q, userID, threadID)
 		if err != nil {

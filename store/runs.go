@@ -225,6 +225,7 @@ func transition(row runRow, to chat.RunStatus) error {
 
 func (t *txn) run(runID string) (runRow, error) {
 	var row runRow
+	t.runsRead = append(t.runsRead, runID)
 	if err := t.lockRunThread(runID); err != nil {
 		return row, err
 	}
@@ -244,6 +245,9 @@ func (s *Store) Run(ctx context.Context, userID, runID string) (chat.Run, error)
 		runRow
 		UserID string `db:"user_id"`
 	}
+	if err := s.settled(ctx); err != nil {
+		return chat.Run{}, err
+	}
 	err := s.reader.GetContext(
 		ctx, &row,
 		s.reader.Rebind(`SELECT r.`+strings.ReplaceAll(runCols, ", ", ", r.")+`, t.user_id
@@ -257,85 +261,6 @@ func (s *Store) Run(ctx context.Context, userID, runID string) (chat.Run, error)
 		return chat.Run{}, fmt.Errorf("load run: %w", err)
 	}
 	return row.run(), nil
-}
-
-// RequestCancel records cancel_requested (reason, who, when, audit row) and
-// bumps state_version in one transaction, ahead of queued stream writes
-// (writeUrgent). A second cancel changes nothing
-// but the audit journal and answers already_requested.
-func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error) {
-	var ack chat.CancelAck
-	var prev chat.RunStatus
-	err := s.writeUrgent(ctx, func(t *txn) error {
-		ack, prev = chat.CancelAck{}, ""
-		row, err := t.run(p.RunID)
-		if err != nil {
-			return err
-		}
-		c, err := t.thread(p.UserID, row.ThreadID)
-		if chat.ErrorCode(err) == chat.CodeNotFound {
-			return chat.NotFound("run", p.RunID) // another user's: as unknown as a random id
-		}
-		if err != nil {
-			return err
-		}
-		st := row.status()
-		prev = st
-		if st == chat.RunCompleted || st == chat.RunFailed {
-			return chat.Errorf(chat.CodeRunNotActive, "run %s already ended %s: "+
-				"there is nothing to cancel", p.RunID, st).
-				With("run_id", p.RunID).
-				With("status", st)
-		}
-		ack = chat.CancelAck{RunID: row.RunID}
-		if st.CancelAccepted() {
-			ack.Status = st
-			ack.AlreadyRequested = !(p.Resent && row.RequestedBy.String == p.RequestedBy)
-			ack.AcceptedStateVersion = row.CancelStateVersion.Int64
-			ack.PublishedMessageID = fromNullString(row.CancelPublishedMessageID)
-			ack.ResumeCheckpointID = row.ResumeCheckpointID.String
-		} else {
-			head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
-			if err != nil {
-				return err
-			}
-			var published *string
-			if n := len(head.MessageIDs); n > 0 {
-				published = &head.MessageIDs[n-1]
-			}
-			ev := t.event(c, chat.EventRunCancelRequested, row.RunID)
-			ev.Body = chat.RunCancelRequestedBody{Reason: p.Reason, RequestedBy: p.RequestedBy}
-			if err := transition(row, chat.RunCancelRequested); err != nil {
-				return err
-			}
-			t.runChanged(row.RunID)
-			if _, err := t.exec(`UPDATE runs SET status = 'cancel_requested', cancel_requested_at = ?,
-				cancel_reason = ?, requested_by = ?, cancel_state_version = ?, cancel_published_message_id = ?,
-				resume_checkpoint_id = ?, updated_at = ? WHERE run_id = ?`,
-				ms(t.now), p.Reason, p.RequestedBy, ev.StateVersion, nullStrPtr(published), head.CheckpointID,
-				ms(t.now), row.RunID); err != nil {
-				return fmt.Errorf("record cancel: %w", err)
-			}
-			if err := t.append(ev); err != nil {
-				return err
-			}
-			ack.Status = chat.RunCancelRequested
-			ack.AcceptedStateVersion = ev.StateVersion
-			ack.PublishedMessageID = published
-			ack.ResumeCheckpointID = head.CheckpointID
-		}
-		_, err = t.exec(
-			`INSERT INTO cancel_audit (audit_id, run_id, thread_id, user_id, requested_by, reason, requested_at,
-			accepted_state_version, already_requested) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			chat.NewID("aud_"), row.RunID, row.ThreadID, p.UserID, p.RequestedBy, p.Reason, ms(t.now),
-			ack.AcceptedStateVersion, ack.AlreadyRequested,
-		)
-		if err != nil {
-			return fmt.Errorf("write cancel audit: %w", err)
-		}
-		return nil
-	})
-	return ack, prev, err
 }
 
 // FinishCancel ends a run whose cancel was accepted (ahead of queued

@@ -153,6 +153,7 @@ type Store struct {
 	cps      *chainCache // checkpoints' lists as stored (checkpoints.go)
 	// deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
 	buf     *streamBuffer
+	journal *cancelJournal           // cancels acknowledged before the writer records them (SQLite with Exclusive; nil otherwise)
 	peers   atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
 	retries atomic.Int64             // transactions run again (retry.go)
 	clock   func() time.Time
@@ -203,7 +204,20 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			st.Close()
 			return nil, err
 		}
+		// Then the cancels a previous process acknowledged from its
+		// journal and did not record (canceljournal.go).
+		j, recs, err := openCancelJournal(path)
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		st.journal = j
+		if err := st.replayJournal(ctx, recs); err != nil {
+			st.Close()
+			return nil, err
+		}
 		st.buf = newStreamBuffer(st)
+		j.start(st)
 	}
 	return st, nil
 }
@@ -440,14 +454,21 @@ func migrate(ctx context.Context, db *sql.DB, dialect goose.Dialect, dir string,
 	return nil
 }
 
-// Close writes the deltas still in memory and gives back the seqs reserved
+// storeCloseTimeout bounds the writes Close makes.
+const storeCloseTimeout = 30 * time.Second
+
+// Close records the journaled cancels, writes the deltas still in memory and gives back the seqs reserved
 // for them (streambuf.go), then closes both pools and releases the lock.
 // Nothing may stream (AppendDeltas) once Close is called.
 func (s *Store) Close() error {
 	var err error
+	if s.journal != nil {
+		err = s.journal.close(s)
+		s.journal = nil
+	}
 	if s.buf != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = s.buf.close(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), storeCloseTimeout)
+		err = errors.Join(err, s.buf.close(ctx))
 		cancel()
 		s.buf = nil
 	}
@@ -492,7 +513,13 @@ func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
 	}
 	t := s.newTxn(ctx, tx)
 	t.pastOK = pastFrom(ctx)
-	if err := fn(t); err != nil {
+	turn := s.journal.beginBody()
+	defer turn.end(false) // unless committed
+	err = turn.apply(t)
+	if err == nil {
+		err = fn(t)
+	}
+	if err != nil {
 		_ = tx.Rollback()
 		t.endStreams(false)
 		return err
@@ -502,12 +529,14 @@ func (s *Store) writeOnce(ctx context.Context, fn func(t *txn) error) error {
 		t.endStreams(false)
 		return err
 	}
+	turn.commitStarts(t)
 	if err := tx.Commit(); err != nil {
 		t.endStreams(false)
 		return fmt.Errorf("commit: %w", err)
 	}
 	s.committedLocked(t)
 	t.endStreams(true)
+	turn.end(true)
 	return nil
 }
 
@@ -566,6 +595,9 @@ func (s *Store) Backup(ctx context.Context, dest string) error {
 		return errors.New(
 			"backup copies SQLite files only: back up a PostgreSQL database with pg_dump (e.g. pg_dump -Fc -f OUT DSN)",
 		)
+	}
+	if err := s.settled(ctx); err != nil { // the cancels acknowledged so far are in the copy
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dest), DirMode); err != nil {
 		return fmt.Errorf("create backup folder: %w", err)

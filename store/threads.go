@@ -262,6 +262,9 @@ func decodeCursor(c string) (int64, string, error) {
 
 // Thread returns one thread of the user.
 func (s *Store) Thread(ctx context.Context, userID, threadID string) (chat.Thread, error) {
+	if err := s.settled(ctx); err != nil {
+		return chat.Thread{}, err
+	}
 	row, err := readThread(ctx, s.reader, userID, threadID)
 	if err != nil {
 		return chat.Thread{}, err
@@ -284,6 +287,11 @@ func (s *Store) Snapshot(ctx context.Context, userID, threadID string) (chat.Sna
 func (s *Store) snapshot(ctx context.Context, userID, threadID string, w *historyWindow) (chat.Snapshot, error) {
 	var snap chat.Snapshot
 	var pending []*pendingBatch
+	// (Before the thread's sequencer is held: recording a journaled
+	// cancel takes it.)
+	if err := s.settled(ctx); err != nil {
+		return snap, err
+	}
 	if s.buf != nil {
 		ts := s.buf.thread(threadID)
 		ts.mu.Lock()
@@ -514,6 +522,9 @@ func loadMessages(ctx context.Context, q *sqlx.Tx, ids []string) ([]chat.Message
 func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error) {
 	var head string
 	var out []chat.Checkpoint
+	if err := s.settled(ctx); err != nil {
+		return "", nil, err
+	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		row, err := readThread(ctx, q, userID, threadID)
 		if err != nil {

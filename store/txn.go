@@ -55,6 +55,9 @@ type txn struct {
 	skipHeld       bool
 	wrotePast      bool         // it recorded another process's reservation lost (adoptShared)
 	leases         []leaseUntil // granted or renewed here (leaseHolds)
+	// runsRead are the runs loaded by run(): with changedRuns, what the
+	// cancel journal must not decide on while this commits.
+	runsRead []string
 }
 
 // keep records, for undo, the cursor of threadID as it is before the

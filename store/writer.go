@@ -76,6 +76,13 @@ func (g *writerGate) unlock() {
 	close(w.ready) // held stays true: it is w's now
 }
 
+// free reports whether nobody holds or waits for the writer.
+func (g *writerGate) free() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.held && len(g.waiters) == 0
+}
+
 // waiting counts the group commits (group) or plain writes waiting (for
 // tests).
 func (g *writerGate) waiting(group bool) int {

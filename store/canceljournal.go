@@ -1,0 +1,498 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/honestcancel/gateway/chat"
+)
+
+// The cancel journal: a cancel acknowledged without waiting for the writer
+// (SQLite with Exclusive; nil otherwise).
+//
+// On SQLite every write commits through one connection and each commit
+// waits for its sync, which on a busy virtual disk stalls for 15-90 ms at
+// times (BENCHMARKS.md, issue 31). A cancel recorded by a transaction of
+// its own waits for the commit in progress first, then for its own. The
+// journal takes both waits off its path: a cancel that arrives while the
+// writer is between transactions' bodies is decided from the last
+// committed state (read on a reader connection), appended to a file of its
+// own and synced there, and acknowledged; the writer records it, with
+// exactly those values, ahead of everything else in its next transaction.
+//
+// Why the values the ack gave are the ones recorded:
+//   - The decision is taken under mu while no transaction body runs, and
+//     only if the transaction being committed did not touch the run or its
+//     thread (committing): the committed state read is the thread's latest.
+//   - Every transaction whose body starts later applies the journaled
+//     cancels first, before it reads anything (beginBody): nothing moves
+//     the thread's state_version between the decision and the record.
+//   - A thread with a journaled cancel not yet applied takes no second one
+//     through the journal (that cancel goes through the writer).
+//
+// An acknowledged cancel is durable: synced to the journal, or committed
+// (when the journal cannot be written, the cancel waits for the
+// transaction that applies it). Open applies, before anything else, each
+// record whose run has no cancel yet, then empties the file. Reads that
+// show a run or a thread to a client (settled) wait until the cancels
+// journaled before them are applied, so whoever got an ack never reads the
+// state from before it.
+type cancelJournal struct {
+	path string
+
+	mu   sync.Mutex
+	idle *sync.Cond // on mu: signalled when a body ends
+	// body: a transaction body runs on the writer. committing: the threads
+	// and runs the transaction now committing touched (nil when none).
+	body       bool
+	committing map[string]bool
+	pending    []*journaledCancel // not yet in the database, in order
+	count      atomic.Int32       // len(pending)
+
+	fileMu sync.Mutex // appends, syncs and truncation of f
+	f      *os.File
+	size   int64 // bytes appended since the last truncation
+
+	wake chan struct{} // cap 1: the applier has cancels to record
+	stop context.CancelFunc
+	done chan struct{}
+
+	// mismatches counts records the writer found with another
+	// state_version than the ack gave (a bug; tests require zero).
+	mismatches atomic.Int64
+}
+
+// journaledCancel is one record and its state in this process.
+type journaledCancel struct {
+	rec     cancelRecord
+	applied chan struct{} // closed once the database holds it
+}
+
+// journalSuffix names the journal file beside the database.
+const journalSuffix = "-cancels"
+
+// journalBodyWaits bounds how often a cancel waits for a body to end
+// before it goes through the writer instead.
+const journalBodyWaits = 4
+
+// openCancelJournal opens (creating it, private) the journal of the
+// database at dbPath and returns it with the records it holds.
+func openCancelJournal(dbPath string) (*cancelJournal, []cancelRecord, error) {
+	path := dbPath + journalSuffix
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, FileMode)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the cancel journal %s: %w", path, err)
+	}
+	recs, err := readJournal(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("read the cancel journal %s: %w", path, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("read the cancel journal %s: %w", path, err)
+	}
+	j := &cancelJournal{path: path, f: f, size: info.Size(), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	j.idle = sync.NewCond(&j.mu)
+	return j, recs, nil
+}
+
+// readJournal reads every whole record of f. A last line without its
+// newline is a record whose sync never returned (never acknowledged) and
+// is left out.
+func readJournal(f *os.File) ([]cancelRecord, error) {
+	if _, err := f.Seek(0, 0); err != nil {
+		return nil, err
+	}
+	var recs []cancelRecord
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadBytes('\n')
+		if errors.Is(err, os.ErrClosed) {
+			return nil, err
+		}
+		if err != nil { // io.EOF: line (if any) is a torn last record
+			return recs, nil
+		}
+		var rec cancelRecord
+		if jerr := json.Unmarshal(bytes.TrimSpace(line), &rec); jerr != nil || rec.RunID == "" {
+			return nil, fmt.Errorf("a record that is not a cancel: %q", line)
+		}
+		recs = append(recs, rec)
+	}
+}
+
+// replayJournal records, at start, the journaled cancels the database
+// does not hold yet, then empties the journal. Called by Open before
+// anything else writes.
+func (s *Store) replayJournal(ctx context.Context, recs []cancelRecord) error {
+	if len(recs) > 0 {
+		err := s.write(ctx, func(t *txn) error {
+			for _, rec := range recs {
+				if err := t.applyCancel(rec, &s.journal.mismatches); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("record the journaled cancels: %w", err)
+		}
+	}
+	return s.journal.truncate()
+}
+
+// start starts the applier, owned by the store: it makes sure a journaled
+// cancel is recorded soon even when nothing else writes.
+func (j *cancelJournal) start(s *Store) {
+	ctx, stop := context.WithCancel(context.Background())
+	j.stop = stop
+	go func() {
+		defer close(j.done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-j.wake:
+			}
+			if j.count.Load() == 0 {
+				continue
+			}
+			// An urgent transaction with no work of its own: beginBody
+			// hands it the journaled cancels. A failure leaves them
+			// pending for the next transaction; Close records them.
+			_ = s.writeUrgent(ctx, func(*txn) error { return nil })
+		}
+	}()
+}
+
+// close stops the applier, records what is pending and empties the file.
+// Called by Store.Close before the stream buffer is written.
+func (j *cancelJournal) close(s *Store) error {
+	if j.stop != nil {
+		j.stop()
+		<-j.done
+	}
+	var err error
+	if j.count.Load() > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), storeCloseTimeout)
+		err = s.write(ctx, func(*txn) error { return nil })
+		cancel()
+	}
+	if err == nil && j.count.Load() == 0 {
+		err = j.truncate()
+	}
+	return errors.Join(err, j.f.Close())
+}
+
+// journalCancel decides and acknowledges p through the journal when it
+// can (decided false: the caller records it through the writer).
+func (s *Store) journalCancel(ctx context.Context, p chat.CancelRun) (
+	ack chat.CancelAck, prev chat.RunStatus, err error, decided bool,
+) {
+	j := s.journal
+	if s.gate.free() {
+		return ack, prev, nil, false // nothing to wait for: the writer is quicker to the truth
+	}
+	j.mu.Lock()
+	for i := 0; j.body && i < journalBodyWaits; i++ {
+		j.idle.Wait()
+	}
+	if j.body {
+		j.mu.Unlock()
+		return ack, prev, nil, false
+	}
+	var jc *journaledCancel
+	jc, prev, err = s.decideCancel(ctx, p)
+	j.mu.Unlock()
+	if err != nil || jc == nil {
+		return ack, prev, err, err != nil
+	}
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	if werr := j.append(jc.rec); werr != nil {
+		// Not durable in the journal: durable once the writer recorded it.
+		select {
+		case <-jc.applied:
+		case <-ctx.Done():
+			return ack, prev, ctx.Err(), true
+		}
+	}
+	return jc.rec.ack(), prev, nil, true
+}
+
+// decideCancel reads the run and its thread as committed and, when the
+// journal may take the cancel, registers it (jc) or answers the error the
+// writer would. Called with j.mu held and no body running. A nil jc and
+// nil error: the writer must decide.
+func (s *Store) decideCancel(ctx context.Context, p chat.CancelRun) (*journaledCancel, chat.RunStatus, error) {
+	j := s.journal
+	if j.committing[p.RunID] {
+		return nil, "", nil
+	}
+	for _, pc := range j.pending {
+		if pc.rec.RunID == p.RunID {
+			return nil, "", nil // a second cancel: the writer answers it, after the first
+		}
+	}
+	var row runRow
+	var th threadRow
+	var head chat.Checkpoint
+	found := true
+	err := s.read(ctx, func(q *sqlx.Tx) error {
+		err := q.GetContext(ctx, &row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, p.RunID)
+		if errors.Is(err, sql.ErrNoRows) {
+			found = false
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("load run: %w", err)
+		}
+		if j.committing[row.ThreadID] {
+			return nil
+		}
+		if err := q.GetContext(ctx, &th, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`,
+			row.ThreadID); err != nil {
+			return fmt.Errorf("load thread: %w", err)
+		}
+		if th.UserID != p.UserID || th.DeletedAt.Valid {
+			found = false
+			return nil
+		}
+		head, err = loadCheckpoint(ctx, q, s.cps, th.ThreadID, th.HeadCheckpointID)
+		return err
+	})
+	if err != nil {
+		return nil, "", nil // the writer will say what is wrong
+	}
+	if !found {
+		return nil, "", chat.NotFound("run", p.RunID) // another user's: as unknown as a random id
+	}
+	if th.ThreadID == "" { // its thread is being committed
+		return nil, "", nil
+	}
+	prev := row.status()
+	if err := cancellable(row); err != nil {
+		return nil, prev, err
+	}
+	if prev.CancelAccepted() || transition(row, chat.RunCancelRequested) != nil {
+		return nil, "", nil // the writer answers (and audits) a second cancel
+	}
+	for _, pc := range j.pending {
+		if pc.rec.ThreadID == th.ThreadID {
+			return nil, "", nil
+		}
+	}
+	jc := &journaledCancel{applied: make(chan struct{}), rec: cancelRecord{
+		RunID: row.RunID, ThreadID: th.ThreadID, UserID: p.UserID, Reason: p.Reason, RequestedBy: p.RequestedBy,
+		At: ms(s.clock()), StateVersion: th.StateVersion + 1, ResumeCheckpointID: head.CheckpointID,
+		PublishedMessageID: lastMessage(head), AuditID: chat.NewID("aud_"),
+	}}
+	j.pending = append(j.pending, jc)
+	j.count.Add(1)
+	return jc, prev, nil
+}
+
+// append writes rec to the journal and syncs it.
+func (j *cancelJournal) append(rec cancelRecord) error {
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	line = append(line, '\n')
+	j.fileMu.Lock()
+	defer j.fileMu.Unlock()
+	n, err := j.f.Write(line)
+	j.size += int64(n)
+	if err != nil {
+		return fmt.Errorf("append to the cancel journal: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("sync the cancel journal: %w", err)
+	}
+	return nil
+}
+
+// truncate empties the file once nothing is pending (a record appended
+// after the check lands after the truncation, under fileMu). Not synced:
+// records that come back after a crash are found recorded and skipped.
+func (j *cancelJournal) truncate() error {
+	j.fileMu.Lock()
+	defer j.fileMu.Unlock()
+	if j.size == 0 || j.count.Load() > 0 {
+		return nil
+	}
+	if err := j.f.Truncate(0); err != nil {
+		return fmt.Errorf("empty the cancel journal: %w", err)
+	}
+	j.size = 0
+	return nil
+}
+
+// journalTurn is one write transaction's part in the journal: the
+// journaled cancels it records first, and its phase (see cancelJournal).
+// Its methods do nothing on a nil turn (no journal).
+type journalTurn struct {
+	j       *cancelJournal
+	records []*journaledCancel
+	ended   bool
+}
+
+// beginBody starts a transaction body on the writer (writer gate held):
+// from here no cancel is decided by the journal until commitStarts.
+func (j *cancelJournal) beginBody() *journalTurn {
+	if j == nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.body = true
+	return &journalTurn{j: j, records: slices.Clone(j.pending)}
+}
+
+// apply records the turn's journaled cancels in t, before its body.
+func (u *journalTurn) apply(t *txn) error {
+	if u == nil {
+		return nil
+	}
+	for _, jc := range u.records {
+		if err := t.applyCancel(jc.rec, &u.j.mismatches); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commitStarts ends the body: t commits now, and until it committed a
+// cancel of a run or thread it touched is not decided by the journal.
+func (u *journalTurn) commitStarts(t *txn) {
+	if u == nil {
+		return
+	}
+	touched := make(map[string]bool, len(t.threads)+len(t.held)+len(t.changedRuns)+len(t.runsRead))
+	for id := range t.threads {
+		touched[id] = true
+	}
+	for id := range t.held {
+		touched[id] = true
+	}
+	for _, id := range t.changedRuns {
+		touched[id] = true
+	}
+	for _, id := range t.runsRead {
+		touched[id] = true
+	}
+	u.j.mu.Lock()
+	u.j.body = false
+	u.j.committing = touched
+	u.j.mu.Unlock()
+	u.j.idle.Broadcast()
+}
+
+// end ends the turn once the transaction committed (its records are in
+// the database) or did not (they stay pending). Safe to call twice.
+func (u *journalTurn) end(committed bool) {
+	if u == nil || u.ended {
+		return
+	}
+	u.ended = true
+	j := u.j
+	j.mu.Lock()
+	j.body = false
+	j.committing = nil
+	done := 0
+	if committed && len(u.records) > 0 {
+		j.pending = slices.DeleteFunc(j.pending, func(jc *journaledCancel) bool {
+			return slices.Contains(u.records, jc)
+		})
+		done = len(u.records)
+		j.count.Store(int32(len(j.pending)))
+	}
+	j.mu.Unlock()
+	j.idle.Broadcast()
+	if done > 0 {
+		for _, jc := range u.records {
+			close(jc.applied)
+		}
+		_ = j.truncate() // a failure leaves records that are found recorded
+	}
+}
+
+// applyCancel records a journaled cancel (at start, or first in a
+// transaction). A run whose cancel is recorded already is skipped; a run
+// that ended otherwise cannot be one the journal took (the transaction
+// that ended it would have recorded the cancel first) and is left as the
+// database says, counted in mismatches.
+func (t *txn) applyCancel(rec cancelRecord, mismatches *atomic.Int64) error {
+	row, err := t.run(rec.RunID)
+	if chat.ErrorCode(err) == chat.CodeNotFound {
+		mismatches.Add(1)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st := row.status(); st.CancelAccepted() || st.Terminal() {
+		if !st.CancelAccepted() || row.CancelStateVersion.Int64 != rec.StateVersion {
+			mismatches.Add(1)
+		}
+		return nil
+	}
+	c, err := t.engineThread(row.ThreadID)
+	if err != nil {
+		return err
+	}
+	ack, err := t.recordCancel(c, row, rec)
+	if err != nil {
+		return err
+	}
+	if ack.AcceptedStateVersion != rec.StateVersion {
+		mismatches.Add(1)
+	}
+	return nil
+}
+
+// settled waits until the cancels journaled before it are recorded, so
+// that a read after a cancel's ack shows it. Cheap when none is pending.
+func (s *Store) settled(ctx context.Context) error {
+	j := s.journal
+	if j == nil || j.count.Load() == 0 {
+		return nil
+	}
+	j.mu.Lock()
+	waits := make([]chan struct{}, 0, len(j.pending))
+	for _, jc := range j.pending {
+		waits = append(waits, jc.applied)
+	}
+	j.mu.Unlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// recorded are the journaled cancels the turn records (none on a nil turn).
+func (u *journalTurn) recorded() []*journaledCancel {
+	if u == nil {
+		return nil
+	}
+	return u.records
+}
