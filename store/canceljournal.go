@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -57,12 +58,16 @@ type cancelJournal struct {
 	// and runs the transaction now committing touched (nil when none).
 	body       bool
 	committing map[string]bool
+	epoch      uint64             // counts commitStarts and ends: what a cancel read may be older than
 	pending    []*journaledCancel // not yet in the database, in order
 	count      atomic.Int32       // len(pending)
 
-	fileMu sync.Mutex // appends, syncs and truncation of f
-	f      *os.File
-	size   int64 // bytes appended since the last truncation
+	fileMu   sync.Mutex // appends to f and its truncation
+	f        *os.File
+	size     int64      // bytes appended since the last truncation
+	appended int64      // records appended, ever (under fileMu)
+	syncMu   sync.Mutex // one sync at a time
+	synced   int64      // records appended before the last sync began (under syncMu)
 
 	wake chan struct{} // cap 1: the applier has cancels to record
 	stop context.CancelFunc
@@ -81,10 +86,6 @@ type journaledCancel struct {
 
 // journalSuffix names the journal file beside the database.
 const journalSuffix = "-cancels"
-
-// journalBodyWaits bounds how often a cancel waits for a body to end
-// before it goes through the writer instead.
-const journalBodyWaits = 4
 
 // openCancelJournal opens (creating it, private) the journal of the
 // database at dbPath and returns it with the records it holds.
@@ -206,19 +207,37 @@ func (s *Store) journalCancel(ctx context.Context, p chat.CancelRun) (
 	if s.gate.free() {
 		return ack, prev, nil, false // nothing to wait for: the writer is quicker to the truth
 	}
-	j.mu.Lock()
-	for i := 0; j.body && i < journalBodyWaits; i++ {
-		j.idle.Wait()
-	}
-	if j.body {
-		j.mu.Unlock()
-		return ack, prev, nil, false
-	}
 	var jc *journaledCancel
-	jc, prev, err = s.decideCancel(ctx, p)
-	j.mu.Unlock()
-	if err != nil || jc == nil {
-		return ack, prev, err, err != nil
+	for attempt := 0; ; attempt++ {
+		if attempt == journalAttempts {
+			return ack, prev, nil, false
+		}
+		// Between two bodies, the state committed is the thread's latest
+		// unless the transaction committing touched it (see above).
+		j.mu.Lock()
+		for i := 0; j.body && i < journalAttempts; i++ {
+			j.idle.Wait()
+		}
+		busy, epoch, committing := j.body, j.epoch, j.committing
+		j.mu.Unlock()
+		if busy {
+			return ack, prev, nil, false
+		}
+		seen, err := s.readForCancel(ctx, p, committing)
+		if err != nil || seen.undecided {
+			return ack, prev, nil, false // the writer decides (and says what is wrong)
+		}
+		j.mu.Lock()
+		if j.body || j.epoch != epoch { // a body began, or a commit ended, while it read: again
+			j.mu.Unlock()
+			continue
+		}
+		jc, prev, err = seen.decide(j, p, s.clock())
+		j.mu.Unlock()
+		if err != nil || jc == nil {
+			return ack, prev, err, err != nil
+		}
+		break
 	}
 	select {
 	case j.wake <- struct{}{}:
@@ -235,79 +254,87 @@ func (s *Store) journalCancel(ctx context.Context, p chat.CancelRun) (
 	return jc.rec.ack(), prev, nil, true
 }
 
-// decideCancel reads the run and its thread as committed and, when the
-// journal may take the cancel, registers it (jc) or answers the error the
-// writer would. Called with j.mu held and no body running. A nil jc and
-// nil error: the writer must decide.
-func (s *Store) decideCancel(ctx context.Context, p chat.CancelRun) (*journaledCancel, chat.RunStatus, error) {
-	j := s.journal
-	if j.committing[p.RunID] {
-		return nil, "", nil
+// journalAttempts bounds how often a cancel waits for a body to end, or
+// reads again because a commit ended while it read, before it goes
+// through the writer instead.
+const journalAttempts = 4
+
+// cancelSeen is what a cancel read of its run as committed.
+type cancelSeen struct {
+	undecided bool // the writer must decide: the run or its thread is being committed
+	found     bool // the run exists and is the user's, its thread not deleted
+	row       runRow
+	th        threadRow
+	head      chat.Checkpoint
+}
+
+// readForCancel reads p's run, its thread and its head as committed.
+func (s *Store) readForCancel(ctx context.Context, p chat.CancelRun, committing map[string]bool) (cancelSeen, error) {
+	var seen cancelSeen
+	if committing[p.RunID] {
+		seen.undecided = true
+		return seen, nil
 	}
-	for _, pc := range j.pending {
-		if pc.rec.RunID == p.RunID {
-			return nil, "", nil // a second cancel: the writer answers it, after the first
-		}
-	}
-	var row runRow
-	var th threadRow
-	var head chat.Checkpoint
-	found := true
 	err := s.read(ctx, func(q *sqlx.Tx) error {
-		err := q.GetContext(ctx, &row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, p.RunID)
+		err := q.GetContext(ctx, &seen.row, `SELECT `+runCols+` FROM runs WHERE run_id = ?`, p.RunID)
 		if errors.Is(err, sql.ErrNoRows) {
-			found = false
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("load run: %w", err)
 		}
-		if j.committing[row.ThreadID] {
+		if committing[seen.row.ThreadID] {
+			seen.undecided = true
 			return nil
 		}
-		if err := q.GetContext(ctx, &th, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`,
-			row.ThreadID); err != nil {
+		if err := q.GetContext(ctx, &seen.th, `SELECT `+threadCols+` FROM threads WHERE thread_id = ?`,
+			seen.row.ThreadID); err != nil {
 			return fmt.Errorf("load thread: %w", err)
 		}
-		if th.UserID != p.UserID || th.DeletedAt.Valid {
-			found = false
+		if seen.th.UserID != p.UserID || seen.th.DeletedAt.Valid {
 			return nil
 		}
-		head, err = loadCheckpoint(ctx, q, s.cps, th.ThreadID, th.HeadCheckpointID)
+		seen.found = true
+		seen.head, err = loadCheckpoint(ctx, q, s.cps, seen.th.ThreadID, seen.th.HeadCheckpointID)
 		return err
 	})
-	if err != nil {
-		return nil, "", nil // the writer will say what is wrong
-	}
-	if !found {
+	return seen, err
+}
+
+// decide answers p from what was seen, or registers it as a journaled
+// cancel (jc), or leaves it to the writer (nil, nil: a second cancel,
+// whose answer and audit the writer gives, or a thread with a journaled
+// cancel already). Called with j.mu held, no body running, and nothing
+// committed since the read.
+func (seen cancelSeen) decide(j *cancelJournal, p chat.CancelRun, now time.Time) (*journaledCancel, chat.RunStatus, error) {
+	if !seen.found {
 		return nil, "", chat.NotFound("run", p.RunID) // another user's: as unknown as a random id
 	}
-	if th.ThreadID == "" { // its thread is being committed
-		return nil, "", nil
-	}
+	row, th := seen.row, seen.th
 	prev := row.status()
 	if err := cancellable(row); err != nil {
 		return nil, prev, err
 	}
 	if prev.CancelAccepted() || transition(row, chat.RunCancelRequested) != nil {
-		return nil, "", nil // the writer answers (and audits) a second cancel
+		return nil, "", nil
 	}
 	for _, pc := range j.pending {
-		if pc.rec.ThreadID == th.ThreadID {
+		if pc.rec.ThreadID == th.ThreadID || pc.rec.RunID == row.RunID {
 			return nil, "", nil
 		}
 	}
 	jc := &journaledCancel{applied: make(chan struct{}), rec: cancelRecord{
 		RunID: row.RunID, ThreadID: th.ThreadID, UserID: p.UserID, Reason: p.Reason, RequestedBy: p.RequestedBy,
-		At: ms(s.clock()), StateVersion: th.StateVersion + 1, ResumeCheckpointID: head.CheckpointID,
-		PublishedMessageID: lastMessage(head), AuditID: chat.NewID("aud_"),
+		At: ms(now), StateVersion: th.StateVersion + 1, ResumeCheckpointID: seen.head.CheckpointID,
+		PublishedMessageID: lastMessage(seen.head), AuditID: chat.NewID("aud_"),
 	}}
 	j.pending = append(j.pending, jc)
 	j.count.Add(1)
 	return jc, prev, nil
 }
 
-// append writes rec to the journal and syncs it.
+// append writes rec to the journal and returns once it is synced. Cancels
+// appended while a sync runs share the next one.
 func (j *cancelJournal) append(rec cancelRecord) error {
 	line, err := json.Marshal(rec)
 	if err != nil {
@@ -315,15 +342,26 @@ func (j *cancelJournal) append(rec cancelRecord) error {
 	}
 	line = append(line, '\n')
 	j.fileMu.Lock()
-	defer j.fileMu.Unlock()
 	n, err := j.f.Write(line)
 	j.size += int64(n)
+	j.appended++
+	mine := j.appended
+	j.fileMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("append to the cancel journal: %w", err)
 	}
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	if j.synced >= mine {
+		return nil // a sync that began after its write covered it
+	}
+	j.fileMu.Lock()
+	through := j.appended
+	j.fileMu.Unlock()
 	if err := j.f.Sync(); err != nil {
 		return fmt.Errorf("sync the cancel journal: %w", err)
 	}
+	j.synced = through
 	return nil
 }
 
@@ -399,6 +437,7 @@ func (u *journalTurn) commitStarts(t *txn) {
 	u.j.mu.Lock()
 	u.j.body = false
 	u.j.committing = touched
+	u.j.epoch++
 	u.j.mu.Unlock()
 	u.j.idle.Broadcast()
 }
@@ -414,6 +453,7 @@ func (u *journalTurn) end(committed bool) {
 	j.mu.Lock()
 	j.body = false
 	j.committing = nil
+	j.epoch++
 	done := 0
 	if committed && len(u.records) > 0 {
 		j.pending = slices.DeleteFunc(j.pending, func(jc *journaledCancel) bool {
@@ -455,6 +495,10 @@ func (t *txn) applyCancel(rec cancelRecord, mismatches *atomic.Int64) error {
 	c, err := t.engineThread(row.ThreadID)
 	if err != nil {
 		return err
+	}
+	if c.row.DeletedAt.Valid { // (its deletion would have recorded the cancel first)
+		mismatches.Add(1)
+		return nil
 	}
 	ack, err := t.recordCancel(c, row, rec)
 	if err != nil {

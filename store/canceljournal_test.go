@@ -310,3 +310,43 @@ func TestJournalRefusesWhatTheWriterRefuses(t *testing.T) {
 		t.Fatalf("the journal holds %d records, want none", n)
 	}
 }
+
+// A burst of cancels while the writer is busy: each is acknowledged from
+// the journal (sharing its syncs), and each is recorded with its ack's
+// values once the writer is free.
+func TestJournalTakesABurstOfCancels(t *testing.T) {
+	st, path, tap := openBufferedSQLite(t)
+	defer st.Close()
+	const n = 12
+	var runs []string
+	for range n {
+		_, runID, _ := startStreaming(t, st)
+		runs = append(runs, runID)
+	}
+	release := st.HoldWriter()
+	answers := make([]<-chan cancelAnswer, n)
+	for i, runID := range runs {
+		answers[i] = requestCancelAsync(st, cancelOf(runID))
+	}
+	var acks []chat.CancelAck
+	for i := range answers {
+		a := answered(t, answers[i], release, "a cancel of the burst, with the writer held,")
+		if a.err != nil {
+			release()
+			t.Fatal(a.err)
+		}
+		acks = append(acks, a.ack)
+	}
+	if got := journalLines(t, path); got != n {
+		release()
+		t.Fatalf("the journal holds %d records, want %d", got, n)
+	}
+	release()
+	for _, ack := range acks {
+		cancelRecorded(t, st, path, tap, ack)
+	}
+	if m := st.JournalMismatches(); m != 0 {
+		t.Fatalf("%d journaled cancels recorded with another version than their ack", m)
+	}
+	checkClean(t, st)
+}
