@@ -85,6 +85,7 @@ type Metrics struct {
 	runsWaiting    prometheus.Gauge
 	firstToken     prometheus.Histogram
 	cancelSettle   prometheus.Histogram
+	cancelsJournal prometheus.Counter
 	tokens         *prometheus.CounterVec
 	promptTokens   prometheus.Counter
 	completeTokens prometheus.Counter
@@ -165,6 +166,9 @@ func New() *Metrics {
 			"Time from a cancel being accepted (the run's cancel_requested_at, millisecond resolution) "+
 				"to the commit of its run.cancelled, whichever worker or process finished it.",
 			slowBuckets),
+		cancelsJournal: f.counter("gateway_cancels_journaled_total",
+			"Cancels acknowledged from the cancel journal (SQLite: synced to DB-cancels while the writer was "+
+				"busy, recorded by its next transaction) rather than after a commit of their own."),
 		tokens: f.counterVec("gateway_model_tokens_total",
 			"Tokens model calls reported using, by kind: prompt or completion (only backends that report usage).",
 			"kind", []string{"prompt", "completion"}),
@@ -426,6 +430,9 @@ func (m *Metrics) StreamBuffered(delta int64) { m.streamBuffer.Add(float64(delta
 
 // CancelSettled observes a cancel's time from acceptance to run.cancelled.
 func (m *Metrics) CancelSettled(d time.Duration) { m.cancelSettle.Observe(d.Seconds()) }
+
+// CancelJournaled counts a cancel acknowledged from the cancel journal.
+func (m *Metrics) CancelJournaled() { m.cancelsJournal.Inc() }
 
 // ---------------------------------------------------------------------------
 // The NATS bus between instances.

@@ -18,6 +18,9 @@ type Metrics interface {
 	// CancelSettled observes, for a run.cancelled just committed, the time
 	// since its run's cancel was accepted (cancel_requested_at).
 	CancelSettled(d time.Duration)
+	// CancelJournaled counts a cancel acknowledged from the cancel journal
+	// (canceljournal.go) rather than after its own commit.
+	CancelJournaled()
 }
 
 // Kinds of transaction passed to Metrics.Transaction.
@@ -33,6 +36,7 @@ func (noMetrics) Transaction(string, time.Duration) {}
 func (noMetrics) GroupCommitted(int)                {}
 func (noMetrics) StreamBuffered(int64)              {}
 func (noMetrics) CancelSettled(time.Duration)       {}
+func (noMetrics) CancelJournaled()                  {}
 
 // observe reports a transaction of kind that started at start.
 func (s *Store) observe(kind string, start time.Time) {

@@ -13,11 +13,12 @@ import (
 
 // recorder is a store.Metrics that keeps what it was told.
 type recorder struct {
-	mu       sync.Mutex
-	tx       map[string]int
-	groups   []int
-	buffered int64
-	settled  []time.Duration
+	mu        sync.Mutex
+	tx        map[string]int
+	groups    []int
+	buffered  int64
+	settled   []time.Duration
+	journaled int
 }
 
 func newRecorder() *recorder { return &recorder{tx: map[string]int{}} }
@@ -47,6 +48,12 @@ func (r *recorder) CancelSettled(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.settled = append(r.settled, d)
+}
+
+func (r *recorder) CancelJournaled() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.journaled++
 }
 
 func (r *recorder) bufferedNow() int64 {

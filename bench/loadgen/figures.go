@@ -115,6 +115,7 @@ func cancelMetrics(t cancelTotals, pw *promWindow, settle Dist, doneTarget, on s
 			1000*pw.quantileBound(promCancelAck, `transport="websocket"`, 0.99),
 			"",
 		),
+		metric("server metric: cancels acked from the cancel journal", "count", pw.delta(promJournaled), ""),
 		metric(
 			"server metric: cancel accepted → cancelled p99 ("+bound+")",
 			"ms",
@@ -200,6 +201,7 @@ const (
 	promFramesOut = "gateway_websocket_frames_sent_total"
 	promCancelAck = "gateway_cancel_ack_seconds"
 	promSettle    = "gateway_cancel_to_cancelled_seconds"
+	promJournaled = "gateway_cancels_journaled_total"
 )
 
 // serverMetrics turns the gateway's own metrics over a window into

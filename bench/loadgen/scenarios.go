@@ -639,6 +639,7 @@ func (r *runner) scale(ctx context.Context) (s ScenarioReport) {
 				"",
 			),
 			metric("server: cancel_requested → cancelled p99 (store ts)", "ms", g.P99, ""),
+			metric("server metric: cancels acked from the cancel journal", "count", pw.delta(promJournaled), ""),
 			metric("cancels measured", "count", float64(ct.ack.N), ""),
 			metric("cancels sent (warm-up included)", "count", float64(ct.sent), ""),
 			metric("delta delivery latency p50", "ms", l.P50, ""),
