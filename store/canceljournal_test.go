@@ -134,7 +134,7 @@ func TestJournalAcknowledgesACancelWithoutTheWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	a := answered(t, requestCancelAsync(st, cancelOf(runID)), release, "the cancel, with the writer held,")
 	if a.err != nil {
 		release()
@@ -179,7 +179,7 @@ func TestJournalAcknowledgesACancelWithoutTheWriter(t *testing.T) {
 func TestJournaledCancelSurvivesACrash(t *testing.T) {
 	st, path, _ := openBufferedSQLite(t)
 	_, runID, _ := startStreaming(t, st)
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	a := answered(t, requestCancelAsync(st, cancelOf(runID)), release, "the cancel, with the writer held,")
 	if a.err != nil {
 		release()
@@ -208,7 +208,7 @@ func TestSecondCancelOfAJournaledOne(t *testing.T) {
 	st, path, tap := openBufferedSQLite(t)
 	defer st.Close()
 	_, runID, _ := startStreaming(t, st)
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	first := answered(t, requestCancelAsync(st, cancelOf(runID)), release, "the first cancel")
 	if first.err != nil {
 		release()
@@ -229,6 +229,28 @@ func TestSecondCancelOfAJournaledOne(t *testing.T) {
 	}
 	cancelRecorded(t, st, path, tap, first.ack)
 	checkClean(t, st)
+}
+
+// A cancel that finds the writer busy but not stalled (here: held, with
+// no commit in progress) waits for it: the journal would cost it a sync of
+// its own for a wait that short.
+func TestJournalIsOnlyForAStalledCommit(t *testing.T) {
+	st, path, tap := openBufferedSQLite(t)
+	defer st.Close()
+	_, runID, _ := startStreaming(t, st)
+	release := st.HoldWriter()
+	answer := requestCancelAsync(st, cancelOf(runID))
+	waitUntil(t, func() bool { return st.UrgentWrites() == 1 }, release, "the cancel did not wait for the writer")
+	if n := journalLines(t, path); n != 0 {
+		release()
+		t.Fatalf("the journal holds %d records, want none", n)
+	}
+	release()
+	a := answered(t, answer, func() {}, "the cancel")
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	cancelRecorded(t, st, path, tap, a.ack)
 }
 
 // A run whose thread the transaction being committed touched is not
@@ -260,7 +282,7 @@ func TestJournaledCancelComesBeforeTheNextWrite(t *testing.T) {
 	st, path, tap := openBufferedSQLite(t)
 	defer st.Close()
 	_, runID, _ := startStreaming(t, st)
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	a := answered(t, requestCancelAsync(st, cancelOf(runID)), release, "the cancel")
 	if a.err != nil {
 		release()
@@ -297,7 +319,7 @@ func TestJournalRefusesWhatTheWriterRefuses(t *testing.T) {
 	if err := st.Complete(ctx, leaseW(doneID)); err != nil {
 		t.Fatal(err)
 	}
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	defer release()
 	p := cancelOf(runID)
 	p.UserID = "usr_someone_else"
@@ -326,7 +348,7 @@ func TestJournalLeavesABurstOfCancelsToTheWriter(t *testing.T) {
 		_, runID, _ := startStreaming(t, st)
 		runs = append(runs, runID)
 	}
-	release := st.HoldWriter()
+	release := st.HoldWriterStalled()
 	first := answered(t, requestCancelAsync(st, cancelOf(runs[0])), release, "the first cancel, with the writer held,")
 	if first.err != nil {
 		release()

@@ -137,6 +137,13 @@ func (s *Store) Audit(ctx context.Context) (Audit, error) {
 			after = rows[len(rows)-1].ThreadID
 		}
 	})
+	if err == nil && s.path != "" && s.journal == nil {
+		if n := journaledOutside(s.path); n > 0 {
+			a.unchecked("7: the cancel journal (%s%s) holds %d cancels acknowledged and not yet in the "+
+				"database: a running server records them at once, a stopped one at its next start", s.path,
+				journalSuffix, n)
+		}
+	}
 	return a.out, err
 }
 

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"time"
+
 	"context"
 	"errors"
 )
@@ -188,12 +190,18 @@ func (s *Store) PauseFlusher() {
 // another state_version than their ack gave.
 func (s *Store) JournalMismatches() int64 { return s.journal.mismatches.Load() }
 
-// HoldWriterCommitting holds the writer as HoldWriter does, as a
-// transaction that touched the given threads or runs and now commits.
+// HoldWriterStalled holds the writer as a transaction stalled in its
+// commit would (for the cancel journal), until release.
+func (s *Store) HoldWriterStalled() (release func()) { return s.HoldWriterCommitting() }
+
+// HoldWriterCommitting holds the writer as a transaction that touched the
+// given threads or runs and has been committing for long (stalled in its
+// sync).
 func (s *Store) HoldWriterCommitting(ids ...string) (release func()) {
 	s.gate.lock()
 	j := s.journal
 	j.mu.Lock()
+	j.since = time.Now().Add(-time.Second)
 	j.committing = map[string]bool{}
 	for _, id := range ids {
 		j.committing[id] = true

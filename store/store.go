@@ -154,6 +154,7 @@ type Store struct {
 	// deltas fanned out before written (SQLite with Exclusive, PostgreSQL with StreamBuffer); nil otherwise
 	buf     *streamBuffer
 	journal *cancelJournal           // cancels acknowledged before the writer records them (SQLite with Exclusive; nil otherwise)
+	path    string                   // the SQLite file ("" on PostgreSQL)
 	peers   atomic.Pointer[peersBox] // other instances holding threads (PostgreSQL, SetStreamPeers)
 	retries atomic.Int64             // transactions run again (retry.go)
 	clock   func() time.Time
@@ -196,6 +197,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	st.lock = lock
+	st.path = path
 	if opts.Exclusive {
 		// This process is the database's only writer: deltas may be
 		// fanned out before they are written (streambuf.go). What a
