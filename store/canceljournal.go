@@ -26,16 +26,20 @@ import (
 // waits for its sync, which on a busy virtual disk stalls for 15-90 ms at
 // times (BENCHMARKS.md, issue 31). A cancel recorded by a transaction of
 // its own waits for the commit in progress first, then for its own. The
-// journal takes both waits off its path: a cancel that arrives while the
-// writer is between transactions' bodies is decided from the last
-// committed state (read on a reader connection), appended to a file of its
-// own and synced there, and acknowledged; the writer records it, with
-// exactly those values, ahead of everything else in its next transaction.
+// journal takes both waits off its path: a lone cancel that arrives while
+// the writer's commit has been in its sync for journalStall or more is
+// decided from the last committed state (read on a reader connection),
+// appended to a file of its own and synced there, and acknowledged; the
+// writer records it, with exactly those values, ahead of everything else
+// in its next transaction. (Several cancels at once, or a writer that is
+// not stalled, go through the writer as before: see journalCancel.)
 //
 // Why the values the ack gave are the ones recorded:
-//   - The decision is taken under mu while no transaction body runs, and
-//     only if the transaction being committed did not touch the run or its
-//     thread (committing): the committed state read is the thread's latest.
+//   - The state is read while no transaction body runs, and registered
+//     under mu only if no body began and no commit ended since (epoch),
+//     and only if the transaction being committed did not touch the run
+//     or its thread (committing): the committed state read is the
+//     thread's latest.
 //   - Every transaction whose body starts later applies the journaled
 //     cancels first, before it reads anything (beginBody): nothing moves
 //     the thread's state_version between the decision and the record.

@@ -459,8 +459,9 @@ func migrate(ctx context.Context, db *sql.DB, dialect goose.Dialect, dir string,
 // storeCloseTimeout bounds the writes Close makes.
 const storeCloseTimeout = 30 * time.Second
 
-// Close records the journaled cancels, writes the deltas still in memory and gives back the seqs reserved
-// for them (streambuf.go), then closes both pools and releases the lock.
+// Close records the journaled cancels (canceljournal.go), writes the
+// deltas still in memory and gives back the seqs reserved for them
+// (streambuf.go), then closes both pools and releases the lock.
 // Nothing may stream (AppendDeltas) once Close is called.
 func (s *Store) Close() error {
 	var err error
