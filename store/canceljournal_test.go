@@ -231,48 +231,41 @@ func TestSecondCancelOfAJournaledOne(t *testing.T) {
 	checkClean(t, st)
 }
 
-// A cancel that finds the writer busy but not stalled (here: held, with
-// no commit in progress) waits for it: the journal would cost it a sync of
-// its own for a wait that short.
-func TestJournalIsOnlyForAStalledCommit(t *testing.T) {
-	st, path, tap := openBufferedSQLite(t)
-	defer st.Close()
-	_, runID, _ := startStreaming(t, st)
-	release := st.HoldWriter()
-	answer := requestCancelAsync(st, cancelOf(runID))
-	waitUntil(t, func() bool { return st.UrgentWrites() == 1 }, release, "the cancel did not wait for the writer")
-	if n := journalLines(t, path); n != 0 {
-		release()
-		t.Fatalf("the journal holds %d records, want none", n)
+// A cancel the journal must not take waits for the writer, as before the
+// journal, and nothing is journaled: one that finds the writer busy but
+// not stalled (held, with no commit in progress: the journal would cost
+// it a sync of its own for a wait that short), and one of a run whose
+// thread the transaction being committed touched (its commit may change
+// what the database says).
+func TestJournalLeavesToTheWriter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hold func(st *store.Store, threadID string) (release func())
+	}{
+		{"writer busy, not stalled", func(st *store.Store, _ string) func() { return st.HoldWriter() }},
+		{"its thread being committed", func(st *store.Store, threadID string) func() {
+			return st.HoldWriterCommitting(threadID)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, path, tap := openBufferedSQLite(t)
+			defer st.Close()
+			th, runID, _ := startStreaming(t, st)
+			release := tc.hold(st, th.ThreadID)
+			answer := requestCancelAsync(st, cancelOf(runID))
+			waitUntil(t, func() bool { return st.UrgentWrites() == 1 }, release, "the cancel did not wait for the writer")
+			if n := journalLines(t, path); n != 0 {
+				release()
+				t.Fatalf("the journal holds %d records, want none", n)
+			}
+			release()
+			a := answered(t, answer, func() {}, "the cancel")
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			cancelRecorded(t, st, path, tap, a.ack)
+		})
 	}
-	release()
-	a := answered(t, answer, func() {}, "the cancel")
-	if a.err != nil {
-		t.Fatal(a.err)
-	}
-	cancelRecorded(t, st, path, tap, a.ack)
-}
-
-// A run whose thread the transaction being committed touched is not
-// decided from the database (its commit may change it): that cancel
-// waits for the writer as before the journal.
-func TestJournalLeavesARunBeingCommittedToTheWriter(t *testing.T) {
-	st, path, tap := openBufferedSQLite(t)
-	defer st.Close()
-	th, runID, _ := startStreaming(t, st)
-	release := st.HoldWriterCommitting(th.ThreadID)
-	answer := requestCancelAsync(st, cancelOf(runID))
-	waitUntil(t, func() bool { return st.UrgentWrites() == 1 }, release, "the cancel did not wait for the writer")
-	if n := journalLines(t, path); n != 0 {
-		release()
-		t.Fatalf("the journal holds %d records, want none", n)
-	}
-	release()
-	a := answered(t, answer, func() {}, "the cancel")
-	if a.err != nil {
-		t.Fatal(a.err)
-	}
-	cancelRecorded(t, st, path, tap, a.ack)
 }
 
 // A worker's write that comes after a journaled cancel (its run's
