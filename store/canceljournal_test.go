@@ -156,6 +156,15 @@ func TestJournalAcknowledgesACancelWithoutTheWriter(t *testing.T) {
 		r, _ := st.Run(ctx, user, runID)
 		read <- r
 	}()
+	// While the writer is held the read cannot answer: it waits for the
+	// cancel to be recorded. (A bounded look: correct code never answers
+	// here, however long the test looks.)
+	select {
+	case r := <-read:
+		release()
+		t.Fatalf("a read answered (%s) while the cancel it follows was not recorded", r.Status)
+	case <-time.After(50 * time.Millisecond):
+	}
 	release()
 	select {
 	case r := <-read:
