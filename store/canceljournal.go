@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -127,15 +128,17 @@ func readJournal(f *os.File) ([]cancelRecord, error) {
 	r := bufio.NewReader(f)
 	for {
 		line, err := r.ReadBytes('\n')
-		if errors.Is(err, os.ErrClosed) {
-			return nil, err
-		}
-		if err != nil { // io.EOF: line (if any) is a torn last record
+		if errors.Is(err, io.EOF) { // line (if any) is a torn last record
 			return recs, nil
+		}
+		if err != nil {
+			return nil, err
 		}
 		var rec cancelRecord
 		if jerr := json.Unmarshal(bytes.TrimSpace(line), &rec); jerr != nil || rec.RunID == "" {
-			return nil, fmt.Errorf("a record that is not a cancel: %q", line)
+			return nil, fmt.Errorf("record %d is not a cancel (%.80q): the file holds cancels acknowledged "+
+				"before the last stop; to start anyway, move it aside, then cancel the runs it names again", len(recs)+1,
+				line)
 		}
 		recs = append(recs, rec)
 	}

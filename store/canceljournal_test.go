@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -198,6 +199,19 @@ func TestJournaledCancelSurvivesACrash(t *testing.T) {
 	if n := journalLines(t, path); n != 1 {
 		t.Fatalf("the journal holds %d records after the crash, want 1", n)
 	}
+	// gateway check, before the restart, says what the journal holds.
+	outside, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	audit, err := outside.Audit(ctx)
+	outside.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(audit.Unchecked) != 1 || !strings.Contains(audit.Unchecked[0], "holds 1 cancels acknowledged") {
+		t.Fatalf("the audit before the restart says %q, want the journaled cancel named", audit.Unchecked)
+	}
 	again := openExclusive(t, path, &feedTap{})
 	defer again.Close()
 	cancelRecorded(t, again, path, nil, a.ack)
@@ -382,4 +396,30 @@ func TestJournalLeavesABurstOfCancelsToTheWriter(t *testing.T) {
 		t.Fatalf("%d journaled cancels recorded with another version than their ack", m)
 	}
 	checkClean(t, st)
+}
+
+// A journal that cannot be read stops the start with a message that says
+// what to do, and a torn last record (its sync never returned, so it was
+// never acknowledged) is left out.
+func TestJournalThatCannotBeRead(t *testing.T) {
+	st, path, _ := openBufferedSQLite(t)
+	_, runID, _ := startStreaming(t, st)
+	st.Crash()
+	torn := `{"run_id":"` + runID + `","thread_id":"thr_x"`
+	if err := os.WriteFile(path+"-cancels", []byte(torn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := openExclusive(t, path, &feedTap{})
+	run, err := again.Run(ctx, user, runID)
+	if err != nil || run.Status.CancelAccepted() {
+		t.Fatalf("a torn record was recorded: %s %v", run.Status, err)
+	}
+	again.Crash()
+	if err := os.WriteFile(path+"-cancels", []byte("not a cancel\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.Open(ctx, path, store.Options{Exclusive: true})
+	if err == nil || !strings.Contains(err.Error(), "move it aside") {
+		t.Fatalf("opening with a damaged journal: %v, want an error that says what to do", err)
+	}
 }
