@@ -55,8 +55,6 @@ import (
 // journaled before them are applied, so whoever got an ack never reads the
 // state from before it.
 type cancelJournal struct {
-	path string
-
 	mu   sync.Mutex
 	idle *sync.Cond // on mu: signalled when a body ends
 	// body: a transaction body runs on the writer. committing: the threads
@@ -112,7 +110,7 @@ func openCancelJournal(dbPath string) (*cancelJournal, []cancelRecord, error) {
 		f.Close()
 		return nil, nil, fmt.Errorf("read the cancel journal %s: %w", path, err)
 	}
-	j := &cancelJournal{path: path, f: f, size: info.Size(), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	j := &cancelJournal{f: f, size: info.Size(), wake: make(chan struct{}, 1), done: make(chan struct{})}
 	j.idle = sync.NewCond(&j.mu)
 	return j, recs, nil
 }
