@@ -247,6 +247,9 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	base := "file:" + (&url.URL{Path: path}).EscapedPath()
+	if err := formatNew(ctx, path, base); err != nil {
+		return nil, err
+	}
 	writer, err := sqlx.Open(
 		"sqlite3",
 		base+"?_journal_mode=WAL&_busy_timeout=5000&_foreign_keys=on&_synchronous="+synchronous+
@@ -275,6 +278,48 @@ func open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open %s for reading: %w", path, err)
 	}
 	return newStore(ctx, writer, reader, opts, false)
+}
+
+// PageSize is the page size of a SQLite database this package creates, in
+// bytes. SQLite writes whole pages: a commit appends every page it changed
+// to the WAL, and a checkpoint copies them into the database file. One
+// exchange changes a row or an index entry in some 25 tables and indexes,
+// so the page, not the row, sets what it writes: 212 KiB an exchange with
+// SQLite's default of 4,096 bytes, 70 KiB with 1,024 (BENCHMARKS.md, the
+// long scenario). Smaller pages than 1,024 made deeper trees and wrote
+// more per exchange as the conversation grew.
+const PageSize = 1024
+
+// formatNew gives a database file that holds nothing yet (createPrivate
+// just made it) PageSize and WAL mode, before the writer's connection
+// would give it SQLite's default page size: a page size is fixed once a
+// database is in WAL mode. A database that exists keeps its page size;
+// only a VACUUM in rollback mode changes it.
+func formatNew(ctx context.Context, path, base string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	if fi.Size() > 0 {
+		return nil
+	}
+	if _, err := os.Stat(path + "-wal"); err == nil {
+		return nil // its first pages are in the WAL: not new
+	}
+	db, err := sqlx.Open("sqlite3", base+"?_busy_timeout=5000")
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer db.Close()
+	// One connection: both pragmas must reach the same one.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("PRAGMA page_size = %d", PageSize)); err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	if _, err := db.ExecContext(ctx, "PRAGMA journal_mode = WAL"); err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return nil
 }
 
 // newStore sizes the read pool and completes the Store around its two
