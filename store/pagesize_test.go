@@ -56,7 +56,7 @@ func TestNewDatabaseHasTheStoresPageSize(t *testing.T) {
 
 // A database created before (SQLite's default of 4,096 bytes, in WAL mode,
 // with a thread in it) keeps its page size and its data: the store opens it,
-// migrates it, reads and writes it.
+// migrates it, reads and writes it. Its backup has the store's page size.
 func TestExistingDatabaseKeepsItsPageSize(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.db")
 	db, err := sqlx.Open("sqlite3", path)
@@ -91,5 +91,36 @@ func TestExistingDatabaseKeepsItsPageSize(t *testing.T) {
 	got, err := st.Thread(ctx, user, th.ThreadID)
 	if err != nil || got.Title != "before" {
 		t.Fatalf("the thread after a reopen: %+v, %v", got, err)
+	}
+	if got := pageSize(t, path); got != 4096 {
+		t.Fatalf("page_size %d after a reopen, want 4096", got)
+	}
+
+	// Its backup has store.PageSize pages and the same conversation: the
+	// way docs/operations.md gives to move an older database to them.
+	backup := filepath.Join(t.TempDir(), "copy.db")
+	if err := st.Backup(ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if got := pageSize(t, backup); got != store.PageSize {
+		t.Fatalf("the backup's page_size %d, want %d", got, store.PageSize)
+	}
+	if got := pageSize(t, path); got != 4096 {
+		t.Fatalf("the database's page_size %d after its backup, want 4096", got)
+	}
+	restored, err := store.Open(ctx, backup, store.Options{Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer restored.Close()
+	copied, err := restored.Thread(ctx, user, th.ThreadID)
+	if err != nil || copied.Title != "before" || copied.StateVersion != got.StateVersion {
+		t.Fatalf("the thread in the backup: %+v, %v; want %+v", copied, err, got)
+	}
+	if _, err := restored.CreateThread(ctx, user, "after"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pageSize(t, backup); got != store.PageSize {
+		t.Fatalf("the restored copy's page_size %d after a write, want %d", got, store.PageSize)
 	}
 }

@@ -636,7 +636,7 @@ func fromNullString(v sql.NullString) *string {
 
 // Backup writes a consistent copy of the database to dest (which must not
 // exist) while the database may be serving: SQLite's VACUUM INTO reads one
-// snapshot and writes a compact file. On PostgreSQL it refuses: pg_dump
+// snapshot and writes a compact file, with PageSize pages. On PostgreSQL it refuses: pg_dump
 // is the tool for that.
 func (s *Store) Backup(ctx context.Context, dest string) error {
 	if s.pg {
@@ -661,6 +661,14 @@ func (s *Store) Backup(ctx context.Context, dest string) error {
 		return fmt.Errorf("create backup file: %w", err)
 	}
 	f.Close()
+	// The copy gets PageSize pages whatever the database has: a database
+	// created before PageSize was 1,024 becomes one by a backup restored
+	// (docs/operations.md). This sets only what VACUUM INTO writes: a
+	// database in WAL mode keeps its own page size.
+	if _, err := s.writer.ExecContext(ctx, fmt.Sprintf("PRAGMA page_size = %d", PageSize)); err != nil {
+		os.Remove(dest)
+		return fmt.Errorf("back up to %s: %w", dest, err)
+	}
 	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, dest); err != nil {
 		os.Remove(dest)
 		return fmt.Errorf("back up to %s: %w", dest, err)
