@@ -31,8 +31,8 @@ func TestAQueuedRunWaitsVisiblyCancelsAtOnceAndStartsWhenASlotFrees(t *testing.T
 	// A takes the one slot with a reply that never ends.
 	runA, err := tabA.conn.StartRun(bounded(t), client.StartRunRequest{ThreadID: threadA.ThreadID,
 		ExpectedStateVersion: threadA.StateVersion, UserMessage: "endless: hold the slot"})
-	if err != nil || runA.QueuePosition != 0 {
-		t.Fatalf("run.start on an idle server: %+v, %v; want it started, not queued", runA, err)
+	if err != nil || runA.QueuePosition != 0 || runA.Status != chat.RunRunning {
+		t.Fatalf("run.start on an idle server: %+v, %v; want it running (claimed by its start), not queued", runA, err)
 	}
 	var deltasA []string
 	tabA.until(chat.EventMessageDelta, runA.RunID, &deltasA)

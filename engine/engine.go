@@ -39,6 +39,12 @@ type Store interface {
 // DeleteThread, DecideOperation), and the titler.
 type Commands interface {
 	StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error)
+	// StartRunClaimed is StartRun that may also claim the run for owner in
+	// the same commit, when spare slots besides the one the caller holds
+	// for it cover every other run waiting (nil claim otherwise).
+	StartRunClaimed(ctx context.Context, p chat.StartRun, owner string, ttl time.Duration, spare int) (
+		chat.RunStartAck, *chat.Claim, error,
+	)
 	RequestCancel(ctx context.Context, p chat.CancelRun) (chat.CancelAck, chat.RunStatus, error)
 	// DeleteThread deletes a thread none of whose runs goes on
 	// (run_already_active otherwise); Run reads a run of the user.
@@ -233,9 +239,14 @@ type Engine struct {
 	cancelWake chan struct{} // WakeCancels -> watchCancels
 
 	// slots holds one token per execution running here (capacity
-	// Config.Workers); only dispatch adds tokens, each execution takes its
-	// own back when it ends.
+	// Config.Workers), and one per slot reserved for a claim in flight:
+	// dispatch and StartRun add tokens without blocking (a slot is
+	// reserved before the claim that uses it), and give back those their
+	// claim did not use; each execution takes its own back when it ends.
 	slots chan struct{}
+	// reserving counts the tokens in slots reserved for claims that have
+	// not committed yet: free slots for QueuePosition and Admission.
+	reserving atomic.Int64
 	// waiting is the queued runs not yet claimed, as dispatch last
 	// counted them (Admission).
 	waiting atomic.Int64
@@ -334,9 +345,29 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 	if err := p.Validate(); err != nil {
 		return chat.RunStartAck{}, err
 	}
-	ack, err := e.store.StartRun(ctx, p)
+	// With a slot free the start also claims its run when no other run
+	// waits for one (store.StartRunClaimed): the run starts executing with
+	// the start's commit, without a claim of its own.
+	var ack chat.RunStartAck
+	var claim *chat.Claim
+	var err error
+	if e.reserve(1) == 1 {
+		// The spare slots are the others free or reserved: those claims
+		// are for the runs already waiting.
+		ack, claim, err = e.store.StartRunClaimed(ctx, p, e.cfg.InstanceID, e.cfg.LeaseTTL, e.freeSlots()-1)
+		if claim != nil {
+			e.launch(claim, time.Now())
+		} else {
+			e.unreserve(1)
+		}
+	} else {
+		ack, err = e.store.StartRun(ctx, p)
+	}
 	if err != nil {
 		return ack, err
+	}
+	if claim != nil {
+		return ack, nil
 	}
 	e.poke()
 	if ack.Status == chat.RunQueued {
@@ -349,39 +380,6 @@ func (e *Engine) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAc
 		}
 	}
 	return ack, nil
-}
-
-// QueuePosition is docs/protocol.md's queue_position of a run: 0 when it does
-// not wait for capacity (it is not queued, or a worker here is free for it
-// and it will be claimed in a moment), else its place among the runs that
-// wait for a slot (1 = the next to start). A run of a user who holds their
-// share of executing runs waits whatever slots are free (store.Options
-// MaxRunsPerUser). With several instances each counts only its own free
-// slots, so a run another instance is about to claim may be said to wait
-// for a moment.
-func (e *Engine) QueuePosition(ctx context.Context, runID string) (int, error) {
-	// Free slots first, then the queue: dispatch takes a slot only after
-	// its claim committed, so a slot counted free here and taken in the
-	// meantime shows as the run claimed (position 0) in the read below;
-	// counted the other way round, a run claimed between the two reads
-	// would be said to wait for the slot it holds.
-	free := cap(e.slots) - len(e.slots)
-	pos, atShare, err := e.store.QueueState(ctx, runID)
-	if err != nil || pos == 0 || atShare {
-		return pos, err
-	}
-	if pos <= free {
-		return 0, nil
-	}
-	return pos - free, nil
-}
-
-// Admission is the engine's admission state for /readyz: its capacity,
-// the runs its workers execute now, and the queued runs not yet claimed
-// as dispatch last counted them (they wait for a slot, or for a moment
-// for the next claim).
-func (e *Engine) Admission() chat.Admission {
-	return chat.Admission{Capacity: cap(e.slots), Executing: len(e.slots), Waiting: int(e.waiting.Load())}
 }
 
 // liveRun is one execution of a run by this engine; its identity tells a
@@ -605,64 +603,6 @@ func (e *Engine) poke() {
 	case e.wake <- struct{}{}:
 	default:
 	}
-}
-
-// dispatch claims queued runs while a worker slot is free.
-// defaultClaimBatch bounds the runs one claim transaction takes: a burst
-// of runs started at once is claimed in a few writes, not one each.
-const defaultClaimBatch = 16
-
-func (e *Engine) dispatch() {
-	// Only this goroutine adds tokens to e.slots, so the free ones counted
-	// here stay free.
-	slots := e.slots
-	poll := time.NewTicker(e.cfg.ClaimPoll)
-	defer poll.Stop()
-	for {
-		if e.ctx.Err() != nil {
-			return
-		}
-		if free := min(cap(slots)-len(slots), e.cfg.ClaimBatch); free > 0 {
-			claims, err := e.store.ClaimBatch(e.ctx, e.cfg.InstanceID, e.cfg.LeaseTTL, free)
-			if err != nil && e.ctx.Err() == nil {
-				e.log.Error("claim run", "err", err)
-			}
-			claimed := time.Now()
-			for _, claim := range claims {
-				slots <- struct{}{}
-				e.wg.Go(func() {
-					defer func() { <-slots; e.poke() }()
-					e.execute(claim, claimed)
-				})
-			}
-			if len(claims) == free {
-				continue // there may be more to claim
-			}
-		}
-		e.countWaiting()
-		select {
-		case <-e.wake:
-		case <-poll.C:
-		case <-e.ctx.Done():
-			return
-		}
-	}
-}
-
-// countWaiting counts the queued runs no instance has claimed, for the
-// metrics and /readyz, after a claim pass.
-func (e *Engine) countWaiting() {
-	read, stop := context.WithTimeout(e.ctx, storeTimeout)
-	n, err := e.store.QueuedRuns(read)
-	stop()
-	if err != nil {
-		if e.ctx.Err() == nil {
-			e.log.Warn("count the runs waiting for a slot", "err", err)
-		}
-		return
-	}
-	e.waiting.Store(int64(n))
-	e.metrics.Admission(cap(e.slots), n)
 }
 
 // maintain renews the leases of the executions running here, applies

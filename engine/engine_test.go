@@ -623,6 +623,68 @@ func TestDispatchClaimsABurstOnePerTransaction(t *testing.T) {
 	m.release(t, n*len(words))
 }
 
+// countingClaims counts the runs ClaimBatch hands out.
+type countingClaims struct {
+	engine.Store
+	n *atomic.Int32
+}
+
+func (s countingClaims) ClaimBatch(ctx context.Context, owner string, ttl time.Duration, max int) ([]*chat.Claim, error) {
+	cs, err := s.Store.ClaimBatch(ctx, owner, ttl, max)
+	s.n.Add(int32(len(cs)))
+	return cs, err
+}
+
+// A run started through the engine while a slot is free is claimed by its
+// start's own commit: it reaches the model, and its ack says running, with
+// no claim of the dispatcher's (whose poll is an hour here). One started
+// while the only slot is taken waits queued, first in line, and the
+// dispatcher claims it when the slot frees.
+func TestAStartWithAFreeSlotClaimsItsRun(t *testing.T) {
+	m := newScripted(words, true)
+	h := newHarness(t, m)
+	var claims atomic.Int32
+	h.startWith(func(cfg *engine.Config) {
+		cfg.Store, cfg.Workers, cfg.ClaimPoll = countingClaims{h.st, &claims}, 1, time.Hour
+	})
+	start := func(snap chat.Snapshot) chat.RunStartAck {
+		t.Helper()
+		ack, err := h.eng.StartRun(context.Background(), chat.StartRun{UserID: chat.LocalUserID,
+			ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
+		return must(t, ack, err)
+	}
+	streams := func(n int32) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d runs reached the model, want %d", m.streams.Load(), n)
+			}
+			time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	snapA := h.thread()
+	snapB, subB := h.watchedThread()
+	a := start(snapA)
+	if a.Status != chat.RunRunning || a.QueuePosition != 0 {
+		t.Fatalf("run.start with a free slot: %+v; want running", a)
+	}
+	streams(1)
+	b := start(snapB)
+	if b.Status != chat.RunQueued || b.QueuePosition != 1 {
+		t.Fatalf("run.start with the slot taken: %+v; want queued, first in line", b)
+	}
+	if n := claims.Load(); n != 0 {
+		t.Fatalf("the dispatcher claimed %d runs; want none: the start claimed its own", n)
+	}
+	m.release(t, len(words)) // A completes; its slot frees
+	streams(2)
+	if n := claims.Load(); n != 1 {
+		t.Fatalf("the dispatcher claimed %d runs; want 1, the one that waited", n)
+	}
+	m.release(t, len(words))
+	waitFor(t, subB, "run.completed", isType(chat.EventRunCompleted, b.RunID))
+}
+
 // The engine holds every caller to the protocol's limits, not only the
 // gateway's transports: a run.start or run.cancel over them changes
 // nothing.

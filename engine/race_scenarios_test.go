@@ -87,6 +87,19 @@ func (s *raceStore) ClaimBatch(ctx context.Context, owner string, ttl time.Durat
 	return valueUnlessDead(s, func() ([]*chat.Claim, error) { return s.Store.ClaimBatch(ctx, owner, ttl, max) })
 }
 
+// StartRunClaimed claims nothing once the process is dead: like
+// ClaimBatch's, a dead process's claim never reaches the database (the
+// start itself is not this double's, as StartRun is not).
+func (s *raceStore) StartRunClaimed(ctx context.Context, p chat.StartRun, owner string, ttl time.Duration, spare int) (
+	chat.RunStartAck, *chat.Claim, error,
+) {
+	if s.dead() != nil {
+		ack, err := s.Store.StartRun(ctx, p)
+		return ack, nil, err
+	}
+	return s.Store.StartRunClaimed(ctx, p, owner, ttl, spare)
+}
+
 func (s *raceStore) RenewLeases(ctx context.Context, leases []chat.Lease, ttl time.Duration) error {
 	return s.unlessDead(func() error { return s.Store.RenewLeases(ctx, leases, ttl) })
 }

@@ -201,7 +201,7 @@ func TestContinueFromSavedPoint(t *testing.T) {
 	req := map[string]any{"expected_state_version": cur.StateVersion, "client_request_id": "tab-1:continue-1"}
 	var cont chat.RunStartAck
 	h.call(http.MethodPost, "/api/threads/"+snap.ThreadID+"/runs", req, http.StatusCreated, &cont)
-	if cont.RunID == ack.RunID || cont.Status != chat.RunQueued || cont.StateVersion != cur.StateVersion+1 {
+	if cont.RunID == ack.RunID || cont.Status != chat.RunRunning || cont.StateVersion != cur.StateVersion+1 {
 		t.Errorf("continue ack %+v", cont)
 	}
 	started := s.waitType(chat.EventRunStarted, cont.RunID)

@@ -381,7 +381,10 @@ func (h *harness) startRun(threadID string, expected int64, userMessage string) 
 	}
 	var ack chat.RunStartAck
 	h.call(http.MethodPost, "/api/threads/"+threadID+"/runs", body, http.StatusCreated, &ack)
-	if !strings.HasPrefix(ack.RunID, chat.PrefixRun) || ack.Status != chat.RunQueued || ack.StateVersion <= expected {
+	// A new run: queued, or running when its start claimed it for a free
+	// worker (docs/protocol.md, "Run statuses").
+	if !strings.HasPrefix(ack.RunID, chat.PrefixRun) || (ack.Status != chat.RunQueued && ack.Status != chat.RunRunning) ||
+		ack.StateVersion <= expected {
 		h.t.Fatalf("run.start ack %+v (expected version %d)", ack, expected)
 	}
 	return ack

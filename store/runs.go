@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -30,13 +31,43 @@ const activeStatuses = `('queued', 'running', 'waiting_confirmation', 'cancel_re
 // batch holds, a wait in a cycle the grouped stream writes (each
 // instance's own threads) do not risk.
 func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck, error) {
+	ack, _, err := s.startRun(ctx, p, nil)
+	return ack, err
+}
+
+// startClaim asks startRun to claim the run it starts (StartRunClaimed).
+type startClaim struct {
+	owner string
+	ttl   time.Duration
+	spare int
+}
+
+// StartRunClaimed is StartRun that also claims the new run for owner,
+// with a lease of ttl, in the same commit, when the caller holds a worker
+// slot for it and a claim would take no run before it: no more other runs
+// wait for a slot than the caller has spare slots besides this one (so
+// none of them waits longer for it), and the run's user is below their
+// share (Options.MaxRunsPerUser). The claim is then what ClaimBatch would
+// have made a moment later, without a write of its own: one commit less
+// per exchange, and a first delta that waits for no claim (issue 31;
+// BENCHMARKS.md). Otherwise, and on PostgreSQL (where a start is a
+// transaction of its own and a claim takes one run, see ClaimBatch), the
+// run waits queued as StartRun leaves it, and the claim is nil.
+func (s *Store) StartRunClaimed(ctx context.Context, p chat.StartRun, owner string, ttl time.Duration, spare int) (
+	chat.RunStartAck, *chat.Claim, error,
+) {
+	return s.startRun(ctx, p, &startClaim{owner: owner, ttl: ttl, spare: spare})
+}
+
+func (s *Store) startRun(ctx context.Context, p chat.StartRun, want *startClaim) (chat.RunStartAck, *chat.Claim, error) {
 	var out chat.RunStartAck
+	var claim *chat.Claim
 	write := s.writeGrouped
 	if s.pg {
 		write = s.write
 	}
 	err := write(ctx, func(t *txn) error {
-		out = chat.RunStartAck{}
+		out, claim = chat.RunStartAck{}, nil
 		c, err := t.thread(p.UserID, p.ThreadID)
 		if err != nil {
 			return err
@@ -125,7 +156,6 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 			}
 		}
 		ev := t.event(c, chat.EventRunStarted, runID)
-		ev.Body = chat.RunStartedBody{BaseCheckpointID: base.CheckpointID, Status: chat.RunQueued, Attempt: 1}
 		now := ms(t.now)
 		if _, err := t.exec(`INSERT INTO runs (run_id, thread_id, status, base_checkpoint_id, resume_note, attempt,
 			client_request_id, start_state_version, created_at, updated_at)
@@ -140,6 +170,16 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 			}
 			return fmt.Errorf("insert run: %w", err)
 		}
+		if want != nil && !s.pg && t.buf != nil {
+			if claim, err = t.claimStarted(c, runID, want, s.perUser); err != nil {
+				return err
+			}
+		}
+		status := chat.RunQueued
+		if claim != nil {
+			status = claim.Run.Status
+		}
+		ev.Body = chat.RunStartedBody{BaseCheckpointID: base.CheckpointID, Status: status, Attempt: 1}
 		if err := t.append(ev); err != nil {
 			return err
 		}
@@ -150,7 +190,52 @@ func (s *Store) StartRun(ctx context.Context, p chat.StartRun) (chat.RunStartAck
 		out = chat.RunStartAck{RunID: row.RunID, Status: row.status(), StateVersion: c.row.StateVersion}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return out, nil, err
+	}
+	return out, claim, nil
+}
+
+// claimStarted claims the run this transaction just inserted, queued, for
+// want.owner when StartRunClaimed's conditions hold (nil when they do not):
+// what one pass of ClaimBatch does for a run, on the row, the stream buffer
+// and the lease.
+func (t *txn) claimStarted(c *threadCursor, runID string, want *startClaim, perUser int) (*chat.Claim, error) {
+	var others int
+	if err := t.get(&others, `SELECT count(*) FROM (SELECT 1 FROM runs WHERE `+claimable+` AND run_id <> ?
+		LIMIT ?)`, runID, want.spare+1); err != nil {
+		return nil, fmt.Errorf("count the runs waiting for a slot: %w", err)
+	}
+	if others > want.spare {
+		return nil, nil // they come first: the dispatcher claims in order
+	}
+	if perUser > 0 {
+		var held int
+		if err := t.get(&held, `SELECT `+userExecuting(`?`), c.row.ThreadID); err != nil {
+			return nil, fmt.Errorf("count the user's executing runs: %w", err)
+		}
+		if held >= perUser {
+			return nil, nil
+		}
+	}
+	start := time.Now()
+	now, err := t.leaseClock()
+	if err != nil {
+		return nil, err
+	}
+	var row runRow
+	if err := t.get(&row, `UPDATE runs SET status = 'running', lease_owner = ?, lease_expires_at = ?,
+		lease_epoch = lease_epoch + 1, updated_at = ?
+		WHERE run_id = ? AND status = 'queued' AND lease_owner IS NULL RETURNING `+runCols,
+		want.owner, now+want.ttl.Milliseconds(), ms(t.now), runID); err != nil {
+		return nil, fmt.Errorf("claim the started run: %w", err)
+	}
+	lease := chat.Lease{RunID: runID, Owner: want.owner, Epoch: row.LeaseEpoch}
+	if err := t.claimStream(lease, c.row.ThreadID); err != nil {
+		return nil, err
+	}
+	t.leaseHolds(lease, start, want.ttl)
+	return &chat.Claim{Run: row.run(), Lease: lease}, nil
 }
 
 // noActiveRun answers run_already_active while a run of the thread has not
