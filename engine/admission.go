@@ -89,18 +89,23 @@ func (e *Engine) dispatch() {
 func (e *Engine) reserve(n int) int {
 	took := 0
 	for took < n {
+		// Counted before the token goes in, so that freeSlots never
+		// counts a reserved slot as taken (QueuePosition's rule); for a
+		// moment it may count one too many free, as unreserve does.
+		e.reserving.Add(1)
 		select {
 		case e.slots <- struct{}{}:
-			e.reserving.Add(1)
 			took++
 		default:
+			e.reserving.Add(-1)
 			return took
 		}
 	}
 	return took
 }
 
-// unreserve gives back n reserved slots a claim did not use.
+// unreserve gives back n reserved slots a claim did not use (the token
+// first: see reserve).
 func (e *Engine) unreserve(n int) {
 	for range n {
 		<-e.slots

@@ -81,6 +81,17 @@ func (s *scriptedStream) Next(ctx context.Context) (model.Chunk, error) {
 
 func (s *scriptedStream) Close() error { return nil }
 
+// waitStreams waits (bounded) until n streams were asked of the model.
+func (m *scripted) waitStreams(t *testing.T, n int32) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs reached the model, want %d", m.streams.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 // release lets n more chunks through a gated model.
 func (m *scripted) release(t *testing.T, n int) {
 	t.Helper()
@@ -614,12 +625,7 @@ func TestDispatchClaimsABurstOnePerTransaction(t *testing.T) {
 	h.startWith(func(cfg *engine.Config) {
 		cfg.Store, cfg.ClaimBatch, cfg.ClaimPoll = onePerClaim{h.st}, 1, time.Hour
 	})
-	for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d queued runs reached the model: the others wait for a wake-up", m.streams.Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
+	m.waitStreams(t, n) // the others would wait for a wake-up that never comes
 	m.release(t, n*len(words))
 }
 
@@ -653,22 +659,13 @@ func TestAStartWithAFreeSlotClaimsItsRun(t *testing.T) {
 			ThreadID: snap.ThreadID, ExpectedStateVersion: snap.StateVersion, UserMessage: ptr("hello")})
 		return must(t, ack, err)
 	}
-	streams := func(n int32) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); m.streams.Load() < n; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d runs reached the model, want %d", m.streams.Load(), n)
-			}
-			time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-		}
-	}
 	snapA := h.thread()
 	snapB, subB := h.watchedThread()
 	a := start(snapA)
 	if a.Status != chat.RunRunning || a.QueuePosition != 0 {
 		t.Fatalf("run.start with a free slot: %+v; want running", a)
 	}
-	streams(1)
+	m.waitStreams(t, 1)
 	b := start(snapB)
 	if b.Status != chat.RunQueued || b.QueuePosition != 1 {
 		t.Fatalf("run.start with the slot taken: %+v; want queued, first in line", b)
@@ -677,7 +674,7 @@ func TestAStartWithAFreeSlotClaimsItsRun(t *testing.T) {
 		t.Fatalf("the dispatcher claimed %d runs; want none: the start claimed its own", n)
 	}
 	m.release(t, len(words)) // A completes; its slot frees
-	streams(2)
+	m.waitStreams(t, 2)
 	if n := claims.Load(); n != 1 {
 		t.Fatalf("the dispatcher claimed %d runs; want 1, the one that waited", n)
 	}

@@ -26,6 +26,13 @@ const claimable = `lease_owner IS NULL AND status NOT IN ('completed', 'failed',
 			WHERE o.run_id = runs.run_id AND o.phase IN ('committing', 'unknown') AND o.result_ref IS NULL)
 		ELSE FALSE END`
 
+// claimSet is what a claim writes on the run it takes: running if it was
+// queued, a new lease for the owner until the expiry (args: owner,
+// lease_expires_at, updated_at), the next fencing epoch. ClaimBatch and a
+// start that claims its own run (claimStarted) grant leases by it.
+const claimSet = `status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+	lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?`
+
 // Claim hands the oldest claimable run to owner with a lease of ttl
 // (granted by the lease clock, see txn.leaseClock) and the run's next
 // epoch, and marks a queued run running. It returns nil when nothing is
@@ -77,8 +84,7 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, ttl time.Duration,
 				share, args = ` AND (status <> 'queued' OR `+userExecuting(`runs.thread_id`)+` < ?)`,
 					append(args, perUser)
 			}
-			err = t.get(&row, `UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
-				lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1, updated_at = ?
+			err = t.get(&row, `UPDATE runs SET `+claimSet+`
 				WHERE run_id = (SELECT run_id FROM runs WHERE `+claimable+share+` ORDER BY updated_at, run_id
 				LIMIT 1`+t.skipLocked()+`)
 				AND lease_owner IS NULL RETURNING `+runCols, args...)

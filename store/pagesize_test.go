@@ -13,13 +13,8 @@ import (
 // connection of its own.
 func pageSize(t *testing.T, path string) int {
 	t.Helper()
-	db, err := sqlx.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var n int
-	if err := db.Get(&n, "PRAGMA page_size"); err != nil {
+	if err := rawDB(t, path).QueryRow("PRAGMA page_size").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

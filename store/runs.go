@@ -198,8 +198,8 @@ func (s *Store) startRun(ctx context.Context, p chat.StartRun, want *startClaim)
 
 // claimStarted claims the run this transaction just inserted, queued, for
 // want.owner when StartRunClaimed's conditions hold (nil when they do not):
-// what one pass of ClaimBatch does for a run, on the row, the stream buffer
-// and the lease.
+// what one pass of ClaimBatch does for a run on SQLite, on the row and the
+// stream buffer.
 func (t *txn) claimStarted(c *threadCursor, runID string, want *startClaim, perUser int) (*chat.Claim, error) {
 	var others int
 	if err := t.get(&others, `SELECT count(*) FROM (SELECT 1 FROM runs WHERE `+claimable+` AND run_id <> ?
@@ -218,14 +218,12 @@ func (t *txn) claimStarted(c *threadCursor, runID string, want *startClaim, perU
 			return nil, nil
 		}
 	}
-	start := time.Now()
 	now, err := t.leaseClock()
 	if err != nil {
 		return nil, err
 	}
 	var row runRow
-	if err := t.get(&row, `UPDATE runs SET status = 'running', lease_owner = ?, lease_expires_at = ?,
-		lease_epoch = lease_epoch + 1, updated_at = ?
+	if err := t.get(&row, `UPDATE runs SET `+claimSet+`
 		WHERE run_id = ? AND status = 'queued' AND lease_owner IS NULL RETURNING `+runCols,
 		want.owner, now+want.ttl.Milliseconds(), ms(t.now), runID); err != nil {
 		return nil, fmt.Errorf("claim the started run: %w", err)
@@ -234,7 +232,6 @@ func (t *txn) claimStarted(c *threadCursor, runID string, want *startClaim, perU
 	if err := t.claimStream(lease, c.row.ThreadID); err != nil {
 		return nil, err
 	}
-	t.leaseHolds(lease, start, want.ttl)
 	return &chat.Claim{Run: row.run(), Lease: lease}, nil
 }
 

@@ -636,8 +636,8 @@ func fromNullString(v sql.NullString) *string {
 
 // Backup writes a consistent copy of the database to dest (which must not
 // exist) while the database may be serving: SQLite's VACUUM INTO reads one
-// snapshot and writes a compact file, with PageSize pages. On PostgreSQL it refuses: pg_dump
-// is the tool for that.
+// snapshot and writes a compact file, with PageSize pages. On PostgreSQL
+// it refuses: pg_dump is the tool for that.
 func (s *Store) Backup(ctx context.Context, dest string) error {
 	if s.pg {
 		return errors.New(
