@@ -35,7 +35,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 	if len(audit.Violations) > 0 {
 		fmt.Fprintf(stdout, "%d violations in %s (%s)\n", len(audit.Violations), app.RedactedURL(*db), read)
 	} else {
-		fmt.Fprintf(stdout, "ok: all ten invariants hold in %s (%s)\n", app.RedactedURL(*db), read)
+		fmt.Fprintf(stdout, "ok: all eleven invariants hold in %s (%s)\n", app.RedactedURL(*db), read)
 	}
 	if len(audit.Unchecked) > 0 {
 		fmt.Fprintln(stdout, "not verifiable from this database alone:")

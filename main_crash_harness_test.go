@@ -71,6 +71,8 @@ type crashLedger struct {
 	fragments  map[string]fragmentRec
 	confirms   map[string]string // acked confirm: operation -> run
 	rejects    map[string]string // acked reject: operation -> run
+	queued     map[string]string // acked queue.add: item -> thread
+	queueOps   map[string]int    // acked queue commands by kind
 	continues  int
 	stale      int
 	codes      map[string]int // refusals by "command:code"
@@ -79,7 +81,8 @@ type crashLedger struct {
 
 func newCrashLedger() *crashLedger {
 	return &crashLedger{runs: map[string]string{}, cancels: map[string]string{}, fragments: map[string]fragmentRec{},
-		confirms: map[string]string{}, rejects: map[string]string{}, codes: map[string]int{}}
+		confirms: map[string]string{}, rejects: map[string]string{}, codes: map[string]int{},
+		queued: map[string]string{}, queueOps: map[string]int{}}
 }
 
 func (l *crashLedger) violate(format string, args ...any) {
@@ -334,6 +337,8 @@ func (cw *crashWorker) run() {
 		}
 		p := cw.r.Intn(100)
 		switch {
+		case snap.ActiveRun == nil && snap.Queue != nil && snap.Queue.Paused && p < 30:
+			cw.resume(snap)
 		case snap.ActiveRun == nil && p < 65:
 			cw.start(snap)
 		case snap.ActiveRun == nil && p < 80:
@@ -362,6 +367,10 @@ func (cw *crashWorker) active(snap chat.Snapshot, p int) {
 		cw.fragment(snap)
 	case !waiting && p < 31:
 		cw.staleCommand(snap)
+	case p < 40:
+		cw.queueAdd(snap)
+	case p < 44 && snap.Queue != nil && len(snap.Queue.Items) > 0:
+		cw.queueRemove(snap)
 	default:
 		cw.w.waitEvents(1+cw.r.Intn(12), cw.stop)
 	}
@@ -528,3 +537,84 @@ func (cw *crashWorker) staleCommand(snap chat.Snapshot) {
 
 // ---------------------------------------------------------------------------
 // The test.
+
+// queueAdd queues a message behind the active run (one in four an
+// interrupt, which cancels it), with a client_request_id.
+func (cw *crashWorker) queueAdd(snap chat.Snapshot) {
+	req := client.QueueAddRequest{ThreadID: cw.threadID, UserMessage: crashPrompts[cw.r.Intn(len(crashPrompts))],
+		ClientRequestID: fmt.Sprintf("q-%d", cw.r.Int63())}
+	if cw.r.Intn(4) == 0 {
+		req.Mode = chat.QueueInterrupt
+	}
+	if cw.r.Intn(3) == 0 {
+		v := snap.StateVersion
+		req.ExpectedStateVersion = &v
+	}
+	ack, err := cw.api.QueueAdd(context.Background(), req)
+	e, ok := cw.answered("queue.add on "+cw.threadID, err)
+	if !ok {
+		return
+	}
+	if e != nil {
+		cw.l.refused("queue.add", e)
+		ok := e.Code == chat.CodeStateVersionConflict && req.ExpectedStateVersion != nil ||
+			e.Code == chat.CodeInvalidRequest && strings.Contains(e.Message, "the most it may")
+		if !ok {
+			cw.l.violate("queue.add on %s: %d %v", cw.threadID, e.Status, e)
+		}
+		return
+	}
+	if !strings.HasPrefix(ack.ItemID, chat.PrefixQueueItem) || ack.StateVersion < snap.StateVersion {
+		cw.l.violate("queue.add ack %+v", ack)
+	}
+	cw.l.mu.Lock()
+	cw.l.queued[ack.ItemID] = cw.threadID
+	cw.l.queueOps["add:"+req.Mode]++
+	if ack.Interrupted != "" {
+		cw.l.cancels[ack.Interrupted] = "interrupted"
+	}
+	cw.l.mu.Unlock()
+	cw.w.waitEvents(1+cw.r.Intn(4), cw.stop)
+}
+
+// queueRemove removes a waiting item, which may start or be removed by
+// the other tab meanwhile (then not_found).
+func (cw *crashWorker) queueRemove(snap chat.Snapshot) {
+	item := snap.Queue.Items[cw.r.Intn(len(snap.Queue.Items))].ItemID
+	_, err := cw.api.QueueRemove(context.Background(), client.QueueItemRequest{ThreadID: cw.threadID, ItemID: item})
+	e, ok := cw.answered("queue.remove of "+item, err)
+	if !ok {
+		return
+	}
+	if e != nil {
+		cw.l.refused("queue.remove", e)
+		if e.Code != chat.CodeNotFound {
+			cw.l.violate("queue.remove of %s: %d %v", item, e.Status, e)
+		}
+		return
+	}
+	cw.l.mu.Lock()
+	cw.l.queueOps["remove"]++
+	cw.l.mu.Unlock()
+}
+
+// resume resumes a paused queue.
+func (cw *crashWorker) resume(snap chat.Snapshot) {
+	v := snap.StateVersion
+	_, err := cw.api.QueueResume(context.Background(), client.QueueItemRequest{ThreadID: cw.threadID, ExpectedStateVersion: &v})
+	e, ok := cw.answered("queue.resume of "+cw.threadID, err)
+	if !ok {
+		return
+	}
+	if e != nil {
+		cw.l.refused("queue.resume", e)
+		if e.Code != chat.CodeStateVersionConflict {
+			cw.l.violate("queue.resume of %s: %d %v", cw.threadID, e.Status, e)
+		}
+		return
+	}
+	cw.l.mu.Lock()
+	cw.l.queueOps["resume"]++
+	cw.l.mu.Unlock()
+	cw.w.waitEvents(1+cw.r.Intn(4), cw.stop)
+}

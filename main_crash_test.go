@@ -23,6 +23,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand"
 	"path/filepath"
@@ -34,6 +35,7 @@ import (
 
 	"github.com/honestcancel/gateway/chat"
 	"github.com/honestcancel/gateway/client"
+	"github.com/honestcancel/gateway/internal/apptest"
 )
 
 func TestBinaryCrashRestartRandom(t *testing.T) {
@@ -119,6 +121,21 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	api := crashAPI(t, srv.base)
 	audit := auditDB(t, db)
 	defer audit.Close()
+	// Every acknowledged queue.add has its row; what still waits is removed
+	// (so that no run starts after the runs are listed: an item that starts
+	// meanwhile answers not_found, and its run is listed).
+	removedAtEnd := 0
+	for item, thread := range l.queued {
+		state := queryValue[string](t, audit, `SELECT state FROM queue_items WHERE item_id = ?`, item)
+		if state != "waiting" {
+			continue
+		}
+		_, err := api.QueueRemove(context.Background(), client.QueueItemRequest{ThreadID: thread, ItemID: item})
+		if e := apptest.Refusal(err); err != nil && (e == nil || e.Code != chat.CodeNotFound) {
+			t.Fatalf("remove queue item %s at the end: %v", item, err)
+		}
+		removedAtEnd++
+	}
 	var allRuns []string
 	rows, err := audit.Query(`SELECT run_id FROM runs ORDER BY created_at`)
 	if err != nil {
@@ -219,6 +236,19 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 			l.violate("run %s: cancel acknowledged (%s), but it ended %s", id, ackStatus, r.Status)
 		}
 	}
+	queueStates := map[string]int{}
+	for item := range l.queued {
+		var state string
+		var runID sql.NullString
+		if err := audit.QueryRow(`SELECT state, run_id FROM queue_items WHERE item_id = ?`, item).Scan(&state, &runID); err != nil {
+			l.violate("acknowledged queue.add %s: %v", item, err)
+			continue
+		}
+		queueStates[state]++
+		if state == "started" && !containsStr(allRuns, runID.String) {
+			l.violate("queue item %s started run %q, which has no row", item, runID.String)
+		}
+	}
 	for id, f := range l.fragments {
 		var kind, content, thread string
 		if err := audit.QueryRow(`SELECT kind, content, thread_id FROM messages WHERE message_id = ?`, id).Scan(&kind, &content, &thread); err != nil {
@@ -294,6 +324,7 @@ func TestBinaryCrashRestartRandom(t *testing.T) {
 	sort.Strings(codes)
 	t.Logf("refusals (command:status:code): %s", strings.Join(codes, " "))
 	t.Logf("operations by phase: %v; emails accepted by the provider: %d", opsByPhase, sent)
+	t.Logf("queue: acked commands %v; acked items by state %v (%d removed at the end)", l.queueOps, queueStates, removedAtEnd)
 	t.Logf("crash-restart summary: seed=%d cycles=%d kills=%d threads=%d tabs=%d runs=%d (acked run.start %d, continues %d; completed %d cancelled %d failed %d; re-run after a kill %d) cancels=%d confirms=%d rejects=%d fragments=%d stale409=%d settled_waiting=%d violations=%d",
 		seed, cycles, kills, len(threads), len(threads)*tabsPerThread, len(allRuns), len(l.runs), l.continues, completed, cancelled, failed, retried,
 		len(l.cancels), len(l.confirms), len(l.rejects), len(l.fragments), l.stale, settledWaiting, len(l.violations))

@@ -200,6 +200,9 @@ type Run struct {
 	// "Admission"): 1 = the next to start. Zero (omitted) when it does not
 	// wait: it runs, has ended, or a slot is free for it.
 	QueuePosition int `json:"queue_position,omitempty"`
+	// QueueItemID names the queue item the run was started from (absent
+	// for a run.start).
+	QueueItemID string `json:"queue_item_id,omitempty"`
 	// Executed tells whether a worker ever took the run up (claimed it):
 	// false for a run that has only waited, e.g. one cancelled while it
 	// waited for a slot, which never started: no model was asked, no tool
@@ -283,6 +286,9 @@ type Snapshot struct {
 	// and the WebSocket's snapshots always hold the whole history, so
 	// there it is absent.
 	EarlierMessages int `json:"earlier_messages,omitempty"`
+	// Queue is the thread's message queue (queue.go): never nil in a
+	// snapshot read from the store.
+	Queue *Queue `json:"queue"`
 }
 
 // HistoryPage is a page of a thread's history (the head checkpoint's

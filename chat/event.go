@@ -126,6 +126,9 @@ type RunStartedBody struct {
 	BaseCheckpointID string    `json:"base_checkpoint_id"`
 	Status           RunStatus `json:"status"`
 	Attempt          int       `json:"attempt"`
+	// QueueItemID names the queue item the run was started from (the
+	// item left the queue in the same durable step).
+	QueueItemID string `json:"queue_item_id,omitempty"`
 }
 
 type MessageDeltaBody struct {
@@ -177,6 +180,10 @@ type RunCancelledBody struct {
 	// model asked, no tool called; docs/protocol.md "Admission": its receipt
 	// says so). nil in events written before the field existed.
 	Executed *bool `json:"executed,omitempty"`
+	// QueuedMessages is how many messages wait in the thread's queue
+	// after the cancel: paused, unless the cancel was an interrupt's
+	// (whose item then started).
+	QueuedMessages int `json:"queued_messages"`
 }
 
 type ToolBody struct {

@@ -76,6 +76,7 @@ func (e *Engine) dispatch() {
 		e.countWaiting()
 		select {
 		case <-e.wake:
+		case <-e.store.QueueStarts():
 		case <-poll.C:
 		case <-e.ctx.Done():
 			return

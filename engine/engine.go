@@ -30,6 +30,7 @@ import (
 // that lost its run stops at its next write and publishes nothing.
 type Store interface {
 	Commands
+	Queue
 	Leases
 	Execution
 	Reconciliation
@@ -53,6 +54,18 @@ type Commands interface {
 	DecideOperation(ctx context.Context, p chat.Decide) (chat.ConfirmAck, error)
 	// Retitle gives the thread title to when its title is still from.
 	Retitle(ctx context.Context, threadID, from, to string) error
+}
+
+// Queue is what the message queue's commands need (store/queue.go). A
+// run started from the queue is made queued by the store, in the
+// transaction of a run's end or of the command: QueueStarts wakes the
+// dispatcher to claim it.
+type Queue interface {
+	QueueAdd(ctx context.Context, p chat.QueueAdd) (chat.QueueAddAck, *chat.Interruption, error)
+	QueueUpdate(ctx context.Context, p chat.QueueUpdate) (chat.QueueItemAck, error)
+	QueueRemove(ctx context.Context, p chat.QueueRemove) (chat.QueueItemAck, error)
+	QueueResume(ctx context.Context, p chat.QueueResume) (chat.QueueResumeAck, error)
+	QueueStarts() <-chan struct{}
 }
 
 // Leases is what dispatch, the maintenance loop and recovery need: runs
@@ -435,23 +448,32 @@ func (e *Engine) cancelHere(ctx context.Context, p chat.CancelRun) (chat.CancelA
 	if err != nil || ack.AlreadyRequested {
 		return ack, err
 	}
+	e.carryCancel(p.RunID, prev)
+	return ack, nil
+}
+
+// carryCancel takes a cancel the store recorded to the run's execution:
+// the worker here running it is woken (its model call's context is
+// cancelled); otherwise the instance that may execute it is woken, and
+// the cancel of a run no worker holds is finished here.
+func (e *Engine) carryCancel(runID string, prev chat.RunStatus) {
 	// Cancel under e.mu: an execution that unregisters has either been
 	// cancelled already or is not found here (see execute). Also under
 	// e.mu: no finishing goroutine is started once Close began (the cancel
 	// is recorded; recovery at the next start finishes it).
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if live := e.running[p.RunID]; live != nil {
+	if live := e.running[runID]; live != nil {
 		live.cancel(errCancelRequested)
-		return ack, nil
+		return
 	}
 	if e.ctx.Err() != nil {
-		return ack, nil
+		return
 	}
 	if e.cfg.Wakeups != nil {
 		// Another instance may execute it: wake that one now rather than
 		// at its next poll or its next delta write.
-		e.cfg.Wakeups.PublishCancel(p.RunID)
+		e.cfg.Wakeups.PublishCancel(runID)
 	}
 	// No worker here holds it (queued, waiting for a confirmation, or handed
 	// over between steps): finish it now, unless a worker took it in the
@@ -460,11 +482,10 @@ func (e *Engine) cancelHere(ctx context.Context, p chat.CancelRun) (chat.CancelA
 	e.wg.Go(func() {
 		settle, stop := context.WithTimeout(context.WithoutCancel(e.ctx), storeTimeout)
 		defer stop()
-		if _, err := e.store.FinishCancel(settle, p.RunID, nil, 0); err != nil {
-			e.log.Warn("finish cancel", "run_id", p.RunID, "prev", prev, "err", err)
+		if _, err := e.store.FinishCancel(settle, runID, nil, 0); err != nil {
+			e.log.Warn("finish cancel", "run_id", runID, "prev", prev, "err", err)
 		}
 	})
-	return ack, nil
 }
 
 // deleteWait bounds how long thread.delete waits for the run it cancelled

@@ -138,6 +138,26 @@ func (f *fuzzFake) DeleteThread(_ context.Context, p chat.DeleteThread) (chat.Th
 	return chat.ThreadDeletedAck{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) QueueAdd(_ context.Context, p chat.QueueAdd) (chat.QueueAddAck, error) {
+	f.record("QueueAdd", p)
+	return chat.QueueAddAck{}, errFuzzNotFound
+}
+
+func (f *fuzzFake) QueueUpdate(_ context.Context, p chat.QueueUpdate) (chat.QueueItemAck, error) {
+	f.record("QueueUpdate", p)
+	return chat.QueueItemAck{}, errFuzzNotFound
+}
+
+func (f *fuzzFake) QueueRemove(_ context.Context, p chat.QueueRemove) (chat.QueueItemAck, error) {
+	f.record("QueueRemove", p)
+	return chat.QueueItemAck{}, errFuzzNotFound
+}
+
+func (f *fuzzFake) QueueResume(_ context.Context, p chat.QueueResume) (chat.QueueResumeAck, error) {
+	f.record("QueueResume", p)
+	return chat.QueueResumeAck{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) Add(threadID string, _ chat.EventSink)    { f.record("Feed.Add", threadID) }
 func (f *fuzzFake) Remove(threadID string, _ chat.EventSink) { f.record("Feed.Remove", threadID) }
 

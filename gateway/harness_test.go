@@ -37,12 +37,56 @@ import (
 
 // pacedModel is the demo model with a pace the test can change between
 // runs (a run takes the pace in force when its worker starts streaming).
-type pacedModel struct{ pace atomic.Int64 }
+type pacedModel struct {
+	pace atomic.Int64
+	// gate, when set as a stream starts, holds that stream after its
+	// first chunk until the gate is closed (hold).
+	gate atomic.Pointer[chan struct{}]
+}
 
 func (m *pacedModel) setPace(d time.Duration) { m.pace.Store(int64(d)) }
 
+// hold makes every stream started from now on stop after its first chunk
+// until release is called: a run that stays active exactly as long as a
+// test needs it to.
+func (m *pacedModel) hold() (release func()) {
+	gate := make(chan struct{})
+	m.gate.Store(&gate)
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// free starts later streams unheld.
+func (m *pacedModel) free() { m.gate.Store(nil) }
+
 func (m *pacedModel) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
-	return demo.New(time.Duration(m.pace.Load())).Stream(ctx, req)
+	s, err := demo.New(time.Duration(m.pace.Load())).Stream(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if gate := m.gate.Load(); gate != nil {
+		return &heldStream{Stream: s, gate: *gate}, nil
+	}
+	return s, nil
+}
+
+// heldStream is a stream that waits for its gate before its second chunk.
+type heldStream struct {
+	model.Stream
+	gate <-chan struct{}
+	n    int
+}
+
+func (s *heldStream) Next(ctx context.Context) (model.Chunk, error) {
+	if s.n == 1 {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return model.Chunk{}, context.Cause(ctx)
+		}
+	}
+	s.n++
+	return s.Stream.Next(ctx)
 }
 
 // harness is the whole stack as main.go wires it, on a fresh SQLite file,

@@ -36,6 +36,7 @@ type aliceWorld struct {
 	deltaSeq   int64  // the seq of a delta of it
 	cpRoot     string // t1's first checkpoint
 	op         string // t2's prepared send_email operation
+	qi         string // a message queued on t2, waiting behind the confirmation
 	version    map[string]int64
 	head       map[string]string
 	runThread  map[string]string
@@ -88,6 +89,13 @@ func buildWorld(t *testing.T, h *authHarness, alice *toolHarness) *aliceWorld {
 	s2 := alice.openSSE(w.t2, "after_seq=0", "")
 	r3, op, _ := alice.askEmail(s2, w.t2, "ann@example.com", "Send an email to ann@example.com about the quote")
 	w.r3, w.op = r3.RunID, op.OperationID
+	var queued chat.QueueAddAck
+	alice.call(http.MethodPost, "/api/threads/"+w.t2+"/queue", map[string]any{"user_message": "alice's follow-up"},
+		http.StatusCreated, &queued)
+	if queued.Position != 1 {
+		t.Fatalf("alice's queued message: %+v (it must wait behind the confirmation)", queued)
+	}
+	w.qi = queued.ItemID
 	s2.close()
 
 	var fork chat.ForkAck
@@ -109,7 +117,7 @@ func fakeWorld() *aliceWorld {
 		r1: chat.NewID(chat.PrefixRun), r2: chat.NewID(chat.PrefixRun), r3: chat.NewID(chat.PrefixRun),
 		crid: "x", u1: chat.NewID(chat.PrefixMessage), a1: chat.NewID(chat.PrefixMessage),
 		draft: chat.NewID(chat.PrefixMessage), streamed: chat.NewID(chat.PrefixMessage), deltaSeq: 3,
-		cpRoot: chat.NewID(chat.PrefixCheckpoint), op: chat.NewID(chat.PrefixOperation),
+		cpRoot: chat.NewID(chat.PrefixCheckpoint), op: chat.NewID(chat.PrefixOperation), qi: chat.NewID(chat.PrefixQueueItem),
 		version: map[string]int64{}, head: map[string]string{},
 	}
 	for _, th := range w.threads() {
@@ -252,6 +260,31 @@ func reqDecide(op string, confirm bool, version int64) probeRequest {
 		body: f, ws: withFields(map[string]any{"type": typ, "operation_id": op}, f)}
 }
 
+func reqQueueAdd(th string, f map[string]any) probeRequest {
+	return probeRequest{route: "POST /api/threads/{id}/queue", method: http.MethodPost, path: "/api/threads/" + th + "/queue",
+		body: f, ws: withFields(map[string]any{"type": "queue.add", "thread_id": th}, f)}
+}
+
+func reqQueueUpdate(th, item string, f map[string]any) probeRequest {
+	return probeRequest{route: "PATCH /api/threads/{id}/queue/{item_id}", method: http.MethodPatch,
+		path: "/api/threads/" + th + "/queue/" + item, body: f,
+		ws: withFields(map[string]any{"type": "queue.update", "thread_id": th, "item_id": item}, f)}
+}
+
+func reqQueueRemove(th, item string, version int64) probeRequest {
+	f := map[string]any{"expected_state_version": version}
+	return probeRequest{route: "DELETE /api/threads/{id}/queue/{item_id}", method: http.MethodDelete,
+		path: "/api/threads/" + th + "/queue/" + item, body: f,
+		ws: withFields(map[string]any{"type": "queue.remove", "thread_id": th, "item_id": item}, f)}
+}
+
+func reqQueueResume(th string, version int64) probeRequest {
+	f := map[string]any{"expected_state_version": version}
+	return probeRequest{route: "POST /api/threads/{id}/queue/resume", method: http.MethodPost,
+		path: "/api/threads/" + th + "/queue/resume", body: f,
+		ws: withFields(map[string]any{"type": "queue.resume", "thread_id": th}, f)}
+}
+
 func reqUnknownEndpoint(method, path string) probeRequest {
 	return probeRequest{route: "/api/", method: method, path: path}
 }
@@ -300,6 +333,13 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		add("run.start from a checkpoint", th, nf, true, func(id string) probeRequest {
 			return reqRunStart(id, map[string]any{"expected_state_version": v, "user_message": "short: branch", "resume_from_checkpoint_id": head})
 		})
+		add("queue.add", th, nf, true, func(id string) probeRequest {
+			return reqQueueAdd(id, map[string]any{"user_message": "short: queued for alice?", "expected_state_version": v})
+		})
+		add("queue.add as an interrupt", th, nf, true, func(id string) probeRequest {
+			return reqQueueAdd(id, map[string]any{"user_message": "short: stop alice", "mode": "interrupt", "expected_state_version": v})
+		})
+		add("queue.resume", th, nf, true, func(id string) probeRequest { return reqQueueResume(id, v) })
 		add("fork", th, nf, true, func(id string) probeRequest { return reqFork(id, head) })
 		add("checkout", th, nf, true, func(id string) probeRequest { return reqCheckout(id, head, v) })
 		add("unknown endpoint under the thread", th, nf, false, func(id string) probeRequest {
@@ -342,6 +382,16 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		})
 	}
 	v2 := w.version[w.t2]
+	add("queue.update of alice's item", w.t2, nf, true, func(id string) probeRequest {
+		return reqQueueUpdate(id, w.qi, map[string]any{"user_message": "mine now", "expected_state_version": v2})
+	})
+	add("queue.remove of alice's item", w.t2, nf, true, func(id string) probeRequest { return reqQueueRemove(id, w.qi, v2) })
+	add("queue.update on own thread of alice's item", w.qi, nf, false, func(id string) probeRequest {
+		return reqQueueUpdate(own, id, map[string]any{"position": 1, "expected_state_version": ownVersion})
+	})
+	add("queue.remove on own thread of alice's item", w.qi, nf, false, func(id string) probeRequest {
+		return reqQueueRemove(own, id, ownVersion)
+	})
 	add("confirm", w.op, nf, true, func(id string) probeRequest { return reqDecide(id, true, v2) })
 	add("reject", w.op, nf, true, func(id string) probeRequest { return reqDecide(id, false, v2) })
 	add("unknown endpoint under the operation", w.op, nf, false, func(id string) probeRequest {
@@ -420,6 +470,14 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqHistory(w.t1, w.a1), true
 	case "GET /api/threads/{id}/events":
 		return reqEvents(w.t1, "after_seq=0", ""), true
+	case "POST /api/threads/{id}/queue":
+		return reqQueueAdd(w.t2, map[string]any{"user_message": "short: hi"}), true
+	case "PATCH /api/threads/{id}/queue/{item_id}":
+		return reqQueueUpdate(w.t2, w.qi, map[string]any{"position": 1}), true
+	case "DELETE /api/threads/{id}/queue/{item_id}":
+		return reqQueueRemove(w.t2, w.qi, w.version[w.t2]), true
+	case "POST /api/threads/{id}/queue/resume":
+		return reqQueueResume(w.t2, w.version[w.t2]), true
 	case "/api/":
 		return reqUnknownEndpoint(http.MethodPost, "/api/threads/"+w.t1+"/archive"), true
 	}

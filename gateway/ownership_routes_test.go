@@ -58,7 +58,11 @@ var routeCoverage = map[string]string{
 	"POST /api/threads/{id}/head":                       routeIDs,
 	"DELETE /api/threads/{id}":                          routeIDs,
 	"GET /api/threads/{id}/events":                      routeIDs,
-	"/api/":                                             routeIDs, // unknown endpoints: not_found, ids in the path or not
+	"POST /api/threads/{id}/queue":                      routeIDs,
+	"POST /api/threads/{id}/queue/resume":               routeIDs,
+	"PATCH /api/threads/{id}/queue/{item_id}":           routeIDs,
+	"DELETE /api/threads/{id}/queue/{item_id}":          routeIDs,
+	"/api/": routeIDs, // unknown endpoints: not_found, ids in the path or not
 }
 
 // wsCoverage is every command the WebSocket dispatch understands. It must
@@ -76,6 +80,10 @@ var wsCoverage = map[string]string{
 	"thread.delete":   "thread",
 	"tool.confirm":    "operation",
 	"tool.reject":     "operation",
+	"queue.add":       "thread",
+	"queue.update":    "thread, queue item",
+	"queue.remove":    "thread, queue item",
+	"queue.resume":    "thread",
 }
 
 // packageFiles parses the gateway package's non-test sources.

@@ -45,6 +45,8 @@ type Runs interface {
 	// DeleteThread cancels the thread's run in flight, if any, then
 	// deletes the thread.
 	DeleteThread(ctx context.Context, p chat.DeleteThread) (chat.ThreadDeletedAck, error)
+	// The message queue's commands (queue.go).
+	Queue
 }
 
 // Feed delivers a thread's live events to sinks (WebSocket connections
@@ -132,6 +134,7 @@ type Server struct {
 	auth      Authenticator
 	store     Store
 	runs      Runs
+	queue     Queue // runs, as the queue's commands (queue.go)
 	feed      Feed
 	log       *slog.Logger
 	keepAlive time.Duration
@@ -157,7 +160,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, queue: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)
@@ -192,6 +195,10 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /api/threads/{id}/streamed/{message_id}", s.authed(s.limited(false, s.streamedText)))
 	mux.Handle("POST /api/threads/{id}/drafts/{message_id}/delete", changing(s.deleteDraft))
 	mux.Handle("POST /api/threads/{id}/fork", changing(s.fork))
+	mux.Handle("POST /api/threads/{id}/queue", changing(s.queueAdd))
+	mux.Handle("POST /api/threads/{id}/queue/resume", changing(s.queueResume))
+	mux.Handle("PATCH /api/threads/{id}/queue/{item_id}", changing(s.queueUpdate))
+	mux.Handle("DELETE /api/threads/{id}/queue/{item_id}", changing(s.queueRemove))
 	mux.Handle("POST /api/threads/{id}/head", changing(s.checkout))
 	mux.Handle("GET /api/threads/{id}/operations", s.authed(s.listOperations))
 	mux.Handle("POST /api/operations/{id}/confirm", changing(s.decide(true)))

@@ -337,6 +337,10 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		return wsCommand(ctx, data, c.user, func(cmd *wsDecide, userID, operationID string) (chat.Decide, error) {
 			return cmd.command(userID, operationID, typ == "tool.confirm")
 		}, s.runs.DecideOperation)
+
+	case "queue.add", "queue.update", "queue.remove", "queue.resume":
+		ack, err, _ := c.queueCommand(typ, data)
+		return ack, err
 	}
 	return nil, chat.Invalid("unknown command type %s: see the protocol's command list", quoteShort(typ))
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The audit: Check verifies the ten invariants of the protocol (docs/protocol.md)
+// The audit: Check verifies the eleven invariants of the protocol (docs/protocol.md)
 // over a whole database. Each invariant is one function (in check_*.go,
 // by what it audits), listed in the invariants table below; per-thread rules see one thread's rows at a time
 // (read a page of auditPage threads per query, so a large database is
@@ -25,7 +25,7 @@ import (
 
 // Violation is one broken invariant found by Check.
 type Violation struct {
-	Invariant int    // 1..10 as numbered in the protocol; 0 for other consistency rules
+	Invariant int    // 1..11 as numbered in the protocol; 0 for other consistency rules
 	Detail    string // what is wrong, with ids
 }
 
@@ -80,6 +80,12 @@ var invariants = []invariant{
 	{8, "seqs are gapless except recorded absences; one event per message and checkpoint", checkEventLog, nil},
 	{9, "each step of a run is published at most once", checkStepsOnce, nil},
 	{10, "a reported outcome never contradicts the provider", checkOutcomes, checkOutcomesAtProvider},
+	{
+		11,
+		"a queue item starts at most one run, never after it was removed, never while the queue is paused",
+		checkQueue,
+		nil,
+	},
 }
 
 // Check audits the invariants and returns every violation (none =
@@ -200,6 +206,13 @@ type eventBody struct {
 	Operation *struct {
 		OperationID string `json:"operation_id"`
 	} `json:"operation"`
+	QueueItemID string `json:"queue_item_id"`
+	Queue       *struct {
+		Items []struct {
+			ItemID string `json:"item_id"`
+		} `json:"items"`
+		Paused bool `json:"paused"`
+	} `json:"queue"`
 }
 
 type auditDelta = bufferedDelta
@@ -233,6 +246,7 @@ type auditThread struct {
 	runByID map[string]runRow
 	ops     []operationRow
 	opByID  map[string]operationRow
+	items   []queueItemRow         // every queue item, waiting or not
 	events  []auditEvent           // by seq
 	deltas  []auditDelta           // by seq
 	lost    []lostSeqs             // stream_gaps: seqs a crash lost, by first seq
@@ -307,6 +321,11 @@ func (a *auditor) loadPage(rows []threadRow) ([]*auditThread, error) {
 		if err := load(); err != nil {
 			return nil, err
 		}
+	}
+	if err := selectEach(sel, "queue items", `SELECT `+queueItemCols+` FROM queue_items WHERE thread_id IN (?)
+		ORDER BY thread_id, created_at, item_id`,
+		func(it queueItemRow) { th := byID[it.ThreadID]; th.items = append(th.items, it) }); err != nil {
+		return nil, err
 	}
 	var events []auditEvent
 	if err := sel(&events, "events", `SELECT thread_id, seq, type, run_id, message_id, state_version, ts, payload

@@ -55,5 +55,6 @@ func (s *Store) committedLocked(t *txn) {
 	}
 	if len(t.events) > 0 {
 		s.published(t.events)
+		s.signalQueueStarts(t.events)
 	}
 }

@@ -173,7 +173,8 @@ func (r messageRow) message() (chat.Message, error) {
 const runCols = `run_id, thread_id, status, base_checkpoint_id, resume_checkpoint_id, resume_note,
 	cancel_requested_at, cancel_reason, requested_by, cancel_state_version, cancel_published_message_id,
 	discarded_stream_chars, error, attempt, client_request_id, start_state_version, lease_owner,
-	lease_expires_at, lease_epoch, created_at, updated_at, finished_at, prompt_tokens, completion_tokens`
+	lease_expires_at, lease_epoch, created_at, updated_at, finished_at, prompt_tokens, completion_tokens,
+	queue_item_id`
 
 type runRow struct {
 	RunID                    string         `db:"run_id"`
@@ -200,6 +201,7 @@ type runRow struct {
 	FinishedAt               sql.NullInt64  `db:"finished_at"`
 	PromptTokens             int64          `db:"prompt_tokens"`
 	CompletionTokens         int64          `db:"completion_tokens"`
+	QueueItemID              sql.NullString `db:"queue_item_id"`
 }
 
 func (r runRow) status() chat.RunStatus { return chat.RunStatus(r.Status) }
@@ -211,8 +213,9 @@ func (r runRow) run() chat.Run {
 		CancelReason: fromNullString(r.CancelReason), RequestedBy: fromNullString(r.RequestedBy),
 		DiscardedStreamChars: r.DiscardedStreamChars, Error: fromNullString(r.Error), Attempt: r.Attempt,
 		CreatedAt: fromMS(r.CreatedAt), FinishedAt: fromNullMS(r.FinishedAt),
-		Usage:    chat.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
-		Executed: r.LeaseEpoch > 0, // every claim, and only a claim, takes a new lease epoch
+		Usage:       chat.Usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens},
+		Executed:    r.LeaseEpoch > 0, // every claim, and only a claim, takes a new lease epoch
+		QueueItemID: r.QueueItemID.String,
 	}
 }
 

@@ -104,71 +104,9 @@ func (s *Store) startRun(ctx context.Context, p chat.StartRun, want *startClaim)
 				return err
 			}
 		}
-		runID := chat.NewID(chat.PrefixRun)
-		base := from
-		note := ""
-		switch {
-		case p.UserMessage != nil:
-			if c.row.Title == chat.DefaultTitle && len(from.MessageIDs) == 0 {
-				if err := t.retitle(c, chat.TitleFrom(*p.UserMessage)); err != nil {
-					return err
-				}
-			}
-			msgID := chat.NewID(chat.PrefixMessage)
-			cpID := chat.NewID(chat.PrefixCheckpoint)
-			if _, err := t.publishMessage(c, chat.Message{
-				MessageID: msgID,
-				Role:      chat.RoleUser,
-				Kind:      chat.KindText,
-				Content:   *p.UserMessage,
-			}, cpID, ""); err != nil {
-				return err
-			}
-			ids := append(append([]string{}, from.MessageIDs...), msgID)
-			base, err = t.addCheckpoint(c, chat.Checkpoint{
-				CheckpointID: cpID, ParentCheckpointID: &from.CheckpointID, MessageIDs: ids,
-				CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
-				Pending: &chat.Pending{Step: chat.StepGenerate, InputHash: inputHash(ids)},
-			}, "")
-			if err != nil {
-				return err
-			}
-		case from.Pending == nil:
-			return chat.Invalid(
-				"checkpoint %s has no unfinished step to continue: send user_message to ask something new",
-				from.CheckpointID,
-			)
-		default:
-			if note, err = t.resumeNote(p.ThreadID, from.CheckpointID); err != nil {
-				return err
-			}
-			if from.CheckpointID != c.row.HeadCheckpointID {
-				// Continuing an older point: it becomes the head again
-				// through a new checkpoint, so history never jumps silently.
-				base, err = t.addCheckpoint(c, chat.Checkpoint{
-					CheckpointID: chat.NewID(chat.PrefixCheckpoint), ParentCheckpointID: &from.CheckpointID,
-					MessageIDs: from.MessageIDs, CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
-					Pending: from.Pending,
-				}, "")
-				if err != nil {
-					return err
-				}
-			}
-		}
-		ev := t.event(c, chat.EventRunStarted, runID)
-		now := ms(t.now)
-		if _, err := t.exec(`INSERT INTO runs (run_id, thread_id, status, base_checkpoint_id, resume_note, attempt,
-			client_request_id, start_state_version, created_at, updated_at)
-			VALUES (?, ?, 'queued', ?, ?, 1, ?, ?, ?, ?)`,
-			runID, p.ThreadID, base.CheckpointID, note, nullStr(p.ClientRequestID), c.row.StateVersion,
-			now, now); err != nil {
-			if isUniqueViolation(err) {
-				return chat.Errorf(
-					chat.CodeRunAlreadyActive,
-					"another run started on this thread at the same moment: reload it",
-				)
-			}
-			return fmt.Errorf("insert run: %w", err)
+		runID, base, ev, err := t.startOn(c, from, p.UserMessage, p.ClientRequestID, "")
+		if err != nil {
+			return err
 		}
 		if want != nil && !s.pg && t.buf != nil {
 			if claim, err = t.claimStarted(c, runID, want, s.perUser); err != nil {
@@ -410,6 +348,10 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if err != nil {
 		return err
 	}
+	next, err := t.planAfterEnd(c, chat.RunCancelled, row.CancelReason.String)
+	if err != nil {
+		return err
+	}
 	ev := t.event(c, chat.EventRunCancelled, row.RunID)
 	executed := row.LeaseEpoch > 0 // as Run.Executed: every claim, and only a claim, takes a new lease epoch
 	ev.Body = chat.RunCancelledBody{
@@ -419,6 +361,7 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 		ResumePolicy:         chat.ResumePolicyRegenerate,
 		Operations:           ops,
 		Executed:             &executed,
+		QueuedMessages:       next.waiting,
 	}
 	if err := transition(row, chat.RunCancelled); err != nil {
 		return err
@@ -432,7 +375,10 @@ func (t *txn) finishCancel(row runRow, unbuffered int64) error {
 	if row.CancelRequestedAt.Valid {
 		t.cancelsAccepted = append(t.cancelsAccepted, row.CancelRequestedAt.Int64)
 	}
-	return t.append(ev)
+	if err := t.append(ev); err != nil {
+		return err
+	}
+	return next.do(t, c)
 }
 
 // discarded counts the characters a run streamed for messages that were
@@ -635,7 +581,14 @@ func (t *txn) finish(row runRow, status chat.RunStatus, message string) error {
 		row.RunID); err != nil {
 		return fmt.Errorf("finish run: %w", err)
 	}
-	return t.append(ev)
+	next, err := t.planAfterEnd(c, status, "")
+	if err != nil {
+		return err
+	}
+	if err := t.append(ev); err != nil {
+		return err
+	}
+	return next.do(t, c)
 }
 
 // RestartStep starts the step lease's execution streams over, after its
@@ -728,4 +681,84 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 		return nil
 	})
 	return in, err
+}
+
+// startOn starts a run on c's thread from checkpoint from, as run.start
+// does once its checks passed: the user message (when there is one)
+// published under a new checkpoint whose pending step is generate, or
+// from's unfinished step continued; then the run row, queued. It answers
+// the run's id, its base checkpoint and its run.started event, reserved
+// but not appended: the caller sets its body and appends it.
+// queueItemID names the queue item the run starts from ("" for a
+// run.start).
+func (t *txn) startOn(c *threadCursor, from chat.Checkpoint, userMessage *string, clientRequestID, queueItemID string) (
+	runID string, base chat.Checkpoint, ev *chat.Event, err error,
+) {
+	runID = chat.NewID(chat.PrefixRun)
+	base = from
+	note := ""
+	switch {
+	case userMessage != nil:
+		if c.row.Title == chat.DefaultTitle && len(from.MessageIDs) == 0 {
+			if err := t.retitle(c, chat.TitleFrom(*userMessage)); err != nil {
+				return "", base, nil, err
+			}
+		}
+		msgID := chat.NewID(chat.PrefixMessage)
+		cpID := chat.NewID(chat.PrefixCheckpoint)
+		if _, err := t.publishMessage(c, chat.Message{
+			MessageID: msgID,
+			Role:      chat.RoleUser,
+			Kind:      chat.KindText,
+			Content:   *userMessage,
+		}, cpID, ""); err != nil {
+			return "", base, nil, err
+		}
+		ids := append(append([]string{}, from.MessageIDs...), msgID)
+		base, err = t.addCheckpoint(c, chat.Checkpoint{
+			CheckpointID: cpID, ParentCheckpointID: &from.CheckpointID, MessageIDs: ids,
+			CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
+			Pending: &chat.Pending{Step: chat.StepGenerate, InputHash: inputHash(ids)},
+		}, "")
+		if err != nil {
+			return "", base, nil, err
+		}
+	case from.Pending == nil:
+		return "", base, nil, chat.Invalid(
+			"checkpoint %s has no unfinished step to continue: send user_message to ask something new",
+			from.CheckpointID,
+		)
+	default:
+		if note, err = t.resumeNote(c.row.ThreadID, from.CheckpointID); err != nil {
+			return "", base, nil, err
+		}
+		if from.CheckpointID != c.row.HeadCheckpointID {
+			// Continuing an older point: it becomes the head again
+			// through a new checkpoint, so history never jumps silently.
+			base, err = t.addCheckpoint(c, chat.Checkpoint{
+				CheckpointID: chat.NewID(chat.PrefixCheckpoint), ParentCheckpointID: &from.CheckpointID,
+				MessageIDs: from.MessageIDs, CompletedSteps: from.CompletedSteps, ToolResults: from.ToolResults,
+				Pending: from.Pending,
+			}, "")
+			if err != nil {
+				return "", base, nil, err
+			}
+		}
+	}
+	ev = t.event(c, chat.EventRunStarted, runID)
+	now := ms(t.now)
+	if _, err := t.exec(`INSERT INTO runs (run_id, thread_id, status, base_checkpoint_id, resume_note, attempt,
+		client_request_id, start_state_version, created_at, updated_at, queue_item_id)
+		VALUES (?, ?, 'queued', ?, ?, 1, ?, ?, ?, ?, ?)`,
+		runID, c.row.ThreadID, base.CheckpointID, note, nullStr(clientRequestID), c.row.StateVersion,
+		now, now, nullStr(queueItemID)); err != nil {
+		if isUniqueViolation(err) {
+			return "", base, nil, chat.Errorf(
+				chat.CodeRunAlreadyActive,
+				"another run started on this thread at the same moment: reload it",
+			)
+		}
+		return "", base, nil, fmt.Errorf("insert run: %w", err)
+	}
+	return runID, base, ev, nil
 }

@@ -160,6 +160,9 @@ type Store struct {
 	clock   func() time.Time
 	horizon time.Duration // Options.ReconcileHorizon
 	perUser int           // Options.MaxRunsPerUser
+	// queueStarts is signalled (cap 1, never blocking) after a commit
+	// that started a run from a thread's message queue (QueueStarts).
+	queueStarts chan struct{}
 }
 
 // IsPostgres reports whether dsn names a PostgreSQL database (a postgres://
@@ -362,6 +365,8 @@ func newStore(ctx context.Context, writer, reader *sqlx.DB, opts Options, pg boo
 		horizon: horizon,
 		perUser: max(opts.MaxRunsPerUser, 0),
 		cps:     newChainCache(chainCacheWeight),
+
+		queueStarts: make(chan struct{}, 1),
 	}
 	st.SetOnCommit(opts.OnCommit)
 	st.gate = newWriterGate(&st.queue.waiting)

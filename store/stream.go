@@ -60,6 +60,9 @@ func (s *Store) SaveFragment(ctx context.Context, p chat.SaveFragment) (chat.Fra
 		if err != nil {
 			return err
 		}
+		if err := t.pauseQueue(c, chat.PausedHeadMoved); err != nil {
+			return err
+		}
 		out = chat.FragmentSaved{MessageID: msgID, CheckpointID: cp.CheckpointID, StateVersion: c.row.StateVersion}
 		return nil
 	})
@@ -373,6 +376,9 @@ func (s *Store) DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.Draft
 			CompletedSteps: head.CompletedSteps, ToolResults: head.ToolResults, Pending: head.Pending,
 		}, "")
 		if err != nil {
+			return err
+		}
+		if err := t.pauseQueue(c, chat.PausedHeadMoved); err != nil {
 			return err
 		}
 		out = chat.DraftDeleted{CheckpointID: cp.CheckpointID, StateVersion: c.row.StateVersion}

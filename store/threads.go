@@ -369,9 +369,15 @@ func readSnapshot(
 	if err != nil {
 		return chat.Snapshot{}, err
 	}
+	queue, err := readQueue(ctx, q, threadID)
+	if err != nil {
+		return chat.Snapshot{}, err
+	}
+	wq := queue.wire()
 	snap := chat.Snapshot{
 		ThreadID: row.ThreadID, Title: row.Title, StateVersion: row.StateVersion,
 		HeadCheckpointID: row.HeadCheckpointID, LastSeq: row.LastSeq, Messages: msgs, EarlierMessages: earlier,
+		Queue: &wq,
 	}
 	var run runRow
 	err = q.GetContext(ctx, &run, q.Rebind(`SELECT `+runCols+` FROM runs WHERE thread_id = ?
@@ -604,6 +610,9 @@ func (s *Store) Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck
 			return err
 		}
 		t.setHead(c, checkpointID)
+		if err := t.pauseQueue(c, chat.PausedHeadMoved); err != nil {
+			return err
+		}
 		out = chat.CheckoutAck{HeadCheckpointID: checkpointID, StateVersion: c.row.StateVersion}
 		return nil
 	})
@@ -706,6 +715,11 @@ func (s *Store) DeleteThread(
 			return fmt.Errorf("delete thread: %w", err)
 		}
 		c.row.DeletedAt = sql.NullInt64{Int64: now, Valid: true}
+		// What waited in its queue was never sent: it goes with the thread.
+		if _, err := t.exec(`UPDATE queue_items SET state = 'removed', user_message = '', updated_at = ?
+			WHERE thread_id = ? AND state = 'waiting'`, now, threadID); err != nil {
+			return fmt.Errorf("empty the deleted thread's queue: %w", err)
+		}
 		return nil
 	})
 	if err != nil {

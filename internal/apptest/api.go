@@ -16,7 +16,7 @@ import (
 // every successful answer under /api to the status docs/protocol.md gives
 // its route (the client takes any 2xx as success; these tests always
 // required the exact one: 201 for a created thread, a started run, a
-// saved fragment and a fork, 202 for a cancel, 200 for the rest), and it
+// saved fragment, a fork and a queued message, 202 for a cancel, 200 for the rest), and it
 // adds header, headers the client has no option for (a __Host- session
 // cookie over plain http, which a server with SecureCookies names so).
 type apiTransport struct {
@@ -48,7 +48,8 @@ func apiStatus(method, path string) int {
 	}
 	switch {
 	case path == "/api/threads",
-		strings.HasPrefix(path, "/api/threads/") && (strings.HasSuffix(path, "/runs") || strings.HasSuffix(path, "/fragments") || strings.HasSuffix(path, "/fork")):
+		strings.HasPrefix(path, "/api/threads/") && (strings.HasSuffix(path, "/runs") || strings.HasSuffix(path, "/fragments") || strings.HasSuffix(path, "/fork") ||
+			strings.HasSuffix(path, "/queue")):
 		return http.StatusCreated
 	case strings.HasPrefix(path, "/api/runs/") && strings.HasSuffix(path, "/cancel"):
 		return http.StatusAccepted
