@@ -254,6 +254,10 @@ func (r *ilRun) act(settling bool) {
 		if a.name == "reconnect" && len(r.recon) >= 2 {
 			continue
 		}
+		if a.name == "crash" && accepted && r.queued < 3 && !settling {
+			pick = append(pick, ilAction{"queue", 1})
+			total++
+		}
 		pick = append(pick, a)
 		total += a.weight
 	}
@@ -287,6 +291,11 @@ func (r *ilRun) do(st, a string) {
 		r.waiting = false
 	case "cancel", "cancel-again":
 		again := a == "cancel-again"
+		if !again && r.rng.IntN(2) == 0 {
+			// At a point of rest the run cannot end before the cancel:
+			// what is queued now waits, and the cancel pauses it.
+			r.queue(st)
+		}
 		r.step("cancel (%s)", st)
 		ack, err := h.eng.CancelRun(ctx, chat.CancelRun{UserID: ilUser, RunID: r.runID, Reason: chat.ReasonUserRequested, RequestedBy: "tab:seed"})
 		if err != nil {
@@ -338,6 +347,9 @@ func (r *ilRun) do(st, a string) {
 		}
 		r.recon = append(r.recon, &ilReconnect{from: from, last: rep.LastSeq, events: rep.Events, sub: sub})
 		return // nothing moves
+	case "queue":
+		r.queue(st)
+		return // nothing moves
 	case "crash":
 		r.crash(st)
 		if st == "waiting_confirmation" {
@@ -368,4 +380,21 @@ func (r *ilRun) crash(st string) {
 		}
 	}
 	r.startEngine()
+}
+
+// queue adds a message to the thread's queue while the run is active and
+// either already being cancelled or about to be (the cancel follows at
+// once, at a point of rest): the run can then only end cancelled, and the
+// message must be paused by that end, never started (invariant 11),
+// whatever the end's interleaving.
+func (r *ilRun) queue(st string) {
+	r.step("queue a message (%s)", st)
+	ack, err := r.h.eng.QueueAdd(context.Background(), chat.QueueAdd{UserID: ilUser, ThreadID: r.thread,
+		UserMessage: "queued", RequestedBy: "tab:seed"})
+	if err != nil || ack.Position != r.queued+1 || ack.RunID != "" {
+		r.fail("queue.add while the run is active: %+v, %v", ack, err)
+		return
+	}
+	r.queued++
+	r.stats.queued++
 }

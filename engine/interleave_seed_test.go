@@ -23,7 +23,7 @@ import (
 
 type ilStats struct {
 	seeds, steps, cancels, hookCancels, confirms, rejects, completes, lost int
-	crashes, deadWorkers, reconnects, releases                             int
+	crashes, deadWorkers, reconnects, releases, queued                     int
 	ended                                                                  map[chat.RunStatus]int
 	phases                                                                 map[string]int
 	violations                                                             int
@@ -84,6 +84,7 @@ type ilRun struct {
 		touched  bool // the tool had been called (or the provider reached) at that moment
 	}
 	crashes int
+	queued  int // messages queued after the cancel was accepted
 }
 
 func (r *ilRun) step(format string, args ...any) {

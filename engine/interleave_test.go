@@ -111,12 +111,13 @@ func (r *ilRun) verify() {
 			r.fail("live stream jumps from seq %d to %d", prev, ev.Seq)
 		}
 		prev = ev.Seq
-		if cancelled >= 0 {
+		if cancelled >= 0 && ev.Type != chat.EventQueueUpdated { // the pause, in run.cancelled's transaction
 			r.fail("%s (seq %d) published after run.cancelled", ev.Type, ev.Seq)
 		}
 		if cancelReq >= 0 {
 			switch ev.Type {
-			case chat.EventToolUpdated, chat.EventCheckpointCreated, chat.EventRunCancelling, chat.EventRunCancelled:
+			case chat.EventToolUpdated, chat.EventCheckpointCreated, chat.EventRunCancelling, chat.EventRunCancelled,
+				chat.EventQueueUpdated:
 			case chat.EventMessagePublished:
 				if m := ev.Body.(chat.MessagePublishedBody).Message; m.Role != chat.RoleTool {
 					r.fail("%s message %s published after the cancel was accepted", m.Role, m.MessageID)
@@ -181,6 +182,15 @@ func (r *ilRun) verify() {
 	}
 	if snap.ActiveRun != nil {
 		r.fail("snapshot still shows active run %+v", snap.ActiveRun)
+	}
+	// Messages queued while the cancel was under way wait, paused by it;
+	// none started, and the receipt counts them.
+	if q := snap.Queue; q == nil || len(q.Items) != r.queued || (r.queued > 0 && (!q.Paused ||
+		*q.PausedReason != chat.PausedRunCancelled)) {
+		r.fail("queue after the run: %+v, want %d items paused by the cancel", snap.Queue, r.queued)
+	}
+	if r.queued > 0 && (receipt == nil || receipt.QueuedMessages != r.queued) {
+		r.fail("receipt %+v: want queued_messages %d", receipt, r.queued)
 	}
 	if run.Status == chat.RunCompleted {
 		if n := len(snap.Messages); n == 0 || snap.Messages[n-1].Role != chat.RoleAssistant {
@@ -424,8 +434,8 @@ func TestInterleavings(t *testing.T) {
 			checkStore(seed)
 		}
 	}
-	t.Logf("interleavings: seeds=%d steps=%d releases=%d cancels=%d (at store boundaries: %d) confirms=%d rejects=%d tool_completions=%d lost_answers=%d crashes=%d dead_workers=%d reconnects=%d violations=%d in %v",
+	t.Logf("interleavings: seeds=%d steps=%d releases=%d cancels=%d (at store boundaries: %d) confirms=%d rejects=%d tool_completions=%d lost_answers=%d crashes=%d dead_workers=%d reconnects=%d queued=%d violations=%d in %v",
 		stats.seeds, stats.steps, stats.releases, stats.cancels, stats.hookCancels, stats.confirms, stats.rejects, stats.completes, stats.lost,
-		stats.crashes, stats.deadWorkers, stats.reconnects, stats.violations, time.Since(start).Round(time.Millisecond))
+		stats.crashes, stats.deadWorkers, stats.reconnects, stats.queued, stats.violations, time.Since(start).Round(time.Millisecond))
 	t.Logf("runs ended: %v; operations ended: %v", stats.ended, stats.phases)
 }

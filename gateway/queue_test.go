@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/tools/email"
 )
 
 // heldRun creates a thread, subscribes tabs to it from seq 0 and starts a
@@ -455,4 +456,52 @@ func TestQueueOverHTTP(t *testing.T) {
 	if r := h.do(http.MethodPost, "/api/threads/"+snap.ThreadID+"/queue/resume", nil); r.status != http.StatusOK {
 		t.Errorf("resume over HTTP: %v", r)
 	}
+}
+
+// TestQueueBehindAConfirmation: a run waiting for a confirmation is active,
+// so a queued message waits behind it; an interrupt then cancels it as a
+// Stop does (the email never sent, its operation voided, not_started in the
+// receipt) and the interrupt's run starts; the after item keeps waiting
+// behind the new run and starts when it completes.
+func TestQueueBehindAConfirmation(t *testing.T) {
+	t.Parallel()
+	h := newToolHarness(t, 0, email.OutboxConfig{})
+	snap := h.createThread("")
+	th := snap.ThreadID
+	s := h.openSSE(th, "after_seq=0", "")
+	ack, op, _ := h.askEmail(s, th, "ann@example.com", "Send an email to ann@example.com about the quote")
+	var after chat.QueueAddAck
+	h.call(http.MethodPost, "/api/threads/"+th+"/queue", map[string]any{"user_message": "then say hi"}, http.StatusCreated, &after)
+	if after.Position != 1 || after.RunID != "" {
+		t.Fatalf("add behind a confirmation: %+v", after)
+	}
+	var now chat.QueueAddAck
+	h.call(http.MethodPost, "/api/threads/"+th+"/queue", map[string]any{"user_message": "never mind, tell me a joke",
+		"mode": "interrupt"}, http.StatusCreated, &now)
+	if now.Interrupted != ack.RunID || now.Position != 1 {
+		t.Fatalf("interrupt of a run waiting for a confirmation: %+v", now)
+	}
+	var receipt, started *wireEvent
+	s.waitFor("the interrupt's run", func(e *wireEvent) bool {
+		if e.Type == chat.EventRunCancelled && e.RunID == ack.RunID {
+			receipt = e
+		}
+		if e.Type == chat.EventRunStarted && strings.Contains(string(e.Data), now.ItemID) {
+			started = e
+		}
+		return started != nil
+	})
+	if receipt == nil || !strings.Contains(string(receipt.Data), `"outcome":"not_started"`) ||
+		!strings.Contains(string(receipt.Data), `"queued_messages":1`) {
+		t.Fatalf("receipt %v: want the email not_started and one message waiting", receipt)
+	}
+	if got := h.onlyOp(th); got.OperationID != op.OperationID || got.Phase != chat.PhaseVoided {
+		t.Errorf("the email after the interrupt: %+v", got)
+	}
+	if len(h.accepted()) != 0 {
+		t.Errorf("the provider accepted %v", h.accepted())
+	}
+	s.waitFor("the after item's start", func(e *wireEvent) bool {
+		return e.Type == chat.EventRunStarted && strings.Contains(string(e.Data), after.ItemID)
+	})
 }
