@@ -550,6 +550,8 @@ type ledger struct {
 	confirmed map[string]bool   // operation id -> confirmed (true) or rejected (false), acked
 	opThread  map[string]string // operation id -> its thread
 	refusals  map[string]int    // "command status code" -> count (expected refusals, for the log)
+	queued    map[string]string // queue item -> thread: every acked queue.add
+	resumes   int
 	errs      []string
 }
 
@@ -577,6 +579,10 @@ func (l *ledger) work(ctx context.Context, c *cluster, r *rand.Rand, threadID st
 			continue // a dying instance; the next turn picks again
 		}
 		runID := ""
+		if snap.ActiveRun == nil && snap.Queue != nil && snap.Queue.Paused && r.Intn(2) == 0 {
+			l.resume(c, r, threadID)
+			continue
+		}
 		if snap.ActiveRun != nil {
 			runID = snap.ActiveRun.RunID
 		} else {
@@ -584,6 +590,11 @@ func (l *ledger) work(ctx context.Context, c *cluster, r *rand.Rand, threadID st
 			if runID == "" {
 				continue
 			}
+		}
+		if r.Intn(10) < 3 {
+			// The next message, queued through any instance: it starts
+			// when this run completes, or waits paused after a cancel.
+			l.queue(ctx, c, r, threadID, prompts[r.Intn(len(prompts))])
 		}
 		if r.Intn(10) < 4 {
 			pause(ctx, time.Duration(r.Intn(700))*time.Millisecond)
@@ -710,3 +721,42 @@ func (l *ledger) decide(c *cluster, r *rand.Rand, threadID, runID string) {
 }
 
 // ---------------------------------------------------------------------------
+
+// queue sends queue.add, retrying with the same client_request_id on
+// other instances when an answer is lost.
+func (l *ledger) queue(ctx context.Context, c *cluster, r *rand.Rand, threadID, prompt string) {
+	crid := fmt.Sprintf("q-%d", r.Int63())
+	for try := 0; try < 5 && ctx.Err() == nil; try++ {
+		_, api := c.pick(r)
+		ack, err := api.QueueAdd(context.Background(), client.QueueAddRequest{ThreadID: threadID, UserMessage: prompt,
+			ClientRequestID: crid})
+		e := apptest.Refusal(err)
+		switch {
+		case err == nil:
+			l.mu.Lock()
+			l.queued[ack.ItemID] = threadID
+			l.mu.Unlock()
+			return
+		case e == nil:
+			continue // maybe executed, maybe not: the retry with the same id tells
+		default:
+			l.refused("queue.add", e)
+			return
+		}
+	}
+}
+
+// resume sends queue.resume to a random instance.
+func (l *ledger) resume(c *cluster, r *rand.Rand, threadID string) {
+	_, api := c.pick(r)
+	_, err := api.QueueResume(context.Background(), client.QueueItemRequest{ThreadID: threadID})
+	if e := apptest.Refusal(err); e != nil {
+		l.refused("queue.resume", e)
+		return
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.resumes++
+		l.mu.Unlock()
+	}
+}

@@ -88,7 +88,7 @@ func TestMultiNode(t *testing.T) {
 		"short: say hello",
 	}
 	l := &ledger{runs: map[string]string{}, cancelled: map[string]bool{}, cancelAt: map[string]time.Time{},
-		confirmed: map[string]bool{}, opThread: map[string]string{}, refusals: map[string]int{}}
+		confirmed: map[string]bool{}, opThread: map[string]string{}, refusals: map[string]int{}, queued: map[string]string{}}
 	wctx, stopWork := context.WithTimeout(context.Background(), *multiDuration)
 	defer stopWork()
 	var workers sync.WaitGroup
@@ -189,6 +189,22 @@ func TestMultiNode(t *testing.T) {
 			if at, ok := l.cancelAt[ev.runID]; ok {
 				latencies = append(latencies, time.UnixMilli(ev.ts).Sub(at))
 			}
+		}
+	}
+	// Every acked queue.add is an item of its thread: sent once (a run
+	// names it), or waiting (paused), whichever instance took it.
+	queueStates := map[string]int{}
+	for item, thread := range l.queued {
+		var state, itemThread string
+		var runs int
+		if err := db.QueryRow(`SELECT state, thread_id, (SELECT COUNT(*) FROM runs WHERE queue_item_id = $1)
+			FROM queue_items WHERE item_id = $1`, item).Scan(&state, &itemThread, &runs); err != nil {
+			t.Errorf("acked queue item %s: %v", item, err)
+			continue
+		}
+		queueStates[state]++
+		if itemThread != thread || (state == "started") != (runs == 1) || state == "removed" {
+			t.Errorf("acked queue item %s of %s: %s in %s, %d runs name it", item, thread, state, itemThread, runs)
 		}
 	}
 	phases := map[string]string{}
@@ -297,6 +313,7 @@ func TestMultiNode(t *testing.T) {
 	for _, s := range lastSeqs {
 		seqs += s
 	}
+	t.Logf("queue: %d messages queued (by state %v), %d resumes", len(l.queued), queueStates, l.resumes)
 	t.Logf("%d threads, %d tabs (%d reconnects), %d runs %v (%d held by the killed instance, all finished elsewhere), %d cancels accepted, %d decisions, %d emails accepted, %d events per tab on average; %g gap recoveries by the buses (%g events from the log); "+
 		"cancel → run.cancelled (ts, ms resolution) p50 %v p99 %v over %d; expected refusals %v",
 		len(ids), len(tabs), reconnects, len(l.runs), statuses, takenOver, len(l.cancelled), len(l.confirmed), accepted,
