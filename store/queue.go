@@ -161,7 +161,7 @@ type afterEnd struct {
 //   - completed: the first item starts, unless the queue is paused;
 //   - cancelled: a first item that is an interrupt starts (the user asked
 //     for it to replace the run); the rest pause unless the cancel was that
-//     interrupt's (reason interrupted);
+//     interrupt's (reason interrupted, and its item is the one starting);
 //   - failed: the queue pauses.
 func (t *txn) planAfterEnd(c *threadCursor, status chat.RunStatus, reason string) (afterEnd, error) {
 	if c.row.DeletedAt.Valid {
@@ -177,7 +177,12 @@ func (t *txn) planAfterEnd(c *threadCursor, status chat.RunStatus, reason string
 		p.start = !q.paused.Valid
 	case chat.RunCancelled:
 		p.start = q.items[0].Mode == chat.QueueInterrupt
-		if reason != chat.ReasonInterrupted && !q.paused.Valid {
+		// Only the interrupt's own cancel, whose item starts now, leaves
+		// the rest going. (Its item removed before the cancel ended, the
+		// cancel pauses what is left like any Stop: an unpaused queue with
+		// no run would wait for nothing, and the next message added would
+		// start ahead of it.)
+		if !q.paused.Valid && !(p.start && reason == chat.ReasonInterrupted) {
 			p.pause = chat.PausedRunCancelled
 		}
 	case chat.RunFailed:

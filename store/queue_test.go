@@ -175,6 +175,32 @@ func TestQueueHeadMovePauses(t *testing.T) {
 	mustCheck(t, st, "after a head move")
 }
 
+// TestQueueInterruptRemovedBeforeItsCancelEnds: an interrupt item removed
+// while its cancel is under way leaves the after items paused by that
+// cancel, not waiting for nothing with no run to follow.
+func TestQueueInterruptRemovedBeforeItsCancelEnds(t *testing.T) {
+	st, _ := open(t)
+	th := newThread(t, st)
+	run1 := startAndClaim(t, st, th.ThreadID, "first")
+	queueAdd(t, st, th.ThreadID, "after", "")
+	now, interrupted, err := st.QueueAdd(ctx, chat.QueueAdd{UserID: user, ThreadID: th.ThreadID, UserMessage: "now",
+		Mode: chat.QueueInterrupt, RequestedBy: "tab:t"})
+	if err != nil || interrupted == nil || interrupted.RunID != run1 || now.Position != 1 {
+		t.Fatalf("interrupt: %+v, %+v, %v", now, interrupted, err)
+	}
+	if _, err := st.QueueRemove(ctx, chat.QueueRemove{UserID: user, ThreadID: th.ThreadID, ItemID: now.ItemID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.FinishCancel(ctx, run1, ptr(leaseW(run1)), 0); err != nil {
+		t.Fatal(err)
+	}
+	q, active := snapshotQueue(t, st, th.ThreadID)
+	if active != nil || len(q.Items) != 1 || !q.Paused || *q.PausedReason != chat.PausedRunCancelled {
+		t.Fatalf("after the interrupt's cancel, its item removed: active %+v, queue %+v", active, q)
+	}
+	mustCheck(t, st, "after an interrupt withdrawn")
+}
+
 // TestCheckReportsQueueViolations: invariant 11 broken three ways behind
 // the store's back is reported, naming the item.
 func TestCheckReportsQueueViolations(t *testing.T) {
