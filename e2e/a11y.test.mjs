@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AxeBuilder } from "@axe-core/playwright";
-import { serveForFile, newPage, newThread, openTwoTabs, enterWhileStreaming, send, runStatus, eventually, messageTexts, shot } from "./harness.mjs";
+import { serveForFile, newPage, newThread, openTwoTabs, queueWhileStreaming, send, runStatus, eventually, messageTexts, shot } from "./harness.mjs";
 
 // axe-core on every state of the page a user meets, light and dark, wide
 // and narrow: no serious or critical violation. (axe finds what rules can
@@ -102,6 +102,8 @@ async function auditNotice(page, state, visible) {
       await page.setViewportSize({ width: w, height: h });
       await page.emulateMedia({ colorScheme: scheme });
       assert.ok(await visible.isVisible(), `${state} @${w} ${scheme}: still shown`);
+      // (In view: a resize leaves the page scrolled elsewhere.)
+      await visible.scrollIntoViewIfNeeded();
       if (w === 360) {
         const f = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, iw: window.innerWidth }));
         if (f.sw > f.iw) found.push(`${state} @360 ${scheme}: the page is ${f.sw} px wide in a ${f.iw} px window`);
@@ -149,11 +151,12 @@ test("no serious or critical axe violation, and nothing wider than 360 px, with 
   await banner.waitFor({ state: "hidden" });
   await b.close();
 
-  // Enter while a reply streams: the note, the text kept. (About 1,400
-  // words at 40 ms: it streams through every check.)
-  const notice = await enterWhileStreaming(a, "Repeat after me: " + "a reply that streams for a while ".repeat(200));
-  found.push(...(await auditNotice(a, "Enter while streaming", notice)));
-  assert.equal(await a.locator("#thread").getAttribute("data-run-status"), "running", "the note was checked while the reply streamed");
+  // Enter while a reply streams: the message is queued under the reply.
+  // (About 1,400 words at 40 ms: it streams through every check.)
+  const queued = await queueWhileStreaming(a, "Repeat after me: " + "a reply that streams for a while ".repeat(200));
+  found.push(...(await auditNotice(a, "Enter while streaming", queued)));
+  assert.equal(await a.locator("#thread").getAttribute("data-run-status"), "running", "the queue was checked while the reply streamed");
+  const notice = a.getByTestId("notice");
 
   // The server goes away mid-reply and Cancel is pressed: the page says it
   // is reconnecting and that the cancel waits for the connection.
@@ -162,8 +165,9 @@ test("no serious or critical axe violation, and nothing wider than 360 px, with 
   await a.getByTestId("cancel").click();
   const pending = a.getByTestId("cancel-pending");
   await pending.filter({ hasText: "Cancel will be sent when the connection is back" }).waitFor();
-  // The note to wait or cancel no longer applies once Cancel was pressed.
-  await eventually(async () => assert.ok(await notice.isHidden(), `no note to cancel after the cancel: ${await notice.textContent()}`));
+  // No note: what was queued stays, kept with the conversation.
+  await eventually(async () => assert.ok(await notice.isHidden(), `no note after the cancel: ${await notice.textContent()}`));
+  assert.ok(await queued.isVisible(), "the queued message stays while the server is away");
   assert.equal(await a.getByTestId("cancel").textContent(), "Cancel pending");
   const cancelBox = await a.getByTestId("cancel").evaluate((e) => ({ h: e.getBoundingClientRect().height, line: parseFloat(getComputedStyle(e).lineHeight) }));
   assert.ok(cancelBox.h < 2 * cancelBox.line, `the button's label is on one line: ${JSON.stringify(cancelBox)}`);
@@ -171,6 +175,9 @@ test("no serious or critical axe violation, and nothing wider than 360 px, with 
   await server.start(server.addr);
   await a.getByTestId("receipt").waitFor({ timeout: 20000 });
   await a.locator("[data-testid=conn-status][data-state=live]").waitFor();
+  // The cancel paused the queue: the message waits, and the page says so.
+  await a.getByTestId("queue-state").filter({ hasText: "Paused: the reply was stopped." }).waitFor();
+  found.push(...(await auditNotice(a, "queue paused after the cancel", a.getByTestId("queue-resume"))));
 
   // Away again with nothing running: Enter says it is not connected and
   // keeps the text; the note goes once the page is live again.

@@ -27,7 +27,11 @@ async function expectWaiting(page, text) {
   assert.equal(await chip(page).textContent(), text);
   await runStatus(page, "queued");
   assert.ok(await page.getByTestId("cancel").isEnabled(), "Cancel is available while the run waits");
-  assert.ok(await page.getByTestId("send").isHidden());
+  // Send stays (what is written waits in the queue, after the run), and
+  // Send now would stop the waiting run instead.
+  assert.ok(await page.getByTestId("send").isVisible());
+  assert.equal(await page.getByTestId("send").getAttribute("title"), "Queue this: it is sent when the reply finishes");
+  assert.ok(await page.getByTestId("send-now").isVisible());
   assert.equal(await page.locator("[data-testid=run-chip].live").count(), 0, "not the streaming indicator");
   assert.equal(await page.getByTestId("streaming-text").count(), 0, "no reply text while waiting");
   assert.match(await page.getByTestId("waiting-hint").textContent(), /starts by itself when a slot frees up/);

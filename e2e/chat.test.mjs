@@ -53,7 +53,7 @@ test("send, watch the reply stream, cancel mid-stream and read the receipt", asy
   assert.ok(await page.getByTestId("send").isVisible());
   await page.getByTestId("run-chip").filter({ hasText: "Discarded" }).waitFor();
   await shot(page, "cancelled");
-  assert.equal(await receipt.locator("h3").textContent(), "Cancelled");
+  assert.equal(await receipt.locator("h2").textContent(), "Cancelled");
   assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters of unpublished text$/);
   assert.match(await page.getByTestId("receipt-kept").textContent(), /Lisbon/);
   // The untitled conversation took its name from the request, on this

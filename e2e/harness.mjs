@@ -334,11 +334,15 @@ export async function shot(page, name, { fullPage = true } = {}) {
 // (newThread, its URL answered as url).
 // shots takes the picture at 1280 and 390 px, light and dark (the page
 // must fit each width), then puts the page back at 1100 px, light.
-export async function shots(page, name) {
+// prepare, when given, runs at each size before the picture (a resize
+// leaves the page scrolled elsewhere: it brings back into view what the
+// picture is of).
+export async function shots(page, name, { prepare } = {}) {
   for (const [w, h] of [[1280, 820], [390, 844]]) {
     for (const scheme of ["light", "dark"]) {
       await page.setViewportSize({ width: w, height: h });
       await page.emulateMedia({ colorScheme: scheme });
+      await prepare?.();
       if (!(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth))) throw new Error(`${name} is wider than ${w} px`);
       await shot(page, `${name}-${w}-${scheme}`, { fullPage: false });
     }
@@ -378,18 +382,22 @@ export async function newThread(page, base) {
   return page.url();
 }
 
-// enterWhileStreaming sends text (long enough to still be streaming), then
-// types "my next question" and presses Enter while the reply streams; it
-// waits for the note that says to wait for the reply or cancel it, and
-// answers the note.
-export async function enterWhileStreaming(page, text) {
+// queueWhileStreaming sends text (long enough to still be streaming), then
+// types "my next question" and presses Enter while the reply streams: the
+// page queues it under the reply (the box empties, no note) while the
+// reply goes on. It answers the queued message as the page shows it.
+export async function queueWhileStreaming(page, text) {
   await send(page, text);
   await runStatus(page, "running");
   await page.getByTestId("composer-input").fill("my next question");
   await page.getByTestId("composer-input").press("Enter");
-  const notice = page.getByTestId("notice");
-  await notice.filter({ hasText: "Wait for the reply to finish, or cancel it (Cancel or Esc)" }).waitFor();
-  return notice;
+  const queued = page.getByTestId("queue-list").getByTestId("queued-item").filter({ hasText: "my next question" });
+  await queued.waitFor();
+  assert.equal(await queued.getByTestId("queued-text").textContent(), "my next question");
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "", "the queue has the text now");
+  assert.ok(await page.getByTestId("notice").isHidden(), `queued, not refused: ${await page.getByTestId("notice").textContent()}`);
+  await runStatus(page, "running");
+  return queued;
 }
 
 // longReply opens a new conversation and starts a reply long enough (80+

@@ -33,7 +33,10 @@ async function restartMidRun(signal, question) {
   const conn = page.getByTestId("conn-status");
   await page.locator("[data-testid=conn-status][data-state=reconnecting]").waitFor();
   assert.match(await conn.textContent(), /^Reconnecting.*…$/);
-  assert.ok(await page.getByTestId("send").isDisabled() || (await page.getByTestId("send").isHidden()), "nothing can be sent while offline");
+  // Offline, nothing is sent: Send (and Send now) only queue what is
+  // written, kept in this tab until the connection is back (queue.test.mjs).
+  assert.equal(await page.getByTestId("send").getAttribute("title"), "Queue this: it is sent when the reply finishes");
+  assert.match(await page.getByTestId("composer-hint").textContent(), /^Enter queues it for after the reply/);
   await shot(page, `restart-${signal}-reconnecting`);
 
   await server.start(server.addr);

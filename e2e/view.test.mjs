@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serveForFile, openPage, newPage, shot, newThread, send, runStatus, eventually, enterWhileStreaming } from "./harness.mjs";
+import { serveForFile, openPage, newPage, shot, newThread, send, runStatus, eventually, queueWhileStreaming, messageTexts } from "./harness.mjs";
 
 // Where the user looks, what the user typed, and who said what.
 let server, browser;
@@ -110,16 +110,29 @@ test("typed text survives a reload, goes along to a fork, and is gone once sent"
   assert.deepEqual(errors, []);
 });
 
-test("Enter while a reply streams says what to do and keeps the text; the note goes when the reply ends", async () => {
-  const { page, errors } = await openPage(browser, { thread: server.url });
+test("Enter while a reply streams queues the text under the reply, in view; it is sent by itself when the reply ends", async () => {
+  const { page, errors, socket } = await openPage(browser, { thread: server.url, intercept: true });
   // Long enough (about 4,800 words at 3 ms, some 15 s) to still be
   // streaming when Enter is pressed on a busy machine.
-  const notice = await enterWhileStreaming(page, "Repeat after me: " + "winter gardens need care ".repeat(1200));
-  assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
+  const request = "Repeat after me: " + "winter gardens need care ".repeat(1200);
+  const queued = await queueWhileStreaming(page, request);
+  // Where the user looks: the queued message is in view, above the composer.
+  await eventually(async () => {
+    const [box, composer] = await Promise.all([queued.boundingBox(), page.getByTestId("composer").boundingBox()]);
+    assert.ok(box.y >= 0 && box.y + box.height <= composer.y + 24, `queued at ${box.y}–${box.y + box.height}, the composer starts at ${composer.y}`);
+  });
+  // (The picture holds the stream back a moment: taken while the page
+  // scrolls with the reply, it would be cut off at one end.)
+  socket.mode = "hold";
+  await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
   await shot(page, "view-enter-while-streaming", { fullPage: false });
+  socket.release();
+  // The reply ends, and the queued message goes by itself: its reply follows.
+  await eventually(async () => assert.deepEqual((await messageTexts(page)).slice(-3).map((m) => [m.role, m.role === "user" ? m.text : ""]), [["assistant", ""], ["user", "my next question"], ["assistant", ""]]), { timeout: 60000 });
   await runStatus(page, "idle", 60000);
-  await eventually(async () => assert.ok(await notice.isHidden(), "the note clears itself"));
-  assert.equal(await page.getByTestId("composer-input").inputValue(), "my next question");
+  assert.ok(await page.getByTestId("queue").isHidden(), "nothing left in the queue");
+  assert.ok(await page.getByTestId("notice").isHidden(), "no note at any point");
+  assert.equal(await page.getByTestId("composer-input").inputValue(), "");
   assert.deepEqual(errors, []);
 });
 

@@ -1,13 +1,24 @@
 // The composer: the box a request is typed in, Send, and what it keeps.
 // What is typed is kept with the conversation in this browser (drafts.ts),
-// so a reload, a sign-out elsewhere or a fork does not lose it.
+// so a reload, a sign-out elsewhere or a fork does not lose it. While a
+// reply streams, Send (and Enter) queues the message for after it, and
+// "Send now" (Ctrl+Enter, ⌘+Enter on a Mac) sends it at once, stopping
+// the reply; the hint under the box says which key does what.
 
-import { $ } from "./dom";
+import { $, el } from "./dom";
 import { loadDraft, saveDraft } from "./drafts";
+
+// How a submit was asked for: Send or Enter ("send"), or Send now or
+// Ctrl+Enter ("now").
+export type SubmitKind = "send" | "now";
+
+const mac = /Mac|iPhone|iPad/.test(navigator.platform);
+const nowKey = mac ? "⌘+Enter" : "Ctrl+Enter";
 
 // Composer is the composer of one conversation. Owned by the
 // conversation's view, which decides what a submit does (onSubmit: the
-// form's submit, or Enter without Shift outside an IME composition).
+// form's submit, Enter without Shift outside an IME composition, Send now
+// or its key).
 export class Composer {
   // editing: the user is editing their last request, to be sent as a new
   // branch from resumeFrom, the checkpoint before it.
@@ -15,6 +26,9 @@ export class Composer {
   private readonly form: HTMLFormElement;
   private readonly input: HTMLTextAreaElement;
   private readonly send: HTMLButtonElement;
+  private readonly now: HTMLButtonElement;
+  private readonly hint: HTMLElement;
+  private readonly idleHint: string;
 
   constructor(
     root: HTMLElement,
@@ -23,14 +37,23 @@ export class Composer {
     this.form = $(root, "[data-testid=composer]");
     this.input = $(root, "[data-testid=composer-input]");
     this.send = $(root, "[data-testid=send]");
+    this.hint = $(root, "[data-testid=composer-hint]");
+    this.idleHint = this.hint.textContent ?? "";
+    this.now = el(
+      "button",
+      { type: "button", class: "btn send-now", "data-testid": "send-now", title: "Send now: stop the reply and send this", "aria-label": "Send now: stop the reply and send this", hidden: "" },
+      "Send now",
+    );
+    this.send.after(this.now);
   }
 
   // start restores the draft and listens for typing and sending.
-  start(onSubmit: () => void): void {
+  start(onSubmit: (kind: SubmitKind) => void): void {
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
-      onSubmit();
+      onSubmit("send");
     });
+    this.now.addEventListener("click", () => onSubmit("now"));
     if (!this.input.value) this.input.value = loadDraft(this.threadID);
     // (Not while editing a request: restored later, it would be sent as a
     // new message, not as the edit.)
@@ -40,7 +63,7 @@ export class Composer {
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
         e.preventDefault();
-        onSubmit();
+        onSubmit(e.ctrlKey || e.metaKey ? "now" : "send");
       }
     });
   }
@@ -54,11 +77,20 @@ export class Composer {
     this.input.focus();
   }
 
-  // sent empties the box and its draft once the server accepted it.
+  // sent empties the box and its draft once the server accepted it (or
+  // the queue keeps it).
   sent(): void {
     this.input.value = "";
     saveDraft(this.threadID, "");
     this.editing = null;
+  }
+
+  // restore puts back text the server refused to queue, before what was
+  // typed since.
+  restore(text: string): void {
+    const now = this.input.value.trim();
+    this.input.value = now ? `${text}\n\n${this.input.value}` : text;
+    if (!this.editing) saveDraft(this.threadID, this.input.value);
   }
 
   // edit puts request in the box, to be sent from resumeFrom.
@@ -73,11 +105,25 @@ export class Composer {
     this.input.value = "";
   }
 
-  // show hides Send while a run is active, and disables it while nothing
-  // can be sent (not connected, or the conversation is gone).
-  show(busy: boolean, canSend: boolean): void {
-    this.send.hidden = busy;
-    this.send.disabled = !canSend;
-    this.input.placeholder = this.editing ? "Edit your request; sending starts a new branch from before it" : "Ask something…";
+  // show sets the buttons for a conversation with a run active (busy:
+  // Send queues, Send now interrupts) or not, and disables what cannot be
+  // sent: queueing works offline too (kept until the connection is
+  // back), a new request needs the connection (canSend), and nothing can
+  // be sent once the conversation is gone.
+  show(busy: boolean, canSend: boolean, gone: boolean): void {
+    const queues = busy && !this.editing;
+    this.send.hidden = false;
+    this.send.disabled = gone || !(canSend || queues);
+    if (queues) this.send.title = "Queue this: it is sent when the reply finishes";
+    else this.send.removeAttribute("title");
+    this.now.hidden = !queues;
+    this.now.disabled = gone;
+    this.input.placeholder = this.editing
+      ? "Edit your request; sending starts a new branch from before it"
+      : queues
+        ? "Write your next message: it is sent when the reply finishes"
+        : "Ask something…";
+    const hint = queues ? `Enter queues it for after the reply · ${nowKey} sends it now, stopping the reply · Esc stops the reply` : this.idleHint;
+    if (this.hint.textContent !== hint) this.hint.textContent = hint;
   }
 }

@@ -143,7 +143,7 @@ function confirmCard(op: Operation): HTMLElement {
   return el(
     "div",
     { class: "card-box confirm", "data-testid": "confirm-card", "data-operation-id": op.operation_id, role: "group", "aria-label": `Confirm ${op.tool}` },
-    el("h3", {}, `${op.tool}: waiting for your confirmation`),
+    el("h2", {}, `${op.tool}: waiting for your confirmation`),
     el("p", { class: "hint" }, "Nothing has been sent. It happens only if you confirm, once."),
     el("dl", {}, ...rows),
     el("div", { class: "actions" }, confirm, reject),

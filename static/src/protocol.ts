@@ -60,6 +60,31 @@ export interface Snapshot {
   // earlier_messages: how many messages at the start of the history the
   // page's own snapshot left out (never in the API's snapshots).
   earlier_messages?: number;
+  // queue: the thread's message queue (absent from an older server's).
+  queue?: Queue;
+}
+
+// QueueItem is a message waiting in a thread's message queue (docs/protocol.md
+// "The message queue"): an after item starts once the active run completes;
+// an interrupt item cancelled the active run and starts from its resume
+// point.
+export interface QueueItem {
+  item_id: string;
+  user_message: string;
+  mode: "after" | "interrupt";
+  requested_by: string;
+  created_at: string;
+}
+
+// PausedReason says why a queue waits for queue.resume.
+export type PausedReason = "run_cancelled" | "run_failed" | "head_moved";
+
+// Queue is a thread's whole queue, in order (interrupt items first); a
+// paused one starts nothing until a tab sends queue.resume.
+export interface Queue {
+  items: QueueItem[];
+  paused: boolean;
+  paused_reason: PausedReason | null;
 }
 
 // HistoryPage is GET /api/threads/{id}/messages: a page of the head's
@@ -124,7 +149,7 @@ export interface OperationOutcome {
 // where the page must not trust a frame to hold them. A frame of a type
 // not listed here (a newer server's) is read as none of them and ignored.
 export type ServerEvent =
-  | (EventBase & { type: "run.started"; status?: RunStatus; base_checkpoint_id?: string })
+  | (EventBase & { type: "run.started"; status?: RunStatus; base_checkpoint_id?: string; queue_item_id?: string })
   | (EventBase & { type: "message.delta"; message_id?: string; text?: string })
   | (EventBase & { type: "message.published"; message?: Message; checkpoint_id?: string })
   | (EventBase & { type: "checkpoint.created"; checkpoint_id?: string; parent_checkpoint_id?: string | null })
@@ -141,12 +166,15 @@ export type ServerEvent =
       // before the server said so)
       executed?: boolean;
       operations?: OperationOutcome[];
+      // how many messages wait in the queue after the cancel
+      queued_messages?: number;
     })
   | (EventBase & { type: "run.completed" })
   | (EventBase & { type: "run.failed"; error?: string })
   | (EventBase & { type: "message.deleted"; message_id?: string; checkpoint_id?: string })
   | (EventBase & { type: "thread.head_moved"; head_checkpoint_id?: string; previous_head_checkpoint_id?: string })
   | (EventBase & { type: "thread.deleted" })
+  | (EventBase & { type: "queue.updated"; queue?: Queue })
   | SnapshotEvent;
 
 // EventBase holds what every event carries.

@@ -31,29 +31,61 @@ function opNow(s: ThreadState, o: OperationOutcome): OpNow {
   return op ? opView(op, o.outcome) : o;
 }
 
+// keptLine says what of the conversation a cancel kept.
+function keptLine(r: Receipt): string {
+  const excerpt = (m: Message): string => `“${snippet(plain(m), 140)}”`;
+  return r.kept === null
+    ? "nothing: the conversation was empty"
+    : r.kept.role === "user"
+      ? `everything up to your request ${excerpt(r.kept)}`
+      : `everything up to the reply ${excerpt(r.kept)}`;
+}
+
+// opItems are what became of each of r's side effects, as the tab knows
+// them now.
+function opItems(s: ThreadState, r: Receipt): HTMLElement[] {
+  if (r.operations.length === 0) return [el("li", {}, "No side effects: no tool had started.")];
+  return r.operations.map((o) => {
+    const now = opNow(s, o);
+    const line = receiptLine(now);
+    return el(
+      "li",
+      { "data-testid": "receipt-operation", "data-operation-id": o.operation_id, "data-outcome": now.outcome, "data-state": line.state },
+      el("strong", { class: "op-tool" }, toolName(o.tool)),
+      ": ",
+      ...lineParts(line),
+    );
+  });
+}
+
+// whoCancelled is how a receipt names who cancelled: "" for this tab (or
+// when this tab did not see it recorded).
+function whoCancelled(r: Receipt, tabID: string): string {
+  if (!r.by || r.by === `tab:${tabID}` || r.by === `api:${tabID}`) return "";
+  return r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
+}
+
+// interruptionItem is the receipt of a run an interrupt item stopped, in
+// the history after the message it followed (thread.ts): what it kept, what
+// it discarded, what became of its side effects. The queued message that
+// stopped it follows it, and its reply streams under that.
+export function interruptionItem(s: ThreadState, r: Receipt, tabID: string): HTMLLIElement {
+  const where = whoCancelled(r, tabID);
+  const rows: Node[] = [el("dt", {}, "Kept"), el("dd", { "data-testid": "receipt-kept" }, keptLine(r))];
+  if (r.discarded > 0) rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, `${r.discarded} characters of unpublished text`));
+  rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...opItems(s, r))));
+  return el(
+    "li",
+    { class: "card-box receipt interruption", "data-testid": "interrupt-receipt", "data-run-id": r.runID },
+    el("p", { class: "receipt-title", "data-testid": "receipt-heading" }, where ? `Stopped${where} to send a new message` : "Stopped to send your message"),
+    el("dl", {}, ...rows),
+  );
+}
+
 // receiptCard is the receipt of r, the run the state's receipt is about.
 export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLElement {
-  const excerpt = (m: Message): string => `“${snippet(plain(m), 140)}”`;
-  const kept =
-    r.kept === null
-      ? "nothing: the conversation was empty"
-      : r.kept.role === "user"
-        ? `everything up to your request ${excerpt(r.kept)}`
-        : `everything up to the reply ${excerpt(r.kept)}`;
-  const ops =
-    r.operations.length === 0
-      ? [el("li", {}, "No side effects: no tool had started.")]
-      : r.operations.map((o) => {
-          const now = opNow(s, o);
-          const line = receiptLine(now);
-          return el(
-            "li",
-            { "data-testid": "receipt-operation", "data-operation-id": o.operation_id, "data-outcome": now.outcome, "data-state": line.state },
-            el("strong", { class: "op-tool" }, toolName(o.tool)),
-            ": ",
-            ...lineParts(line),
-          );
-        });
+  const kept = keptLine(r);
+  const ops = opItems(s, r);
   const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
   if (s.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
   actions.append(button("Start a new branch", "fork", "action-fork"));
@@ -77,8 +109,7 @@ export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLEle
   }
   // Who cancelled, when this tab saw the cancel recorded (a reload does
   // not know, and then says nothing about it).
-  const mine = r.by === `tab:${v.tabID}` || r.by === `api:${v.tabID}`;
-  const where = !r.by || mine ? "" : r.by.startsWith("tab:") ? " from another tab" : " elsewhere (another tab or client)";
+  const where = whoCancelled(r, v.tabID);
   // A run cancelled before it ever ran: nothing streamed, discarded or
   // called, and the server says no worker ever took it up (in the
   // run.cancelled event, or, after a reload, asked once; until it
@@ -104,12 +135,30 @@ export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLEle
     rows.push(el("dt", {}, "Discarded"), el("dd", { "data-testid": "receipt-discarded" }, what + more));
   }
   if (!neverStarted) rows.push(el("dt", {}, "Side effects"), el("dd", {}, el("ul", {}, ...ops)));
+  // What waits in the queue (paused: queue.ts shows it under the receipt).
+  // (Said while they still wait: sent or cleared since, they are not.)
+  if (r.queued && !r.interrupted && !closing && s.queue.items.length > 0) {
+    const n = r.queued === 1 ? "1 queued message waits" : `${r.queued} queued messages wait`;
+    rows.push(el("dt", {}, "Queued"), el("dd", { "data-testid": "receipt-queued" }, `${n}, paused: none is sent until you choose.`));
+  }
   return el(
     "div",
     { class: `card-box receipt${neverStarted ? " never-started" : ""}`, "data-testid": "receipt", role: "status" },
-    el("h3", { "data-testid": "receipt-heading" }, heading),
+    el("h2", { "data-testid": "receipt-heading" }, heading),
     ...(neverStarted ? [el("p", { class: "receipt-lead", "data-testid": "receipt-never-started" }, neverStartedLine)] : []),
     el("dl", {}, ...rows),
     actions,
   );
+}
+
+// placeInterruptions puts the receipt of each run an interrupt stopped
+// after the message it followed (items are the history's, in order).
+export function placeInterruptions(items: HTMLLIElement[], s: ThreadState, tabID: string): HTMLLIElement[] {
+  if (s.interruptions.length === 0) return items;
+  const out: HTMLLIElement[] = [];
+  for (const li of items) {
+    out.push(li);
+    for (const r of s.interruptions) if (r.anchor === li.dataset.messageId) out.push(interruptionItem(s, r, tabID));
+  }
+  return out;
 }

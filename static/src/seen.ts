@@ -7,6 +7,8 @@
 
 import type { ErrorReply } from "./protocol";
 import { readStreamed } from "./api";
+import { cardStart } from "./card";
+import type { Streamed } from "./state";
 
 // Held is where the tab's text stands with the server.
 export type Held =
@@ -56,4 +58,16 @@ export function notHeld(h: Held | undefined, chars: number): string {
     default:
       return "";
   }
+}
+
+// checkHeld asks the server, once the run stopped, whether it holds the
+// streamed text s as this tab shows it (the receipt offers to save it only
+// then), and calls then with the answer in s.held.
+export function checkHeld(threadID: string, s: Streamed, then: () => void): void {
+  if (s.held || s.saved || !s.text || cardStart.test(s.text)) return;
+  s.held = { state: "checking" };
+  void askHeld(threadID, s.messageID, s.lastSeq, s.text).then((h) => {
+    s.held = h;
+    then();
+  });
 }

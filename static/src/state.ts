@@ -6,7 +6,7 @@
 // the effects and draws the page from it; nothing here touches the page or
 // the network, so every rule below is unit-tested (static/test/).
 
-import type { Message, Operation, OperationOutcome, RunStatus, ServerEvent, Snapshot } from "./protocol";
+import type { Message, Operation, OperationOutcome, Queue, RunStatus, ServerEvent, Snapshot } from "./protocol";
 import type { Held } from "./seen";
 import { windowStart } from "./history";
 import { queuePosition } from "./admission";
@@ -40,6 +40,15 @@ export interface Receipt {
   // is now (the operations map), so a later tool.updated changes the receipt.
   operations: OperationOutcome[];
   by?: string; // requested_by of the cancel, when this tab saw it recorded
+  // queued: how many messages waited in the queue after the cancel
+  // (run.cancelled's queued_messages; unknown after a reload).
+  queued?: number;
+  // interrupted: an interrupt item of the queue cancelled the run (reason
+  // interrupted, as this tab saw it recorded): the item starts at once,
+  // and the receipt stays in the history after the message before it,
+  // anchor (interruptions).
+  interrupted?: boolean;
+  anchor?: string;
 }
 
 // ThreadState is what the page knows of one conversation from the server.
@@ -73,7 +82,21 @@ export interface ThreadState {
   // closing: a run was cancelled because the conversation is being deleted
   // (by any tab): thread.deleted follows.
   closing: boolean;
+  // queue: the thread's message queue as its last queue.updated or
+  // snapshot said.
+  queue: Queue;
+  // sentItems: queue items this tab saw start, and the run each started
+  // as (run.started's queue_item_id).
+  sentItems: ReadonlyMap<string, string>;
+  cancelReasons: ReadonlyMap<string, string>; // run → reason of its cancel
+  // interruptions: the receipts of runs an interrupt item stopped, as this
+  // tab saw them, each shown after its anchor message (not history: a
+  // reload does not show them).
+  interruptions: readonly Receipt[];
 }
+
+// emptyQueue is a queue that holds nothing and is not paused.
+export const emptyQueue: Queue = { items: [], paused: false, paused_reason: null };
 
 // Effect is something the page does after a state change; the reducer only
 // names it.
@@ -116,6 +139,10 @@ export function emptyState(threadID: string): ThreadState {
     executed: new Map(),
     cancelledBy: new Map(),
     closing: false,
+    queue: emptyQueue,
+    sentItems: new Map(),
+    cancelReasons: new Map(),
+    interruptions: [],
   };
 }
 
@@ -163,6 +190,7 @@ export function applySnapshot(prev: ThreadState, snap: Snapshot, intended: Cance
     earlier: (snap.earlier_messages ?? 0) + from,
     receipt: null,
     failure: null,
+    queue: snap.queue ?? emptyQueue,
   };
   // How the latest run ended, while it is still the last word on the
   // conversation (nothing moved the head since): a reloaded page shows the
@@ -234,6 +262,10 @@ export function applyEvent(prev: ThreadState, ev: ServerEvent, intended: CancelI
       // a slot: no event would say so, so the page asks once (and skips
       // the runs whose run.start ack it read).
       if (s.run.status === "queued") effects.push({ kind: "ask_place", runID });
+      if (ev.queue_item_id) s.sentItems = new Map(s.sentItems).set(ev.queue_item_id, runID);
+      // The receipt of a run an interrupt stopped stays, in the history,
+      // above the message that interrupted it.
+      if (s.receipt?.interrupted) s.interruptions = [...s.interruptions, s.receipt];
       s.streamed = null;
       s.receipt = null;
       s.failure = null;
@@ -280,6 +312,7 @@ export function applyEvent(prev: ThreadState, ev: ServerEvent, intended: CancelI
       break;
     case "run.cancel_requested":
       if (ev.run_id && ev.requested_by) s.cancelledBy = new Map(s.cancelledBy).set(ev.run_id, ev.requested_by);
+      if (ev.run_id && ev.reason) s.cancelReasons = new Map(s.cancelReasons).set(ev.run_id, ev.reason);
       if (ev.reason === "thread_deleted") s.closing = true;
       if (s.run && s.run.id === ev.run_id) s.run = { ...s.run, status: "cancel_requested" };
       break;
@@ -291,7 +324,13 @@ export function applyEvent(prev: ThreadState, ev: ServerEvent, intended: CancelI
       s.operations = withOutcomes(s.operations, ops);
       if (ev.run_id && typeof ev.executed === "boolean") s.executed = new Map(s.executed).set(ev.run_id, ev.executed);
       const kept = ev.published_message_id ? s.messages.find((m) => m.message_id === ev.published_message_id) : undefined;
-      s.receipt = { runID: ev.run_id ?? "", kept: kept ?? null, discarded: ev.discarded_stream_chars ?? 0, operations: ops, by: s.cancelledBy.get(ev.run_id ?? "") };
+      const runID = ev.run_id ?? "";
+      s.receipt = { runID, kept: kept ?? null, discarded: ev.discarded_stream_chars ?? 0, operations: ops, by: s.cancelledBy.get(runID) };
+      if (typeof ev.queued_messages === "number") s.receipt.queued = ev.queued_messages;
+      if (s.cancelReasons.get(runID) === "interrupted") {
+        s.receipt.interrupted = true;
+        s.receipt.anchor = s.messages[s.messages.length - 1]?.message_id ?? "";
+      }
       s.run = null;
       s.pendingStep = true;
       break;
@@ -303,6 +342,9 @@ export function applyEvent(prev: ThreadState, ev: ServerEvent, intended: CancelI
       break;
     case "thread.deleted":
       return { state: s, effects: [{ kind: "gone" }] };
+    case "queue.updated":
+      if (ev.queue) s.queue = { items: ev.queue.items ?? [], paused: ev.queue.paused === true, paused_reason: ev.queue.paused_reason ?? null };
+      break;
     case "run.failed":
       s.run = null;
       s.failure = ev.error ?? "the run failed";

@@ -4,16 +4,18 @@
 
 import { Socket, type ConnState } from "./socket";
 import { Cancels, refusalNotice, type CancelAnswer, type CancelIntent } from "./cancel";
-import { cardStart } from "./card";
-import { askHeld } from "./seen";
+import { checkHeld } from "./seen";
 import { PlaceWatch, fetchPlace, queuePosition, type RunPlace } from "./admission";
 import { $, JumpToLatest, scrollToLatest } from "./dom";
 import { saveDraft } from "./drafts";
-import { Composer } from "./composer";
+import { Composer, type SubmitKind } from "./composer";
+import { QueueView } from "./queue";
+import { showTitle } from "./title";
+import { placeInterruptions } from "./receipt";
 import { showOperationLog } from "./toolview";
 import { groupByDay } from "./sidebar";
 import { EarlierBox } from "./history";
-import { createThread, readOperations, readSnapshot, readTitle } from "./api";
+import { createThread, readOperations, readSnapshot } from "./api";
 import { branches } from "./versions";
 import { messageItem, showToolSteps, type MessageView } from "./messages";
 import { liveParts, StreamedBody, type LiveView } from "./live";
@@ -32,7 +34,6 @@ import {
   withOperationLog,
   withQueuePosition,
   withRunPlace,
-  type Streamed,
   type ThreadState,
 } from "./state";
 
@@ -64,6 +65,7 @@ export class ThreadView {
   private following = false; // reading snapshots over HTTP while the socket is down
   private readonly socket: Socket;
   private readonly cancels: Cancels;
+  private readonly queue: QueueView; // the message queue, and what this tab queued
 
   private readonly list: HTMLOListElement;
   private readonly live: HTMLElement;
@@ -103,6 +105,7 @@ export class ThreadView {
       // follows the thread again (the run may be streaming once more).
       open: () => {
         this.cancels.flush();
+        this.queue.flush();
         this.resubscribe();
       },
       event: (ev) => this.onEvent(ev),
@@ -113,12 +116,22 @@ export class ThreadView {
       (intent, answer) => this.onCancelAnswer(intent, answer),
       () => this.render(),
     );
+    this.queue = new QueueView(this.live, {
+      socket: this.socket,
+      threadID: this.threadID,
+      composer: this.composer,
+      state: () => this.s,
+      render: () => this.render(),
+      renderSoon: () => this.renderSoon(),
+      notice: (text, offline) => this.show(text, { offline }),
+      gone: () => this.markGone(),
+    });
     this.places = new PlaceWatch((runID, place) => this.onPlace(runID, place));
     this.applySnapshot(snap);
   }
 
   start(): void {
-    this.composer.start(() => void this.submit());
+    this.composer.start((kind) => void this.submit(kind));
     // The conversation opens where it is: at its latest message.
     scrollToLatest();
     if (this.s.messages.length === 0) this.composer.focus();
@@ -177,6 +190,7 @@ export class ThreadView {
     document.querySelector(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`)?.closest("li")?.remove();
     groupByDay(document.querySelector<HTMLElement>("[data-testid=thread-list]") ?? document.createElement("ul"));
     this.socket.send({ type: "unsubscribe", thread_id: this.threadID }).catch(() => {});
+    this.queue.dropAll(); // (what never reached the server: back to the box)
     this.showGone();
     this.render();
     this.composer.focus();
@@ -304,18 +318,6 @@ export class ThreadView {
     if (place(this.s) !== place(before) || this.s.run?.status !== "queued") this.renderSoon();
   }
 
-  // checkHeld asks the server, once the run stopped, whether it holds the
-  // streamed text as this tab shows it (seen.ts); the receipt offers to save
-  // it only then.
-  private checkHeld(s: Streamed): void {
-    if (s.held || s.saved || !s.text || cardStart.test(s.text)) return;
-    s.held = { state: "checking" };
-    void askHeld(this.threadID, s.messageID, s.lastSeq, s.text).then((h) => {
-      s.held = h;
-      this.render();
-    });
-  }
-
   // canCancel: a run is active and this tab has not asked to cancel it yet
   // (or the server already recorded a cancel).
   private canCancel(): boolean {
@@ -390,26 +392,10 @@ export class ThreadView {
     );
   }
 
-  // refreshTitle picks up the name the server gives a conversation: from
-  // its first request, then the model's (titles are labels: no event
-  // carries them). A title being edited in the box is left alone.
+  // refreshTitle picks up the name the server gives a conversation
+  // (title.ts), unless the conversation is going away.
   private async refreshTitle(): Promise<void> {
-    const input = this.root.querySelector<HTMLInputElement>("[data-testid=title-input]");
-    if (!input || document.activeElement === input || this.gone || this.s.closing) return;
-    const title = await readTitle(this.threadID);
-    // (A label only: one that could not be read shows on the next load.)
-    if (!title || title === input.value) return;
-    input.value = title;
-    this.heading.textContent = title;
-    document.title = `${title} · gateway`;
-    const link = document.querySelector<HTMLAnchorElement>(`[data-testid=thread-link][href="/t/${CSS.escape(this.threadID)}"]`);
-    if (link) {
-      link.title = title;
-      // (the title's own span: a fork keeps its badge)
-      const span = link.querySelector<HTMLElement>("[data-testid=thread-title]");
-      if (span) span.lastChild?.replaceWith(title);
-      else link.textContent = title;
-    }
+    if (!this.gone && !this.s.closing) await showTitle(this.threadID, this.root, this.heading);
   }
 
   private async loadOperations(): Promise<void> {
@@ -423,19 +409,25 @@ export class ThreadView {
 
   // ---- commands ----
 
-  private async submit(): Promise<void> {
+  // submit sends what is typed: queued while a run is active (after it,
+  // or at once, stopping it), otherwise as a new request.
+  private async submit(kind: SubmitKind): Promise<void> {
     if (this.gone) {
       this.showGone();
       this.render();
       return;
     }
     const text = this.composer.text.trim();
-    if (text && this.s.run) {
-      this.show("Wait for the reply to finish, or cancel it (Cancel or Esc): your text stays here.", { tone: "info" });
-      this.notice.busy = true;
-      return;
-    }
     if (!text) return;
+    if (this.s.run && this.composer.editing) {
+      this.show("Wait for the reply to finish, or cancel it (Cancel or Esc), to send your edited request: it starts a new branch, so it cannot wait in the queue. Your text stays here.", { tone: "info" });
+      this.notice.busy = true;
+    } else if (this.s.run && this.queue.add(text, kind === "now" ? "interrupt" : "after")) {
+      if (!this.notice.offline) this.show("");
+      this.render();
+      scrollToLatest();
+    }
+    if (this.s.run) return;
     if (!this.subscribed) {
       // Not silently nothing: the text stays, and the page says why.
       this.show("Not connected, so nothing was sent: your text stays here. Send it once the page says Live again.", { tone: "info", offline: true });
@@ -650,6 +642,7 @@ export class ThreadView {
     this.renderMessages();
     this.renderEarlier();
     this.renderToolSteps();
+    this.queue.render(this.s, this.gone !== "");
     this.renderLive();
     this.renderOperations();
     if (atBottom) scrollToLatest();
@@ -663,7 +656,7 @@ export class ThreadView {
     this.renderCancelPending();
     const busy = this.s.run !== null;
     const mine = this.s.run ? this.cancels.state(this.s.run.id) : null;
-    this.composer.show(busy, this.subscribed && this.gone === "");
+    this.composer.show(busy, this.subscribed && this.gone === "", this.gone !== "");
     this.renderGone();
     this.cancel.hidden = !busy;
     this.cancel.disabled = !this.canCancel();
@@ -701,11 +694,13 @@ export class ThreadView {
     // a message can be switched to.
     const versions = this.versions();
     const nav = [...versions].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",");
-    const want = this.s.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.s.run ? "busy" : ""}`;
+    const stops = this.s.interruptions.map((r) => r.runID + r.operations.map((o) => this.s.operations.get(o.operation_id)?.phase).join()).join();
+    const want = this.s.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.s.run ? "busy" : ""}|${stops}`;
     if (this.list.dataset.ids === want) return;
     this.list.dataset.ids = want;
     const view = this.messageView();
-    this.list.replaceChildren(...this.s.messages.map((m) => messageItem(m, versions.get(m.message_id), view)));
+    const items = this.s.messages.map((m) => messageItem(m, versions.get(m.message_id), view));
+    this.list.replaceChildren(...placeInterruptions(items, this.s, this.socket.tabID));
   }
 
   // versions are the other versions of the messages shown (versions.ts).
@@ -767,7 +762,7 @@ export class ThreadView {
       gone: this.gone !== "",
       cancelOf: (runID) => this.cancels.state(runID),
       tick: (on) => this.tick(on),
-      checkHeld: (s) => this.checkHeld(s),
+      checkHeld: (s) => checkHeld(this.threadID, s, () => this.render()),
       askExecuted: (runID) => this.askExecuted(runID),
     };
     this.live.replaceChildren(...liveParts(this.s, view));
@@ -776,7 +771,8 @@ export class ThreadView {
     // up the reader was: it is what the user has to read or answer now.
     const ask = this.live.querySelector<HTMLElement>("[data-testid=receipt], [data-testid=confirm-card]");
     const key = ask ? `${ask.dataset.testid}:${this.s.receipt?.runID ?? ask.dataset.operationId ?? ""}` : "";
-    if (ask && key !== this.shownAsk) ask.scrollIntoView({ block: "end" });
+    // (With messages queued under it, they come into view with it.)
+    if (ask && key !== this.shownAsk) (this.queue.shown && ask.dataset.testid === "receipt" ? this.queue.section : ask).scrollIntoView({ block: "end" });
     this.shownAsk = key;
   }
 

@@ -309,3 +309,66 @@ test("admission: a queued run's place, dropped once it streams; a cancel ack nev
   assert.equal(withCancelAck(freeze(running), "run_1", "cancel_requested").run.status, "cancel_requested");
   assert.equal(withExecuted(freeze(running), "run_1", false).executed.get("run_1"), false);
 });
+
+const queueItem = (id, text, mode = "after") => ({ item_id: id, user_message: text, mode, requested_by: "tab:x", created_at: "2026-12-05T00:00:00Z" });
+
+test("the message queue: a snapshot's queue, then each queue.updated replaces it whole; a run started from it says which item", () => {
+  const empty = applySnapshot(emptyState(T), snapshot(), none);
+  assert.deepEqual(empty.queue, { items: [], paused: false, paused_reason: null }, "an older server's snapshot: nothing queued");
+  const q = { items: [queueItem("qi_1", "first")], paused: false, paused_reason: null };
+  let s = applySnapshot(emptyState(T), snapshot({ queue: q }), none);
+  assert.deepEqual(s.queue, q);
+  s = started("running");
+  const two = { items: [queueItem("qi_1", "first"), queueItem("qi_2", "second")], paused: false, paused_reason: null };
+  let r = apply(s, [ev("queue.updated", { run_id: undefined, state_version: 9, queue: two })]);
+  assert.deepEqual(r.state.queue, two);
+  assert.equal(r.state.stateVersion, 9);
+  assert.deepEqual(r.effects, []);
+  // The run completes; the first item starts as the next run and leaves
+  // the queue in the same step.
+  r = apply(r.state, [
+    ev("run.completed"),
+    ev("message.published", { run_id: undefined, message: msg("msg_u2", "user", "first") }),
+    ev("run.started", { run_id: "run_2", status: "queued", queue_item_id: "qi_1" }),
+    ev("queue.updated", { run_id: undefined, queue: { items: [queueItem("qi_2", "second")], paused: false, paused_reason: null } }),
+  ]);
+  assert.equal(r.state.run.id, "run_2");
+  assert.equal(r.state.sentItems.get("qi_1"), "run_2");
+  assert.deepEqual(r.state.queue.items.map((i) => i.item_id), ["qi_2"]);
+  assert.equal(r.state.interruptions.length, 0);
+});
+
+test("the message queue: a Stop's receipt counts what waits, and the queue pauses", () => {
+  const r = apply(started("running"), [
+    ev("queue.updated", { run_id: undefined, queue: { items: [queueItem("qi_1", "first")], paused: false, paused_reason: null } }),
+    ev("run.cancel_requested", { reason: "user_requested", requested_by: "tab:x" }),
+    ev("run.cancelled", { published_message_id: "msg_u1", discarded_stream_chars: 3, queued_messages: 1 }),
+    ev("queue.updated", { run_id: undefined, queue: { items: [queueItem("qi_1", "first")], paused: true, paused_reason: "run_cancelled" } }),
+  ]);
+  assert.equal(r.state.receipt.queued, 1);
+  assert.equal(r.state.receipt.interrupted, undefined);
+  assert.deepEqual([r.state.queue.paused, r.state.queue.paused_reason], [true, "run_cancelled"]);
+  assert.equal(r.state.run, null);
+});
+
+test("the message queue: a run an interrupt stopped keeps its receipt in the history, after the message it followed", () => {
+  const r = apply(started("running"), [
+    ev("message.delta", { message_id: "msg_a1", text: "partial" }),
+    ev("run.cancel_requested", { reason: "interrupted", requested_by: "tab:x" }),
+    ev("queue.updated", { run_id: undefined, queue: { items: [queueItem("qi_9", "now", "interrupt")], paused: false, paused_reason: null } }),
+    ev("run.cancelled", { published_message_id: "msg_u1", discarded_stream_chars: 7, queued_messages: 0 }),
+  ]);
+  assert.equal(r.state.receipt.interrupted, true);
+  assert.equal(r.state.receipt.anchor, "msg_u1", "after the last message shown when it stopped");
+  const next = apply(r.state, [
+    ev("message.published", { run_id: undefined, message: msg("msg_u2", "user", "now") }),
+    ev("run.started", { run_id: "run_2", status: "queued", queue_item_id: "qi_9" }),
+    ev("queue.updated", { run_id: undefined, queue: { items: [], paused: false, paused_reason: null } }),
+  ]).state;
+  assert.equal(next.receipt, null, "no receipt offering to continue: the conversation went on");
+  assert.deepEqual(next.interruptions.map((x) => [x.runID, x.anchor, x.discarded, x.by]), [["run_1", "msg_u1", 7, "tab:x"]]);
+  assert.equal(next.streamed, null);
+  // It stays through a snapshot (the tab's own knowledge: no event says it again).
+  const snap = applySnapshot(next, snapshot({ last_seq: 99, messages: [msg("msg_u1", "user", "hello"), msg("msg_u2", "user", "now")] }), none);
+  assert.equal(snap.interruptions.length, 1);
+});
