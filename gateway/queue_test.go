@@ -50,25 +50,59 @@ func itemTexts(items []map[string]any) []string {
 	return out
 }
 
-// untilQueue reads until a queue.updated whose items' texts are want.
+// untilQueue waits until the tab's queue, as its latest queue.updated
+// says, holds items whose texts are want, and returns that event.
 func (c *wsClient) untilQueue(threadID string, want ...string) map[string]any {
 	c.t.Helper()
-	seen := c.until("queue "+strings.Join(want, ","), func(m map[string]any) bool {
-		if m["type"] != chat.EventQueueUpdated || m["thread_id"] != threadID {
-			return false
-		}
+	is := func(m map[string]any) bool {
 		items, _, _ := queueOf(c.t, m)
 		return strings.Join(itemTexts(items), "\x00") == strings.Join(want, "\x00")
+	}
+	evs := c.view(threadID).events
+	for i := len(evs) - 1; i >= 0; i-- {
+		if m := evs[i].m; m["type"] == chat.EventQueueUpdated {
+			if is(m) {
+				return m
+			}
+			break
+		}
+	}
+	seen := c.until("queue "+strings.Join(want, ","), func(m map[string]any) bool {
+		return m["type"] == chat.EventQueueUpdated && m["thread_id"] == threadID && is(m)
 	})
 	return seen[len(seen)-1]
 }
 
-// startedFrom reads until the run.started of the run started from item.
+// startedFrom returns the run.started of the run started from item,
+// applied already or read now.
 func (c *wsClient) startedFrom(threadID, itemID string) map[string]any {
 	c.t.Helper()
-	seen := c.until("run.started from "+itemID, func(m map[string]any) bool {
-		return m["type"] == chat.EventRunStarted && m["thread_id"] == threadID && m["queue_item_id"] == itemID
+	return c.seenOrUntil(threadID, "run.started from "+itemID, func(m map[string]any) bool {
+		return m["type"] == chat.EventRunStarted && m["queue_item_id"] == itemID
 	})
+}
+
+// endOf returns the run's event of typ, applied already (a command's
+// answer read after it) or read now.
+func (c *wsClient) endOf(threadID, typ, runID string) map[string]any {
+	c.t.Helper()
+	return c.seenOrUntil(threadID, typ+" "+runID, func(m map[string]any) bool {
+		return m["type"] == typ && m["run_id"] == runID
+	})
+}
+
+// seenOrUntil returns the first event of the thread matching pred among
+// those applied, or reads until one comes: a command's answer may have
+// been read after the event awaited (with a model at no pace, a run ends
+// in milliseconds).
+func (c *wsClient) seenOrUntil(threadID, what string, pred func(map[string]any) bool) map[string]any {
+	c.t.Helper()
+	for _, it := range c.view(threadID).events {
+		if pred(it.m) {
+			return it.m
+		}
+	}
+	seen := c.until(what, func(m map[string]any) bool { return m["thread_id"] == threadID && !wsIsAnswer(m) && pred(m) })
 	return seen[len(seen)-1]
 }
 
@@ -117,7 +151,7 @@ func TestQueueStartsEachItemWhenTheRunBeforeCompletes(t *testing.T) {
 	release1()
 	var run2 string
 	for _, c := range tabs {
-		c.untilEvent(th, chat.EventRunCompleted, run1)
+		c.endOf(th, chat.EventRunCompleted, run1)
 		started := c.startedFrom(th, item1)
 		run2 = wsStr(started, "run_id")
 		c.untilQueue(th, "And credit-based schemes?")
@@ -141,10 +175,10 @@ func TestQueueStartsEachItemWhenTheRunBeforeCompletes(t *testing.T) {
 	h.model.free()
 	release2()
 	for _, c := range tabs {
-		c.untilEvent(th, chat.EventRunCompleted, run2)
+		c.endOf(th, chat.EventRunCompleted, run2)
 		run3 := wsStr(c.startedFrom(th, item2), "run_id")
 		c.untilQueue(th)
-		c.untilEvent(th, chat.EventRunCompleted, run3)
+		c.endOf(th, chat.EventRunCompleted, run3)
 	}
 	snap := h.snapshot(th)
 	var users []string
@@ -173,12 +207,15 @@ func TestQueueCancelPausesUntilResume(t *testing.T) {
 
 	b.ack(map[string]any{"type": "run.cancel", "run_id": run1})
 	for _, c := range tabs {
-		done := c.untilEvent(th, chat.EventRunCancelled, run1)
+		done := c.endOf(th, chat.EventRunCancelled, run1)
 		if wsNum(done, "queued_messages") != 2 {
 			t.Errorf("%s: receipt %v: want queued_messages 2", c.name, done)
 		}
-		ev := c.untilQueue(th, "first queued", "second queued")
-		if _, paused, reason := queueOf(t, ev); !paused || reason != chat.PausedRunCancelled {
+		ev := c.seenOrUntil(th, "the pause", func(m map[string]any) bool {
+			return m["type"] == chat.EventQueueUpdated && wsNum(m, "seq") > wsNum(done, "seq")
+		})
+		if items, paused, reason := queueOf(t, ev); !paused || reason != chat.PausedRunCancelled || len(items) != 2 ||
+			wsNum(ev, "seq") != wsNum(done, "seq")+1 {
 			t.Errorf("%s: queue after a cancel: %v", c.name, ev)
 		}
 	}
@@ -217,7 +254,7 @@ func TestQueueCancelPausesUntilResume(t *testing.T) {
 		if _, paused, _ := queueOf(t, ev); paused {
 			t.Errorf("%s: queue still paused after resume: %v", c.name, ev)
 		}
-		c.untilEvent(th, chat.EventRunCompleted, run2)
+		c.endOf(th, chat.EventRunCompleted, run2)
 		c.untilQueue(th)
 	}
 	if again := a.ack(map[string]any{"type": "queue.resume", "thread_id": th}); wsStr(again, "run_id") != "" {
@@ -246,11 +283,11 @@ func TestQueueInterrupt(t *testing.T) {
 	h.model.free()
 	var run2 string
 	for _, c := range tabs {
-		req := c.untilEvent(th, chat.EventRunCancelRequested, run1)
+		req := c.endOf(th, chat.EventRunCancelRequested, run1)
 		if req["reason"] != chat.ReasonInterrupted || req["requested_by"] != "tab:tab-b" {
 			t.Errorf("%s: cancel_requested %v", c.name, req)
 		}
-		done := c.untilEvent(th, chat.EventRunCancelled, run1)
+		done := c.endOf(th, chat.EventRunCancelled, run1)
 		if wsNum(done, "queued_messages") != 1 || wsNum(done, "discarded_stream_chars") <= 0 {
 			t.Errorf("%s: receipt %v: want 1 queued message and the discarded text counted", c.name, done)
 		}
@@ -263,7 +300,7 @@ func TestQueueInterrupt(t *testing.T) {
 		if _, paused, _ := queueOf(t, ev); paused {
 			t.Errorf("%s: an interrupt paused the queue: %v", c.name, ev)
 		}
-		c.untilEvent(th, chat.EventRunCompleted, run2)
+		c.endOf(th, chat.EventRunCompleted, run2)
 		c.untilQueue(th)
 	}
 	run := h.run(run1)
@@ -320,15 +357,15 @@ func TestQueueEditsAndRemovals(t *testing.T) {
 	_ = rm
 	h.model.free()
 	release()
-	a.untilEvent(th, chat.EventRunCompleted, run1)
+	a.endOf(th, chat.EventRunCompleted, run1)
 	started := a.startedFrom(th, ids[2])
 	edited := a.cmd(map[string]any{"type": "queue.update", "thread_id": th, "item_id": ids[2], "user_message": "too late"})
 	if edited["error"] != chat.CodeNotFound || !strings.Contains(wsStr(edited, "message"), wsStr(started, "run_id")) {
 		t.Errorf("edit of a started item: %v", edited)
 	}
-	a.untilEvent(th, chat.EventRunCompleted, wsStr(started, "run_id"))
+	a.endOf(th, chat.EventRunCompleted, wsStr(started, "run_id"))
 	last := a.startedFrom(th, ids[1])
-	a.untilEvent(th, chat.EventRunCompleted, wsStr(last, "run_id"))
+	a.endOf(th, chat.EventRunCompleted, wsStr(last, "run_id"))
 	var users []string
 	for _, m := range h.snapshot(th).Messages {
 		if m.Role == chat.RoleUser {
@@ -504,4 +541,72 @@ func TestQueueBehindAConfirmation(t *testing.T) {
 	s.waitFor("the after item's start", func(e *wireEvent) bool {
 		return e.Type == chat.EventRunStarted && strings.Contains(string(e.Data), after.ItemID)
 	})
+}
+
+// TestQueueRacesWithTheStart: an edit racing the completion that starts
+// its item lands before the start (the run sends the edited text) or after
+// it (not_found, the original text sent), never both, never half; two tabs
+// adding at the same moment both get an item, at distinct places, and both
+// tabs see one same queue.
+func TestQueueRacesWithTheStart(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 0)
+	edited, late := 0, 0
+	for round := range 8 {
+		release := h.model.hold()
+		snap := h.createThread("")
+		th := snap.ThreadID
+		ack := h.startRun(th, snap.StateVersion, "Explain backpressure")
+		var add chat.QueueAddAck
+		h.call(http.MethodPost, "/api/threads/"+th+"/queue", map[string]any{"user_message": "original"}, http.StatusCreated, &add)
+		h.model.free()
+		var wg sync.WaitGroup
+		var up reply
+		wg.Go(func() {
+			up = h.do(http.MethodPatch, "/api/threads/"+th+"/queue/"+add.ItemID, map[string]any{"user_message": "edited"})
+		})
+		release()
+		wg.Wait()
+		h.pollRun(ack.RunID)
+		var sent []string
+		for _, m := range h.snapshot(th).Messages {
+			if m.Role == chat.RoleUser && m.Content != "Explain backpressure" {
+				sent = append(sent, m.Content)
+			}
+		}
+		switch {
+		case up.status == http.StatusOK && len(sent) == 1 && sent[0] == "edited":
+			edited++
+		case up.status == http.StatusNotFound && len(sent) == 1 && sent[0] == "original":
+			late++
+		default:
+			t.Errorf("round %d: the edit answered %v and the conversation sent %q", round, up, sent)
+		}
+		if a := h.snapshot(th).ActiveRun; a != nil {
+			h.pollRun(a.RunID)
+		}
+	}
+	t.Logf("edits before the start: %d, after it: %d", edited, late)
+
+	th, _, _, tabs := h.heldRun(t, 2, "endless: hold")
+	a, b := tabs[0], tabs[1]
+	for range 5 {
+		ia := a.post(map[string]any{"type": "queue.add", "thread_id": th, "user_message": "from a"})
+		ib := b.post(map[string]any{"type": "queue.add", "thread_id": th, "user_message": "from b"})
+		pa, pb := wsNum(a.answer(ia), "position"), wsNum(b.answer(ib), "position")
+		if pa == pb || pa < 1 || pb < 1 {
+			t.Fatalf("two adds at once got places %d and %d", pa, pb)
+		}
+	}
+	final := h.snapshot(th).Queue
+	if len(final.Items) != 10 {
+		t.Fatalf("%d items after 10 adds", len(final.Items))
+	}
+	var want []string
+	for _, it := range final.Items {
+		want = append(want, it.UserMessage)
+	}
+	for _, c := range tabs {
+		c.untilQueue(th, want...)
+	}
 }
