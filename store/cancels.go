@@ -44,19 +44,8 @@ func (s *Store) RequestCancel(ctx context.Context, p chat.CancelRun) (chat.Cance
 		if st.CancelAccepted() {
 			ack = acceptedCancel(row, p)
 		} else {
-			head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
-			if err != nil {
-				return err
-			}
-			rec := cancelRecord{
-				RunID: row.RunID, ThreadID: row.ThreadID, UserID: p.UserID, Reason: p.Reason,
-				RequestedBy: p.RequestedBy, At: ms(t.now), StateVersion: c.row.StateVersion + 1,
-				ResumeCheckpointID: head.CheckpointID, PublishedMessageID: lastMessage(head), AuditID: chat.NewID("aud_"),
-			}
-			if ack, err = t.recordCancel(c, row, rec); err != nil {
-				return err
-			}
-			return nil
+			ack, err = t.cancelNow(c, row, p.UserID, p.Reason, p.RequestedBy)
+			return err
 		}
 		return t.auditCancel(p.UserID, row, ack, p.RequestedBy, p.Reason, ms(t.now), chat.NewID("aud_"))
 	})
@@ -117,6 +106,21 @@ func (r cancelRecord) ack() chat.CancelAck {
 		RunID: r.RunID, Status: chat.RunCancelRequested, AcceptedStateVersion: r.StateVersion,
 		ResumeCheckpointID: r.ResumeCheckpointID, PublishedMessageID: r.PublishedMessageID,
 	}
+}
+
+// cancelNow records the cancel of row, a run of c's thread whose cancel
+// was not accepted yet, decided in this transaction: resume point the
+// head, its last message the one published before the cancel.
+func (t *txn) cancelNow(c *threadCursor, row runRow, userID, reason, requestedBy string) (chat.CancelAck, error) {
+	head, err := t.checkpoint(row.ThreadID, c.row.HeadCheckpointID)
+	if err != nil {
+		return chat.CancelAck{}, err
+	}
+	return t.recordCancel(c, row, cancelRecord{
+		RunID: row.RunID, ThreadID: row.ThreadID, UserID: userID, Reason: reason,
+		RequestedBy: requestedBy, At: ms(t.now), StateVersion: c.row.StateVersion + 1,
+		ResumeCheckpointID: head.CheckpointID, PublishedMessageID: lastMessage(head), AuditID: chat.NewID("aud_"),
+	})
 }
 
 // recordCancel records rec for row, a run of c's thread whose cancel was

@@ -334,20 +334,7 @@ func (s *Store) QueueAdd(ctx context.Context, p chat.QueueAdd) (chat.QueueAddAck
 		q.items = slices.Insert(q.items, at, row)
 		ack.Position = at + 1
 		if active != nil && mode == chat.QueueInterrupt && !active.status().CancelAccepted() {
-			if err := cancellable(*active); err != nil {
-				return err
-			}
-			head, err := t.checkpoint(p.ThreadID, c.row.HeadCheckpointID)
-			if err != nil {
-				return err
-			}
-			rec := cancelRecord{
-				RunID: active.RunID, ThreadID: p.ThreadID, UserID: p.UserID, Reason: chat.ReasonInterrupted,
-				RequestedBy: p.RequestedBy, At: ms(t.now), StateVersion: c.row.StateVersion + 1,
-				ResumeCheckpointID: head.CheckpointID, PublishedMessageID: lastMessage(head),
-				AuditID: chat.NewID("aud_"),
-			}
-			if _, err := t.recordCancel(c, *active, rec); err != nil {
+			if _, err := t.cancelNow(c, *active, p.UserID, chat.ReasonInterrupted, p.RequestedBy); err != nil {
 				return err
 			}
 			interrupt = &chat.Interruption{RunID: active.RunID, Prev: active.status()}
@@ -404,6 +391,26 @@ func (t *txn) waitingItem(q threadQueue, threadID, id string) (int, error) {
 	}
 }
 
+// waitingOf loads the user's thread, its queue and the place in it of the
+// waiting item itemID, in the protocol's order of refusals: the thread,
+// the item (not_found, saying whether it was sent or removed), then the
+// expected version.
+func (t *txn) waitingOf(userID, threadID, itemID string, expected *int64) (*threadCursor, threadQueue, int, error) {
+	c, err := t.thread(userID, threadID)
+	if err != nil {
+		return nil, threadQueue{}, 0, err
+	}
+	q, err := t.queue(threadID)
+	if err != nil {
+		return nil, q, 0, err
+	}
+	i, err := t.waitingItem(q, threadID, itemID)
+	if err != nil {
+		return nil, q, 0, err
+	}
+	return c, q, i, t.checkExpected(c, expected)
+}
+
 // QueueUpdate performs queue.update: a waiting item's new text and/or
 // place. An item that started (or was removed) in the meantime is
 // not_found: it started as it was, or not at all.
@@ -413,19 +420,8 @@ func (s *Store) QueueUpdate(ctx context.Context, p chat.QueueUpdate) (chat.Queue
 	}
 	var ack chat.QueueItemAck
 	err := s.write(ctx, func(t *txn) error {
-		c, err := t.thread(p.UserID, p.ThreadID)
+		c, q, i, err := t.waitingOf(p.UserID, p.ThreadID, p.ItemID, p.ExpectedStateVersion)
 		if err != nil {
-			return err
-		}
-		q, err := t.queue(p.ThreadID)
-		if err != nil {
-			return err
-		}
-		i, err := t.waitingItem(q, p.ThreadID, p.ItemID)
-		if err != nil {
-			return err
-		}
-		if err := t.checkExpected(c, p.ExpectedStateVersion); err != nil {
 			return err
 		}
 		it := q.items[i]
@@ -458,19 +454,8 @@ func (s *Store) QueueRemove(ctx context.Context, p chat.QueueRemove) (chat.Queue
 	}
 	var ack chat.QueueItemAck
 	err := s.write(ctx, func(t *txn) error {
-		c, err := t.thread(p.UserID, p.ThreadID)
+		c, q, i, err := t.waitingOf(p.UserID, p.ThreadID, p.ItemID, p.ExpectedStateVersion)
 		if err != nil {
-			return err
-		}
-		q, err := t.queue(p.ThreadID)
-		if err != nil {
-			return err
-		}
-		i, err := t.waitingItem(q, p.ThreadID, p.ItemID)
-		if err != nil {
-			return err
-		}
-		if err := t.checkExpected(c, p.ExpectedStateVersion); err != nil {
 			return err
 		}
 		if _, err := t.exec(`UPDATE queue_items SET state = 'removed', updated_at = ? WHERE item_id = ?`,
