@@ -47,6 +47,7 @@ type Event struct {
 	//	run.failed                *chat.RunFailedBody
 	//	message.deleted           *chat.MessageDeletedBody
 	//	thread.head_moved         *chat.ThreadHeadMovedBody
+	//	queue.updated             *chat.QueueUpdatedBody
 	//	thread.snapshot           *chat.Snapshot
 	//
 	// and nil for run.completed, thread.deleted and types this client does
@@ -160,6 +161,7 @@ var eventBodies = map[string]func() any{
 	chat.EventRunFailed:              bodyOf[chat.RunFailedBody],
 	chat.EventMessageDeleted:         bodyOf[chat.MessageDeletedBody],
 	chat.EventThreadHeadMoved:        bodyOf[chat.ThreadHeadMovedBody],
+	chat.EventQueueUpdated:           bodyOf[chat.QueueUpdatedBody],
 	chat.EventThreadSnapshot:         bodyOf[chat.Snapshot],
 }
 
