@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/honestcancel/gateway/chat"
+	"github.com/honestcancel/gateway/gateway"
 	"github.com/honestcancel/gateway/tools/email"
 )
 
@@ -608,5 +609,33 @@ func TestQueueRacesWithTheStart(t *testing.T) {
 	}
 	for _, c := range tabs {
 		c.untilQueue(th, want...)
+	}
+}
+
+// TestQueueCommandsAreRateLimited: queue commands are charged to the same
+// per-connection budget as every other command: past it they are refused
+// rate_limited, and a refused add queues nothing.
+func TestQueueCommandsAreRateLimited(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 0, withWS(gateway.WSConfig{CommandRate: 0.01, CommandBurst: 8}))
+	th, _, _, tabs := h.heldRun(t, 1, "endless: hold") // hello-less tab: subscribe and run.start spent 2
+	a := tabs[0]
+	acked, limited := 0, 0
+	for range 10 {
+		r := a.cmd(map[string]any{"type": "queue.add", "thread_id": th, "user_message": "one more"})
+		switch r["error"] {
+		case nil:
+			acked++
+		case chat.CodeRateLimited:
+			limited++
+		default:
+			t.Fatalf("queue.add: %v", r)
+		}
+	}
+	if acked == 0 || limited == 0 {
+		t.Fatalf("%d acked, %d rate_limited: want both", acked, limited)
+	}
+	if n := len(h.snapshot(th).Queue.Items); n != acked {
+		t.Errorf("%d items queued after %d acked adds", n, acked)
 	}
 }
