@@ -6,7 +6,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The message queue's commands (docs/protocol.md "The message queue"). The
+// The message queue's commands (docs/protocol.md "Message queue"). The
 // store decides and records each in one transaction, a run it starts
 // included (the dispatcher claims it on the store's QueueStarts); the
 // engine carries an interrupt's cancel to the run's execution, as after

@@ -7,7 +7,7 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The message queue's commands (docs/protocol.md "The message queue"), over
+// The message queue's commands (docs/protocol.md "Message queue"), over
 // HTTP and the WebSocket alike, decoded just as strictly as the others.
 
 // Queue performs the message queue's commands (the engine).

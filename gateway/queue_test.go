@@ -1,6 +1,6 @@
 package gateway_test
 
-// The message queue end to end (docs/protocol.md "The message queue"):
+// The message queue end to end (docs/protocol.md "Message queue"):
 // queued messages start one after another as runs complete, in every tab
 // alike; a cancel pauses the queue and nothing starts until a resume; an
 // interrupt cancels with its receipt and starts from the resume point;

@@ -10,13 +10,13 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// The message queue (chat/queue.go, docs/protocol.md "The message queue").
+// The message queue (chat/queue.go, docs/protocol.md "Message queue").
 //
 // Items live in queue_items; the thread's pause in
 // threads.queue_paused_reason. Every change is a queue.updated event in the
 // transaction that makes it, so the queue replays like every other piece
 // of thread state. A run's end and the start of the next item are one
-// transaction (queueAfterEnd, called by finish and finishCancel): an item
+// transaction (planAfterEnd and its do, called by finish and finishCancel): an item
 // starts at most once, never after it was removed (both are state changes
 // of its row under the thread's lock: the writer's on SQLite, the thread
 // row's FOR UPDATE on PostgreSQL), and a start never sees a half-made
