@@ -112,6 +112,15 @@ func CheckVersion(v int64) error {
 	return nil
 }
 
+// checkOptionalVersion checks an expected_state_version a command may
+// leave out.
+func checkOptionalVersion(v *int64) error {
+	if v == nil {
+		return nil
+	}
+	return CheckVersion(*v)
+}
+
 // Validate checks fragment.save's fields: the streamed message, the last
 // delta the tab displayed (a seq, so at least 1) and the version.
 func (p SaveFragment) Validate() error {
@@ -170,12 +179,7 @@ func (p DeleteThread) Validate() error {
 	if err := CheckID("thread_id", p.ThreadID); err != nil {
 		return err
 	}
-	if p.ExpectedStateVersion != nil {
-		if err := CheckVersion(*p.ExpectedStateVersion); err != nil {
-			return err
-		}
-	}
-	return nil
+	return checkOptionalVersion(p.ExpectedStateVersion)
 }
 
 // Validate checks tool.confirm's and tool.reject's fields.

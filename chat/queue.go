@@ -187,10 +187,3 @@ func (p QueueResume) Validate() error {
 	}
 	return checkOptionalVersion(p.ExpectedStateVersion)
 }
-
-func checkOptionalVersion(v *int64) error {
-	if v == nil {
-		return nil
-	}
-	return CheckVersion(*v)
-}

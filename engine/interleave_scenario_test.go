@@ -254,12 +254,12 @@ func (r *ilRun) act(settling bool) {
 		if a.name == "reconnect" && len(r.recon) >= 2 {
 			continue
 		}
-		if a.name == "crash" && accepted && r.queued < 3 && !settling {
-			pick = append(pick, ilAction{"queue", 1})
-			total++
-		}
 		pick = append(pick, a)
 		total += a.weight
+	}
+	if accepted && !settling && r.queued < 3 {
+		pick = append(pick, ilAction{"queue", 1})
+		total++
 	}
 	n := r.rng.IntN(total)
 	var a string

@@ -80,21 +80,21 @@ func (req queueVersionRequest) resume(userID, threadID string) (chat.QueueResume
 
 func (s *Server) queueAdd(w http.ResponseWriter, r *http.Request) {
 	serveCommand(s, w, r, http.StatusCreated, mustHaveBody, "thread_id", inCallersName(r, queueAddRequest.command),
-		s.queue.QueueAdd)
+		s.runs.QueueAdd)
 }
 
 func (s *Server) queueUpdate(w http.ResponseWriter, r *http.Request) {
 	serveCommand(s, w, r, http.StatusOK, mustHaveBody, "thread_id", withItem(r, queueUpdateRequest.command),
-		s.queue.QueueUpdate)
+		s.runs.QueueUpdate)
 }
 
 func (s *Server) queueRemove(w http.ResponseWriter, r *http.Request) {
 	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", withItem(r, queueVersionRequest.remove),
-		s.queue.QueueRemove)
+		s.runs.QueueRemove)
 }
 
 func (s *Server) queueResume(w http.ResponseWriter, r *http.Request) {
-	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", queueVersionRequest.resume, s.queue.QueueResume)
+	serveCommand(s, w, r, http.StatusOK, mayBeEmpty, "thread_id", queueVersionRequest.resume, s.runs.QueueResume)
 }
 
 // withItem adapts the decoder of a command on one queue item to
@@ -143,34 +143,31 @@ func (cmd *wsQueueUpdate) target() (string, *string) { return "thread_id", cmd.T
 func (cmd *wsQueueRemove) target() (string, *string) { return "thread_id", cmd.ThreadID }
 func (cmd *wsQueueResume) target() (string, *string) { return "thread_id", cmd.ThreadID }
 
-// queueCommand runs a queue.* frame (ok false: typ is not one).
-func (c *wsConn) queueCommand(typ string, data []byte) (ack any, err error, ok bool) {
+// queueCommand runs a queue.* frame (dispatch sends it only those).
+func (c *wsConn) queueCommand(typ string, data []byte) (any, error) {
 	ctx, s := c.ctx, c.hub.s
 	switch typ {
 	case "queue.add":
-		ack, err = wsCommand(ctx, data, c.user, func(cmd *wsQueueAdd, userID, threadID string) (chat.QueueAdd, error) {
+		return wsCommand(ctx, data, c.user, func(cmd *wsQueueAdd, userID, threadID string) (chat.QueueAdd, error) {
 			return cmd.command(userID, threadID, c.requestedBy())
-		}, s.queue.QueueAdd)
+		}, s.runs.QueueAdd)
 	case "queue.update":
-		ack, err = wsCommand(ctx, data, c.user, func(cmd *wsQueueUpdate, userID, threadID string) (chat.QueueUpdate, error) {
+		return wsCommand(ctx, data, c.user, func(cmd *wsQueueUpdate, userID, threadID string) (chat.QueueUpdate, error) {
 			if err := required("item_id", cmd.ItemID); err != nil {
 				return chat.QueueUpdate{}, err
 			}
 			return cmd.command(userID, threadID, *cmd.ItemID)
-		}, s.queue.QueueUpdate)
+		}, s.runs.QueueUpdate)
 	case "queue.remove":
-		ack, err = wsCommand(ctx, data, c.user, func(cmd *wsQueueRemove, userID, threadID string) (chat.QueueRemove, error) {
+		return wsCommand(ctx, data, c.user, func(cmd *wsQueueRemove, userID, threadID string) (chat.QueueRemove, error) {
 			if err := required("item_id", cmd.ItemID); err != nil {
 				return chat.QueueRemove{}, err
 			}
 			return cmd.remove(userID, threadID, *cmd.ItemID)
-		}, s.queue.QueueRemove)
-	case "queue.resume":
-		ack, err = wsCommand(ctx, data, c.user, func(cmd *wsQueueResume, userID, threadID string) (chat.QueueResume, error) {
+		}, s.runs.QueueRemove)
+	default: // queue.resume
+		return wsCommand(ctx, data, c.user, func(cmd *wsQueueResume, userID, threadID string) (chat.QueueResume, error) {
 			return cmd.resume(userID, threadID)
-		}, s.queue.QueueResume)
-	default:
-		return nil, nil, false
+		}, s.runs.QueueResume)
 	}
-	return ack, err, true
 }

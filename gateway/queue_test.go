@@ -342,7 +342,7 @@ func TestQueueEditsAndRemovals(t *testing.T) {
 	if stale["error"] != chat.CodeStateVersionConflict {
 		t.Errorf("stale remove: %v", stale)
 	}
-	rm := a.ack(map[string]any{"type": "queue.remove", "thread_id": th, "item_id": ids[0],
+	a.ack(map[string]any{"type": "queue.remove", "thread_id": th, "item_id": ids[0],
 		"expected_state_version": wsNum(up, "state_version")})
 	b.untilQueue(th, "THREE", "two")
 	if again := b.cmd(map[string]any{"type": "queue.remove", "thread_id": th, "item_id": ids[0]}); again["error"] != chat.CodeNotFound ||
@@ -355,7 +355,6 @@ func TestQueueEditsAndRemovals(t *testing.T) {
 	if unknown := b.cmd(map[string]any{"type": "queue.update", "thread_id": th, "item_id": "qi_nope", "position": 1}); unknown["error"] != chat.CodeNotFound {
 		t.Errorf("unknown item: %v", unknown)
 	}
-	_ = rm
 	h.model.free()
 	release()
 	a.endOf(th, chat.EventRunCompleted, run1)

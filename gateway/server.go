@@ -134,7 +134,6 @@ type Server struct {
 	auth      Authenticator
 	store     Store
 	runs      Runs
-	queue     Queue // runs, as the queue's commands (queue.go)
 	feed      Feed
 	log       *slog.Logger
 	keepAlive time.Duration
@@ -160,7 +159,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, queue: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)

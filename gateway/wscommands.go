@@ -339,8 +339,7 @@ func (c *wsConn) dispatch(typ string, data []byte, extra *func()) (any, error) {
 		}, s.runs.DecideOperation)
 
 	case "queue.add", "queue.update", "queue.remove", "queue.resume":
-		ack, err, _ := c.queueCommand(typ, data)
-		return ack, err
+		return c.queueCommand(typ, data)
 	}
 	return nil, chat.Invalid("unknown command type %s: see the protocol's command list", quoteShort(typ))
 }

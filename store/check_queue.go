@@ -11,15 +11,6 @@ import "github.com/honestcancel/gateway/chat"
 // queue as a new thread has it, not paused, unless the log was purged),
 // and no queue.updated after a run's start shows its item still waiting.
 func checkQueue(a *auditor, th *auditThread) {
-	if len(th.items) == 0 {
-		for _, r := range th.runs {
-			if r.QueueItemID.Valid {
-				a.add(11, "run %s names queue item %s, which its thread %s does not have", r.RunID,
-					r.QueueItemID.String, th.row.ThreadID)
-			}
-		}
-		return
-	}
 	items := make(map[string]queueItemRow, len(th.items))
 	for _, it := range th.items {
 		items[it.ItemID] = it
@@ -52,6 +43,10 @@ func checkQueue(a *auditor, th *auditThread) {
 		case it.State != itemStarted && it.RunID.Valid:
 			a.add(11, "queue item %s is %s yet names run %s", it.ItemID, it.State, it.RunID.String)
 		}
+	}
+
+	if len(th.items) == 0 {
+		return // no queue was ever used: the log holds nothing of it to check
 	}
 
 	// The log. known: whether the queue's state before the event is known

@@ -55,6 +55,8 @@ func (s *Store) committedLocked(t *txn) {
 	}
 	if len(t.events) > 0 {
 		s.published(t.events)
-		s.signalQueueStarts(t.events)
+	}
+	if t.queueStarted {
+		s.signalQueueStarts()
 	}
 }

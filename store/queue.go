@@ -143,6 +143,7 @@ func (t *txn) startItem(c *threadCursor, it queueItemRow) (string, error) {
 	if n, _ := res.RowsAffected(); n != 1 {
 		return "", fmt.Errorf("queue item %s is no longer waiting", it.ItemID)
 	}
+	t.queueStarted = true
 	return runID, nil
 }
 
@@ -530,14 +531,9 @@ func (s *Store) QueueResume(ctx context.Context, p chat.QueueResume) (chat.Queue
 // a lost one costs a poll period.
 func (s *Store) QueueStarts() <-chan struct{} { return s.queueStarts }
 
-func (s *Store) signalQueueStarts(events []*chat.Event) {
-	for _, ev := range events {
-		if b, ok := ev.Body.(chat.RunStartedBody); ok && b.QueueItemID != "" {
-			select {
-			case s.queueStarts <- struct{}{}:
-			default:
-			}
-			return
-		}
+func (s *Store) signalQueueStarts() {
+	select {
+	case s.queueStarts <- struct{}{}:
+	default:
 	}
 }

@@ -201,6 +201,33 @@ func TestQueueInterruptRemovedBeforeItsCancelEnds(t *testing.T) {
 	mustCheck(t, st, "after an interrupt withdrawn")
 }
 
+// TestQueueGoesWithItsThread: deleting a thread drops the messages that
+// waited in its queue and empties their text at once (they were never
+// sent); check stays clean.
+func TestQueueGoesWithItsThread(t *testing.T) {
+	st, path := open(t)
+	db := rawDB(t, path)
+	th := newThread(t, st)
+	run1 := startAndClaim(t, st, th.ThreadID, "first")
+	queueAdd(t, st, th.ThreadID, "private follow-up", "")
+	if _, _, err := st.RequestCancel(ctx, chat.CancelRun{UserID: user, RunID: run1, Reason: chat.ReasonUserRequested, RequestedBy: "tab:t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.FinishCancel(ctx, run1, ptr(leaseW(run1)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DeleteThread(ctx, user, th.ThreadID, nil); err != nil {
+		t.Fatal(err)
+	}
+	var state, text string
+	if err := db.QueryRow(`SELECT state, user_message FROM queue_items WHERE thread_id = ?`, th.ThreadID).Scan(&state, &text); err != nil {
+		t.Fatal(err)
+	}
+	if state != "removed" || text != "" {
+		t.Errorf("the deleted thread's queued message: %s %q, want removed and emptied", state, text)
+	}
+}
+
 // TestCheckReportsQueueViolations: invariant 11 broken three ways behind
 // the store's back is reported, naming the item.
 func TestCheckReportsQueueViolations(t *testing.T) {

@@ -58,6 +58,10 @@ type txn struct {
 	// runsRead are the runs loaded by run(): with changedRuns, what the
 	// cancel journal must not decide on while this commits.
 	runsRead []string
+	// queueStarted: a run was started from a thread's queue (startItem),
+	// so the dispatcher is woken at commit (Store.QueueStarts). Left set
+	// when a grouped request is undone: a wake-up too many claims nothing.
+	queueStarted bool
 }
 
 // keep records, for undo, the cursor of threadID as it is before the
