@@ -131,6 +131,30 @@ type Checkpoint struct {
 	CreatedAt          time.Time    `json:"created_at"`
 }
 
+// CheckpointDelta is a checkpoint with its three lists told as what they
+// change from its parent's (GET /api/threads/{id}/checkpoints?lists=delta):
+// each list is the first *Kept entries of the parent's list followed by
+// *Added. A checkpoint without a parent keeps nothing (its lists are
+// whole). Every parent comes before its children in a list oldest first
+// (a parent has a lower state_version), so a reader rebuilds any list in
+// one pass; the answer grows with the number of checkpoints, not with
+// their number times the conversation's length.
+type CheckpointDelta struct {
+	CheckpointID        string       `json:"checkpoint_id"`
+	ThreadID            string       `json:"thread_id"`
+	ParentCheckpointID  *string      `json:"parent_checkpoint_id"`
+	StateVersion        int64        `json:"state_version"`
+	MessageIDsKept      int          `json:"message_ids_kept"`
+	MessageIDsAdded     []string     `json:"message_ids_added"`
+	CompletedStepsKept  int          `json:"completed_steps_kept"`
+	CompletedStepsAdded []string     `json:"completed_steps_added"`
+	ToolResultsKept     int          `json:"tool_results_kept"`
+	ToolResultsAdded    []ToolResult `json:"tool_results_added"`
+	Pending             *Pending     `json:"pending"`
+	RunID               *string      `json:"run_id"`
+	CreatedAt           time.Time    `json:"created_at"`
+}
+
 // Message roles and kinds.
 const (
 	RoleUser      = "user"

@@ -78,8 +78,18 @@ func (f *fuzzFake) Run(_ context.Context, userID, runID string) (chat.Run, error
 	return chat.Run{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) MessagesByID(_ context.Context, userID, threadID string, _ []string, _ int64) ([]chat.Message, error) {
+	f.record("MessagesByID", userID, threadID)
+	return nil, errFuzzNotFound
+}
+
 func (f *fuzzFake) Checkpoints(_ context.Context, userID, threadID string) (string, []chat.Checkpoint, error) {
 	f.record("Checkpoints", userID, threadID)
+	return "", nil, errFuzzNotFound
+}
+
+func (f *fuzzFake) CheckpointDeltas(_ context.Context, userID, threadID string) (string, []chat.CheckpointDelta, error) {
+	f.record("CheckpointDeltas", userID, threadID)
 	return "", nil, errFuzzNotFound
 }
 

@@ -68,3 +68,29 @@ func TestHistoryPagesOverHTTP(t *testing.T) {
 	h.wantError(t, h.do(http.MethodGet, "/api/threads/"+th.ThreadID+"/messages?before=msg_nothere", nil), http.StatusNotFound, chat.CodeNotFound)
 	h.wantError(t, h.do(http.MethodGet, "/api/threads/thr_nothere/messages", nil), http.StatusNotFound, chat.CodeNotFound)
 }
+
+// GET /api/threads/{id}/messages?ids= answers messages by id, in the
+// order asked, without paging; ids that are not the thread's are left
+// out, and a malformed or oversized list is invalid_request (never a page
+// of the history instead).
+func TestMessagesByIDOverHTTP(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, time.Millisecond)
+	th := h.createThread("")
+	h.runToEnd(th.ThreadID, h.snapshot(th.ThreadID).StateVersion, "short hello")
+	snap := h.snapshot(th.ThreadID)
+	u, a := snap.Messages[0].MessageID, snap.Messages[1].MessageID
+	var got struct {
+		ThreadID string         `json:"thread_id"`
+		Messages []chat.Message `json:"messages"`
+	}
+	h.call(http.MethodGet, "/api/threads/"+th.ThreadID+"/messages?ids="+a+",msg_nothere,"+u, nil, http.StatusOK, &got)
+	if got.ThreadID != th.ThreadID || len(got.Messages) != 2 || got.Messages[0].MessageID != a || got.Messages[1].MessageID != u || got.Messages[1].Content != "short hello" {
+		t.Fatalf("by id: %+v", got)
+	}
+	many := strings.TrimSuffix(strings.Repeat(u+",", 21), ",")
+	for _, q := range []string{"ids=", "ids=" + u + ",", "ids=" + many, "ids=" + u + "&limit=3", "ids=" + u + "&before=" + a, "ids=msg_" + strings.Repeat("x", 62)} {
+		h.wantError(t, h.do(http.MethodGet, "/api/threads/"+th.ThreadID+"/messages?"+q, nil), http.StatusBadRequest, chat.CodeInvalidRequest)
+	}
+	h.wantError(t, h.do(http.MethodGet, "/api/threads/thr_nothere/messages?ids="+u, nil), http.StatusNotFound, chat.CodeNotFound)
+}

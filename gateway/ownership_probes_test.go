@@ -164,6 +164,11 @@ func reqHistory(th, before string) probeRequest {
 	return r
 }
 
+// reqLookup asks for messages of thread th by id (…/messages?ids=).
+func reqLookup(th string, ids ...string) probeRequest {
+	return probeRequest{route: "GET /api/threads/{id}/messages", method: http.MethodGet, path: "/api/threads/" + th + "/messages?ids=" + strings.Join(ids, ",")}
+}
+
 func reqOperations(th string) probeRequest {
 	return probeRequest{route: "GET /api/threads/{id}/operations", method: http.MethodGet, path: "/api/threads/" + th + "/operations"}
 }
@@ -320,6 +325,7 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		add("snapshot", th, nf, true, reqSnapshot)
 		add("checkpoints", th, nf, true, reqCheckpoints)
 		add("history", th, nf, true, func(id string) probeRequest { return reqHistory(id, "") })
+		add("messages by id", th, nf, true, func(id string) probeRequest { return reqLookup(id, w.u1, w.a1) })
 		add("operations", th, nf, true, reqOperations)
 		add("events from a snapshot", th, nf, true, func(id string) probeRequest { return reqEvents(id, "", "") })
 		add("events after_seq=0", th, nf, true, func(id string) probeRequest { return reqEvents(id, "after_seq=0", "") })

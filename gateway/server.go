@@ -27,7 +27,13 @@ type Store interface {
 	// ("": the latest), oldest first (store.History).
 	History(ctx context.Context, userID, threadID, before string, limit int, maxBytes int64) (chat.HistoryPage, error)
 	Run(ctx context.Context, userID, runID string) (chat.Run, error)
+	// MessagesByID is messages of the thread on any branch, by id
+	// (…/messages?ids=, store.MessagesByID).
+	MessagesByID(ctx context.Context, userID, threadID string, ids []string, maxBytes int64) ([]chat.Message, error)
 	Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error)
+	// CheckpointDeltas is Checkpoints with each checkpoint's lists told as
+	// what they change from its parent's (…/checkpoints?lists=delta).
+	CheckpointDeltas(ctx context.Context, userID, threadID string) (string, []chat.CheckpointDelta, error)
 	Operations(ctx context.Context, userID, threadID string) ([]chat.Operation, error)
 	Fork(ctx context.Context, p chat.Fork) (chat.Thread, error)
 	Checkout(ctx context.Context, p chat.Checkout) (chat.CheckoutAck, error)

@@ -146,8 +146,26 @@ func (req checkoutRequest) command(userID, threadID string) (chat.Checkout, erro
 	return p, p.Validate()
 }
 
+// listCheckpoints answers the thread's checkpoints, oldest first
+// (GET /api/threads/{id}/checkpoints): each with its lists whole, as the
+// protocol says, or, with ?lists=delta, each list as what it changes from
+// the parent's (chat.CheckpointDelta), an answer that grows with the
+// number of checkpoints rather than with that number times the
+// conversation's length (the page reads this one).
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
+	delta := false
+	if q := r.URL.Query(); q.Has("lists") {
+		if q.Get("lists") != "delta" {
+			writeError(w, s.log, chat.Invalid("lists must be delta (each checkpoint's lists as what they change from its parent's), or be left out for whole lists"))
+			return
+		}
+		delta = true
+	}
 	serveLookup(s, w, r, "thread_id", func(ctx context.Context, userID, threadID string) (map[string]any, error) {
+		if delta {
+			head, cps, err := s.store.CheckpointDeltas(ctx, userID, threadID)
+			return map[string]any{"head_checkpoint_id": head, "checkpoints": cps}, err
+		}
 		head, cps, err := s.store.Checkpoints(ctx, userID, threadID)
 		return map[string]any{"head_checkpoint_id": head, "checkpoints": cps}, err
 	})
@@ -161,6 +179,10 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 // next_before continues with the older ones (null: the page starts the
 // history).
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Has("ids") {
+		s.lookupMessages(w, r) // messages by id, on any branch
+		return
+	}
 	limit := chat.DefaultHistoryPage
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -262,29 +262,32 @@ func wholeCheckpoint(ctx context.Context, q *sqlx.Tx, cache *chainCache, row che
 	return cp, nil
 }
 
-// wholeCheckpoints decodes rows, every checkpoint of some threads, with
-// their lists whole: an appended row continues its parent among rows. A
-// row that cannot be decoded, or whose parent is not among rows of its
-// thread, is left out and gives an error in errs.
-func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error) {
-	type decoded struct {
-		row  *checkpointRow
-		cp   chat.Checkpoint // its lists as stored
-		node *cpNode
-		err  error
-		done bool
-	}
-	byID := make(map[string]*decoded, len(rows))
-	all := make([]*decoded, len(rows))
+// decodedCheckpoint is a row of chainNodes: the checkpoint with its lists
+// as stored, and its node (nil when err says why it could not be read).
+type decodedCheckpoint struct {
+	row  *checkpointRow
+	cp   chat.Checkpoint // its lists as stored
+	node *cpNode
+	err  error
+	done bool
+}
+
+// chainNodes decodes rows, every checkpoint of some threads, and gives
+// each its node: an appended row continues its parent among rows. A row
+// that cannot be decoded, or whose parent is not among rows of its
+// thread, has err set. byID maps the rows' checkpoint ids.
+func chainNodes(rows []checkpointRow) (all []*decodedCheckpoint, byID map[string]*decodedCheckpoint) {
+	byID = make(map[string]*decodedCheckpoint, len(rows))
+	all = make([]*decodedCheckpoint, len(rows))
 	for i := range rows {
-		d := &decoded{row: &rows[i]}
+		d := &decodedCheckpoint{row: &rows[i]}
 		d.cp, d.err = rows[i].checkpoint()
 		d.done = d.err != nil
 		byID[rows[i].CheckpointID] = d
 		all[i] = d
 	}
-	var resolve func(d *decoded, depth int) (*cpNode, error)
-	resolve = func(d *decoded, depth int) (*cpNode, error) {
+	var resolve func(d *decodedCheckpoint, depth int) (*cpNode, error)
+	resolve = func(d *decodedCheckpoint, depth int) (*cpNode, error) {
 		if d.done {
 			return d.node, d.err
 		}
@@ -313,16 +316,93 @@ func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error
 		return d.node, d.err
 	}
 	for _, d := range all {
-		n, err := resolve(d, 0)
-		if err != nil {
-			errs = append(errs, err)
+		_, _ = resolve(d, 0) // (the error stays in d.err)
+	}
+	return all, byID
+}
+
+// wholeCheckpoints decodes rows, every checkpoint of some threads, with
+// their lists whole: an appended row continues its parent among rows. A
+// row that cannot be decoded, or whose parent is not among rows of its
+// thread, is left out and gives an error in errs.
+func wholeCheckpoints(rows []checkpointRow) (out []chat.Checkpoint, errs []error) {
+	all, _ := chainNodes(rows)
+	for _, d := range all {
+		if d.err != nil {
+			errs = append(errs, d.err)
 			continue
 		}
 		cp := d.cp
-		cp.MessageIDs, cp.CompletedSteps, cp.ToolResults = n.whole()
+		cp.MessageIDs, cp.CompletedSteps, cp.ToolResults = d.node.whole()
 		out = append(out, cp)
 	}
 	return out, errs
+}
+
+// deltaCheckpoints decodes rows, every checkpoint of one thread oldest
+// first, with their lists told as what they change from the parent's
+// (chat.CheckpointDelta): an appended row as stored; a row stored whole
+// (a deleted draft's) as the longest start it shares with its parent's
+// lists and the rest. Memory and answer grow with the entries stored, not
+// with the lists made whole. Errors as for wholeCheckpoints.
+func deltaCheckpoints(rows []checkpointRow) (out []chat.CheckpointDelta, errs []error) {
+	all, byID := chainNodes(rows)
+	out = make([]chat.CheckpointDelta, 0, len(all))
+	for _, d := range all {
+		if d.err != nil {
+			errs = append(errs, d.err)
+			continue
+		}
+		c, n := d.cp, d.node
+		out = append(out, chat.CheckpointDelta{
+			CheckpointID: c.CheckpointID, ThreadID: c.ThreadID, ParentCheckpointID: c.ParentCheckpointID,
+			StateVersion: c.StateVersion, Pending: c.Pending, RunID: c.RunID, CreatedAt: c.CreatedAt,
+		})
+		o := &out[len(out)-1]
+		var parent *decodedCheckpoint
+		if c.ParentCheckpointID != nil {
+			if p, ok := byID[*c.ParentCheckpointID]; ok && p.err == nil && p.row.ThreadID == c.ThreadID {
+				parent = p
+			}
+		}
+		switch {
+		case n.parent != nil:
+			// Stored as appended: it keeps its parent's lists whole.
+			o.MessageIDsKept, o.CompletedStepsKept, o.ToolResultsKept = n.parent.nMsgs, n.parent.nSteps, n.parent.nTools
+			o.MessageIDsAdded, o.CompletedStepsAdded, o.ToolResultsAdded = n.msgs, n.steps, n.tools
+		case parent != nil:
+			pm, ps, pt := parent.node.whole()
+			o.MessageIDsKept = commonPrefix(pm, n.msgs)
+			o.CompletedStepsKept = commonPrefix(ps, n.steps)
+			o.ToolResultsKept = commonPrefix(pt, n.tools)
+			o.MessageIDsAdded = n.msgs[o.MessageIDsKept:]
+			o.CompletedStepsAdded = n.steps[o.CompletedStepsKept:]
+			o.ToolResultsAdded = n.tools[o.ToolResultsKept:]
+		default:
+			o.MessageIDsAdded, o.CompletedStepsAdded, o.ToolResultsAdded = n.msgs, n.steps, n.tools
+		}
+		// (Empty lists are [] on the wire, as in the whole form.)
+		o.MessageIDsAdded = nonNil(o.MessageIDsAdded)
+		o.CompletedStepsAdded = nonNil(o.CompletedStepsAdded)
+		o.ToolResultsAdded = nonNil(o.ToolResultsAdded)
+	}
+	return out, errs
+}
+
+// commonPrefix is how many first entries a and b share.
+func commonPrefix[T comparable](a, b []T) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // checkpointNotFound is the answer for a checkpoint that is not one of

@@ -134,3 +134,95 @@ func TestCheckpointsStoreWhatTheyAppend(t *testing.T) {
 	completeRun(t, st, th.ThreadID, "one more", "answer") // its start reads the head cold
 	mustCheck(t, st, "after reopening")
 }
+
+// CheckpointDeltas tells each checkpoint's lists as what they change from
+// its parent's: rebuilt oldest first, they are exactly the lists
+// Checkpoints gives whole, a deleted draft's row included (it keeps the
+// start of its parent's lists before the draft); and what they add comes
+// to about one entry per checkpoint, so the answer grows with the
+// conversation, not with its square.
+func TestCheckpointDeltasRebuildTheWholeLists(t *testing.T) {
+	st, err := store.Open(ctx, testDSN(t), store.Options{Exclusive: true, StreamBuffer: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	th := newThread(t, st)
+	const exchanges = 30
+	for i := range exchanges {
+		completeRun(t, st, th.ThreadID, "question", "answer")
+		if i == exchanges/3 {
+			cur, _ := st.Snapshot(ctx, user, th.ThreadID)
+			_, msgID, last := streamAndCancel(t, st, th.ThreadID, cur.StateVersion, "draft")
+			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
+			saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: last, ExpectedStateVersion: cur.StateVersion})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One more exchange after the fragment, so that the draft is
+			// in the middle of the history when it is deleted.
+			completeRun(t, st, th.ThreadID, "question", "answer")
+			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
+			if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: th.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: cur.StateVersion}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	head, whole, err := st.Checkpoints(ctx, user, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dhead, deltas, err := st.CheckpointDeltas(ctx, user, th.ThreadID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dhead != head || len(deltas) != len(whole) {
+		t.Fatalf("deltas: head %s and %d checkpoints; whole: head %s and %d", dhead, len(deltas), head, len(whole))
+	}
+	type lists struct {
+		msgs, steps []string
+		tools       []chat.ToolResult
+	}
+	rebuilt := map[string]lists{}
+	added, keptShort := 0, 0
+	for i, d := range deltas {
+		w := whole[i]
+		if d.CheckpointID != w.CheckpointID || d.StateVersion != w.StateVersion || (d.ParentCheckpointID == nil) != (w.ParentCheckpointID == nil) ||
+			(d.Pending == nil) != (w.Pending == nil) || !d.CreatedAt.Equal(w.CreatedAt) {
+			t.Fatalf("checkpoint %d: delta %+v, whole %+v", i, d, w)
+		}
+		var p lists
+		if d.ParentCheckpointID != nil {
+			var ok bool
+			if p, ok = rebuilt[*d.ParentCheckpointID]; !ok {
+				t.Fatalf("checkpoint %s comes before its parent %s", d.CheckpointID, *d.ParentCheckpointID)
+			}
+			if d.MessageIDsKept < len(p.msgs) {
+				keptShort++
+			}
+		} else if d.MessageIDsKept != 0 || d.CompletedStepsKept != 0 || d.ToolResultsKept != 0 {
+			t.Fatalf("checkpoint %s has no parent but keeps %d, %d, %d entries of it", d.CheckpointID, d.MessageIDsKept, d.CompletedStepsKept, d.ToolResultsKept)
+		}
+		got := lists{
+			msgs:  append(slices.Clone(p.msgs[:d.MessageIDsKept]), d.MessageIDsAdded...),
+			steps: append(slices.Clone(p.steps[:d.CompletedStepsKept]), d.CompletedStepsAdded...),
+			tools: append(slices.Clone(p.tools[:d.ToolResultsKept]), d.ToolResultsAdded...),
+		}
+		if !slices.Equal(got.msgs, w.MessageIDs) || !slices.Equal(got.steps, w.CompletedSteps) || !slices.Equal(got.tools, w.ToolResults) {
+			t.Fatalf("checkpoint %s rebuilt: %v %v %v\nwhole: %v %v %v", d.CheckpointID, got.msgs, got.steps, got.tools, w.MessageIDs, w.CompletedSteps, w.ToolResults)
+		}
+		rebuilt[d.CheckpointID] = got
+		added += len(d.MessageIDsAdded) + len(d.CompletedStepsAdded) + len(d.ToolResultsAdded)
+	}
+	if keptShort != 1 {
+		t.Errorf("%d checkpoints keep less than their parent's messages; want 1 (the deleted draft's)", keptShort)
+	}
+	// Each exchange adds two messages and a step; the deletion re-adds the
+	// message after the draft.
+	if limit := 3*(exchanges+2) + 2; added > limit {
+		t.Errorf("the deltas add %d entries for %d checkpoints; want at most %d", added, len(deltas), limit)
+	}
+	if _, _, err := st.CheckpointDeltas(ctx, "usr_someone_else", th.ThreadID); chat.ErrorCode(err) != chat.CodeNotFound {
+		t.Errorf("another user's thread: %v, want not_found", err)
+	}
+}

@@ -526,10 +526,40 @@ func loadMessages(ctx context.Context, q *sqlx.Tx, ids []string) ([]chat.Message
 
 // Checkpoints lists a thread's checkpoints, oldest first, with its head.
 func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (string, []chat.Checkpoint, error) {
-	var head string
 	var out []chat.Checkpoint
+	head, err := s.checkpointRows(ctx, userID, threadID, func(rows []checkpointRow) error {
+		var errs []error
+		if out, errs = wholeCheckpoints(rows); len(errs) > 0 {
+			return errs[0]
+		}
+		return nil
+	})
+	return head, out, err
+}
+
+// CheckpointDeltas lists a thread's checkpoints as Checkpoints does, each
+// with its lists told as what they change from its parent's
+// (chat.CheckpointDelta): the answer grows with the number of
+// checkpoints, where Checkpoints' grows with that number times the
+// conversation's length.
+func (s *Store) CheckpointDeltas(ctx context.Context, userID, threadID string) (string, []chat.CheckpointDelta, error) {
+	var out []chat.CheckpointDelta
+	head, err := s.checkpointRows(ctx, userID, threadID, func(rows []checkpointRow) error {
+		var errs []error
+		if out, errs = deltaCheckpoints(rows); len(errs) > 0 {
+			return errs[0]
+		}
+		return nil
+	})
+	return head, out, err
+}
+
+// checkpointRows reads the thread's head and its checkpoints' rows, oldest
+// first, and hands the rows to decode within the read.
+func (s *Store) checkpointRows(ctx context.Context, userID, threadID string, decode func([]checkpointRow) error) (string, error) {
+	var head string
 	if err := s.settled(ctx); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	err := s.read(ctx, func(q *sqlx.Tx) error {
 		row, err := readThread(ctx, q, userID, threadID)
@@ -542,13 +572,9 @@ func (s *Store) Checkpoints(ctx context.Context, userID, threadID string) (strin
 			ORDER BY state_version`), threadID); err != nil {
 			return fmt.Errorf("list checkpoints: %w", err)
 		}
-		var errs []error
-		if out, errs = wholeCheckpoints(rows); len(errs) > 0 {
-			return errs[0]
-		}
-		return nil
+		return decode(rows)
 	})
-	return head, out, err
+	return head, err
 }
 
 // Checkout makes checkpointID, any checkpoint of the thread, its head: the
