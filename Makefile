@@ -33,7 +33,9 @@ generate: node-deps
 node-deps:
 	@if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then $(NPM) ci --no-audit --no-fund; fi
 
-# generate-check fails when a committed generated file is stale.
+# generate-check fails when a committed generated file is stale: the
+# bundle byte for byte, and its brotli and gzip copies by what they decode
+# to (static/compress.mjs says why not by their bytes).
 generate-check: node-deps
 	$(GO) tool templ generate -check
 	@tmp=$$(mktemp -d); \
@@ -41,6 +43,7 @@ generate-check: node-deps
 	for f in app.js app.css; do \
 		cmp -s $$tmp/$$f static/dist/$$f || { echo "static/dist/$$f is stale: run make generate and commit it"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp
+	@node static/compress.mjs --check static/dist
 
 lint: node-deps
 	@unformatted=$$(gofmt -l $$(find . -name '*.go' -not -path './node_modules/*')); \
