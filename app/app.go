@@ -388,7 +388,7 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	mux := http.NewServeMux()
 	a.api.Routes(mux)
 	// The page forms draw from the same per-user command budget as the API.
-	web.New(reads, authn, a.api, log).Routes(mux)
+	web.New(reads, authn, a.api, log).With(web.Options{Model: cfg.Model, Runs: a.engine}).Routes(mux)
 	// Metrics hold no user content, but they are the server's own business:
 	// on the main listener only when everyone who reaches it is trusted
 	// anyway (-auth none) or when asked for (-metrics-public); always on the
@@ -399,9 +399,10 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	// Before any route: the Host allowlist (DNS rebinding), HSTS, and the
 	// body read deadline. /livez and /readyz answer whatever the Host:
 	// load balancers probe them by address. A foreign Host is told the
-	// status alone (gateway.AllowedHost).
+	// status alone (gateway.AllowedHost). Inside it, pages and API answers
+	// are compressed (the bundle comes precompressed from package static).
 	return gateway.Edge(gateway.EdgeConfig{Hosts: cfg.Hosts, Unchecked: []string{"/livez", "/readyz"},
-		HTTPS: authn.HTTPS, BodyTimeout: cfg.BodyTimeout, Log: log}, mux), nil
+		HTTPS: authn.HTTPS, BodyTimeout: cfg.BodyTimeout, Log: log}, gateway.Compress(mux)), nil
 }
 
 func (a *App) publicMetrics() bool { return a.cfg.AuthMode == auth.ModeNone || a.cfg.MetricsPublic }

@@ -1,11 +1,13 @@
 package web
 
 import (
+	"encoding/json"
 	"errors"
 	"mime"
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/honestcancel/gateway/chat"
 )
@@ -89,7 +91,7 @@ func (p *Pages) post(signed bool, h http.HandlerFunc) http.Handler {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
 				p.refuseForm(w, r, http.StatusRequestEntityTooLarge, Refusal{Code: chat.CodeInvalidRequest,
-					Message: "The form is over " + strconv.Itoa(maxFormBytes/1024) + " KiB, the most these forms accept."})
+					Message: "The form is over " + strconv.Itoa(maxFormBytes/1024) + " KiB, the most these forms accept: go back, shorten what you typed, and send it again."})
 				return
 			}
 			p.refuseForm(w, r, http.StatusBadRequest, Refusal{Code: chat.CodeInvalidRequest, Message: "The form could not be read: send it from the page again."})
@@ -157,5 +159,26 @@ func (p *Pages) refuseError(w http.ResponseWriter, r *http.Request, err error) {
 
 func (p *Pages) refuseForm(w http.ResponseWriter, r *http.Request, status int, f Refusal) {
 	p.log.Debug("form refused", "path", r.URL.Path, "status", status, "code", f.Code)
+	if wantsJSON(r) {
+		writeJSON(w, status, map[string]string{"type": "error", "error": f.Code, "message": f.Message})
+		return
+	}
 	p.render(w, r, status, FormRefused(f))
+}
+
+// wantsJSON reports a form post sent by the page script (Accept:
+// application/json), which shows the answer itself: a refusal as the API
+// words its errors ({type, error, message}), instead of a page.
+func wantsJSON(r *http.Request) bool {
+	accept := r.Header.Get("Accept")
+	return accept != "" && strings.HasPrefix(strings.TrimSpace(strings.Split(accept, ",")[0]), "application/json")
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
 }

@@ -135,8 +135,16 @@ func TestThreadPageRendersSnapshot(t *testing.T) {
 		t.Errorf("conn status: role=%q data-state=%q", conn.AttrOr("role", ""), conn.AttrOr("data-state", ""))
 	}
 
-	// Rename form posts to /t/{id}/rename with the current title.
-	rename := one(t, doc, "form.rename")
+	// The title is the page's h1, in view; Rename (a details, so that it
+	// opens without the script too) holds the form that posts to
+	// /t/{id}/rename with the current title.
+	if h := one(t, doc, "h1"+byTestID("thread-heading")); h.Text() != snap.Title || h.HasClass("visually-hidden") {
+		t.Errorf("heading %q (class %q), want the title, shown", h.Text(), h.AttrOr("class", ""))
+	}
+	if got := one(t, doc, "details"+byTestID("rename")+" > summary").Text(); got != "Rename" {
+		t.Errorf("rename summary = %q", got)
+	}
+	rename := one(t, doc, "details "+byTestID("rename-form"))
 	if got := attr(t, rename, "action"); got != "/t/thr_one/rename" {
 		t.Errorf("rename action = %q", got)
 	}
@@ -369,8 +377,18 @@ func TestHomeAndNotFound(t *testing.T) {
 	t.Run("home", func(t *testing.T) {
 		doc, _ := render(t, Home(nil, ""))
 		home := one(t, doc, "main "+byTestID("home"))
-		if home.Find(`form[action="/threads"] button[type="submit"]`).Length() != 1 {
-			t.Error("home has no New conversation form")
+		// The box: a plain form that posts the first message to /threads,
+		// with the focus in it on load.
+		form := one(t, doc, `main form[action="/threads"][method="post"]`+byTestID("home-composer"))
+		box := form.Find("textarea" + byTestID("home-input"))
+		if box.Length() != 1 || box.AttrOr("name", "") != "message" || !hasAttr(box, "autofocus") {
+			t.Errorf("home box: name %q, autofocus %v", box.AttrOr("name", ""), hasAttr(box, "autofocus"))
+		}
+		if form.Find(`button[type="submit"]`).Length() != 1 || form.Find(`label[for="home-input"]`).Length() != 1 {
+			t.Error("home box has no Send button or no label")
+		}
+		if home.Find(`form[action="/threads"]`).Length() != 1 {
+			t.Error("home has no form that starts a conversation")
 		}
 		if doc.Find(byTestID("not-found")).Length() != 0 || doc.Find(byTestID("thread")).Length() != 0 {
 			t.Error("home renders other sections")

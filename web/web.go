@@ -47,6 +47,7 @@ type Pages struct {
 	auth   Auth
 	limits Limiter
 	log    *slog.Logger
+	opts   Options // With (home.go)
 }
 
 // New returns the pages over store; auth nil serves everyone as the one
@@ -283,17 +284,8 @@ func (p *Pages) thread(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, err)
 		return
 	}
-	r, links := p.links(r, snap.ThreadID)
+	r, links := p.links(p.withModel(r), snap.ThreadID)
 	p.render(w, r, http.StatusOK, ThreadPage(snap, links))
-}
-
-func (p *Pages) create(w http.ResponseWriter, r *http.Request) {
-	snap, err := p.store.CreateThread(r.Context(), userID(r), chat.DefaultTitle)
-	if err != nil {
-		p.fail(w, err)
-		return
-	}
-	http.Redirect(w, r, "/t/"+snap.ThreadID, http.StatusSeeOther)
 }
 
 func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
@@ -301,6 +293,8 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	// input's maxlength, in characters, cannot express for non-ASCII text;
 	// no control characters), after trimming what a browser's text input
 	// leaves around the title.
+	// The page script posts the same form asking for JSON (wantsJSON):
+	// the saved title, or the refusal as the API words it.
 	title := strings.TrimSpace(r.PostForm.Get("title"))
 	id := r.PathValue("id")
 	if err := chat.CheckTitle("title", title); err != nil {
@@ -309,11 +303,19 @@ func (p *Pages) rename(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := p.store.RenameThread(r.Context(), userID(r), id, title); err != nil {
 		if chat.ErrorCode(err) == chat.CodeNotFound {
+			if wantsJSON(r) {
+				p.refuseError(w, r, err)
+				return
+			}
 			r, links := p.links(r, "")
 			p.render(w, r, http.StatusNotFound, NotFound(links))
 			return
 		}
 		p.fail(w, err)
+		return
+	}
+	if wantsJSON(r) {
+		writeJSON(w, http.StatusOK, map[string]string{"thread_id": id, "title": title})
 		return
 	}
 	http.Redirect(w, r, "/t/"+url.PathEscape(id), http.StatusSeeOther)

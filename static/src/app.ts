@@ -3,6 +3,10 @@ import { ThreadView } from "./thread";
 import { Drawer } from "./drawer";
 import { ThreadSearch, groupByDay } from "./sidebar";
 import { watchToolServers } from "./toolservers";
+import { startRename } from "./title";
+import { HomeComposer } from "./start";
+import { startExamples } from "./starter";
+import { showDeleted } from "./deletepanel";
 
 const app = document.querySelector<HTMLElement>("[data-testid=app]");
 if (app) new Drawer(app).start();
@@ -24,6 +28,14 @@ const searchStatus = document.querySelector<HTMLElement>("[data-testid=thread-se
 const more = document.querySelector<HTMLAnchorElement>("[data-testid=thread-more]");
 if (list && searchForm && searchInput && searchStatus) new ThreadSearch(searchForm, searchInput, list, searchStatus, more).start();
 const root = document.getElementById("thread");
-if (root) new ThreadView(root).start();
+if (root) {
+  new ThreadView(root).start();
+  startRename(root, root.dataset.threadId ?? "");
+  startExamples(root);
+}
+const home = document.querySelector<HTMLFormElement>("[data-testid=home-composer]");
+if (home) new HomeComposer(home).start();
+const listStatus = document.querySelector<HTMLElement>("[data-testid=list-status]");
+if (listStatus) showDeleted(listStatus);
 const noticePlace = document.querySelector<HTMLElement>("form.composer") ?? document.getElementById("main");
 if (noticePlace) watchToolServers(noticePlace);

@@ -7,6 +7,7 @@
 
 import { $, el } from "./dom";
 import { loadDraft, saveDraft } from "./drafts";
+import { takeFirst } from "./start";
 
 // How a submit was asked for: Send or Enter ("send"), or Send now or
 // Ctrl+Enter ("now").
@@ -29,6 +30,7 @@ export class Composer {
   private readonly now: HTMLButtonElement;
   private readonly hint: HTMLElement;
   private readonly idleHint: string;
+  private first = false; // the home page's first message is in the box, to send
 
   constructor(
     root: HTMLElement,
@@ -55,6 +57,10 @@ export class Composer {
     });
     this.now.addEventListener("click", () => onSubmit("now"));
     if (!this.input.value) this.input.value = loadDraft(this.threadID);
+    // The first message typed on the home page (start.ts), sent once live.
+    const first = takeFirst(this.threadID);
+    if (first && !this.input.value.trim()) this.restore(first);
+    this.first = first !== "";
     // (Not while editing a request: restored later, it would be sent as a
     // new message, not as the edit.)
     this.input.addEventListener("input", () => {
@@ -75,6 +81,24 @@ export class Composer {
 
   focus(): void {
     this.input.focus();
+  }
+
+  // focusOnOpen puts the focus in the box as the conversation opens, the
+  // view left at the latest message; not when the user put the focus
+  // elsewhere before the script ran, nor, on a touch screen, in a
+  // conversation with messages (its keyboard would cover them).
+  focusOnOpen(empty: boolean): void {
+    const at = document.activeElement;
+    if ((at && at !== document.body) || (!empty && matchMedia("(pointer: coarse)").matches)) return;
+    this.input.focus({ preventScroll: true });
+  }
+
+  // sendFirst reports, once, that the box holds the home page's first
+  // message, to be sent now that the page is live.
+  sendFirst(): boolean {
+    const first = this.first;
+    this.first = false;
+    return first;
   }
 
   // sent empties the box and its draft once the server accepted it (or

@@ -5,6 +5,7 @@
 import { logLine, toolName, type Line, type OpNow } from "./outcome";
 import type { Operation } from "./protocol";
 import { el, snippet } from "./dom";
+import { timeElement, when } from "./when";
 
 // toolProgress is a working call's progress: a bar that fills when the
 // tool said how far it got out of how much (tool.updated's progress), and
@@ -69,7 +70,6 @@ export function opView(op: Operation, outcome = ""): OpNow {
 export function operationItem(op: Operation): HTMLLIElement {
   const line = logLine(op);
   const code = (t: string, testid: string) => el("code", { class: "op-key", "data-testid": testid }, t);
-  const at = (t: string) => new Date(t).toLocaleTimeString();
   const facts: [string, Node | string][] = [
     ["Tool", op.tool],
     ["Contract", contractWords(op.contract)],
@@ -84,7 +84,14 @@ export function operationItem(op: Operation): HTMLLIElement {
     el("strong", { class: "op-what", "data-testid": "operation-what" }, line.what),
     el("div", { class: "op-status", "data-testid": "operation-words" }, line.status),
     op.phase === "unknown" ? el("div", { class: "hint", "data-testid": "operation-reconcile" }, reconcileNote(op)) : "",
-    el("div", { class: "hint" }, op.updated_at === op.created_at ? `Started ${at(op.created_at)}` : `Started ${at(op.created_at)} · last change ${at(op.updated_at)}`),
+    el(
+      "div",
+      { class: "hint", "data-testid": "operation-when" },
+      "Started ",
+      timeElement(op.created_at),
+      // (A change in the same minute reads the same: not said twice.)
+      ...(when(op.updated_at) === when(op.created_at) ? [] : [" · last change ", timeElement(op.updated_at)]),
+    ),
     el(
       "details",
       { class: "op-details", "data-testid": "operation-details" },
@@ -110,7 +117,7 @@ export function contractWords(contract: string): string {
 // reconcileNote says, in the operation log, how an unknown outcome is
 // being settled.
 export function reconcileNote(op: Operation): string {
-  const at = (t: string): string => new Date(t).toLocaleString();
+  const at = (t: string): string => when(t);
   if (op.reconcile_next_at) {
     return `Not confirmed by the provider yet: the gateway keeps looking the key up${op.reconcile_until ? `, until ${at(op.reconcile_until)}` : ""}.`;
   }
