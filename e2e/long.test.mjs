@@ -1,7 +1,9 @@
 // A long conversation (40 exchanges, built over the HTTP API as another
 // client would) at a desktop and two phone sizes: it opens at its latest
-// message, a stale tab's conflict banner shows where the user looks, and
-// the checkpoints timeline opens in view and stays readable.
+// message (the latest 50, the rest offered above them), a stale tab's
+// conflict banner shows where the user looks, and the checkpoints timeline
+// opens in view and stays readable. (e2e/longperf.test.mjs: 2,000
+// messages, scrolling back, and what it costs.)
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { serveForFile, newPage, shot, send, runStatus, messageTexts, interceptSocket, eventually, apiExchange } from "./harness.mjs";
@@ -63,6 +65,7 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
   assert.equal(searches, 4);
   const url = `${server.url}/t/${threadID}`;
   let exchanges = 40;
+  const firstPaint = 50; // the latest messages a page opens with (web/history.go)
 
   for (const [w, h] of viewports) {
     const context = await browser.newContext({ viewport: { width: w, height: h } });
@@ -71,7 +74,8 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     const socketB = await interceptSocket(b);
     await b.goto(url);
     await b.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
-    assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches);
+    assert.equal((await messageTexts(b)).length, firstPaint);
+    assert.equal((await b.getByTestId("show-earlier").textContent()).trim(), `Show earlier messages (${2 * exchanges + 2 * searches - firstPaint} more)`);
     assert.ok(await b.evaluate(() => document.documentElement.scrollHeight > 10 * window.innerHeight), "long enough to need a lot of scrolling");
 
     // The operation log (four searches), read after the first paint, is
@@ -100,10 +104,10 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     await a.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
     socketB.mode = "stale";
     await send(a, `Short question from the other tab at ${w} px?`);
-    await eventually(async () => assert.equal((await messageTexts(a)).length, 2 * exchanges + 2 * searches + 2), { timeout: 20000 });
+    await eventually(async () => assert.equal((await messageTexts(a)).length, firstPaint + 2), { timeout: 20000 });
     await runStatus(a, "idle");
     exchanges++;
-    assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches - 2, "the stale tab still shows the old history");
+    assert.equal((await messageTexts(b)).length, firstPaint, "the stale tab still shows the old history");
     const mine = `My own question at ${w} px?`;
     await send(b, mine);
     const banner = b.getByTestId("conflict-banner");
@@ -121,7 +125,7 @@ test("a 40-exchange conversation opens at its latest message; a stale tab's bann
     socketB.mode = "pass";
     await b.getByTestId("conflict-reload").click();
     await banner.waitFor({ state: "hidden" });
-    await eventually(async () => assert.equal((await messageTexts(b)).length, 2 * exchanges + 2 * searches));
+    await eventually(async () => assert.equal((await messageTexts(b)).length, firstPaint + 2));
 
     // The checkpoints timeline: opened in view with the focus on it, every
     // entry within the panel, the page no wider than the window.

@@ -9,13 +9,15 @@ import (
 
 // What a conversation page holds at first, so that it loads whatever the
 // conversation's length: the latest messages, at most firstPaintMessages
-// of them and, but for the latest, chat.HistoryPageBytes of content (the
-// rest is fetched when the user asks: "Show earlier messages", GET
+// of them (one page: what the script draws before the page can be used
+// grows with it; measured in docs/page.md, "Long conversations") and, but
+// for the latest, chat.HistoryPageBytes of content (the rest is fetched as
+// the reader scrolls up, or with "Show earlier messages": GET
 // /api/threads/{id}/messages), and of a reply longer than displayBytes
 // only its start ("Show the whole reply"). The page script uses the same
 // numbers (static/src/history.ts).
 const (
-	firstPaintMessages = chat.MaxHistoryPage
+	firstPaintMessages = chat.DefaultHistoryPage
 	displayBytes       = 256 << 10
 )
 

@@ -8,8 +8,10 @@ import (
 	"github.com/honestcancel/gateway/chat"
 )
 
-// A conversation page holds its latest messages (the store's window: 200
-// messages, 1 MiB) and offers the earlier ones; a reply cut at the size
+// A conversation page holds its latest messages (the store's window: 50
+// messages, 1 MiB: a first paint whose work does not grow with the
+// conversation; the page brings older ones as the reader scrolls up) and
+// offers the earlier ones; a reply cut at the size
 // limit says so; of a reply longer than displayBytes the first paint shows
 // the start, on a code point, and offers the whole, which the embedded
 // snapshot holds.
@@ -25,8 +27,8 @@ func TestThreadPageShowsALongConversationInPart(t *testing.T) {
 			StateVersion: 7, CheckpointID: "cp_7", RunID: ptr("run_4"), CreatedAt: t0})
 	st := newFakeStore(snap)
 	doc := page(t, st, "/t/thr_one", http.StatusOK)
-	if st.window != [2]int64{200, 1 << 20} {
-		t.Errorf("the page asked the store for the latest %d messages within %d bytes, want 200 within 1 MiB", st.window[0], st.window[1])
+	if st.window != [2]int64{50, 1 << 20} {
+		t.Errorf("the page asked the store for the latest %d messages within %d bytes, want 50 within 1 MiB", st.window[0], st.window[1])
 	}
 
 	earlier := one(t, doc, byTestID("earlier"))

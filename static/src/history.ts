@@ -1,15 +1,18 @@
 // How much of a long conversation the page shows, so that it stays
 // loadable whatever the conversation's length: the latest messages (at
 // most historyMessages, and historyBytes of content but for the latest
-// one), "Show earlier messages" for the rest (GET
+// one: one page, so that the work before the page can be used does not
+// grow with the conversation), older pages as the reader scrolls up
+// (scrollback.ts) or presses "Show earlier messages" (GET
 // /api/threads/{id}/messages), and of a reply longer than displayBytes its
 // start, with "Show the whole reply". The server's first paint uses the
-// same numbers (web/history.go, chat.HistoryPageBytes).
+// same numbers (web/history.go, chat.DefaultHistoryPage and
+// chat.HistoryPageBytes).
 
 import type { HistoryPage, Message } from "./protocol";
 import { readEarlier } from "./api";
 
-export const historyMessages = 200;
+export const historyMessages = 50;
 export const historyBytes = 1 << 20;
 export const displayBytes = 256 * 1024;
 // earlierPage is how many older messages one "Show earlier messages"
