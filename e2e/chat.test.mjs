@@ -51,7 +51,7 @@ test("send, watch the reply stream, cancel mid-stream and read the receipt", asy
   await runStatus(page, "cancelled");
   assert.ok(await page.getByTestId("cancel").isHidden());
   assert.ok(await page.getByTestId("send").isVisible());
-  await page.getByTestId("run-chip").filter({ hasText: "Discarded" }).waitFor();
+  await page.getByTestId("run-chip").filter({ hasText: "Not saved · stopped here" }).waitFor();
   await shot(page, "cancelled");
   assert.equal(await receipt.locator("h2").textContent(), "Cancelled");
   assert.match(await page.getByTestId("receipt-discarded").textContent(), /^[1-9]\d* characters of unpublished text$/);
@@ -166,21 +166,24 @@ test("save the visible fragment exactly as shown, the receipt says so, then dele
 
 test("edit the request after a cancel: the edited request replaces the old one on a new branch", async () => {
   const { page, errors } = await openPage(browser, { thread: server.url });
+  // The checkpoints cannot be read from here on (the page read them when
+  // it opened, before the request): where the request was saved is not
+  // known when Edit is pressed, and Edit fetches it.
+  const checkpoints = (u) => u.pathname.endsWith("/checkpoints");
+  await page.route(checkpoints, (r) => r.fulfill({ status: 503, contentType: "text/plain", body: "unavailable" }));
   await startAndStream(page);
   await page.getByTestId("cancel").click();
   await page.getByTestId("receipt").waitFor();
 
-  // Where the request was saved is fetched on Edit (the page loaded before
-  // it was sent): refused, Edit says so and what to do, and edits nothing.
-  await page.route("**/checkpoints", (r) => r.fulfill({ status: 503, contentType: "text/plain", body: "unavailable" }));
+  // Refused, Edit says so and what to do, and edits nothing.
   await page.getByTestId("action-edit").click();
   await page.getByTestId("notice").filter({ hasText: "Could not load where your request was saved (the server answered 503), so it cannot be edited yet: press “Edit the request and continue” again in a moment." }).waitFor();
   assert.equal(await page.getByTestId("editing").count(), 0);
   assert.equal(await page.getByTestId("composer-input").inputValue(), "");
   await shots(page, "edit-unavailable");
-  assert.equal(errors.length, 1, JSON.stringify(errors)); // Chromium logs the 503
+  assert.ok(errors.length >= 1 && errors.every((e) => /503/.test(e)), JSON.stringify(errors)); // Chromium logs each 503
   errors.length = 0;
-  await page.unroute("**/checkpoints");
+  await page.unroute(checkpoints);
 
   await page.getByTestId("action-edit").click();
   await page.getByTestId("editing").waitFor();
@@ -210,8 +213,8 @@ test("edit the request after a cancel: the edited request replaces the old one o
   // wait for the edited request's point, not for any other-branch point.)
   const nodes = page.locator("[data-testid=tree-list] > [data-testid=tree-node]");
   await eventually(async () => assert.equal(await nodes.locator(":scope[data-branch=this] [data-testid=tree-what]", { hasText: `You: ${edited}` }).count(), 1));
-  assert.ok((await nodes.locator(":scope[data-branch=other]").count()) >= 1);
-  assert.equal(await nodes.locator(":scope[data-branch=other] [data-testid=tree-tags]").first().textContent(), "another branch");
+  // The old request leads another branch, named by its first words.
+  await page.getByTestId("other-branches").getByTestId("branch-what").filter({ hasText: `From message 1, your message: “${LONG}”` }).waitFor();
   assert.match(await nodes.locator(":scope[data-branch=current] [data-testid=tree-what]").textContent(), /^Reply: /);
   await shot(page, "edited-branch");
   await done(page, errors);
@@ -258,19 +261,20 @@ test("checkpoint tree: show the nodes and fork from one into a new conversation"
 
 test("checkpoints: while they load the panel says so; when they cannot be loaded it says what to do, and opened again they load", async () => {
   const { page, errors } = await openPage(browser, { thread: server.url });
-  await send(page, "Short: what is rye?");
-  await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
-  await runStatus(page, "idle");
-
-  // The server's answer is held, then refused: the panel shows the
-  // timeline it has (loaded with the page, before the request) and says
-  // it is being brought up to date, then that it could not be.
+  // From here on the server's answer is held, then refused: the panel
+  // shows the timeline it has (loaded with the page, before the request;
+  // the page's own reading when the reply ends is held too) and says it
+  // is being brought up to date, then that it could not be.
   let release;
   const held = new Promise((ok) => (release = ok));
-  await page.route("**/checkpoints", async (r) => {
+  const checkpoints = (u) => u.pathname.endsWith("/checkpoints");
+  await page.route(checkpoints, async (r) => {
     await held;
     await r.fulfill({ status: 503, contentType: "text/plain", body: "unavailable" });
   });
+  await send(page, "Short: what is rye?");
+  await page.locator("[data-testid=message][data-role=assistant]").waitFor({ timeout: 20000 });
+  await runStatus(page, "idle");
   const list = page.getByTestId("tree-list");
   const status = page.getByTestId("tree-status");
   await page.getByTestId("tree-toggle").click();
@@ -286,7 +290,7 @@ test("checkpoints: while they load the panel says so; when they cannot be loaded
 
   // Closed and opened again with the server answering: the whole timeline,
   // and no status line.
-  await page.unroute("**/checkpoints");
+  await page.unroute(checkpoints);
   await page.getByTestId("tree-toggle").click();
   await page.getByTestId("tree-toggle").click();
   await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 3));
@@ -305,26 +309,32 @@ test("checkpoints: while they load the panel says so; when they cannot be loaded
   await eventually(async () => assert.equal(await page.getByTestId("tree-node").count(), 5));
   assert.equal(await page.evaluate(() => window.treeStatusShown), 0, "a refresh showed the status line");
   assert.equal(await list.getAttribute("aria-busy"), "false");
-  // The refused fetch is the only console error (Chromium logs every 5xx).
-  assert.equal(errors.length, 1, JSON.stringify(errors));
+  // The refused fetches (the page's at the reply's end, the panel's) are
+  // the only console errors (Chromium logs every 5xx).
+  assert.ok(errors.length === 2 && errors.every((e) => /503/.test(e)), JSON.stringify(errors));
   assert.match(errors[0], /status of 503/);
   errors.length = 0;
   await done(page, errors);
 });
 
-test("rename a conversation: the title form and the sidebar show the new title", async () => {
+test("rename a conversation: the heading and the sidebar show the new title", async () => {
   const { page, errors, url } = await openPage(browser, { thread: server.url });
   const current = page.locator("[data-testid=thread-link][aria-current=page]");
   assert.equal(await current.textContent(), "New conversation");
   const title = `Lisbon plans ${Date.now()}`;
+  // Rename opens the field; Save saves in place (e2e/daily.test.mjs: Esc,
+  // a click elsewhere, refusals).
+  await page.getByTestId("rename-toggle").click();
   await page.getByTestId("title-input").fill(title);
-  await page.getByRole("button", { name: "Rename" }).click();
+  await page.getByRole("button", { name: "Save" }).click();
   await current.filter({ hasText: title }).waitFor();
   assert.equal(page.url(), url);
+  assert.equal(await page.getByTestId("thread-heading").textContent(), title);
   assert.equal(await page.getByTestId("title-input").inputValue(), title);
   assert.equal(await page.title(), `${title} · gateway`);
-  // Enter in the title field submits too, and the page stays live.
+  // Enter in the title field saves too, and the page stays live.
   const again = title + " (renamed)";
+  await page.getByTestId("rename-toggle").click();
   await page.getByTestId("title-input").fill(again);
   await page.getByTestId("title-input").press("Enter");
   await current.filter({ hasText: again }).waitFor();

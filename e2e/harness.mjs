@@ -9,6 +9,7 @@ import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { before, after } from "node:test";
 import { chromium } from "playwright-core";
+import { AxeBuilder } from "@axe-core/playwright";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 export const artifacts = join(repo, "e2e", "artifacts");
@@ -468,4 +469,22 @@ export async function apiExchange(server, threadID, text) {
     },
     { timeout: 30000, interval: 25 },
   );
+}
+
+// audit runs axe on page at 1280 and 390 px, light and dark, and answers
+// every violation, whatever its impact; then it puts the page back at
+// 1100 px, light.
+export async function audit(page, state) {
+  const found = [];
+  for (const [w, h] of [[1280, 820], [390, 844]]) {
+    for (const scheme of ["light", "dark"]) {
+      await page.setViewportSize({ width: w, height: h });
+      await page.emulateMedia({ colorScheme: scheme });
+      const r = await new AxeBuilder({ page }).analyze();
+      for (const v of r.violations) found.push(`${state} @${w} ${scheme}: ${v.id} (${v.impact}) on ${v.nodes.map((n) => n.target.join(" ")).slice(0, 3).join(", ")}: ${v.help}`);
+    }
+  }
+  await page.setViewportSize({ width: 1100, height: 800 });
+  await page.emulateMedia({ colorScheme: "light" });
+  return found;
 }

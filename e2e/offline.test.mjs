@@ -36,8 +36,8 @@ test("WebSocket down, HTTP up: Cancel goes over HTTP and the server's receipt is
   assert.equal(run.requested_by, `api:${tab}`, "the journal names the tab that cancelled over HTTP");
   assert.equal(await page.getByTestId("receipt-discarded").textContent(), `${run.discarded_stream_chars} characters of unpublished text`);
   assert.ok(!socket.frames.slice(seen).some((f) => f.obj.type === "run.cancel"), "nothing went over a WebSocket");
-  // What the tab showed of the reply stays, marked discarded, and can be saved.
-  await page.getByTestId("run-chip").filter({ hasText: "Discarded" }).waitFor();
+  // What the tab showed of the reply stays, marked not saved, and can be saved.
+  await page.getByTestId("run-chip").filter({ hasText: "Not saved · stopped here" }).waitFor();
   assert.ok(await page.getByTestId("action-save-fragment").isVisible());
   assert.equal(await page.locator("[data-testid=conn-status]").getAttribute("data-state"), "reconnecting");
   await expectCancelSettled(page, { live: false });

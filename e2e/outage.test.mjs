@@ -94,7 +94,7 @@ test("graceful stop mid-reply, Cancel while down: the page keeps what it showed 
   const { page, errors, socket } = await openPage(browser, { intercept: true });
   const { threadID, runID, screen, given } = await stopMidReply(page, socket, () => server.stop("SIGTERM"));
 
-  assert.equal(await page.getByTestId("run-chip").textContent(), "Discarded · not part of the conversation");
+  assert.equal(await page.getByTestId("run-chip").textContent(), "Not saved · stopped here");
   const save = page.getByTestId("action-save-fragment");
   await save.and(page.locator(":enabled")).waitFor();
   await shots(page, "outage-sigterm-receipt");

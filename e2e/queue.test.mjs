@@ -8,8 +8,7 @@
 // sent, and queued once when the connection is back.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { AxeBuilder } from "@axe-core/playwright";
-import { serveForFile, newPage, interceptSocket, send, runStatus, messageTexts, eventually, apiExchange, shots } from "./harness.mjs";
+import { serveForFile, newPage, interceptSocket, send, runStatus, messageTexts, eventually, apiExchange, shots, audit } from "./harness.mjs";
 
 let server, browser;
 // A word per 40 ms: a short reply takes a second or two; long (below)
@@ -45,23 +44,6 @@ async function open(context, errors, url) {
   await page.getByTestId("conn-status").filter({ hasText: "Live" }).waitFor();
   await page.getByTestId("send").and(page.locator(":enabled")).waitFor();
   return { page, socket };
-}
-
-// audit runs axe on page at 1280 and 390 px, light and dark: every
-// violation counts, whatever its impact.
-async function audit(page, state) {
-  const found = [];
-  for (const [w, h] of [[1280, 820], [390, 844]]) {
-    for (const scheme of ["light", "dark"]) {
-      await page.setViewportSize({ width: w, height: h });
-      await page.emulateMedia({ colorScheme: scheme });
-      const r = await new AxeBuilder({ page }).analyze();
-      for (const v of r.violations) found.push(`${state} @${w} ${scheme}: ${v.id} (${v.impact}) on ${v.nodes.map((n) => n.target.join(" ")).slice(0, 3).join(", ")}: ${v.help}`);
-    }
-  }
-  await page.setViewportSize({ width: 1100, height: 800 });
-  await page.emulateMedia({ colorScheme: "light" });
-  return found;
 }
 
 // touchTargets lists the queue's buttons smaller than 24 × 24 px.

@@ -6,7 +6,8 @@
 // Each call says how it fails: most answer null (or throw) and leave it
 // to the caller to keep what it shows.
 
-import type { Checkpoint, HistoryPage, Operation, RunStatus, Snapshot } from "./protocol";
+import type { Checkpoint, HistoryPage, Message, Operation, RunStatus, Snapshot } from "./protocol";
+import { CheckpointSet, type CheckpointDelta } from "./checkpointset";
 
 const same: RequestInit = { credentials: "same-origin" };
 
@@ -32,12 +33,16 @@ export interface Checkpoints {
 }
 
 // readCheckpoints answers the thread's checkpoints, or why it could not
-// (a sentence's end: "the server answered 503").
+// (a sentence's end: "the server answered 503"). It reads them as deltas
+// (?lists=delta: what each adds to its parent's lists), an answer that
+// grows with the number of checkpoints, and keeps them so
+// (checkpointset.ts): each message_ids is made when first asked for.
 export async function readCheckpoints(threadID: string): Promise<Checkpoints | { failed: string }> {
   try {
-    const r = await fetch(threadPath(threadID, "/checkpoints"), same);
+    const r = await fetch(threadPath(threadID, "/checkpoints?lists=delta"), same);
     if (!r.ok) return { failed: `the server answered ${r.status}` };
-    return (await r.json()) as Checkpoints;
+    const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: CheckpointDelta[] };
+    return { head_checkpoint_id: body.head_checkpoint_id, checkpoints: CheckpointSet.fromDeltas(body.checkpoints).list };
   } catch {
     return { failed: "the server could not be reached" };
   }
@@ -165,4 +170,16 @@ export function listThreads(limit: number, query = "", cursor = ""): Promise<Res
 // servers' state).
 export function readReadiness(): Promise<Response> {
   return fetch("/readyz", { cache: "no-store" });
+}
+
+// readMessagesByID reads messages of the thread by id, on any branch (GET
+// …/messages?ids=, at most 20): those of the thread, in the order asked;
+// null when the server could not be reached or refused.
+export async function readMessagesByID(threadID: string, ids: string[]): Promise<Message[] | null> {
+  try {
+    const r = await fetch(threadPath(threadID, `/messages?ids=${ids.map(encodeURIComponent).join(",")}`), same);
+    return r.ok ? ((await r.json()) as { messages: Message[] }).messages : null;
+  } catch {
+    return null;
+  }
 }

@@ -90,7 +90,7 @@ function streamedBox(s: ThreadState, streamed: Streamed, v: LiveView): HTMLEleme
         ? el("span", { class: "chip warn", "data-testid": "run-chip" }, "Cancel pending · not saved yet")
         : el("span", { class: "chip live", "data-testid": "run-chip" }, streamed.restarted ? "Interrupted, starting over · not saved yet" : "Streaming · not saved yet")
     : canSave(streamed.held)
-      ? el("span", { class: "chip muted", "data-testid": "run-chip" }, "Discarded · not part of the conversation")
+      ? el("span", { class: "chip muted", "data-testid": "run-chip" }, "Not saved · stopped here")
       : el("span", { class: "chip warn", "data-testid": "run-chip" }, "Not saved by the server · only on your screen");
   return el(
     "div",
@@ -123,6 +123,17 @@ function runBox(s: ThreadState, v: LiveView): HTMLElement {
   if (cancelling && calling) box.append(el("p", { class: "hint", "data-testid": "cancel-waits" }, cancelWaitsFor(calling)));
   v.tick(showCall);
   return box;
+}
+
+// waitsForDecision says, when the active run waits for the user's decision
+// on a call, that a message queued meanwhile does not answer it, and where
+// the decision is made ("" when the run waits for nothing of the user's).
+export function waitsForDecision(s: ThreadState): string {
+  if (!s.run || s.run.status !== "waiting_confirmation") return "";
+  const op = [...s.operations.values()].find((o) => o.phase === "prepared" && o.run_id === s.run?.id);
+  const what = op?.tool === "send_email" ? "the email" : op ? `the ${op.tool} call` : "a tool call";
+  const yes = op?.tool === "send_email" ? "Confirm and send" : "Confirm and run";
+  return `Your message is queued: it does not answer the question above. The reply waits for your decision on ${what}: ${yes}, or Reject, on the card above.`;
 }
 
 // confirmCard asks the user to confirm or reject a prepared call, showing

@@ -10,6 +10,7 @@ import { lineParts, opView, toolResult, toolText } from "./toolview";
 import { stepLine } from "./outcome";
 import type { Message, Operation } from "./protocol";
 import type { Branch } from "./versions";
+import { timeElement } from "./when";
 
 // MessageView is what drawing a message needs besides the message: whether
 // a run is active (versions cannot be switched then), which saved
@@ -19,6 +20,9 @@ export interface MessageView {
   busy: boolean;
   deleting: string | null;
   expanded: ReadonlySet<string>;
+  // editor: the editor of a request being edited in place ([] for the
+  // others).
+  editor(m: Message): HTMLElement[];
 }
 
 // speaker names who a message is from, for screen readers.
@@ -51,19 +55,24 @@ export function messageItem(m: Message, branch: Branch | undefined, v: MessageVi
     // as typed.
     li.append(...replyBody(m, v.expanded.has(m.message_id)));
   } else {
-    li.append(el("div", { class: "body", "data-testid": "message-body" }, m.content));
+    const editor = v.editor(m);
+    if (editor.length) li.classList.add("editing");
+    li.append(...(editor.length ? editor : [el("div", { class: "body", "data-testid": "message-body" }, m.content)]));
   }
-  const when = new Date(m.created_at);
   const meta = el(
     "span",
     { class: "meta", "data-testid": "message-meta" },
-    el("time", { datetime: m.created_at, title: when.toLocaleString() }, when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
+    timeElement(m.created_at),
     ...(m.model ? [` · ${m.model}`] : []),
   );
   const nav = branch ? [branchNav(branch, v.busy)] : [];
-  if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, ...nav, meta));
+  // (Where the new version starts is found when it is asked for: the
+  // checkpoints are read after the first paint. branching.ts)
+  const edit = m.role === "user" && !li.classList.contains("editing") ? [newVersion("Edit", "edit-message", m, v.busy)] : [];
+  const again = m.role === "assistant" && m.kind !== "fragment" ? [newVersion("Regenerate", "regenerate", m, v.busy)] : [];
+  if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, ...nav, ...edit, ...again, meta));
   if (m.role === "assistant" && m.kind !== "card") {
-    const actions = el("div", { class: "msg-actions" }, ...nav, meta, copyButton("Copy", () => m.content));
+    const actions = el("div", { class: "msg-actions" }, ...nav, meta, copyButton("Copy", () => m.content), ...again);
     if (m.kind === "fragment" && v.deleting === m.message_id) {
       const yes = button("Delete for good", "delete-draft-confirm", "delete-draft-confirm", "btn danger small");
       yes.dataset.messageId = m.message_id;
@@ -76,6 +85,17 @@ export function messageItem(m: Message, branch: Branch | undefined, v: MessageVi
     li.append(actions);
   }
   return li;
+}
+
+// newVersion is Edit on a request or Regenerate on a reply (disabled
+// while a run is active: the server allows one at a time).
+function newVersion(label: string, action: string, m: Message, busy: boolean): HTMLButtonElement {
+  const b = button(label, action, action === "regenerate" ? "regenerate" : "edit-message", "btn ghost small");
+  b.dataset.messageId = m.message_id;
+  b.setAttribute("aria-label", action === "regenerate" ? "Regenerate this reply" : "Edit this message");
+  b.disabled = busy;
+  if (busy) b.title = "Wait for the reply to finish, or cancel it, to make a new version";
+  return b;
 }
 
 // branchNav is "‹ 2/3 ›" on a message that has other versions (disabled

@@ -86,14 +86,15 @@ export function interruptionItem(s: ThreadState, r: Receipt, tabID: string): HTM
 export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLElement {
   const kept = keptLine(r);
   const ops = opItems(s, r);
-  const actions = el("div", { class: "actions" }, button("Continue from the saved point", "continue", "action-continue", "btn primary"));
-  if (s.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
-  actions.append(button("Start a new branch", "fork", "action-fork"));
+  // The text the user saw comes first: it is what they were reading, and
+  // the only thing here that is lost if nothing is done (Continue writes
+  // the step again; it does not append to it).
+  const actions = el("div", { class: "actions" });
   // (An unfinished card was never shown as text: there is no visible
   // fragment to save.)
   const shown = s.streamed && s.streamed.runID === r.runID && s.streamed.text && !s.streamed.saved && !cardStart.test(s.streamed.text) ? s.streamed : null;
   if (shown && canSave(shown.held)) {
-    const save = button("Save visible fragment", "save-fragment", "action-save-fragment");
+    const save = button("Save visible fragment", "save-fragment", "action-save-fragment", "btn primary");
     // (Enabled once the server said it holds the text as shown.)
     if (shown.held?.state === "checking") {
       save.disabled = true;
@@ -105,8 +106,12 @@ export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLEle
     const copy = copyButton("Copy the text on screen", () => shown.text);
     copy.dataset.testid = "action-copy-unsaved";
     copy.classList.remove("ghost", "small");
+    copy.classList.add("primary");
     actions.append(copy);
   }
+  actions.append(button("Continue from the saved point", "continue", "action-continue", shown ? "btn" : "btn primary"));
+  if (s.messages.some((m) => m.role === "user")) actions.append(button("Edit the request and continue", "edit", "action-edit"));
+  actions.append(button("Start a new branch", "fork", "action-fork"));
   // Who cancelled, when this tab saw the cancel recorded (a reload does
   // not know, and then says nothing about it).
   const where = whoCancelled(r, v.tabID);
@@ -148,8 +153,13 @@ export function receiptCard(s: ThreadState, r: Receipt, v: ReceiptView): HTMLEle
     ...(neverStarted ? [el("p", { class: "receipt-lead", "data-testid": "receipt-never-started" }, neverStartedLine)] : []),
     el("dl", {}, ...rows),
     actions,
+    ...(closing ? [] : [el("p", { class: "hint continue-means", "data-testid": "continue-explained" }, continueMeans)]),
   );
 }
+
+// continueMeans says what Continue does, which is not what other products'
+// Continue does: it writes the unfinished step again, whole.
+export const continueMeans = "Continue writes the unfinished reply again from the saved point: it starts over rather than adding to the text above.";
 
 // placeInterruptions puts the receipt of each run an interrupt stopped
 // after the message it followed (items are the history's, in order).

@@ -15,10 +15,13 @@ import { placeInterruptions } from "./receipt";
 import { showOperationLog } from "./toolview";
 import { groupByDay } from "./sidebar";
 import { EarlierBox } from "./history";
+import { ScrollBack } from "./scrollback";
+import { DrawnItems, itemKey, reconcile } from "./msglist";
 import { createThread, readOperations, readSnapshot } from "./api";
 import { branches } from "./versions";
+import { Branching } from "./branching";
 import { messageItem, showToolSteps, type MessageView } from "./messages";
-import { liveParts, StreamedBody, type LiveView } from "./live";
+import { liveParts, StreamedBody, waitsForDecision, type LiveView } from "./live";
 import { Timeline } from "./timeline";
 import { DeletePanel } from "./deletepanel";
 import { ConflictBanner, Notice, goneText, showCancelPending, type Tone } from "./notice";
@@ -80,7 +83,9 @@ export class ThreadView {
   private readonly jump: JumpToLatest;
   private readonly heading: HTMLElement;
   private readonly earlier: EarlierBox;
+  private readonly drawn = new DrawnItems(); // the list's items, drawn again only when changed (msglist.ts)
   private readonly deletion: DeletePanel;
+  private readonly branching: Branching; // Edit, Regenerate and the moves between versions
 
   constructor(private readonly root: HTMLElement) {
     const snap = JSON.parse($(root, "#snapshot").textContent ?? "{}") as Snapshot;
@@ -127,6 +132,15 @@ export class ThreadView {
       gone: () => this.markGone(),
     });
     this.places = new PlaceWatch((runID, place) => this.onPlace(runID, place));
+    this.branching = new Branching(this.threadID, {
+      state: () => this.s,
+      checkpoints: () => this.timeline.checkpoints,
+      loadCheckpoints: () => this.loadCheckpoints(),
+      startRun: (cmd) => this.startRun(cmd),
+      command: (cmd) => this.command(cmd),
+      show: (text, opts) => this.show(text, opts),
+      render: () => this.render(),
+    });
     this.applySnapshot(snap);
   }
 
@@ -134,7 +148,7 @@ export class ThreadView {
     this.composer.start((kind) => void this.submit(kind));
     // The conversation opens where it is: at its latest message.
     scrollToLatest();
-    if (this.s.messages.length === 0) this.composer.focus();
+    this.composer.focusOnOpen(this.s.messages.length === 0);
     document.addEventListener("keydown", (e) => {
       if (e.key === "Escape" && this.canCancel()) {
         e.preventDefault();
@@ -148,6 +162,7 @@ export class ThreadView {
     });
     void this.loadCheckpoints();
     void this.loadOperations();
+    new ScrollBack($(this.root, "[data-testid=earlier]"), () => this.showEarlier(), () => this.s.earlier).start();
     this.socket.connect();
   }
 
@@ -169,6 +184,7 @@ export class ThreadView {
       .then(() => {
         this.subscribed = true;
         this.render();
+        if (this.composer.sendFirst()) void this.submit("send"); // (typed on the home page)
       })
       .catch((err: unknown) => {
         // Deleted while this tab was away: the server no longer knows it.
@@ -203,6 +219,8 @@ export class ThreadView {
   private onEvent(ev: ServerEvent): void {
     const { state, effects } = applyEvent(this.s, ev, this.intended);
     if (state === this.s) return; // another thread's, or already applied
+    // A run that ended wrote checkpoints: the versions (‹ n/m ›) read them.
+    if (this.s.run && !state.run && !effects.some((e) => e.kind === "snapshot")) void this.loadCheckpoints();
     this.s = state;
     let drawn = false;
     for (const e of effects) {
@@ -423,7 +441,8 @@ export class ThreadView {
       this.show("Wait for the reply to finish, or cancel it (Cancel or Esc), to send your edited request: it starts a new branch, so it cannot wait in the queue. Your text stays here.", { tone: "info" });
       this.notice.busy = true;
     } else if (this.s.run && this.queue.add(text, kind === "now" ? "interrupt" : "after")) {
-      if (!this.notice.offline) this.show("");
+      const decide = kind === "now" ? "" : waitsForDecision(this.s); // (a message queued is no answer to a confirmation card)
+      if (decide || !this.notice.offline) this.show(decide, { tone: "info" });
       this.render();
       scrollToLatest();
     }
@@ -458,7 +477,7 @@ export class ThreadView {
   private readonly actions: Record<string, (target: HTMLElement) => void | Promise<unknown>> = {
     cancel: () => this.requestCancel(),
     continue: () => this.startRun({ type: "run.start", thread_id: this.threadID, expected_state_version: this.s.stateVersion }),
-    edit: () => this.editLastRequest(),
+    edit: () => this.branching.editLast((text, from) => this.composer.edit(text, from), this.notice.offline),
     "stop-edit": () => {
       this.composer.stopEditing();
       this.render();
@@ -466,10 +485,11 @@ export class ThreadView {
     fork: () => this.fork(this.s.head),
     "fork-at": (t) => this.fork(t.dataset.checkpointId ?? ""),
     "fork-seen": () => this.fork(this.banner.from ?? this.s.head),
-    checkout: (t) => {
-      if (!t.dataset.checkpointId) return;
-      return this.command({ type: "thread.checkout", thread_id: this.threadID, checkpoint_id: t.dataset.checkpointId, expected_state_version: this.s.stateVersion });
-    },
+    checkout: (t) => this.branching.checkout(t.dataset.checkpointId ?? "", t.closest<HTMLElement>("[data-message-id]")?.dataset.messageId ?? ""),
+    "edit-message": (t) => this.branching.openEdit(t.dataset.messageId ?? ""),
+    "edit-send": () => this.branching.sendEdit(),
+    "edit-cancel": () => this.branching.closeEdit(),
+    regenerate: (t) => this.branching.regenerate(t.dataset.messageId ?? ""),
     "delete-thread": () => this.deletion.ask(true),
     "delete-thread-keep": () => this.deletion.ask(false),
     "delete-thread-confirm": () => this.deleteThread(),
@@ -500,31 +520,6 @@ export class ThreadView {
     },
     "toggle-tree": (t) => this.toggleTree(t),
   };
-
-  // editLastRequest puts the last request in the composer, to be sent as a
-  // new branch from the checkpoint before it.
-  private async editLastRequest(): Promise<void> {
-    const lastUser = [...this.s.messages].reverse().find((m) => m.role === "user");
-    // The tree is only refreshed while it is open, so the checkpoint of
-    // a request sent since the page loaded may not be known yet.
-    if (lastUser && !this.timeline.checkpoints.some((c) => c.checkpoint_id === lastUser.checkpoint_id)) {
-      const failed = await this.loadCheckpoints();
-      if (failed) {
-        this.show(`Could not load where your request was saved (${failed}), so it cannot be edited yet: press “Edit the request and continue” again in a moment.`);
-        return;
-      }
-    }
-    const cp = lastUser && this.timeline.checkpoints.find((c) => c.checkpoint_id === lastUser.checkpoint_id);
-    if (!lastUser || !cp || !cp.parent_checkpoint_id) {
-      this.show("There is no request to edit here: write a new message instead.");
-      return;
-    }
-    // What an earlier action went wrong with is past (a lost connection's
-    // notice stays until the connection is back).
-    if (!this.notice.offline) this.show("");
-    this.composer.edit(lastUser.content, cp.parent_checkpoint_id);
-    this.render();
-  }
 
   // startWithText opens a new conversation with what was typed here (its
   // box gets it).
@@ -570,7 +565,7 @@ export class ThreadView {
       await this.socket.send({ type: "thread.delete", thread_id: this.threadID, expected_state_version: this.s.stateVersion });
       this.gone = "here";
       saveDraft(this.threadID, "");
-      location.assign("/");
+      this.deletion.leave(this.heading.textContent ?? ""); // (to the list, which says so)
     } catch (err) {
       const code = err instanceof CommandError ? err.code : "";
       this.deletion.refused(code === "state_version_conflict" || code === "not_found");
@@ -693,14 +688,17 @@ export class ThreadView {
     // deletion is being asked about (its buttons change), or the versions
     // a message can be switched to.
     const versions = this.versions();
-    const nav = [...versions].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",");
+    const nav = [...versions].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",") + `|${this.branching.editing?.messageID ?? ""}`;
     const stops = this.s.interruptions.map((r) => r.runID + r.operations.map((o) => this.s.operations.get(o.operation_id)?.phase).join()).join();
     const want = this.s.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.s.run ? "busy" : ""}|${stops}`;
     if (this.list.dataset.ids === want) return;
     this.list.dataset.ids = want;
     const view = this.messageView();
-    const items = this.s.messages.map((m) => messageItem(m, versions.get(m.message_id), view));
-    this.list.replaceChildren(...placeInterruptions(items, this.s, this.socket.tabID));
+    const editingID = this.branching.editing?.messageID;
+    const items = this.drawn.items(this.s.messages, (m) => itemKey(m, versions.get(m.message_id), view, String(m.message_id === editingID)), (m) => messageItem(m, versions.get(m.message_id), view));
+    const editing = document.activeElement === this.branching.editing?.box;
+    reconcile(this.list, placeInterruptions(items, this.s, this.socket.tabID));
+    this.branching.focusEditor(editing);
   }
 
   // versions are the other versions of the messages shown (versions.ts).
@@ -709,7 +707,7 @@ export class ThreadView {
   }
 
   private messageView(): MessageView {
-    return { busy: this.s.run !== null, deleting: this.deleting, expanded: this.expanded };
+    return { busy: this.s.run !== null, deleting: this.deleting, expanded: this.expanded, editor: (m) => this.branching.editorView(m) };
   }
 
   // ---- a long conversation, shown in part (history.ts) ----

@@ -5,11 +5,16 @@
 import { $, button, el, snippet } from "./dom";
 import { plain } from "./messages";
 import { readCheckpoints, type Checkpoints } from "./api";
+import { setOf } from "./checkpointset";
+import { OtherBranchesView } from "./otherbranches";
+import { timeElement } from "./when";
 import type { Checkpoint, Message } from "./protocol";
 
-// timelineItems are the panel's rows: when each point was saved, the
-// message it ends with (when the page has it), and whether it is the
-// current point, on the current branch or on another one.
+
+// timelineItems are the panel's rows, the points of the branch shown
+// (other branches are listed under it, by their first words:
+// otherbranches.ts): when each point was saved, the message it ends with
+// (when the page has it), and which is the current point.
 export function timelineItems(checkpoints: Checkpoint[], head: string, messages: Message[]): HTMLLIElement[] {
   const byID = new Map(checkpoints.map((c) => [c.checkpoint_id, c]));
   const onBranch = new Set<string>();
@@ -17,19 +22,22 @@ export function timelineItems(checkpoints: Checkpoint[], head: string, messages:
     onBranch.add(c.checkpoint_id);
   }
   const known = new Map(messages.map((m) => [m.message_id, m]));
-  const ordered = [...checkpoints].sort((a, b) => a.state_version - b.state_version);
+  const ordered = checkpoints.filter((c) => onBranch.has(c.checkpoint_id)).sort((a, b) => a.state_version - b.state_version);
+  const set = setOf(checkpoints); // (counts and last ids without making whole lists)
   return ordered.map((c) => {
     const isHead = c.checkpoint_id === head;
-    const last = c.message_ids.length ? known.get(c.message_ids[c.message_ids.length - 1]) : undefined;
+    const count = set.count(c);
+    const lastID = set.last(c);
+    const last = lastID !== undefined ? known.get(lastID) : undefined;
     const what =
-      c.message_ids.length === 0
+      count === 0
         ? "The start: no messages yet"
         : last
           ? `${last.role === "user" ? "You" : last.role === "tool" ? "Tool result" : "Reply"}: ${snippet(plain(last))}`
-          : `${c.message_ids.length} message${c.message_ids.length === 1 ? "" : "s"}`;
+          : `${count} message${count === 1 ? "" : "s"}`;
     const tags = [
-      isHead ? "current" : onBranch.has(c.checkpoint_id) ? "" : "another branch",
-      isHead && c.pending && c.pending.step === "generate" && c.message_ids.length ? "reply not finished" : "",
+      isHead ? "current" : "",
+      isHead && c.pending && c.pending.step === "generate" && count ? "reply not finished" : "",
     ].filter(Boolean);
     const fork = button("Fork here", "fork-at", "tree-fork", "btn ghost small");
     fork.dataset.checkpointId = c.checkpoint_id;
@@ -38,10 +46,10 @@ export function timelineItems(checkpoints: Checkpoint[], head: string, messages:
       {
         "data-testid": "tree-node",
         "data-checkpoint-id": c.checkpoint_id,
-        "data-branch": isHead ? "current" : onBranch.has(c.checkpoint_id) ? "this" : "other",
-        class: isHead ? "head" : onBranch.has(c.checkpoint_id) ? "" : "other",
+        "data-branch": isHead ? "current" : "this",
+        class: isHead ? "head" : "",
       },
-      el("time", { datetime: c.created_at, class: "when" }, new Date(c.created_at).toLocaleString([], { dateStyle: "short", timeStyle: "short" })),
+      timeElement(c.created_at, { class: "when" }, { seconds: true }),
       el("span", { class: "node", "data-testid": "tree-what" }, what),
       ...(tags.length ? [el("span", { class: "tags", "data-testid": "tree-tags" }, tags.join(" · "))] : []),
       fork,
@@ -64,6 +72,14 @@ export function timelineStatus(tree: HTMLElement, loads: number, opening: boolea
   status.classList.toggle("failed", !opening && failed !== "");
 }
 
+// Now is what the panel draws from: the head, the messages the page holds
+// and whether a run is active (no switching then).
+interface Now {
+  head: string;
+  messages: Message[];
+  run: unknown;
+}
+
 // Timeline is the Checkpoints panel and the checkpoints last read (which
 // the message list also uses, for versions). Owned by the conversation's
 // view; one fetch's answer replaces the list whole.
@@ -76,11 +92,17 @@ export class Timeline {
   // is not announced: it comes with every message.
   private loads = 0;
   private opening = 0;
+  // now: the conversation as of the last load (to draw the list from
+  // when the panel opens; it is drawn only while open).
+  private now: (() => Now) | null = null;
+  private readonly others: OtherBranchesView;
 
   constructor(
     private readonly panel: HTMLElement,
     private readonly threadID: string,
-  ) {}
+  ) {
+    this.others = new OtherBranchesView(panel, threadID);
+  }
 
   get open(): boolean {
     return !this.panel.hidden;
@@ -89,7 +111,7 @@ export class Timeline {
   // load reads the checkpoints, hands them to loaded and shows them (as of
   // head and messages, once loaded returns); it returns why it could not
   // ("" when it did). opening says the panel is being opened.
-  async load(opening: boolean, loaded: (c: Checkpoints) => void, now: () => { head: string; messages: Message[] }): Promise<string> {
+  async load(opening: boolean, loaded: (c: Checkpoints) => void, now: () => Now): Promise<string> {
     this.loads++;
     if (opening) this.opening++;
     this.status("");
@@ -99,13 +121,22 @@ export class Timeline {
     if (!("failed" in body)) {
       this.checkpoints = body.checkpoints;
       loaded(body);
-      const { head, messages } = now();
-      $(this.panel, "[data-testid=tree-list]").replaceChildren(...timelineItems(this.checkpoints, head, messages));
+      this.now = now;
+      this.draw();
     }
     this.loads--;
     if (opening) this.opening--;
     this.status(failed);
     return failed;
+  }
+
+  // draw shows the checkpoints read in the list, while the panel is open
+  // (a long conversation has thousands: not drawn for nothing).
+  private draw(): void {
+    if (!this.open || !this.now) return;
+    const { head, messages, run } = this.now();
+    $(this.panel, "[data-testid=tree-list]").replaceChildren(...timelineItems(this.checkpoints, head, messages));
+    this.others.show(this.checkpoints, head, messages, run !== null);
   }
 
   private status(failed: string): void {
@@ -119,6 +150,7 @@ export class Timeline {
     this.panel.hidden = !this.panel.hidden;
     toggle.setAttribute("aria-expanded", String(!this.panel.hidden));
     if (this.panel.hidden) return false;
+    this.draw(); // what was read, until the fetch that follows brings it up to date
     this.panel.style.scrollMarginTop = `${(header?.offsetHeight ?? 0) + 12}px`;
     this.panel.scrollIntoView({ block: "start" });
     $(this.panel, "h2").focus();

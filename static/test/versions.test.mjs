@@ -4,7 +4,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { branches } from "../../bin/unit/versions.mjs";
+import { branches, startPoints, leftBehind, otherBranches } from "../../bin/unit/versions.mjs";
 
 function msg(id, role, checkpoint) {
   return { message_id: id, role, kind: "message", content: id, checkpoint_id: checkpoint, created_at: "2026-12-05T00:00:00Z" };
@@ -62,4 +62,76 @@ test("with earlier messages left out, positions are the whole history's (the hea
 
 test("no checkpoints read yet: no versions", () => {
   assert.equal(branches([msg("A", "user", "c1")], 0, "c1", []).size, 0);
+});
+
+// Where Edit and Regenerate start: the checkpoint before the message, on
+// the current branch; Regenerate only where that step was unfinished.
+function pending(c) {
+  return { ...c, pending: { step: "generate", input_hash: "h" } };
+}
+
+test("Edit starts before the request, Regenerate from the unfinished step before the reply", () => {
+  const p1 = pending(c1);
+  const got = startPoints([msg("A", "user", "c1"), msg("B", "assistant", "c2")], 0, "c2", [c0, p1, c2, c3]);
+  assert.deepEqual([...got.edit], [["A", "c0"]]);
+  assert.deepEqual([...got.regenerate], [["B", "c1"]]);
+});
+
+test("a reply whose step was never pending, and a saved fragment, get no Regenerate", () => {
+  const frag = { ...msg("F", "assistant", "c2"), kind: "fragment" };
+  const got = startPoints([msg("A", "user", "c1"), frag], 0, "c2", [c0, pending(c1), cp("c2", "c1", ["A", "F"], 3)]);
+  assert.equal(got.regenerate.size, 0);
+  const plain = startPoints([msg("A", "user", "c1"), msg("B", "assistant", "c2")], 0, "c2", all);
+  assert.equal(plain.regenerate.size, 0, "c1 had no unfinished step");
+});
+
+test("points lie on the current branch: another branch's checkpoint with the same start is not one", () => {
+  // c3 (another branch) also holds [A, …]; on the branch of c3 the point
+  // before B2 is c1, an ancestor, and c2's line is not walked.
+  const got = startPoints([msg("A", "user", "c1"), msg("B2", "assistant", "c3")], 0, "c3", [c0, pending(c1), c2, c3]);
+  assert.deepEqual([...got.regenerate], [["B2", "c1"]]);
+  assert.deepEqual([...got.edit], [["A", "c0"]]);
+});
+
+test("with earlier messages left out, points use the whole history's positions", () => {
+  const got = startPoints([msg("B", "assistant", "c2")], 1, "c2", [c0, pending(c1), c2]);
+  assert.deepEqual([...got.regenerate], [["B", "c1"]]);
+  assert.equal(startPoints([msg("B", "assistant", "c2")], 1, "c9", [c0, pending(c1), c2]).regenerate.size, 0, "the head unknown: nothing");
+});
+
+test("leftBehind is the message and all after it", () => {
+  const ms = [msg("A", "user", "c1"), msg("B", "assistant", "c2"), msg("C", "user", "c4")];
+  assert.deepEqual(leftBehind(ms, "B").map((m) => m.message_id), ["B", "C"]);
+  assert.deepEqual(leftBehind(ms, "Z"), []);
+});
+
+// Other branches: the newest point of each line that is not the head's,
+// where it leaves the history shown, newest first.
+test("other branches are the other lines' newest points, where each leaves the history", () => {
+  const c4 = cp("c4", "c0", ["A2"], 5);
+  const c5 = cp("c5", "c4", ["A2", "C"], 6);
+  const got = otherBranches([...all, c4, c5], "c2", ["A", "B"]);
+  assert.deepEqual(
+    got.map((b) => [b.tip.checkpoint_id, b.from, b.firstID, b.lastID, b.count]),
+    [
+      ["c5", 0, "A2", "C", 2],
+      ["c3", 1, "B2", "B2", 2],
+    ],
+  );
+});
+
+test("a line that goes on past the head is another branch from the end of the history; a point holding only its start is none", () => {
+  // The head was moved back to c1: c2 (its continuation) and c3 are
+  // branches; c1's own copy c6 (a continue that was cancelled) holds
+  // nothing of its own.
+  const c6 = cp("c6", "c1", ["A"], 7);
+  const got = otherBranches([...all, c6], "c1", ["A"]);
+  assert.deepEqual(got.map((b) => [b.tip.checkpoint_id, b.from, b.firstID]), [
+    ["c3", 1, "B2"],
+    ["c2", 1, "B"],
+  ]);
+});
+
+test("a conversation of one line has no other branches", () => {
+  assert.deepEqual(otherBranches([c0, c1, c2], "c2", ["A", "B"]), []);
 });
