@@ -272,6 +272,10 @@ func TestQueueInterrupt(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 0)
 	th, run1, _, tabs := h.heldRun(t, 2, "endless: a story")
+	// run1 stays held by its own gate; runs started from now on are not.
+	// Freeing after the interrupt's ack would race its run's start, which
+	// may take the gate first and hold forever.
+	h.model.free()
 	a, b := tabs[0], tabs[1]
 	a.ack(map[string]any{"type": "queue.add", "thread_id": th, "user_message": "after one"})
 	b.ack(map[string]any{"type": "hello", "tab_id": "tab-b"})
@@ -281,7 +285,6 @@ func TestQueueInterrupt(t *testing.T) {
 	if wsNum(add, "position") != 1 || add["interrupted_run_id"] != run1 {
 		t.Fatalf("interrupt ack %v", add)
 	}
-	h.model.free()
 	var run2 string
 	for _, c := range tabs {
 		req := c.endOf(th, chat.EventRunCancelRequested, run1)

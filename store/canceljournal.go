@@ -66,6 +66,10 @@ type cancelJournal struct {
 	pending    []*journaledCancel // not yet in the database, in order
 	count      atomic.Int32       // len(pending)
 	deciding   atomic.Int32       // cancels in journalCancel now
+	// closed: Store.Close began; cancels go through the writer from then
+	// on. The field s.journal itself stays set, since the stream buffer's
+	// flusher still writes (and reads it) until Close stops that too.
+	closed atomic.Bool
 
 	fileMu   sync.Mutex // appends to f and its truncation
 	f        *os.File
@@ -189,6 +193,9 @@ func (j *cancelJournal) start(s *Store) {
 // close stops the applier, records what is pending and empties the file.
 // Called by Store.Close before the stream buffer is written.
 func (j *cancelJournal) close(s *Store) error {
+	if j.closed.Swap(true) {
+		return nil
+	}
 	if j.stop != nil {
 		j.stop()
 		<-j.done
@@ -211,7 +218,7 @@ func (s *Store) journalCancel(ctx context.Context, p chat.CancelRun) (
 	ack chat.CancelAck, prev chat.RunStatus, err error, decided bool,
 ) {
 	j := s.journal
-	if j.deciding.Add(1) > 1 || j.count.Load() > 0 || s.queue.waiting.Load() > 0 || s.gate.free() {
+	if j.deciding.Add(1) > 1 || j.closed.Load() || j.count.Load() > 0 || s.queue.waiting.Load() > 0 || s.gate.free() {
 		// Several cancels at once go through the writer, which records
 		// up to maxGroup of them per commit; through the journal each
 		// would wait for the transaction recording the others (measured:

@@ -517,7 +517,6 @@ func (s *Store) Close() error {
 	var err error
 	if s.journal != nil {
 		err = s.journal.close(s)
-		s.journal = nil
 	}
 	if s.buf != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), storeCloseTimeout)
