@@ -117,6 +117,12 @@ test("Regenerate on an earlier reply: a new version from the point before it; Ed
   const reply = message(page, 3); // the reply to Question 2
   const oldReply = await reply.getAttribute("data-message-id");
   await reply.getByTestId("regenerate").waitFor();
+  // The messages before it are not drawn again when the reply starts or
+  // ends, only their buttons change (a conversation scrolled back holds
+  // hundreds): each keeps its element.
+  const items = page.locator("[data-testid=messages] > [data-testid=message]");
+  await items.evaluateAll((els) => els.forEach((e) => (e.dataset.mark = e.dataset.messageId)));
+  const kept = () => items.evaluateAll((els) => els.slice(0, 3).map((e) => e.dataset.mark === e.dataset.messageId));
   await reply.getByTestId("regenerate").click();
   await runStatus(page, ["running", "queued"]);
   // While it streams no other version can be started (the server allows
@@ -125,7 +131,13 @@ test("Regenerate on an earlier reply: a new version from the point before it; Ed
     assert.ok(await b.isDisabled());
     assert.equal(await b.getAttribute("title"), "Wait for the reply to finish, or cancel it, to make a new version");
   }
+  assert.deepEqual(await kept(), [true, true, true], "the messages before the reply kept their elements as it started");
   await runStatus(page, "idle", 20000);
+  assert.deepEqual(await kept(), [true, true, true], "and as it ended");
+  for (const b of await page.locator("[data-testid=edit-message], [data-testid=regenerate]").all()) {
+    assert.ok(await b.isEnabled());
+    assert.equal(await b.getAttribute("title"), null);
+  }
   const after = await messageTexts(page);
   assert.equal(after.length, 4, "the history ends with the regenerated reply");
   assert.deepEqual(after.slice(0, 3), before.slice(0, 3));

@@ -79,7 +79,9 @@ async function newThreadID(base) {
 // 20 ms, so that a reply streams long enough to type while it does.
 serveForFile(
   async () => {
-    const maker = await startServer({ pace: "0" });
+    // (1,000 exchanges as fast as the server answers: more commands a
+    // second than the per-user budget lets through by default.)
+    const maker = await startServer({ pace: "0", args: ["-user-command-rate", "1000"] });
     threads.small = await newThreadID(maker.url);
     await build(maker.url, threads.small, 10);
     threads.big = await newThreadID(maker.url);
@@ -328,7 +330,42 @@ test("scrolling up brings the older messages by cursor, the reader's place held;
   assert.deepEqual(errors, []);
 });
 
+test("the Checkpoints panel of a 2,000-message conversation draws its latest 100 points, and 100 earlier ones at a time", async (t) => {
+  await toEnd(page);
+  const toggle = page.getByTestId("tree-toggle");
+  const rows = page.getByTestId("tree-node");
+  const t0 = Date.now();
+  await toggle.click();
+  await eventually(async () => assert.equal(await rows.count(), 100));
+  await page.getByTestId("tree-status").waitFor({ state: "hidden" });
+  t.diagnostic(`Checkpoints opened with 100 of its points drawn in ${Date.now() - t0} ms`);
+  // Oldest first, ending at the current point: the latest reply.
+  assert.equal(await rows.last().getAttribute("data-branch"), "current");
+  assert.match(await rows.last().getByTestId("tree-what").textContent(), new RegExp(`^Reply: `));
+  const earlier = page.getByTestId("tree-earlier");
+  const m = (await earlier.textContent()).match(/^Show 100 earlier points \((\d+) not shown\)$/);
+  assert.ok(m, await earlier.textContent());
+  const total = 100 + Number(m[1]);
+  assert.ok(total > 2 * exchanges, `${total} points on the branch`);
+  const inView = () => earlier.evaluate((e) => e.scrollIntoView({ block: "center" }));
+  await shots(page, "longperf-checkpoints", { prepare: inView });
+  assert.deepEqual(await axe(page, "checkpoints panel", inView), []);
+  // From the keyboard: 100 more, the focus kept on the button.
+  await earlier.focus();
+  await page.keyboard.press("Enter");
+  await eventually(async () => assert.equal(await rows.count(), 200));
+  assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid), "tree-earlier");
+  assert.equal(await earlier.textContent(), `Show 100 earlier points (${total - 200} not shown)`);
+  assert.equal(await rows.last().getAttribute("data-branch"), "current");
+  await toggle.click();
+  assert.deepEqual(errors, []);
+});
+
 test("typing works, and its latency is measured at 20 and 2,000 messages, idle and while a reply streams", async (t) => {
+  // The tab of the tests above follows the same conversation: left open,
+  // it would draw the reply streamed below too, on the same two cores,
+  // and the figure would be of two tabs (it doubled the median).
+  await page.context().close();
   const figures = {};
   for (const [name, id] of [
     ["20 messages", threads.small],

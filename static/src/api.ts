@@ -8,6 +8,7 @@
 
 import type { Checkpoint, HistoryPage, Message, Operation, RunStatus, Snapshot } from "./protocol";
 import { CheckpointSet, type CheckpointDelta } from "./checkpointset";
+import { nextTask } from "./dom";
 
 const same: RequestInit = { credentials: "same-origin" };
 
@@ -42,6 +43,10 @@ export async function readCheckpoints(threadID: string): Promise<Checkpoints | {
     const r = await fetch(threadPath(threadID, "/checkpoints?lists=delta"), same);
     if (!r.ok) return { failed: `the server answered ${r.status}` };
     const body = (await r.json()) as { head_checkpoint_id: string; checkpoints: CheckpointDelta[] };
+    // (Reading a long conversation's answer, making its set and drawing
+    // with it are three tasks, each short: a page just opened stays
+    // responsive while they run.)
+    await nextTask();
     return { head_checkpoint_id: body.head_checkpoint_id, checkpoints: CheckpointSet.fromDeltas(body.checkpoints).list };
   } catch {
     return { failed: "the server could not be reached" };

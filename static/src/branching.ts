@@ -78,10 +78,9 @@ export class Branching {
   editorView(m: Message): HTMLElement[] {
     const e = this.editing;
     if (!e || e.messageID !== m.message_id) return [];
-    const busy = this.host.state().run !== null;
+    // (Disabled while a run is active: messages.ts showBusy.)
     const send = button("Send edit", "edit-send", "edit-send", "btn primary small");
-    send.disabled = busy;
-    if (busy) send.title = "Wait for the reply to finish, or cancel it, to send the edited message";
+    send.dataset.busyTitle = "Wait for the reply to finish, or cancel it, to send the edited message";
     return [
       el("label", { class: "visually-hidden", for: e.box.id }, "Edit your message"),
       e.box,

@@ -30,6 +30,16 @@ export function snippet(text: string, n = 90): string {
   return one.length > n ? one.slice(0, n - 1) + "…" : one;
 }
 
+// nextTask resolves in a task of its own, after what the page has waiting
+// (a key, a frame): work split by it makes several short tasks instead of
+// one long one that would hold the page. scheduler.yield where the
+// browser has it (it keeps the work's place ahead of other tasks).
+export function nextTask(): Promise<void> {
+  const s = (globalThis as { scheduler?: { yield?: () => Promise<void> } }).scheduler;
+  if (s?.yield) return s.yield();
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}
+
 // scrollToLatest brings the end of the page (the latest message) into view.
 export function scrollToLatest(): void {
   window.scrollTo({ top: document.documentElement.scrollHeight });

@@ -25,9 +25,18 @@ import yaml from "highlight.js/lib/languages/yaml";
 
 // Highlighting for a bounded set of languages (each costs bundle size); a
 // fence naming another one, or none, stays plain. Aliases are highlight.js's
-// own (js, ts, sh, html, yml …).
-for (const [name, lang] of Object.entries({ bash, css, go, javascript, json, python, sql, typescript, xml, yaml })) {
-  hljs.registerLanguage(name, lang);
+// own (js, ts, sh, html, yml …). Registered when the first fence naming
+// a language is drawn (registering costs about 20 ms, at the page's start
+// otherwise, for conversations that may hold no code).
+let registered = false;
+function highlighter(): typeof hljs {
+  if (!registered) {
+    for (const [name, lang] of Object.entries({ bash, css, go, javascript, json, python, sql, typescript, xml, yaml })) {
+      hljs.registerLanguage(name, lang);
+    }
+    registered = true;
+  }
+  return hljs;
 }
 
 const md = new MarkdownIt({ html: false, linkify: true, typographer: false });
@@ -149,7 +158,7 @@ function codeBlock(pre: HTMLPreElement): void {
   // The code as written, without the line end that closes the fence: pasted
   // into a terminal, a trailing newline would run the last command.
   head.append(label, copyButton("Copy code", () => (code?.textContent ?? "").replace(/\n$/, "")));
-  if (code && lang && hljs.getLanguage(lang)) {
+  if (code && lang && highlighter().getLanguage(lang)) {
     // highlight.js escapes the code and adds spans; only those spans pass.
     const html = hljs.highlight(code.textContent ?? "", { language: lang, ignoreIllegals: true }).value;
     code.replaceChildren(DOMPurify.sanitize(html, { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], RETURN_DOM_FRAGMENT: true }));

@@ -12,12 +12,12 @@ import type { Message, Operation } from "./protocol";
 import type { Branch } from "./versions";
 import { timeElement } from "./when";
 
-// MessageView is what drawing a message needs besides the message: whether
-// a run is active (versions cannot be switched then), which saved
-// fragment's deletion is being asked about, and which long replies the
-// user chose to see whole.
+// MessageView is what drawing a message needs besides the message: which
+// saved fragment's deletion is being asked about, and which long replies
+// the user chose to see whole. Whether a run is active is not drawn into
+// an item (every item would be drawn again at each reply's start and
+// end): showBusy sets it on the items in place.
 export interface MessageView {
-  busy: boolean;
   deleting: string | null;
   expanded: ReadonlySet<string>;
   // editor: the editor of a request being edited in place ([] for the
@@ -65,11 +65,11 @@ export function messageItem(m: Message, branch: Branch | undefined, v: MessageVi
     timeElement(m.created_at),
     ...(m.model ? [` · ${m.model}`] : []),
   );
-  const nav = branch ? [branchNav(branch, v.busy)] : [];
+  const nav = branch ? [branchNav(branch)] : [];
   // (Where the new version starts is found when it is asked for: the
   // checkpoints are read after the first paint. branching.ts)
-  const edit = m.role === "user" && !li.classList.contains("editing") ? [newVersion("Edit", "edit-message", m, v.busy)] : [];
-  const again = m.role === "assistant" && m.kind !== "fragment" ? [newVersion("Regenerate", "regenerate", m, v.busy)] : [];
+  const edit = m.role === "user" && !li.classList.contains("editing") ? [newVersion("Edit", "edit-message", m)] : [];
+  const again = m.role === "assistant" && m.kind !== "fragment" ? [newVersion("Regenerate", "regenerate", m)] : [];
   if (m.role !== "assistant" || m.kind === "card") li.append(el("div", { class: "msg-meta" }, ...nav, ...edit, ...again, meta));
   if (m.role === "assistant" && m.kind !== "card") {
     const actions = el("div", { class: "msg-actions" }, ...nav, meta, copyButton("Copy", () => m.content), ...again);
@@ -88,27 +88,40 @@ export function messageItem(m: Message, branch: Branch | undefined, v: MessageVi
 }
 
 // newVersion is Edit on a request or Regenerate on a reply (disabled
-// while a run is active: the server allows one at a time).
-function newVersion(label: string, action: string, m: Message, busy: boolean): HTMLButtonElement {
+// while a run is active: the server allows one at a time; showBusy).
+function newVersion(label: string, action: string, m: Message): HTMLButtonElement {
   const b = button(label, action, action === "regenerate" ? "regenerate" : "edit-message", "btn ghost small");
   b.dataset.messageId = m.message_id;
   b.setAttribute("aria-label", action === "regenerate" ? "Regenerate this reply" : "Edit this message");
-  b.disabled = busy;
-  if (busy) b.title = "Wait for the reply to finish, or cancel it, to make a new version";
+  b.dataset.busyTitle = "Wait for the reply to finish, or cancel it, to make a new version";
   return b;
 }
 
-// branchNav is "‹ 2/3 ›" on a message that has other versions (disabled
+// showBusy disables, in the items under root, the buttons a run in
+// progress forbids (Edit, Regenerate, the version arrows), with a title
+// saying why, or enables them again. Cheap: no item is drawn again.
+export function showBusy(root: ParentNode, busy: boolean): void {
+  for (const b of root.querySelectorAll<HTMLButtonElement>("button[data-busy-title]")) {
+    if (b.disabled === busy) continue;
+    b.disabled = busy;
+    if (busy) b.title = b.dataset.busyTitle!;
+    else b.removeAttribute("title");
+  }
+}
+
+// branchNav is "‹ 2/3 ›" on a message that has other versions (an arrow
+// with no version that way stays disabled; showBusy disables the others
 // while a run is active).
-function branchNav(b: Branch, busy: boolean): HTMLElement {
+function branchNav(b: Branch): HTMLElement {
   const prev = button("‹", "checkout", "branch-prev", "btn ghost small");
   const next = button("›", "checkout", "branch-next", "btn ghost small");
   prev.setAttribute("aria-label", "Previous version");
   next.setAttribute("aria-label", "Next version");
   for (const [btn, target] of [[prev, b.prev], [next, b.next]] as const) {
-    if (target) btn.dataset.checkpointId = target;
-    btn.disabled = !target || busy;
-    if (target && busy) btn.title = "Wait for the reply to finish, or cancel it, to switch versions";
+    if (target) {
+      btn.dataset.checkpointId = target;
+      btn.dataset.busyTitle = "Wait for the reply to finish, or cancel it, to switch versions";
+    } else btn.disabled = true;
   }
   return el(
     "span",
@@ -132,8 +145,15 @@ function replyBody(m: Message, whole: boolean): HTMLElement[] {
 // showToolSteps says under each consequential call's result in list what
 // became of it now: the recorded result is what was known when it was
 // recorded (an unknown outcome may since have been confirmed, or given up
-// on). It changes only the lines whose state changed.
-export function showToolSteps(list: HTMLElement, operations: ReadonlyMap<string, Operation>): void {
+// on). It changes only the lines whose state changed, and looks at none
+// when neither the operations (a new map whenever one changes, state.ts)
+// nor the list (drawn, its key) changed since it last looked: it runs at
+// every render, every frame while a reply streams.
+const stepsShown = new WeakMap<HTMLElement, { operations: ReadonlyMap<string, Operation>; drawn: string }>();
+export function showToolSteps(list: HTMLElement, operations: ReadonlyMap<string, Operation>, drawn: string): void {
+  const last = stepsShown.get(list);
+  if (last && last.operations === operations && last.drawn === drawn) return;
+  stepsShown.set(list, { operations, drawn });
   for (const p of list.querySelectorAll<HTMLElement>("[data-testid=tool-status]")) {
     const op = operations.get(p.dataset.operationId ?? "");
     const line = op && op.contract === "consequential" ? stepLine(opView(op)) : null;

@@ -32,6 +32,19 @@ export function itemKey(m: Message, branch: Branch | undefined, view: object, ex
   return `${m.kind}|${m.content.length}|${m.truncated ?? ""}|${b}|${viewKey(view, m.message_id)}|${extra}`;
 }
 
+// idsOf is the ids of messages, joined: what the list shows, compared at
+// every render (every frame while a reply streams), so joined once per
+// array (a new one whenever the messages change, state.ts).
+const joined = new WeakMap<Message[], string>();
+export function idsOf(messages: Message[]): string {
+  let ids = joined.get(messages);
+  if (ids === undefined) {
+    ids = messages.map((m) => m.message_id).join(",");
+    joined.set(messages, ids);
+  }
+  return ids;
+}
+
 // DrawnItems keeps the item drawn for each message shown and what it was
 // drawn from. Owned by the conversation's view.
 export class DrawnItems<T extends HTMLElement = HTMLLIElement> {

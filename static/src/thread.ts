@@ -16,11 +16,11 @@ import { showOperationLog } from "./toolview";
 import { groupByDay } from "./sidebar";
 import { EarlierBox } from "./history";
 import { ScrollBack } from "./scrollback";
-import { DrawnItems, itemKey, reconcile } from "./msglist";
+import { DrawnItems, idsOf, itemKey, reconcile } from "./msglist";
 import { createThread, readOperations, readSnapshot } from "./api";
-import { branches } from "./versions";
+import { Versions, type Branch } from "./versions";
 import { Branching } from "./branching";
-import { messageItem, showToolSteps, type MessageView } from "./messages";
+import { messageItem, showBusy, showToolSteps, type MessageView } from "./messages";
 import { liveParts, StreamedBody, waitsForDecision, type LiveView } from "./live";
 import { Timeline } from "./timeline";
 import { DeletePanel } from "./deletepanel";
@@ -84,6 +84,8 @@ export class ThreadView {
   private readonly heading: HTMLElement;
   private readonly earlier: EarlierBox;
   private readonly drawn = new DrawnItems(); // the list's items, drawn again only when changed (msglist.ts)
+  private readonly versionsOf = new Versions(); // the messages' versions, found again only when changed
+  private listKey = ""; // what the list was last drawn from (renderMessages)
   private readonly deletion: DeletePanel;
   private readonly branching: Branching; // Edit, Regenerate and the moves between versions
 
@@ -690,24 +692,26 @@ export class ThreadView {
     const versions = this.versions();
     const nav = [...versions].map(([id, b]) => `${id}:${b.index}/${b.count}`).join(",") + `|${this.branching.editing?.messageID ?? ""}`;
     const stops = this.s.interruptions.map((r) => r.runID + r.operations.map((o) => this.s.operations.get(o.operation_id)?.phase).join()).join();
-    const want = this.s.messages.map((m) => m.message_id).join(",") + `|${this.deleting ?? ""}|${nav}|${this.s.run ? "busy" : ""}|${stops}`;
-    if (this.list.dataset.ids === want) return;
-    this.list.dataset.ids = want;
+    const busy = this.s.run !== null;
+    const want = idsOf(this.s.messages) + `|${this.deleting ?? ""}|${nav}|${busy ? "busy" : ""}|${stops}`;
+    if (this.listKey === want) return;
+    this.listKey = want;
     const view = this.messageView();
     const editingID = this.branching.editing?.messageID;
     const items = this.drawn.items(this.s.messages, (m) => itemKey(m, versions.get(m.message_id), view, String(m.message_id === editingID)), (m) => messageItem(m, versions.get(m.message_id), view));
     const editing = document.activeElement === this.branching.editing?.box;
     reconcile(this.list, placeInterruptions(items, this.s, this.socket.tabID));
+    showBusy(this.list, busy);
     this.branching.focusEditor(editing);
   }
 
   // versions are the other versions of the messages shown (versions.ts).
-  private versions(): ReturnType<typeof branches> {
-    return branches(this.s.messages, this.s.earlier, this.s.head, this.timeline.checkpoints);
+  private versions(): Map<string, Branch> {
+    return this.versionsOf.of(this.s.messages, this.s.earlier, this.s.head, this.timeline.checkpoints);
   }
 
   private messageView(): MessageView {
-    return { busy: this.s.run !== null, deleting: this.deleting, expanded: this.expanded, editor: (m) => this.branching.editorView(m) };
+    return { deleting: this.deleting, expanded: this.expanded, editor: (m) => this.branching.editorView(m) };
   }
 
   // ---- a long conversation, shown in part (history.ts) ----
@@ -743,13 +747,14 @@ export class ThreadView {
     if (!m || !li) return;
     this.expanded.add(id);
     const item = messageItem(m, this.versions().get(id), this.messageView());
+    showBusy(item, this.s.run !== null);
     li.replaceWith(item);
     item.tabIndex = -1;
     item.focus({ preventScroll: true });
   }
 
   private renderToolSteps(): void {
-    showToolSteps(this.list, this.s.operations);
+    showToolSteps(this.list, this.s.operations, this.listKey);
   }
 
   private renderLive(): void {

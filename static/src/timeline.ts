@@ -2,7 +2,7 @@
 // timeline, oldest first (nesting by parent made a long conversation a
 // staircase wider than the page), with Fork here on each.
 
-import { $, button, el, snippet } from "./dom";
+import { $, button, el, nextTask, snippet } from "./dom";
 import { plain } from "./messages";
 import { readCheckpoints, type Checkpoints } from "./api";
 import { setOf } from "./checkpointset";
@@ -11,11 +11,18 @@ import { timeElement } from "./when";
 import type { Checkpoint, Message } from "./protocol";
 
 
-// timelineItems are the panel's rows, the points of the branch shown
-// (other branches are listed under it, by their first words:
+// pointsStep is how many points of the branch the panel shows at first,
+// the latest, and how many more each "Show earlier points" adds: a
+// 2,000-message conversation has 2,000, and drawing them all took the
+// panel over a second to open.
+export const pointsStep = 100;
+
+// timelineItems are the panel's rows, the latest limit points of the
+// branch shown (other branches are listed under it, by their first words:
 // otherbranches.ts): when each point was saved, the message it ends with
-// (when the page has it), and which is the current point.
-export function timelineItems(checkpoints: Checkpoint[], head: string, messages: Message[]): HTMLLIElement[] {
+// (when the page has it), and which is the current point; and how many
+// points of the branch there are.
+export function timelineItems(checkpoints: Checkpoint[], head: string, messages: Message[], limit = Infinity): { items: HTMLLIElement[]; total: number } {
   const byID = new Map(checkpoints.map((c) => [c.checkpoint_id, c]));
   const onBranch = new Set<string>();
   for (let c = byID.get(head); c; c = c.parent_checkpoint_id ? byID.get(c.parent_checkpoint_id) : undefined) {
@@ -24,7 +31,7 @@ export function timelineItems(checkpoints: Checkpoint[], head: string, messages:
   const known = new Map(messages.map((m) => [m.message_id, m]));
   const ordered = checkpoints.filter((c) => onBranch.has(c.checkpoint_id)).sort((a, b) => a.state_version - b.state_version);
   const set = setOf(checkpoints); // (counts and last ids without making whole lists)
-  return ordered.map((c) => {
+  const items = ordered.slice(Math.max(0, ordered.length - limit)).map((c) => {
     const isHead = c.checkpoint_id === head;
     const count = set.count(c);
     const lastID = set.last(c);
@@ -55,6 +62,7 @@ export function timelineItems(checkpoints: Checkpoint[], head: string, messages:
       fork,
     );
   });
+  return { items, total: ordered.length };
 }
 
 // timelineStatus says above the timeline (tree, the panel) whether it is
@@ -96,12 +104,27 @@ export class Timeline {
   // when the panel opens; it is drawn only while open).
   private now: (() => Now) | null = null;
   private readonly others: OtherBranchesView;
+  // limit: how many of the branch's latest points are drawn; earlier
+  // brings in pointsStep more.
+  private limit = pointsStep;
+  private readonly earlier: HTMLButtonElement;
 
   constructor(
     private readonly panel: HTMLElement,
     private readonly threadID: string,
   ) {
     this.others = new OtherBranchesView(panel, threadID);
+    this.earlier = button("Show earlier points", "timeline-earlier", "tree-earlier", "btn ghost small");
+    this.earlier.hidden = true;
+    $(panel, "[data-testid=tree-list]").before(this.earlier);
+    this.earlier.addEventListener("click", () => {
+      this.limit += pointsStep;
+      this.draw();
+      // The focus stays on the button while there are more; then it goes
+      // to the earliest point's Fork, where the button was.
+      const list = $(this.panel, "[data-testid=tree-list]");
+      if (this.earlier.hidden) (list.firstElementChild?.querySelector<HTMLElement>("button") ?? list).focus();
+    });
   }
 
   get open(): boolean {
@@ -117,6 +140,7 @@ export class Timeline {
     this.status("");
     // (The timeline is an aid; the conversation works without it.)
     const body = await readCheckpoints(this.threadID);
+    await nextTask();
     const failed = "failed" in body ? body.failed : "";
     if (!("failed" in body)) {
       this.checkpoints = body.checkpoints;
@@ -135,7 +159,12 @@ export class Timeline {
   private draw(): void {
     if (!this.open || !this.now) return;
     const { head, messages, run } = this.now();
-    $(this.panel, "[data-testid=tree-list]").replaceChildren(...timelineItems(this.checkpoints, head, messages));
+    const { items, total } = timelineItems(this.checkpoints, head, messages, this.limit);
+    $(this.panel, "[data-testid=tree-list]").replaceChildren(...items);
+    const more = total - items.length;
+    this.earlier.hidden = more === 0;
+    const next = Math.min(more, pointsStep);
+    this.earlier.textContent = `Show ${next} earlier point${next === 1 ? "" : "s"} (${more} not shown)`;
     this.others.show(this.checkpoints, head, messages, run !== null);
   }
 

@@ -63,6 +63,25 @@ export function branches(messages: Message[], earlier: number, head: string, che
   return out;
 }
 
+// Versions remembers the versions it last found (branches) and finds them
+// again only when what they come from changed: the messages shown (a new
+// array whenever they change, state.ts), how many are left out before
+// them, the head, or the checkpoints (a new array at each read). The page
+// renders every frame while a reply streams, and branches walks every
+// checkpoint: 2,000 of them each frame made typing slower in a long
+// conversation than in a short one. Owned by the conversation's view.
+export class Versions {
+  private last?: { messages: Message[]; earlier: number; head: string; checkpoints: Checkpoint[]; found: Map<string, Branch> };
+
+  of(messages: Message[], earlier: number, head: string, checkpoints: Checkpoint[]): Map<string, Branch> {
+    const l = this.last;
+    if (l && l.messages === messages && l.earlier === earlier && l.head === head && l.checkpoints === checkpoints) return l.found;
+    const found = branches(messages, earlier, head, checkpoints);
+    this.last = { messages, earlier, head, checkpoints, found };
+    return found;
+  }
+}
+
 // Points are where a new version of a message starts: for a request, the
 // checkpoint before it (Edit sends the new text from there); for a reply,
 // the checkpoint before it whose step is unfinished (Regenerate runs that

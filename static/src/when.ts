@@ -15,16 +15,23 @@
 
 import { el } from "./dom";
 
-// formats: [today, this year, another year], in minutes and in seconds.
-const formats = [false, true].map((seconds) => {
-  const time: Intl.DateTimeFormatOptions = { hour: "numeric", minute: "2-digit", ...(seconds ? { second: "2-digit" } : {}) };
-  return [
-    new Intl.DateTimeFormat([], time),
-    new Intl.DateTimeFormat([], { month: "short", day: "numeric", ...time }),
-    new Intl.DateTimeFormat([], { year: "numeric", month: "short", day: "numeric", ...time }),
-  ];
-});
-const exact = new Intl.DateTimeFormat([], { dateStyle: "full", timeStyle: "medium" });
+// format is the formatter of kind (0 today, 1 this year, 2 another
+// year; exact), in minutes or seconds, made when first asked for: making
+// one costs about 10 ms at the page's start, and a page uses two or three
+// of the seven.
+type Kind = 0 | 1 | 2 | "exact";
+const made = new Map<string, Intl.DateTimeFormat>();
+function format(kind: Kind, seconds = false): Intl.DateTimeFormat {
+  const key = `${kind}${seconds ? "s" : ""}`;
+  let f = made.get(key);
+  if (!f) {
+    const time: Intl.DateTimeFormatOptions = { hour: "numeric", minute: "2-digit", ...(seconds ? { second: "2-digit" } : {}) };
+    const opts: Intl.DateTimeFormatOptions[] = [time, { month: "short", day: "numeric", ...time }, { year: "numeric", month: "short", day: "numeric", ...time }];
+    f = new Intl.DateTimeFormat([], kind === "exact" ? { dateStyle: "full", timeStyle: "medium" } : opts[kind]);
+    made.set(key, f);
+  }
+  return f;
+}
 
 const day = 24 * 60 * 60 * 1000;
 const startOfDay = (d: Date): number => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
@@ -47,15 +54,14 @@ export interface WhenOptions {
 export function when(t: string | Date, { seconds = false, now = new Date() }: WhenOptions = {}): string {
   const d = parse(t);
   if (!d) return "";
-  const [today, thisYear, otherYear] = formats[seconds ? 1 : 0];
-  if (startOfDay(d) === startOfDay(now)) return today.format(d);
-  return (d.getFullYear() === now.getFullYear() ? thisYear : otherYear).format(d);
+  const kind = startOfDay(d) === startOfDay(now) ? 0 : d.getFullYear() === now.getFullYear() ? 1 : 2;
+  return format(kind, seconds).format(d);
 }
 
 // whenExact writes t whole, to the second.
 export function whenExact(t: string | Date): string {
   const d = parse(t);
-  return d ? exact.format(d) : "";
+  return d ? format("exact").format(d) : "";
 }
 
 // timeElement is t as the page shows it: a <time> with the machine's

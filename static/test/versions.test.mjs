@@ -4,7 +4,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { branches, startPoints, leftBehind, otherBranches } from "../../bin/unit/versions.mjs";
+import { branches, startPoints, leftBehind, otherBranches, Versions } from "../../bin/unit/versions.mjs";
 
 function msg(id, role, checkpoint) {
   return { message_id: id, role, kind: "message", content: id, checkpoint_id: checkpoint, created_at: "2026-12-05T00:00:00Z" };
@@ -31,6 +31,22 @@ test("on the other branch the same reply is version 2 of 2, back to the first", 
   const got = branches([msg("A", "user", "c1"), msg("B2", "assistant", "c3")], 0, "c3", all);
   assert.deepEqual(got.get("B2"), { index: 2, count: 2, prev: "c2", next: undefined });
   assert.equal(got.has("A"), false, "the request itself was not edited");
+});
+
+test("Versions finds them again only when the messages, the head or the checkpoints read changed", () => {
+  const v = new Versions();
+  const shown = [msg("A", "user", "c1"), msg("B", "assistant", "c2")];
+  const first = v.of(shown, 0, "c2", all);
+  assert.equal(v.of(shown, 0, "c2", all), first, "the same inputs: the same answer, not found again");
+  assert.deepEqual(first.get("B"), { index: 1, count: 2, prev: undefined, next: "c3" });
+  // A new read with one more version of B: found again.
+  const c4 = cp("c4", "c1", ["A", "B3"], 5);
+  const again = v.of(shown, 0, "c2", [...all, c4]);
+  assert.notEqual(again, first);
+  assert.deepEqual(again.get("B"), { index: 1, count: 3, prev: undefined, next: "c3" });
+  // The other branch shown (new messages, new head): found for it.
+  const other = v.of([msg("A", "user", "c1"), msg("B2", "assistant", "c3")], 0, "c3", [...all, c4]);
+  assert.deepEqual(other.get("B2"), { index: 2, count: 3, prev: "c2", next: "c4" });
 });
 
 test("an edited request: versions at the request's position, moving to the newest point of each", () => {
