@@ -119,14 +119,16 @@ async function twoTabs(url, errors, viewport = { width: 1280, height: 820 }) {
 }
 
 test("delete a conversation while its reply streams: it asks first (Esc keeps it), the reply is stopped with its receipt in the other tab, which then says the conversation is gone and keeps what was typed", async () => {
-  // A server of its own, whose replies stream long enough to act meanwhile.
-  const slow = await startServer({ pace: "20ms" });
+  // A server of its own, whose replies stream slowly: the reply below
+  // never ends by itself (endless:, stopped by the delete), yet stays short
+  // enough to draw (about 2 KB a second).
+  const slow = await startServer({ pace: "200ms" });
   try {
     const errors = [];
     const snap = await slow.api("/api/threads", { method: "POST", body: "{}" });
     const { context, a, b } = await twoTabs(`${slow.url}/t/${snap.thread_id}`, errors);
     const runStatus = (p) => p.locator("#thread").getAttribute("data-run-status");
-    await a.getByTestId("composer-input").fill("Repeat after me:\n" + "a long reply that keeps streaming ".repeat(200));
+    await a.getByTestId("composer-input").fill("endless: a long reply that keeps streaming");
     await a.getByTestId("send").click();
     await a.getByTestId("streaming-text").waitFor({ timeout: 15000 });
     await b.getByTestId("streaming-text").waitFor({ timeout: 15000 });
