@@ -30,16 +30,8 @@ func TestCheckpointsStoreWhatTheyAppend(t *testing.T) {
 		if i == exchanges/4 {
 			// A deleted draft: the checkpoint that drops it from the
 			// middle of the history cannot be stored as appended.
-			cur, _ := st.Snapshot(ctx, user, th.ThreadID)
-			_, msgID, last := streamAndCancel(t, st, th.ThreadID, cur.StateVersion, "draft")
-			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
-			saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: last, ExpectedStateVersion: cur.StateVersion})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: th.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion}); err != nil {
-				t.Fatal(err)
-			}
+			_, msgID, last := streamAndCancel(t, st, th.ThreadID, version(t, st, th.ThreadID), "draft")
+			deleteDraft(t, st, th.ThreadID, saveDraft(t, st, th.ThreadID, msgID, last).MessageID)
 		}
 	}
 
@@ -152,20 +144,12 @@ func TestCheckpointDeltasRebuildTheWholeLists(t *testing.T) {
 	for i := range exchanges {
 		completeRun(t, st, th.ThreadID, "question", "answer")
 		if i == exchanges/3 {
-			cur, _ := st.Snapshot(ctx, user, th.ThreadID)
-			_, msgID, last := streamAndCancel(t, st, th.ThreadID, cur.StateVersion, "draft")
-			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
-			saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: msgID, LastSeq: last, ExpectedStateVersion: cur.StateVersion})
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, msgID, last := streamAndCancel(t, st, th.ThreadID, version(t, st, th.ThreadID), "draft")
+			saved := saveDraft(t, st, th.ThreadID, msgID, last)
 			// One more exchange after the fragment, so that the draft is
 			// in the middle of the history when it is deleted.
 			completeRun(t, st, th.ThreadID, "question", "answer")
-			cur, _ = st.Snapshot(ctx, user, th.ThreadID)
-			if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: th.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: cur.StateVersion}); err != nil {
-				t.Fatal(err)
-			}
+			deleteDraft(t, st, th.ThreadID, saved.MessageID)
 		}
 	}
 	head, whole, err := st.Checkpoints(ctx, user, th.ThreadID)

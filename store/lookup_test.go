@@ -38,16 +38,9 @@ func TestMessagesByIDOnAnyBranchOfTheThreadOnly(t *testing.T) {
 	}
 	_, a3 := completeRun(t, st, th.ThreadID, "third question", "third answer")
 	// A fragment saved, then deleted.
-	cur, _ := st.Snapshot(ctx, user, th.ThreadID)
-	_, streamed, last := streamAndCancel(t, st, th.ThreadID, cur.StateVersion, "half ", "said")
-	cur, _ = st.Snapshot(ctx, user, th.ThreadID)
-	saved, err := st.SaveFragment(ctx, chat.SaveFragment{UserID: user, ThreadID: th.ThreadID, MessageID: streamed, LastSeq: last, ExpectedStateVersion: cur.StateVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.DeleteDraft(ctx, chat.DeleteDraft{UserID: user, ThreadID: th.ThreadID, MessageID: saved.MessageID, ExpectedStateVersion: saved.StateVersion}); err != nil {
-		t.Fatal(err)
-	}
+	_, streamed, last := streamAndCancel(t, st, th.ThreadID, version(t, st, th.ThreadID), "half ", "said")
+	saved := saveDraft(t, st, th.ThreadID, streamed, last)
+	deleteDraft(t, st, th.ThreadID, saved.MessageID)
 	other := newThread(t, st)
 	_, foreign := completeRun(t, st, other.ThreadID, "elsewhere", "another thread's answer")
 

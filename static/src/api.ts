@@ -6,8 +6,8 @@
 // Each call says how it fails: most answer null (or throw) and leave it
 // to the caller to keep what it shows.
 
-import type { Checkpoint, HistoryPage, Message, Operation, RunStatus, Snapshot } from "./protocol";
-import { CheckpointSet, type CheckpointDelta } from "./checkpointset";
+import type { Checkpoint, CheckpointDelta, HistoryPage, Message, Operation, RunStatus, Snapshot } from "./protocol";
+import { CheckpointSet } from "./checkpointset";
 import { nextTask } from "./dom";
 
 const same: RequestInit = { credentials: "same-origin" };

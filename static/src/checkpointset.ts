@@ -9,21 +9,7 @@
 // shown (versions.ts) — is answered from the deltas in one pass.
 // Pure: no DOM, unit-tested (static/test/checkpointset.test.mjs).
 
-import type { Checkpoint } from "./protocol";
-
-// CheckpointDelta is one checkpoint of GET …/checkpoints?lists=delta: its
-// message ids are the first message_ids_kept of its parent's, then
-// message_ids_added (the steps and tool results likewise; the page does
-// not use them).
-export interface CheckpointDelta {
-  checkpoint_id: string;
-  parent_checkpoint_id: string | null;
-  state_version: number;
-  message_ids_kept: number;
-  message_ids_added: string[];
-  pending: { step: string; input_hash: string } | null;
-  created_at: string;
-}
+import type { Checkpoint, CheckpointDelta } from "./protocol";
 
 // Node is a checkpoint's place in the set: the parent its list continues
 // (none: the list is add alone), how much of it the list keeps, what it

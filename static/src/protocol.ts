@@ -106,6 +106,20 @@ export interface Checkpoint {
   created_at: string;
 }
 
+// CheckpointDelta is one checkpoint of GET …/checkpoints?lists=delta: its
+// message ids are the first message_ids_kept of its parent's, then
+// message_ids_added (the steps and tool results likewise; the page does
+// not use them).
+export interface CheckpointDelta {
+  checkpoint_id: string;
+  parent_checkpoint_id: string | null;
+  state_version: number;
+  message_ids_kept: number;
+  message_ids_added: string[];
+  pending: { step: string; input_hash: string } | null;
+  created_at: string;
+}
+
 export interface Operation {
   operation_id: string;
   run_id: string;
