@@ -323,24 +323,11 @@ func (o *openaiSettings) settings() (openai.Config, error) {
 		return openai.Config{}, errors.New("-model openai needs a model name: set GATEWAY_OPENAI_MODEL or -openai-model (for example gpt-4o-mini)")
 	}
 	cfg := openai.Config{BaseURL: strings.TrimSpace(o.baseURL), Model: strings.TrimSpace(o.model)}
-	key := env("GATEWAY_OPENAI_API_KEY", "")
-	if o.keyFile != "" {
-		if key != "" {
-			return openai.Config{}, errors.New("the OpenAI API key is set twice: use GATEWAY_OPENAI_API_KEY or -openai-api-key-file (GATEWAY_OPENAI_API_KEY_FILE), not both")
-		}
-		data, err := os.ReadFile(o.keyFile)
-		if err != nil {
-			var pe *os.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			return openai.Config{}, fmt.Errorf("-openai-api-key-file: cannot read the API key file %s: %v", o.keyFile, err)
-		}
-		if key = strings.TrimSpace(string(data)); key == "" {
-			return openai.Config{}, fmt.Errorf("-openai-api-key-file: %s is empty: put the API key in it", o.keyFile)
-		}
+	key, err := secretSetting("the OpenAI API key", "GATEWAY_OPENAI_API_KEY", "openai-api-key-file", o.keyFile)
+	if err != nil {
+		return openai.Config{}, err
 	}
-	cfg.APIKey = strings.TrimSpace(key)
+	cfg.APIKey = key
 	if cfg.APIKey == "" && strings.Contains(cfg.BaseURL, "api.openai.com") {
 		return openai.Config{}, errors.New("the OpenAI API needs an API key: set GATEWAY_OPENAI_API_KEY or -openai-api-key-file (a local server needs no key: set GATEWAY_OPENAI_BASE_URL to it)")
 	}
