@@ -78,7 +78,7 @@ vulncheck:
 # fuzz runs each fuzz target for FUZZTIME, one after the other. Plain
 # `go test` already runs their seed corpora (testdata/fuzz/ and f.Add).
 FUZZTIME ?= 10s
-FUZZ_TARGETS = FuzzWSCommand:./gateway FuzzHTTPBody:./gateway FuzzStreamParser:./model/openai
+FUZZ_TARGETS = FuzzWSCommand:./gateway FuzzHTTPBody:./gateway FuzzResponseCreate:./gateway FuzzStreamParser:./model/openai
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -40,7 +40,9 @@ func subcommand(group, usage string, args []string, stdout, stderr io.Writer) (s
 func dbFlagSet(name, usage string, stderr io.Writer) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	return fs, fs.String("db", env("GATEWAY_DB", "data/gateway.db"), usage)
+	db := fs.String("db", env("GATEWAY_DB", "data/gateway.db"), usage)
+	hideSecretDefaults(fs, "db") // (a PostgreSQL URL's password)
+	return fs, db
 }
 
 // failure returns how a subcommand reports a failed step: the error's

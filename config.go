@@ -43,6 +43,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.DB, "db", env("GATEWAY_DB", "data/gateway.db"), "SQLite database file, or a PostgreSQL URL (postgres://USER@HOST:5432/DB) shared by several instances (GATEWAY_DB)")
 	fs.StringVar(&c.SQLiteSynchronous, "sqlite-synchronous", env("GATEWAY_SQLITE_SYNCHRONOUS", store.DefaultSynchronous), "SQLite -db: full (an acknowledged write survives an OS crash or power loss: each commit is synced to disk first) or normal (it survives a crash of the process only); refused with a PostgreSQL -db (GATEWAY_SQLITE_SYNCHRONOUS)")
 	fs.StringVar(&c.NATS, "nats", env("GATEWAY_NATS", ""), "NATS URL (nats://HOST:4222) carrying events and cancel wake-ups between instances on one PostgreSQL -db; empty: one instance (GATEWAY_NATS)")
+	dbFile := fs.String("db-file", env("GATEWAY_DB_FILE", ""), "file holding -db instead: for a PostgreSQL URL with a password, which -db would show in process lists (GATEWAY_DB_FILE)")
+	natsFile := fs.String("nats-file", env("GATEWAY_NATS_FILE", ""), "file holding -nats instead: for a NATS URL with a user and password or a token (GATEWAY_NATS_FILE)")
+	hideSecretDefaults(fs, "db", "nats")
 	fs.StringVar(&c.NATSSubject, "nats-subject", env("GATEWAY_NATS_SUBJECT", "gateway"), "prefix of this deployment's NATS subjects: instances of one deployment share it, another deployment on the same NATS needs its own (GATEWAY_NATS_SUBJECT)")
 	fs.StringVar(&c.InstanceID, "instance-id", env("GATEWAY_INSTANCE_ID", ""), "this instance's name in run leases and logs; empty: a new random one per start (GATEWAY_INSTANCE_ID)")
 	ef.duration(&c.LeaseTTL, "lease-ttl", "GATEWAY_LEASE_TTL", 15*time.Second, "how long a run stays with an instance that stopped renewing its lease before another takes it over")
@@ -61,10 +64,10 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	ef.duration(&c.OutboxLatency, "outbox-latency", "GATEWAY_OUTBOX_LATENCY", 500*time.Millisecond, "send_email: how long the embedded email provider takes to accept")
 	fs.StringVar(&c.OutboxFault, "outbox-fault", env("GATEWAY_OUTBOX_FAULT", ""), "send_email: make the embedded provider misbehave: reject, accept-then-timeout, record-late or crash (GATEWAY_OUTBOX_FAULT)")
 	ef.duration(&c.OutboxRecordDelay, "outbox-record-delay", "GATEWAY_OUTBOX_RECORD_DELAY", 10*time.Second, "send_email with -outbox-fault record-late: how long after taking a call the embedded provider records its key (answers lookups for it)")
-	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
+	mode := fs.String("auth", env("GATEWAY_AUTH", "none"), "who may use the server: none (one local user, loopback only), password (accounts: gateway user add; with -oidc-issuer also the provider's sign-in), oidc (accounts signed in through the -oidc-issuer provider only) or header (a trusted proxy names the user) (GATEWAY_AUTH)")
 	fs.StringVar(&c.AuthHeader, "auth-header", env("GATEWAY_AUTH_HEADER", "X-Forwarded-User"), "-auth header: the request header that names the user (GATEWAY_AUTH_HEADER)")
 	proxies := fs.String("trusted-proxies", env("GATEWAY_TRUSTED_PROXIES", ""), "addresses or CIDRs of reverse proxies whose -auth-header, X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated (GATEWAY_TRUSTED_PROXIES)")
-	ef.duration(&c.SessionTTL, "session-ttl", "GATEWAY_SESSION_TTL", 7*24*time.Hour, "-auth password: how long a sign-in lasts")
+	ef.duration(&c.SessionTTL, "session-ttl", "GATEWAY_SESSION_TTL", 7*24*time.Hour, "-auth password or oidc: how long a sign-in lasts")
 	fs.BoolVar(&c.SecureCookies, "secure-cookies", env("GATEWAY_SECURE_COOKIES", "") == "1", "always mark the session cookie Secure (it is anyway over TLS or when a trusted proxy says https) (GATEWAY_SECURE_COOKIES=1)")
 	fs.BoolVar(&c.insecureRemote, "insecure-remote", env("GATEWAY_INSECURE_REMOTE", "") == "1", "allow -auth none on a non-loopback address: anyone who can reach it acts as the local user (GATEWAY_INSECURE_REMOTE=1)")
 	fs.StringVar(&c.ToolsConfig, "tools-config", env("GATEWAY_TOOLS_CONFIG", ""), "JSON file of HTTP webhook tools to offer the model (GATEWAY_TOOLS_CONFIG)")
@@ -80,6 +83,7 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.MetricsPublic, "metrics-public", env("GATEWAY_METRICS_PUBLIC", "") == "1", "serve /metrics on the main listener without sign-in also under -auth password or header (it always is under -auth none, and always on -admin-addr) (GATEWAY_METRICS_PUBLIC=1)")
 	configPath := fs.String("config", env("GATEWAY_CONFIG", ""), "optional settings file: one \"name = value\" per line, names as these flags (GATEWAY_CONFIG)")
 	oa := openaiFlags(fs)
+	oc := oidcFlags(fs)
 	if ef.err != nil {
 		return c, ef.err
 	}
@@ -100,6 +104,17 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if err := urlFromFile(fs, "db", "GATEWAY_DB", "the database (-db)", *dbFile, &c.DB); err != nil {
+		return c, err
+	}
+	if err := urlFromFile(fs, "nats", "GATEWAY_NATS", "the NATS URL (-nats)", *natsFile, &c.NATS); err != nil {
+		return c, err
+	}
+	if store.IsPostgres(c.DB) {
+		if err := checkURLs("-db", "postgres", c.DB); err != nil {
+			return c, err
+		}
+	}
 	if err := c.checkSynchronous(fs); err != nil {
 		return c, err
 	}
@@ -117,6 +132,9 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.AuthMode == auth.ModeHeader && len(c.TrustedProxies) == 0 {
 		return c, fmt.Errorf("-auth header needs -trusted-proxies: the addresses of the proxy that sets %s (anyone else could set it too)", c.AuthHeader)
+	}
+	if c.OIDC, err = oc.settings(&c); err != nil {
+		return c, err
 	}
 	if c.SessionTTL <= 0 {
 		return c, errors.New("-session-ttl must be more than 0")
@@ -176,6 +194,11 @@ func parseServe(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.NATS != "" && !strings.HasPrefix(c.NATS, "nats://") && !strings.HasPrefix(c.NATS, "tls://") {
 		return c, fmt.Errorf("-nats %q: use a URL like nats://127.0.0.1:4222", app.RedactedURL(c.NATS))
+	}
+	if c.NATS != "" {
+		if err := checkURLs("-nats", "nats", c.NATS); err != nil {
+			return c, err
+		}
 	}
 	if !natsToken.MatchString(c.NATSSubject) {
 		return c, fmt.Errorf("-nats-subject %q: use letters, digits, '-' and '_', optionally in dot-separated parts (e.g. gateway or acme.chat)", c.NATSSubject)

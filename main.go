@@ -1,6 +1,7 @@
 // Command gateway serves a browser chat UI and an API for LLM agents where
 // cancel is an honest protocol. `gateway` (or `gateway serve`) runs the
-// server; `gateway check -db PATH` audits a database's invariants.
+// server; `gateway check -db PATH` audits a database's invariants;
+// `gateway health` asks a running server whether it is ready.
 package main
 
 import (
@@ -31,6 +32,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return userCmd(args, stdin, stdout, stderr)
 	case "token":
 		return tokenCmd(args, stdout, stderr)
+	case "health":
+		return health(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version())
 		return 0
@@ -52,6 +55,9 @@ const usage = `Usage:
                             manage the accounts of -auth password (gateway user help)
   gateway token create|revoke|list ...
                             manage API tokens for programs (gateway token help)
+  gateway health [-addr HOST:PORT | -url URL] [-timeout 5s]
+                            exit 0 when the running server's /readyz answers ready, else 1
+                            with the reason (for container and orchestrator health checks)
   gateway version           print the build's version, commit and Go version`
 
 // buildVersion is set by `make build` (-ldflags -X main.buildVersion=…)

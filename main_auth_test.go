@@ -82,7 +82,7 @@ func TestAuthServeFlags(t *testing.T) {
 
 	t.Run("bad auth settings", func(t *testing.T) {
 		wantStartsRefused(t, filepath.Join(dir, "bad.db"), []refusedStart{
-			{[]string{"-auth", "basic"}, "use none, password or header"},
+			{[]string{"-auth", "basic"}, "use none, password, oidc or header"},
 			{[]string{"-auth", "header", "-trusted-proxies", "10.0.0.0/8,proxy.internal"}, `"proxy.internal" is neither an address nor a CIDR prefix`},
 			{[]string{"-auth", "password", "-session-ttl", "0s"}, "-session-ttl must be more than 0"},
 		})

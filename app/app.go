@@ -82,6 +82,9 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 	SessionTTL     time.Duration
 	SecureCookies  bool
+	// OIDC is the OpenID Connect provider users sign in through (auth
+	// mode oidc, or beside passwords); a zero Issuer: none.
+	OIDC auth.OIDCConfig
 	// WebSocket and event streams: extra page origins, ping period,
 	// maximum age; per-user limits.
 	Origins             []string
@@ -362,7 +365,16 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	if err != nil {
 		return nil, err
 	}
-	if cfg.AuthMode == auth.ModePassword {
+	var provider web.OIDC
+	if cfg.OIDC.Issuer != "" {
+		o, err := auth.NewOIDC(ctx, cfg.OIDC, authn, a.store.Accounts())
+		if err != nil {
+			return nil, err
+		}
+		provider = o
+		log.Info("signing in through an OpenID Connect provider", "issuer", cfg.OIDC.Issuer, "redirect_url", cfg.OIDC.RedirectURL)
+	}
+	if cfg.AuthMode == auth.ModePassword && provider == nil {
 		users, err := a.store.Accounts().Users(ctx)
 		switch {
 		case err != nil:
@@ -378,6 +390,7 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 		Metrics:     a.metrics,
 		ToolServers: a.toolServers,
 		Admission:   a.engine.Admission,
+		Model:       a.engine.ModelName(),
 		// Event streams re-check their credential at each keep-alive, as
 		// the WebSocket does at each ping: one interval for both.
 		KeepAlive: cfg.WSPing,
@@ -388,7 +401,7 @@ func (a *App) routes(ctx context.Context, feed eventFeed) (http.Handler, error) 
 	mux := http.NewServeMux()
 	a.api.Routes(mux)
 	// The page forms draw from the same per-user command budget as the API.
-	web.New(reads, authn, a.api, log).With(web.Options{Model: cfg.Model, Runs: a.engine}).Routes(mux)
+	web.New(reads, authn, a.api, log).With(web.Options{Model: cfg.Model, Runs: a.engine, OIDC: provider}).Routes(mux)
 	// Metrics hold no user content, but they are the server's own business:
 	// on the main listener only when everyone who reaches it is trusted
 	// anyway (-auth none) or when asked for (-metrics-public); always on the
@@ -505,9 +518,27 @@ func closeStore(st *store.Store, log *slog.Logger) {
 
 // RedactedURL is a -db or -nats setting as logs and errors may show it:
 // a URL loses its password (in its user info or a parameter naming one)
-// and, for NATS, a token given as the user name; a SQLite path is shown as
-// it is.
+// and, for NATS, a token given as the user name, and so does each URL of a
+// comma-separated list of NATS servers (a list with a part that is not a
+// URL of its own is not shown at all: the comma may be a password's); a
+// SQLite path is shown as it is.
 func RedactedURL(raw string) string {
+	if !strings.Contains(raw, ",") || !(strings.HasPrefix(raw, "nats://") || strings.HasPrefix(raw, "tls://")) {
+		return redactedOne(raw)
+	}
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return "(not shown: it does not parse as a list of URLs and may hold a password)"
+		}
+		parts[i] = redactedOne(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
+}
+
+// redactedOne is RedactedURL of one URL.
+func redactedOne(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		if strings.Contains(raw, "://") || strings.Contains(raw, "@") {

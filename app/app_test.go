@@ -22,3 +22,18 @@ func TestRedactedURLHidesCredentials(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactedURLOfNATSLists(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://u:s3cret@a:4222,nats://v:s3cret@b:4222": "nats://u:xxxxx@a:4222,nats://v:xxxxx@b:4222",
+		"nats://a:4222, nats://s3cret@b:4222":           "nats://a:4222,nats://xxxxx@b:4222",
+		"nats://u:s3,cr,et@a:4222":                      "(not shown: it does not parse as a list of URLs and may hold a password)",
+		"nats://u:s3cret@a:4222":                        "nats://u:xxxxx@a:4222",
+		"postgres://u:s3,cret@h:5432/db":                "postgres://u:xxxxx@h:5432/db",
+		"data/a,b.db":                                   "data/a,b.db",
+	} {
+		if got := RedactedURL(in); got != want || strings.Contains(got, "s3") {
+			t.Errorf("RedactedURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,7 +1,9 @@
-// Package auth decides who is calling. It knows three modes — none (one
-// local user), password (accounts, bcrypt, session cookies) and header (a
-// trusted reverse proxy names the user) — plus API tokens for programs in
-// the last two. It turns a request into a chat.Principal or an
+// Package auth decides who is calling. It knows four modes — none (one
+// local user), password (accounts, bcrypt, session cookies), oidc (session
+// cookies, signed in only through an OpenID Connect provider: oidc.go) and
+// header (a trusted reverse proxy names the user) — plus API tokens for
+// programs in the last three. Password mode can offer a provider's
+// sign-in beside the password. It turns a request into a chat.Principal or an
 // unauthorized error; what to do with either (a JSON 401, a redirect to the
 // sign-in page) is the caller's business.
 //
@@ -37,15 +39,18 @@ const (
 	ModeNone     Mode = "none"
 	ModePassword Mode = "password"
 	ModeHeader   Mode = "header"
+	// ModeOIDC signs users in only through an OpenID Connect provider
+	// (OIDC); sessions and tokens then work as in ModePassword.
+	ModeOIDC Mode = "oidc"
 )
 
-// ParseMode accepts none, password or header.
+// ParseMode accepts none, password, oidc or header.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
-	case ModeNone, ModePassword, ModeHeader:
+	case ModeNone, ModePassword, ModeHeader, ModeOIDC:
 		return m, nil
 	}
-	return "", fmt.Errorf("-auth %q: use none, password or header", s)
+	return "", fmt.Errorf("-auth %q: use none, password, oidc or header", s)
 }
 
 // Store is the account storage the Authenticator needs (store.Accounts).
@@ -143,7 +148,7 @@ func New(cfg Config) (*Authenticator, error) {
 		cfg.Now = time.Now
 	}
 	switch cfg.Mode {
-	case ModeNone, ModePassword:
+	case ModeNone, ModePassword, ModeOIDC:
 	case ModeHeader:
 		if len(cfg.TrustedProxies) == 0 {
 			return nil, fmt.Errorf(

@@ -78,6 +78,10 @@ func HashPassword(password string, cost int) (string, error) {
 // even checked; so it is when Hashing checks are already running. Every
 // outcome is written to the audit log (never the password).
 func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, password string) (chat.User, error) {
+	if a.cfg.Mode == ModeOIDC {
+		return chat.User{}, chat.Errorf(chat.CodeInvalidRequest,
+			"this server signs users in through its identity provider, not with a password: use the sign-in button on /login")
+	}
 	if a.cfg.Mode != ModePassword {
 		return chat.User{}, chat.Errorf(
 			chat.CodeInvalidRequest,
@@ -143,10 +147,23 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 	}
 	u := acct.user
 	a.limiter.succeed(t, now)
+	if err := a.startSession(w, r, u.UserID, now); err != nil {
+		return refused("error", err)
+	}
+	a.rememberDevice(w, r, proofs, u.UserID, acct.hash, at.device, now)
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, AuditSignInSucceeded,
+		slog.String("user", u.Name), slog.String("user_id", u.UserID), slog.String("addr", addr))
+	return u, nil
+}
+
+// startSession starts a session of userID, valid for SessionTTL from now,
+// and sets its cookie on w: what every successful sign-in (password or
+// provider) ends with.
+func (a *Authenticator) startSession(w http.ResponseWriter, r *http.Request, userID string, now time.Time) error {
 	value := rand.Text() + rand.Text()
 	expires := now.Add(a.cfg.SessionTTL)
-	if err := a.cfg.Store.CreateSession(r.Context(), hashSecret(value), u.UserID, expires); err != nil {
-		return refused("error", err)
+	if err := a.cfg.Store.CreateSession(r.Context(), hashSecret(value), userID, expires); err != nil {
+		return err
 	}
 	secure := a.secure(r)
 	if c, err := r.Cookie(SessionCookie); secure && err == nil && c.Value != "" {
@@ -154,13 +171,13 @@ func (a *Authenticator) SignIn(w http.ResponseWriter, r *http.Request, name, pas
 	}
 	http.SetCookie(w, &http.Cookie{Name: a.cookieName(r), Value: value, Path: "/", Expires: expires,
 		MaxAge: int(a.cfg.SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: secure})
-	a.rememberDevice(w, r, proofs, u.UserID, acct.hash, at.device, now)
-	a.log.LogAttrs(r.Context(), slog.LevelInfo, AuditSignInSucceeded,
-		slog.String("user", u.Name), slog.String("user_id", u.UserID), slog.String("addr", addr))
-	return u, nil
+	return nil
 }
 
-// The audit log's messages, one line per sign-in attempt.
+// The audit log's messages, one line per sign-in attempt. A sign-in
+// through a provider (oidc.go) adds method=oidc and the provider's
+// subject (and, on success, created: whether the account is new); its
+// reasons start with "oidc_".
 const (
 	AuditSignInSucceeded = "sign-in succeeded" // info: user, user_id, addr
 	AuditSignInFailed    = "sign-in failed"    // warn: user ("" for a name that is none), addr, reason

@@ -19,6 +19,9 @@ type StartRun struct {
 	// step ("Continue from the saved point").
 	UserMessage     *string
 	ClientRequestID string
+	// Response is what a Responses API request records with the run
+	// (docs/openai-api.md); nil for every other start.
+	Response *ResponseRequest
 }
 
 // RunStartAck is run.start's answer.
@@ -172,6 +175,9 @@ type RunInput struct {
 	Run        Run
 	Messages   []Message
 	ResumeNote string
+	// Instructions is the system message the run's Responses API request
+	// gave ("" for none): read by the model before the conversation.
+	Instructions string
 	// Pending is the head checkpoint's unfinished step, and Operation the
 	// tool call it waits on (step tool), if any.
 	Pending   *Pending

@@ -82,6 +82,9 @@ func (p StartRun) Validate() error {
 			return err
 		}
 	}
+	if p.Response != nil {
+		return p.Response.Validate()
+	}
 	return nil
 }
 

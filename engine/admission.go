@@ -35,6 +35,10 @@ func (e *Engine) QueuePosition(ctx context.Context, runID string) (int, error) {
 	return pos - free, nil
 }
 
+// ModelName is the name of the model the engine asks (Config.ModelName):
+// what its replies say they were asked of.
+func (e *Engine) ModelName() string { return e.cfg.ModelName }
+
 // Admission is the engine's admission state for /readyz: its capacity,
 // the runs its workers execute now, and the queued runs not yet claimed
 // as dispatch last counted them (they wait for a slot, or for a moment

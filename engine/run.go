@@ -464,9 +464,14 @@ func cutUTF8(s string, n int) string {
 }
 
 // modelRequest builds the model's input from the confirmed context only:
-// published messages (tool results included) and the tools on offer.
+// the run's instructions (a Responses API request's, as a system message
+// first), published messages (tool results included) and the tools on
+// offer.
 func (e *Engine) modelRequest(in chat.RunInput) model.Request {
-	req := model.Request{ResumeNote: in.ResumeNote, Messages: make([]model.Message, 0, len(in.Messages)), MaxBytes: e.cfg.MaxReplyBytes}
+	req := model.Request{ResumeNote: in.ResumeNote, Messages: make([]model.Message, 0, len(in.Messages)+1), MaxBytes: e.cfg.MaxReplyBytes}
+	if in.Instructions != "" {
+		req.Messages = append(req.Messages, model.Message{Role: model.RoleSystem, Content: in.Instructions})
+	}
 	for _, m := range in.Messages {
 		msg := model.Message{Role: model.RoleUser, Content: m.Content, Fragment: m.Kind == chat.KindFragment, Card: m.Kind == chat.KindCard}
 		switch m.Role {

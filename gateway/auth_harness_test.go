@@ -113,7 +113,7 @@ func (h *authHarness) passwordServerAuth(t *testing.T, cfg auth.Config, keepAliv
 		t.Fatal(err)
 	}
 	api := gateway.New(gateway.Config{
-		Auth: a, Store: h.st, Runs: h.eng,
+		Auth: a, Store: h.st, Runs: h.eng, Model: "demo",
 		Feed:      h.feed,
 		KeepAlive: keepAlive,
 		WS:        ws,
@@ -228,8 +228,9 @@ var upgradeHeaders = []string{"Connection", "Upgrade", "Upgrade", "websocket",
 	"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}
 
 // wantRefusal checks an HTTP error answer: the status of code, the
-// protocol's error shape (type error, a message, no re) as JSON. It
-// reports with Errorf and returns whether it held.
+// protocol's error shape (type error, a message, no re) as JSON, or under
+// /v1 OpenAI's ({"error": {message, type, param, code}}, code the
+// protocol's). It reports with Errorf and returns whether it held.
 func wantRefusal(t *testing.T, what string, r reply, code string) bool {
 	t.Helper()
 	status := map[string]int{
@@ -237,6 +238,20 @@ func wantRefusal(t *testing.T, what string, r reply, code string) bool {
 		chat.CodeUnauthorized: 401, chat.CodeForbidden: 403,
 	}[code]
 	var body map[string]any
+	if strings.HasPrefix(r.path, "/v1/") {
+		var oa struct {
+			Error *struct {
+				Message, Type, Code string
+				Param               *string
+			}
+		}
+		if r.status != status || json.Unmarshal(r.body, &oa) != nil || oa.Error == nil || oa.Error.Code != code ||
+			oa.Error.Message == "" || oa.Error.Type == "" || !strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
+			t.Errorf("%s: %v, want %d and OpenAI's error shape with code %s", what, r, status, code)
+			return false
+		}
+		return true
+	}
 	if r.status != status || json.Unmarshal(r.body, &body) != nil || body["error"] != code {
 		t.Errorf("%s: %v, want %d %s", what, r, status, code)
 		return false

@@ -63,10 +63,16 @@ func Compress(next http.Handler) http.Handler {
 }
 
 // streaming reports whether r asks for an answer that must reach the client
-// as it is written: a WebSocket upgrade (any Upgrade header, or GET /ws) or
-// a thread's event stream (Accept: text/event-stream, or its path, for a
-// client that does not say what it accepts). Routes names both.
+// as it is written: a WebSocket upgrade (any Upgrade header, or GET /ws), a
+// thread's event stream (Accept: text/event-stream, or its path, for a
+// client that does not say what it accepts), or a route of the OpenAI
+// Responses API, which may stream whatever the client accepts (the OpenAI
+// SDKs send Accept: application/json; a create says stream in its body).
+// Routes names them all.
 func streaming(r *http.Request) bool {
+	if p := r.URL.Path; p == "/v1/responses" || strings.HasPrefix(p, "/v1/responses/") {
+		return true
+	}
 	if r.Header.Get("Upgrade") != "" || r.URL.Path == "/ws" {
 		return true
 	}

@@ -338,6 +338,10 @@ func refuseHost(w http.ResponseWriter, r *http.Request, log *slog.Logger) {
 		writeError(w, log, chat.Errorf(chat.CodeForbidden, "%s", msg))
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/v1/") { // the OpenAI API's clients read its error shape
+		writeOpenAIError(w, log, chat.Errorf(chat.CodeForbidden, "%s", msg))
+		return
+	}
 	h := w.Header()
 	securityHeaders(h)
 	h.Set("Content-Type", "text/plain; charset=utf-8")

@@ -38,6 +38,74 @@ func ErrorBody(err error, log *slog.Logger) (int, map[string]any) {
 	return chat.HTTPStatus(ce.Code), body
 }
 
+// errorWriter writes an error answer in one of the gateway's two shapes:
+// the protocol's (writeError) or the OpenAI API's (writeOpenAIError).
+type errorWriter func(w http.ResponseWriter, log *slog.Logger, err error)
+
+// The OpenAI shape's own fields an error may carry (chat.Error.Fields):
+// param names the request parameter at fault; openAICode replaces the
+// protocol code in "code" where OpenAI's clients know a code of their own
+// for the same refusal (model_not_found).
+const (
+	fieldParam = "param"
+	openAICode = "openai_code"
+)
+
+// OpenAIErrorBody renders err in the OpenAI API's error shape,
+// {"error": {message, type, param, code}}, derived from ErrorBody: the
+// same status and message, code is the protocol's code (or the one the
+// error names for OpenAI's clients, see openAICode), type is OpenAI's
+// class of the status, param the parameter at fault (null when none), and
+// the protocol error's extra fields (current_state_version, …) sit beside
+// them.
+func OpenAIErrorBody(err error, log *slog.Logger) (int, map[string]any) {
+	status, body := ErrorBody(err, log)
+	inner := map[string]any{"message": body["message"], "type": openAIErrorType(status), "param": nil, "code": body["error"]}
+	for k, v := range body {
+		switch k {
+		case "type", "error", "message":
+		case fieldParam:
+			inner["param"] = v
+		case openAICode:
+			inner["code"] = v
+		default:
+			inner[k] = v
+		}
+	}
+	return status, map[string]any{"error": inner}
+}
+
+// openAIErrorType is the OpenAI API's error type of an HTTP status.
+func openAIErrorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status >= 500:
+		return "server_error"
+	}
+	return "invalid_request_error"
+}
+
+// writeOpenAIError writes err in the OpenAI API's error shape. Only a
+// rate_limited answer may be retried as it is (with Retry-After): every
+// other says X-Should-Retry: false, which the OpenAI SDKs obey, so that
+// they do not resend a create (there is no idempotency key to make that
+// safe) or a refused request that cannot succeed unchanged.
+func writeOpenAIError(w http.ResponseWriter, log *slog.Logger, err error) {
+	status, body := OpenAIErrorBody(err, log)
+	if secs, ok := chat.RetryAfter(err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+	}
+	if status != http.StatusTooManyRequests {
+		w.Header().Set("X-Should-Retry", "false")
+	}
+	writeJSON(w, status, body)
+}
+
 // Whether a command's body may be empty (decode's allowEmpty).
 const (
 	mustHaveBody = false
@@ -134,13 +202,9 @@ func securityHeaders(h http.Header) {
 // twice, wrong types, trailing data and oversized bodies are
 // invalid_request with a message naming the problem. An empty body decodes as {} when allowEmpty.
 func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := readBody(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return chat.Invalid("request body is over %d bytes", maxBody)
-		}
-		return chat.Invalid("could not read the request body: %v", err)
+		return err
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {
 		if allowEmpty {
@@ -149,6 +213,20 @@ func decode(w http.ResponseWriter, r *http.Request, dst any, allowEmpty bool) er
 		return chat.Invalid("request body is empty: send a JSON object")
 	}
 	return decodeJSON(body, dst)
+}
+
+// readBody reads a request body, at most maxBody bytes: over it, or when
+// it cannot be read, the answer is invalid_request saying so.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, chat.Invalid("request body is over %d bytes", maxBody)
+		}
+		return nil, chat.Invalid("could not read the request body: %v", err)
+	}
+	return body, nil
 }
 
 func decodeJSON(body []byte, dst any) error {

@@ -103,8 +103,37 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	out := &sseWriter{rc: rc, buf: bufio.NewWriter(w), stuck: s.ws.cfg.StuckWrite}
 	defer out.finish()
 
+	s.follow(r.Context(), principal, streamID, feed, out, first, threadStream{log: s.log})
+}
+
+// streamSink is what one kind of event stream writes (a thread's events,
+// a response's): its events and its last words. follow does the rest.
+type streamSink interface {
+	// write writes evs, the thread's next events in seq order (none: the
+	// catch-up found nothing, and the headers still go out), and reports
+	// whether the stream is complete: nothing may follow.
+	write(out *sseWriter, evs []*chat.Event) (done bool, err error)
+	// resume says how the client picks up after a stream the server
+	// ended ("reconnect with Last-Event-ID"), for the comment that ends it.
+	resume() string
+	// writeError writes err, the caller's credential ending, as the
+	// stream's last event.
+	writeError(b *bufio.Writer, err error)
+}
+
+// follow streams a thread to out through sink: first what the catch-up
+// read found (first), then every live event the feed delivers, each seq
+// exactly once and in order, until the sink says the stream is complete,
+// the client goes away, a write is stuck, the stream falls behind or
+// misses an event, the caller's credential ends (checked at every
+// keep-alive) or it reaches WSConfig.MaxConnAge. The calling handler's
+// goroutine is the stream's only writer.
+func (s *Server) follow(ctx context.Context, principal chat.Principal, streamID string, feed *sseFeed, out *sseWriter, first caughtUp, sink streamSink) {
 	last := first.lastSeq
-	err = out.events(first.events)
+	done, err := sink.write(out, first.events)
+	if done && err == nil {
+		return
+	}
 	keepAlive := time.NewTicker(s.keepAlive)
 	defer keepAlive.Stop()
 	var old <-chan time.Time // MaxConnAge passed
@@ -115,14 +144,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	for err == nil {
 		select {
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
 		case <-old:
-			out.write(func(b *bufio.Writer) { b.WriteString(": connection age limit: reconnect with Last-Event-ID\n\n") })
+			out.write(func(b *bufio.Writer) { b.WriteString(": connection age limit: " + sink.resume() + "\n\n") })
 			return
 		case <-keepAlive.C:
-			if ended := s.credentialEnded(r.Context(), principal, streamID); ended != nil {
-				out.write(func(b *bufio.Writer) { writeSSEError(b, ended, s.log) })
+			if ended := s.credentialEnded(ctx, principal, streamID); ended != nil {
+				out.write(func(b *bufio.Writer) { sink.writeError(b, ended) })
 				return
 			}
 			err = out.write(func(b *bufio.Writer) { b.WriteString(": keep-alive\n\n") })
@@ -132,7 +161,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				// Too slow, or an event went missing: say so in a comment
 				// (EventSource ignores it) and end; the reconnect resumes
 				// from the store.
-				out.write(func(b *bufio.Writer) { b.WriteString(sseEndComment(why)) })
+				out.write(func(b *bufio.Writer) { b.WriteString(sseEndComment(why, sink.resume())) })
 				return
 			}
 			batch := evs[:0]
@@ -149,9 +178,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			if len(batch) > 0 {
-				err = out.events(batch)
-				if err == nil && batch[len(batch)-1].Type == chat.EventThreadDeleted {
-					return // the thread's last event: nothing follows it
+				if done, err = sink.write(out, batch); done && err == nil {
+					return
 				}
 			}
 		}
@@ -161,14 +189,31 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// sseEndComment is the last line of a stream the server ended as a slow
-// consumer for why: what the client's EventSource does anyway, in words
-// for people reading the stream by hand (the WebSocket's close reasons).
-func sseEndComment(why string) string {
-	if why == slowMissed {
-		return ": missed events: reconnect with Last-Event-ID\n\n"
+// threadStream is a thread's event stream (GET /api/threads/{id}/events):
+// the protocol's events as they are, complete after thread.deleted.
+type threadStream struct{ log *slog.Logger }
+
+func (threadStream) write(out *sseWriter, evs []*chat.Event) (bool, error) {
+	if err := out.events(evs); err != nil {
+		return false, err
 	}
-	return ": too slow: reconnect with Last-Event-ID\n\n"
+	// thread.deleted is the thread's last event: nothing follows it.
+	return len(evs) > 0 && evs[len(evs)-1].Type == chat.EventThreadDeleted, nil
+}
+
+func (threadStream) resume() string { return "reconnect with Last-Event-ID" }
+
+func (t threadStream) writeError(b *bufio.Writer, err error) { writeSSEError(b, err, t.log) }
+
+// sseEndComment is the last line of a stream the server ended as a slow
+// consumer for why, with what the client does to resume: what its
+// EventSource does anyway, in words for people reading the stream by hand
+// (the WebSocket's close reasons).
+func sseEndComment(why, resume string) string {
+	if why == slowMissed {
+		return ": missed events: " + resume + "\n\n"
+	}
+	return ": too slow: " + resume + "\n\n"
 }
 
 // errStuckWrite is a write to an event stream that was still blocked when
@@ -279,17 +324,30 @@ type sseWriter struct {
 // no events it still flushes once (the headers of a stream that has
 // nothing to replay).
 func (w *sseWriter) events(evs []*chat.Event) error {
-	for once := true; once || len(evs) > 0; once = false {
-		n, size := 0, 0
-		for n < len(evs) && (n == 0 || size+len(evs[n].Raw) < maxFrame) {
-			size += len(evs[n].Raw)
-			n++
+	return w.pieces(len(evs), func(i int) int { return len(evs[i].Raw) }, func(b *bufio.Writer, i int) { writeSSE(b, evs[i]) })
+}
+
+// frames writes whole SSE frames ("event: …\ndata: …\n\n") as events
+// writes events.
+func (w *sseWriter) frames(fs [][]byte) error {
+	return w.pieces(len(fs), func(i int) int { return len(fs[i]) }, func(b *bufio.Writer, i int) { b.Write(fs[i]) })
+}
+
+// pieces writes n items of the given sizes with put, in pieces of about
+// maxFrame bytes, each piece under its own deadline (events).
+func (w *sseWriter) pieces(n int, size func(i int) int, put func(b *bufio.Writer, i int)) error {
+	next := 0
+	for once := true; once || next < n; once = false {
+		end, total := next, 0
+		for end < n && (end == next || total+size(end) < maxFrame) {
+			total += size(end)
+			end++
 		}
-		piece := evs[:n]
-		evs = evs[n:]
+		from := next
+		next = end
 		if err := w.write(func(b *bufio.Writer) {
-			for _, ev := range piece {
-				writeSSE(b, ev)
+			for i := from; i < end; i++ {
+				put(b, i)
 			}
 		}); err != nil {
 			return err

@@ -128,6 +128,11 @@ func (f *fuzzFake) Events(_ context.Context, userID, threadID string, afterSeq i
 	return chat.Replay{}, errFuzzNotFound
 }
 
+func (f *fuzzFake) Response(_ context.Context, userID, runID string) (chat.Response, error) {
+	f.record("Response", userID, runID)
+	return chat.Response{}, errFuzzNotFound
+}
+
 func (f *fuzzFake) StartRun(_ context.Context, p chat.StartRun) (chat.RunStartAck, error) {
 	f.record("StartRun", p)
 	return chat.RunStartAck{}, errFuzzNotFound

@@ -207,7 +207,7 @@ func newHarness(t *testing.T, pace time.Duration, opts ...option) *harness {
 		gf = o.spy
 	}
 	api := gateway.New(gateway.Config{
-		Auth: authn, Store: st, Runs: eng,
+		Auth: authn, Store: st, Runs: eng, Model: "demo",
 		Feed:      gf,
 		KeepAlive: o.keepAlive,
 		WS:        o.ws,

@@ -225,9 +225,14 @@ func (s *Server) TrackedUsers() int { return s.limits.tracked() }
 // cancel reserve when cancel) before anything of the request is read; over
 // it the answer is 429 rate_limited with Retry-After.
 func (s *Server) limited(cancel bool, h http.HandlerFunc) http.HandlerFunc {
+	return s.limitedAs(writeError, cancel, h)
+}
+
+// limitedAs is limited answering its refusal with write.
+func (s *Server) limitedAs(write errorWriter, cancel bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := s.charge(userID(r), cancel); err != nil {
-			writeError(w, s.log, err)
+			write(w, s.log, err)
 			return
 		}
 		h(w, r)

@@ -294,6 +294,31 @@ func reqUnknownEndpoint(method, path string) probeRequest {
 	return probeRequest{route: "/api/", method: method, path: path}
 }
 
+// The OpenAI Responses API's requests name a run through its response id.
+func respID(run string) string { return chat.ResponseID(run) }
+
+func reqResponse(run, query string) probeRequest {
+	path := "/v1/responses/" + respID(run)
+	if query != "" {
+		path += "?" + query
+	}
+	return probeRequest{route: "GET /v1/responses/{id}", method: http.MethodGet, path: path}
+}
+
+func reqResponseCancel(run string) probeRequest {
+	return probeRequest{route: "POST /v1/responses/{id}/cancel", method: http.MethodPost, path: "/v1/responses/" + respID(run) + "/cancel"}
+}
+
+// reqResponseCreate continues run's response; input "" continues its
+// pending step.
+func reqResponseCreate(run, input string) probeRequest {
+	body := map[string]any{"model": "demo", "background": true, "previous_response_id": respID(run)}
+	if input != "" {
+		body["input"] = input
+	}
+	return probeRequest{route: "POST /v1/responses", method: http.MethodPost, path: "/v1/responses", body: body}
+}
+
 // ownershipProbe is a command naming an id of somebody else. build makes it for a
 // given id, so the same command can be sent with an id that exists nowhere
 // and the answers compared.
@@ -385,6 +410,15 @@ func ownershipProbes(w *aliceWorld, own string, ownVersion int64) []ownershipPro
 		add("cancel", run, nf, true, func(id string) probeRequest { return reqCancel(id, nil) })
 		add("cancel with reason and version", run, nf, true, func(id string) probeRequest {
 			return reqCancel(id, map[string]any{"reason": "not yours", "expected_state_version": v})
+		})
+		add("response", run, nf, true, func(id string) probeRequest { return reqResponse(id, "") })
+		add("response stream", run, nf, true, func(id string) probeRequest { return reqResponse(id, "stream=true&starting_after=0") })
+		add("response cancel", run, nf, true, reqResponseCancel)
+		// Not replayed by alice: they would start runs.
+		add("response continuing it", run, nf, false, func(id string) probeRequest { return reqResponseCreate(id, "short: mine now") })
+		add("response continuing its saved point", run, nf, false, func(id string) probeRequest { return reqResponseCreate(id, "") })
+		add("unknown endpoint under the response", run, nf, false, func(id string) probeRequest {
+			return probeRequest{route: "/v1/", method: http.MethodDelete, path: "/v1/responses/" + respID(id)}
 		})
 	}
 	v2 := w.version[w.t2]
@@ -486,6 +520,18 @@ func sampleRequest(t *testing.T, pattern string, w *aliceWorld) (probeRequest, b
 		return reqQueueResume(w.t2, w.version[w.t2]), true
 	case "/api/":
 		return reqUnknownEndpoint(http.MethodPost, "/api/threads/"+w.t1+"/archive"), true
+	case "GET /v1/models":
+		return probeRequest{route: pattern, method: http.MethodGet, path: "/v1/models"}, true
+	case "GET /v1/models/{model}":
+		return probeRequest{route: pattern, method: http.MethodGet, path: "/v1/models/demo"}, true
+	case "POST /v1/responses":
+		return reqResponseCreate(w.r1, "short: hi"), true
+	case "GET /v1/responses/{id}":
+		return reqResponse(w.r1, ""), true
+	case "POST /v1/responses/{id}/cancel":
+		return reqResponseCancel(w.r3), true
+	case "/v1/":
+		return probeRequest{route: pattern, method: http.MethodDelete, path: "/v1/responses/" + respID(w.r1)}, true
 	}
 	t.Errorf("route %q has no sample request: add a case to sampleRequest (and ownership probes if it names ids)", pattern)
 	return probeRequest{}, false

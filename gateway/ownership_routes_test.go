@@ -63,6 +63,14 @@ var routeCoverage = map[string]string{
 	"PATCH /api/threads/{id}/queue/{item_id}":           routeIDs,
 	"DELETE /api/threads/{id}/queue/{item_id}":          routeIDs,
 	"/api/": routeIDs, // unknown endpoints: not_found, ids in the path or not
+
+	// The OpenAI Responses API: a response id is its run's behind "resp_".
+	"GET /v1/models":                 routeList, // the model served: no user data
+	"GET /v1/models/{model}":         routeList,
+	"POST /v1/responses":             routeIDs, // previous_response_id names one
+	"GET /v1/responses/{id}":         routeIDs,
+	"POST /v1/responses/{id}/cancel": routeIDs,
+	"/v1/":                           routeIDs, // unknown endpoints: not_found
 }
 
 // wsCoverage is every command the WebSocket dispatch understands. It must

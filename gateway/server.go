@@ -1,6 +1,7 @@
 // Package gateway is the network edge: the JSON HTTP API under /api, the
 // WebSocket at /ws (wshub.go, wsconn.go, wscommands.go), the Server-Sent
-// Events stream of a thread, and health endpoints. It decodes
+// Events stream of a thread, OpenAI's Responses API under /v1 over the same
+// runs (responses*.go), and health endpoints. It decodes
 // and validates requests, calls the store and the engine through the small
 // interfaces declared here, and maps every error to the protocol's one
 // error shape in one place (errors.go).
@@ -41,6 +42,9 @@ type Store interface {
 	StreamedText(ctx context.Context, q chat.StreamedTextQuery) (chat.StreamedText, error)
 	DeleteDraft(ctx context.Context, p chat.DeleteDraft) (chat.DraftDeleted, error)
 	Events(ctx context.Context, userID, threadID string, afterSeq int64) (chat.Replay, error)
+	// Response is a run as a response of the OpenAI Responses API
+	// (responses.go, store.Response).
+	Response(ctx context.Context, userID, runID string) (chat.Response, error)
 }
 
 // Runs starts and cancels runs (the engine).
@@ -120,6 +124,10 @@ type Config struct {
 	// Admission reports the engine's capacity, runs executing and runs
 	// waiting for a slot, for /readyz (nil: not shown).
 	Admission func() chat.Admission
+	// Model is the name of the model the engine serves ("demo", or the
+	// -openai-model name): what GET /v1/models lists and the one model
+	// POST /v1/responses accepts ("": none, every model is refused).
+	Model string
 }
 
 // ToolServer is what /readyz tells of one tool server: its name, whether
@@ -149,6 +157,8 @@ type Server struct {
 	ws        *wsHub
 	limits    *userLimits
 	metrics   Metrics
+	model     string    // Config.Model
+	started   time.Time // when New ran: the served model's created time
 }
 
 // New returns a Server; it answers /readyz 503 until SetReady(true).
@@ -165,7 +175,8 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission}
+	s := &Server{auth: cfg.Auth, store: cfg.Store, runs: cfg.Runs, feed: cfg.Feed, log: cfg.Log, keepAlive: cfg.KeepAlive, metrics: cfg.Metrics, servers: cfg.ToolServers, admission: cfg.Admission,
+		model: cfg.Model, started: time.Now()}
 	ws := cfg.WS.withDefaults()
 	s.limits = newUserLimits(ws)
 	s.ws = newWSHub(s, ws)
@@ -214,6 +225,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.Handle("/api/", s.authed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, chat.Errorf(chat.CodeNotFound, "no API endpoint %s %s: see docs/http-api.md", r.Method, r.URL.Path))
 	}))
+	s.openAIRoutes(mux) // /v1: the OpenAI Responses API (responses.go)
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -243,10 +255,13 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // site (cross-site request forgery): Go's CrossOriginProtection, answering
 // in the protocol's error shape. Programs (no Origin or Sec-Fetch-Site
 // header) and same-origin pages pass.
-func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
+func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc { return s.guardAs(writeError, h) }
+
+// guardAs is guard answering its refusal with write.
+func (s *Server) guardAs(write errorWriter, h http.HandlerFunc) http.HandlerFunc {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, s.log, chat.Errorf(chat.CodeForbidden, "cross-origin request refused: send it from this server's own pages, or from a program without an Origin header"))
+		write(w, s.log, chat.Errorf(chat.CodeForbidden, "cross-origin request refused: send it from this server's own pages, or from a program without an Origin header"))
 	}))
 	return cop.Handler(h).ServeHTTP
 }
@@ -254,14 +269,17 @@ func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 // authed runs h for authenticated callers only, with the caller in the
 // request's context; everybody else gets the authenticator's error (401,
 // 403 or 429) and nothing runs.
-func (s *Server) authed(h http.HandlerFunc) http.Handler {
+func (s *Server) authed(h http.HandlerFunc) http.Handler { return s.authedAs(writeError, h) }
+
+// authedAs is authed answering its refusal with write.
+func (s *Server) authedAs(write errorWriter, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.auth.Authenticate(r)
 		if err == nil && p.UserID == "" {
 			err = errors.New("authenticator returned a caller without a user id")
 		}
 		if err != nil {
-			writeError(w, s.log, err)
+			write(w, s.log, err)
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(chat.NewContextWithPrincipal(r.Context(), p)))

@@ -208,9 +208,11 @@ func (a Accounts) EndSessions(ctx context.Context, name string) (int, error) {
 	return ended, err
 }
 
-// DeleteUser removes an account's credentials: its password, sessions and
-// tokens go at once. Its threads stay (unreachable) until retention purges
-// them; its name is free for a new account, which does not see them.
+// DeleteUser removes an account's credentials: its password, sessions,
+// tokens and provider identities go at once. Its threads stay
+// (unreachable) until retention purges them; its name is free for a new
+// account, which does not see them (nor does the account a later sign-in
+// through the provider creates).
 func (a Accounts) DeleteUser(ctx context.Context, name string) error {
 	return a.writeForUser(ctx, name, func(t *txn, id string) error {
 		if _, err := t.exec(`UPDATE users SET deleted_at = ?, password_hash = NULL WHERE user_id = ?`,
@@ -223,6 +225,9 @@ func (a Accounts) DeleteUser(ctx context.Context, name string) error {
 		if _, err := t.exec(`UPDATE api_tokens SET revoked_at = ? WHERE user_id = ? AND revoked_at IS NULL`,
 			ms(t.now), id); err != nil {
 			return fmt.Errorf("revoke tokens: %w", err)
+		}
+		if _, err := t.exec(`DELETE FROM identities WHERE user_id = ?`, id); err != nil {
+			return fmt.Errorf("remove identities: %w", err)
 		}
 		return nil
 	})

@@ -524,6 +524,9 @@ func (r Retention) RedactDeletedThreads(ctx context.Context, before time.Time) (
 					}
 				}
 				budget -= len(msgs)
+				if err := t.redactResponses(id); err != nil {
+					return err
+				}
 				if _, err := t.exec(`UPDATE threads SET title = ?, redacted_at = ? WHERE thread_id = ?`,
 					deletedTitle, ms(t.now), id); err != nil {
 					return fmt.Errorf("redact deleted thread %s: %w", id, err)

@@ -108,6 +108,11 @@ func (s *Store) startRun(ctx context.Context, p chat.StartRun, want *startClaim)
 		if err != nil {
 			return err
 		}
+		if p.Response != nil {
+			if err := t.recordResponse(runID, *p.Response); err != nil {
+				return err
+			}
+		}
 		if want != nil && !s.pg && t.buf != nil {
 			if claim, err = t.claimStarted(c, runID, want, s.perUser); err != nil {
 				return err
@@ -659,7 +664,11 @@ func (s *Store) RunInput(ctx context.Context, runID string) (chat.RunInput, erro
 			note = "The previous attempt at this step was interrupted before it was published. Answer afresh from " +
 				"the confirmed conversation."
 		}
-		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note, Pending: cp.Pending}
+		instructions, err := readInstructions(ctx, q, runID)
+		if err != nil {
+			return err
+		}
+		in = chat.RunInput{Run: row.run(), Messages: msgs, ResumeNote: note, Instructions: instructions, Pending: cp.Pending}
 		if cp.Pending != nil && cp.Pending.Step == chat.StepTool {
 			var op operationRow
 			// By id alone: a fork's first checkpoint may wait on a call of

@@ -25,6 +25,10 @@ type Options struct {
 	// is posted as a plain form (nil: such a post is refused, nothing
 	// created, with what to do).
 	Runs Runs
+	// OIDC signs users in through an OpenID Connect provider: the sign-in
+	// page offers it (beside the password form, or alone) and serves its
+	// callback (nil: no provider).
+	OIDC OIDC
 }
 
 // Runs starts runs (engine.Engine's StartRun: the command the API and the

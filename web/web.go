@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/a-h/templ"
@@ -78,6 +77,8 @@ func (p *Pages) Routes(mux *http.ServeMux) {
 	mux.Handle("GET /static/", static.Handler())
 	mux.HandleFunc("GET /login", p.loginPage)
 	mux.Handle("POST /login", forms.Handler(p.post(false, p.login)))
+	mux.HandleFunc("GET /auth/oidc/start", p.oidcStart)
+	mux.HandleFunc("GET /auth/oidc/callback", p.oidcCallback)
 	mux.Handle("POST /logout", forms.Handler(p.post(false, p.logout)))
 	mux.Handle("GET /{$}", p.signedIn(p.home))
 	mux.Handle("GET /t/{id}", p.signedIn(p.thread))
@@ -86,8 +87,9 @@ func (p *Pages) Routes(mux *http.ServeMux) {
 }
 
 // signedIn runs h with the caller in the request's context. Without one, a
-// password server sends the browser to /login (and back here afterwards);
-// other modes show why the request was refused.
+// server with a sign-in page (password, provider) sends the browser to
+// /login (and back here afterwards); other modes show why the request was
+// refused.
 func (p *Pages) signedIn(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who, err := p.auth.Authenticate(r)
@@ -100,10 +102,10 @@ func (p *Pages) signedIn(h http.HandlerFunc) http.Handler {
 }
 
 // notSignedIn answers a request whose caller did not authenticate (err):
-// a password server sends the browser to /login (and back here
+// a server with a sign-in page sends the browser to /login (and back here
 // afterwards); other modes show why the request was refused.
 func (p *Pages) notSignedIn(w http.ResponseWriter, r *http.Request, err error) {
-	if chat.ErrorCode(err) == chat.CodeUnauthorized && p.auth.PasswordSignIn() {
+	if chat.ErrorCode(err) == chat.CodeUnauthorized && p.signInPage() {
 		next := r.URL.Path
 		if r.Method != http.MethodGet {
 			next = "/"
@@ -139,7 +141,7 @@ func localNext(next string) string {
 
 func (p *Pages) loginPage(w http.ResponseWriter, r *http.Request) {
 	next := localNext(r.URL.Query().Get("next"))
-	if !p.auth.PasswordSignIn() {
+	if !p.signInPage() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
@@ -147,13 +149,19 @@ func (p *Pages) loginPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	p.render(w, r, http.StatusOK, Login(LoginForm{Next: next}))
+	p.render(w, r, http.StatusOK, Login(p.loginForm(next)))
 }
 
 func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
 	name, password := r.PostForm.Get("name"), r.PostForm.Get("password")
-	form := LoginForm{Name: name, Next: localNext(r.PostForm.Get("next"))}
+	form := p.loginForm(localNext(r.PostForm.Get("next")))
+	form.Name = name
 	if !p.auth.PasswordSignIn() {
+		if p.opts.OIDC != nil { // (a provider only: no password is taken)
+			p.loginRefused(w, r, form, chat.Errorf(chat.CodeInvalidRequest,
+				"This server takes no passwords: sign in with %s.", form.Provider))
+			return
+		}
 		http.Redirect(w, r, form.Next, http.StatusSeeOther)
 		return
 	}
@@ -162,16 +170,7 @@ func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, form.Next, http.StatusSeeOther)
 		return
 	}
-	var e *chat.Error
-	if !errors.As(err, &e) {
-		p.fail(w, err)
-		return
-	}
-	form.Error = e.Message
-	if secs, ok := chat.RetryAfter(err); ok {
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-	}
-	p.render(w, r, chat.HTTPStatus(e.Code), Login(form))
+	p.loginRefused(w, r, form, err)
 }
 
 func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +179,7 @@ func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target := "/login"
-	if !p.auth.PasswordSignIn() {
+	if !p.signInPage() {
 		target = "/"
 	}
 	http.Redirect(w, r, target, http.StatusSeeOther)

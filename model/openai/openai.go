@@ -158,8 +158,12 @@ func (cfg Config) Validate() error {
 		return errors.New("the OpenAI base URL is empty: set it to the API's URL, for example https://api.openai.com/v1")
 	}
 	u, err := url.Parse(cfg.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("the OpenAI base URL %q is not an http(s) URL: set it to the API's URL, for example https://api.openai.com/v1", cfg.BaseURL)
+	if err != nil {
+		// (Not quoted: what does not parse may hold a credential.)
+		return errors.New("the OpenAI base URL does not parse as a URL: set it to the API's URL, for example https://api.openai.com/v1")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("the OpenAI base URL %q is not an http(s) URL: set it to the API's URL, for example https://api.openai.com/v1", u.Redacted())
 	}
 	if u.User != nil {
 		return errors.New("the OpenAI base URL must not contain credentials: pass the API key separately")

@@ -291,6 +291,8 @@ func TestConfig(t *testing.T) {
 		{"no base URL", Config{Model: "m"}, "base URL is empty"},
 		{"relative base URL", Config{BaseURL: "api.openai.com/v1", Model: "m"}, "not an http(s) URL"},
 		{"credentials in URL", Config{BaseURL: "https://user:pw@example.com/v1", Model: "m"}, "must not contain credentials"},
+		{"a URL that does not parse, not quoted (it may hold a key)", Config{BaseURL: "https://user:s3cret%zz@example.com/v1", Model: "m"}, "does not parse as a URL"},
+		{"not http, shown without its password", Config{BaseURL: "ftp://user:s3cret@example.com/v1", Model: "m"}, `"ftp://user:xxxxx@example.com/v1" is not an http(s) URL`},
 		{"no model", Config{BaseURL: "https://example.com/v1"}, "model name is empty"},
 		{"bad header name", Config{BaseURL: "https://example.com/v1", Model: "m", Headers: map[string]string{"Bad Name": "x"}}, "header name"},
 		{"header line break", Config{BaseURL: "https://example.com/v1", Model: "m", Headers: map[string]string{"X-A": "a\r\nX-B: b"}}, "line break"},
@@ -298,7 +300,7 @@ func TestConfig(t *testing.T) {
 		{"temperature", Config{BaseURL: "https://example.com/v1", Model: "m", Temperature: &bad}, "temperature"},
 		{"negative idle", Config{BaseURL: "https://example.com/v1", Model: "m", IdleTimeout: -time.Second}, "idle timeout"},
 	} {
-		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("%s: New returned %v, want an error about %q", tc.name, err, tc.want)
 		}
 	}
