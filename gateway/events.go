@@ -91,11 +91,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	h := w.Header()
-	securityHeaders(h)
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
+	sseHeaders(w.Header())
 	streamID := chat.NewID("sse_") // names the stream in the log
 	s.metrics.ConnOpened(transportSSE)
 	defer s.metrics.ConnClosed(transportSSE)
@@ -501,4 +497,13 @@ func writeSSE(w *bufio.Writer, ev *chat.Event) {
 	w.WriteString("\ndata: ")
 	w.Write(ev.Raw)
 	w.WriteString("\n\n")
+}
+
+// sseHeaders sets the headers of an event stream's answer (the thread's,
+// a response's): never cached, never buffered by a proxy.
+func sseHeaders(h http.Header) {
+	securityHeaders(h)
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
 }

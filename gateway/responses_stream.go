@@ -94,11 +94,7 @@ func (s *Server) streamOpened(w http.ResponseWriter, r *http.Request, runID stri
 		return
 	}
 
-	h := w.Header()
-	securityHeaders(h)
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
+	sseHeaders(w.Header())
 	s.metrics.ConnOpened(transportSSE)
 	defer s.metrics.ConnClosed(transportSSE)
 	w.WriteHeader(http.StatusOK)
