@@ -4,6 +4,7 @@
 import { spawn, execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync, mkdirSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
+import { createServer } from "node:net";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
@@ -11,7 +12,7 @@ import { before, after } from "node:test";
 import { chromium } from "playwright-core";
 import { AxeBuilder } from "@axe-core/playwright";
 
-const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
+export const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 export const artifacts = join(repo, "e2e", "artifacts");
 
 let built = null;
@@ -487,4 +488,17 @@ export async function audit(page, state) {
   await page.setViewportSize({ width: 1100, height: 800 });
   await page.emulateMedia({ colorScheme: "light" });
   return found;
+}
+
+// freePort is a TCP port free on 127.0.0.1 a moment ago, for a process
+// that must be told its address before it starts.
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
 }

@@ -11,29 +11,15 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { createServer } from "node:net";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, dirname } from "node:path";
-import { fileURLToPath } from "node:url";
-import { serveForFile, binary, newPage, shots, audit, newThread } from "./harness.mjs";
+import { join } from "node:path";
+import { serveForFile, binary, newPage, shots, audit, newThread, repo, freePort } from "./harness.mjs";
 
-const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const CLIENT_ID = "gateway-e2e";
 const SECRET = "e2e-client-secret-not-a-real-one";
 const PROVIDER = "Example SSO";
 const PASSWORD = "correct horse battery";
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 // startProvider builds and runs internal/oidcprovider; it resolves once the
 // provider prints its issuer.

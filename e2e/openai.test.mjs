@@ -5,23 +5,11 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { createServer } from "node:net";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually } from "./harness.mjs";
+import { serveForFile, openPage, shot, send, runStatus, messageTexts, eventually, freePort } from "./harness.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 let mock, mockURL, server, browser;
 serveForFile(
