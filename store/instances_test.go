@@ -202,13 +202,16 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 	// The instances' sessions are named, so that counting the sessions
 	// that wait for a lock sees these two only, whatever else (another
 	// package's tests) uses the database at the same time.
+	// Each instance's sessions have a name of their own: the wait below
+	// must see each instance's own batch waiting, not two sessions of one.
 	app := strings.ToLower(chat.NewID("dl_"))
-	dsn := postgresDSN(t) + "&application_name=" + app
-	sts := openInstances(t, dsn, 2)
+	base := postgresDSN(t)
+	named := func(name string) string { return base + "&application_name=" + app + "_" + name }
+	sts := []*store.Store{openInstances(t, named("0"), 1)[0], openInstances(t, named("1"), 1)[0]}
 	runs, threads := startRuns(t, sts[0], 2)
 	// A third connection holds both threads, so that each instance's batch
 	// waits on its first thread until both are queued there.
-	db := rawDB(t, dsn)
+	db := rawDB(t, named("holder"))
 	holder, err := db.db.Begin()
 	if err != nil {
 		t.Fatal(err)
@@ -232,15 +235,22 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 		}
 		release()
 	}
-	waiting := func() int {
+	// Both instances' batches wait for their first thread: each took its
+	// two writes from its queue, and a session of each waits for a thread.
+	// (Counting two waiting sessions of either instance was not enough: the
+	// test failed with no deadlock at all, the writes done 27 ms after the
+	// threads were freed, as when one instance's batch was not yet waiting.)
+	waiting := func(instance string) bool {
 		var n int
 		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND application_name = ? AND wait_event_type = 'Lock' AND query LIKE '%FROM threads%FOR UPDATE%'`, app).Scan(&n); err != nil {
+			AND application_name = ? AND wait_event_type = 'Lock' AND query LIKE '%FROM threads%FOR UPDATE%'`, app+"_"+instance).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return n >= 1
 	}
-	waitUntil(t, func() bool { return waiting() >= 2 }, nil, "the instances never both waited for the held threads")
+	waitUntil(t, func() bool {
+		return sts[0].QueuedWrites() == 0 && sts[1].QueuedWrites() == 0 && waiting("0") && waiting("1")
+	}, nil, "the instances never both waited for the held threads")
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -255,10 +265,6 @@ func TestInstancesRetryADeadlock(t *testing.T) {
 		}
 	}
 	if n := sts[0].Retries() + sts[1].Retries(); n < 1 {
-		// Seen under the full suite, never alone (70 runs). In the one
-		// failure timed, the whole test took 0.27 s, under PostgreSQL's
-		// deadlock_timeout (1 s): no deadlock formed at all. Not yet
-		// understood.
 		t.Errorf("%d transactions ran again, want the deadlock's loser to (the writes finished %v after the "+
 			"threads were freed)", n, finished)
 	}
