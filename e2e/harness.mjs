@@ -2,7 +2,7 @@
 // on a fresh SQLite file and an ephemeral loopback port, and launches
 // Debian's Chromium through playwright-core (never a downloaded browser).
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync, mkdirSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, mkdirSync, existsSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { createServer } from "node:net";
 import { join, dirname } from "node:path";
@@ -163,13 +163,91 @@ export function serveForFile(options, ready, { cleanup } = {}) {
   });
 }
 
+// launch starts Debian's Chromium, headless. Every new context is a new
+// browser window, and Chromium loads for each window the page of its
+// address bar's drop-down (chrome://omnibox-popup, a WebUI page in a
+// renderer process of its own), in a browser with no address bar to show
+// it in. On this 2-core machine that load took the CPU from the page
+// being tested: a cold open of a 2,000-message conversation was
+// interactive at a median of 734 ms with it, 475 ms without (8 opens
+// each, 2026-12-06, BENCHMARKS.md). Its two features are turned off, so
+// that what the tests time is the page, as in a browser whose window is
+// already open.
+//
+// Chromium honours only the last --disable-features on its command line,
+// and playwright-core passes its own list before ours: ours repeats that
+// list (playwright-core 1.65.1's) with the two added, and launch checks on
+// the running browser's command line that it still does.
+const disabledFeatures = [
+  // playwright-core's own (chromiumSwitches.ts)
+  "AvoidUnnecessaryBeforeUnloadCheckSync",
+  "DestroyProfileOnBrowserClose",
+  "HttpsUpgrades",
+  "HttpsFirstBalancedModeAutoEnable",
+  "LensOverlay",
+  "MediaRouter",
+  "PaintHolding",
+  "ThirdPartyStoragePartitioning",
+  "AvoidCorsURLLoaderRestartOnRedirect",
+  "TcpPortRandomizationWin",
+  "OptimizationHints",
+  "NetworkTimeServiceQuerying",
+  "AimEnabled",
+  "PreconnectToSearch",
+  "msForceBrowserSignIn",
+  "msEdgeUpdateLaunchServicesPreferredVersion",
+  // the address bar's drop-down
+  "WebUIOmniboxPopup",
+  "WebUIOmniboxAimPopup",
+];
+
 export async function launch() {
   const executablePath = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].find((p) => existsSync(p));
   if (!executablePath) throw new Error("Chromium is missing: apt-get install -y chromium (.ci/run does this)");
-  return chromium.launch({
+  const browser = await chromium.launch({
     executablePath,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking", "--disable-component-update", "--no-first-run"],
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-dev-shm-usage",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+      `--disable-features=${disabledFeatures.join(",")}`,
+    ],
   });
+  try {
+    checkDisabledFeatures();
+  } catch (err) {
+    await browser.close();
+    throw err;
+  }
+  return browser;
+}
+
+// checkDisabledFeatures reads the command line of each browser process
+// this process started (Linux's /proc) and fails unless its last
+// --disable-features holds every feature of the ones before it (and so
+// playwright-core's list, which an upgrade may change, is still applied).
+function checkDisabledFeatures() {
+  let checked = 0;
+  for (const pid of readdirSync("/proc").filter((d) => /^\d+$/.test(d))) {
+    let stat, args;
+    try {
+      stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      args = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+    } catch {
+      continue; // (ended meanwhile)
+    }
+    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+    if (ppid !== process.pid || !args.includes("--remote-debugging-pipe")) continue;
+    const lists = args.filter((a) => a.startsWith("--disable-features=")).map((a) => a.slice("--disable-features=".length).split(","));
+    const last = new Set(lists[lists.length - 1] ?? []);
+    const dropped = lists.flat().filter((f) => f && !last.has(f));
+    assert.deepEqual(dropped, [], `Chromium applies only the last --disable-features: add these (playwright-core's own) to disabledFeatures in e2e/harness.mjs`);
+    checked++;
+  }
+  assert.ok(checked > 0, "launch: no Chromium started by this process was found in /proc");
 }
 
 // newPage opens a page that collects every console error and uncaught page
