@@ -151,8 +151,8 @@ func probeReadyz(target string, timeout time.Duration) (verdict string, ready bo
 }
 
 // readyzVerdict reads the answer of /readyz: 200 with status "ready" is
-// ready; 503 carries the server's status ("starting": it is starting, or
-// draining before a stop); anything else is not a gateway's answer.
+// ready; 503 carries the server's status ("starting", or "stopping": it
+// drains before a stop); anything else is not a gateway's answer.
 func readyzVerdict(shown string, code int, body []byte) (string, bool) {
 	var answer struct {
 		Status string `json:"status"`
@@ -162,7 +162,11 @@ func readyzVerdict(shown string, code int, body []byte) (string, bool) {
 	case code == http.StatusOK && isJSON && answer.Status == "ready":
 		return "ready (" + shown + ")", true
 	case code == http.StatusServiceUnavailable && isJSON:
-		return fmt.Sprintf("not ready: %s answered %d with status %q: the server is starting, or draining before it stops; probe again in a moment, and if it stays so see the server's log", shown, code, answer.Status), false
+		why := "the server is starting; probe again in a moment, and if it stays so see the server's log"
+		if answer.Status == "stopping" {
+			why = "the server is draining before it stops; a new one (or another instance) takes over"
+		}
+		return fmt.Sprintf("not ready: %s answered %d with status %q: %s", shown, code, answer.Status, why), false
 	case isJSON:
 		return fmt.Sprintf("not ready: %s answered %d with status %q", shown, code, answer.Status), false
 	default:

@@ -91,7 +91,7 @@ func TestHealthOfTheRunningServer(t *testing.T) {
 			if code == 0 && time.Now().Before(deadline) {
 				continue // the signal is not handled yet
 			}
-			want := `not ready: http://` + hostPort + `/readyz answered 503 with status "starting"`
+			want := `not ready: http://` + hostPort + `/readyz answered 503 with status "stopping"`
 			if code != 1 || !strings.Contains(errOut, want) || strings.Count(errOut, "\n") != 1 {
 				t.Errorf("gateway health while the server drains: exit %d, stderr %q; want 1 and one line saying %s", code, errOut, want)
 			}

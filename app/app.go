@@ -457,7 +457,7 @@ func (a *App) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	a.api.SetReady(false)
+	a.api.SetStopping()
 	a.endStreams()
 	closing, cancelClosing := context.WithTimeout(context.Background(), 5*time.Second)
 	a.api.CloseWebSockets(closing)

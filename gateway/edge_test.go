@@ -277,6 +277,15 @@ func TestReadyzTellsAForeignHostOnlyItsStatus(t *testing.T) {
 		}
 	}
 	api.SetReady(true)
+	defer func() {
+		// A drain before a stop says so, to every Host.
+		api.SetStopping()
+		for _, host := range append(foreign, "chat.example.com") {
+			if code, body := readyz(host); code != http.StatusServiceUnavailable || body != `{"status":"stopping"}` {
+				t.Errorf("/readyz with Host %q while stopping: %d %s, want 503 {\"status\":\"stopping\"}", host, code, body)
+			}
+		}
+	}()
 	for _, host := range foreign {
 		if code, body := readyz(host); code != http.StatusOK || body != `{"status":"ready"}` {
 			t.Errorf("/readyz with the foreign Host %q: %d %s, want 200 {\"status\":\"ready\"} and nothing else", host, code, body)

@@ -153,7 +153,8 @@ type Server struct {
 	keepAlive time.Duration
 	servers   func() []ToolServer
 	admission func() chat.Admission
-	ready     atomic.Bool
+	ready     atomic.Bool // /readyz answers 200 (SetReady)
+	stopping  atomic.Bool // /readyz answers 503 "stopping" (SetStopping)
 	ws        *wsHub
 	limits    *userLimits
 	metrics   Metrics
@@ -161,7 +162,8 @@ type Server struct {
 	started   time.Time // when New ran: the served model's created time
 }
 
-// New returns a Server; it answers /readyz 503 until SetReady(true).
+// New returns a Server; it answers /readyz 503 "starting" until
+// SetReady(true).
 func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -183,8 +185,15 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// SetReady switches /readyz between 200 and 503.
+// SetReady switches /readyz between 200 and 503 "starting".
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// SetStopping makes /readyz answer 503 "stopping" from now on: the server
+// drains before it stops, and a balancer should send nothing new here.
+func (s *Server) SetStopping() {
+	s.stopping.Store(true)
+	s.ready.Store(false)
+}
 
 // Routes registers every route on mux.
 func (s *Server) Routes(mux *http.ServeMux) {
@@ -229,6 +238,10 @@ func (s *Server) Routes(mux *http.ServeMux) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.stopping.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stopping"})
+		return
+	}
 	if !s.ready.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
 		return
