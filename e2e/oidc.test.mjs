@@ -145,6 +145,8 @@ test("a refused sign-in says why on the sign-in page, and nobody is signed in", 
   await error.waitFor();
   assert.equal(await error.textContent(), `Your e-mail address is not verified at ${PROVIDER}: verify it there and sign in again`);
   assert.ok(await page.getByTestId("login-oidc").isVisible(), "a button to start again");
+  // The focus is on that button, not in the password form beside it.
+  assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid ?? document.activeElement?.id), "login-oidc");
   assert.equal((await page.context().cookies()).filter((c) => c.name === "gateway_session").length, 0, "no session");
   await shots(page, "oidc-refused");
   assert.deepEqual(await audit(page, "refused sign-in"), []);

@@ -61,7 +61,9 @@ func (p *Pages) oidcStart(w http.ResponseWriter, r *http.Request) {
 	}
 	to, err := p.opts.OIDC.Start(w, r, next)
 	if err != nil {
-		p.loginRefused(w, r, p.loginForm(next), err)
+		form := p.loginForm(next)
+		form.ByProvider = true
+		p.loginRefused(w, r, form, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
@@ -78,7 +80,9 @@ func (p *Pages) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	next, err := p.opts.OIDC.Finish(w, r)
 	if err != nil {
-		p.loginRefused(w, r, p.loginForm("/"), err)
+		form := p.loginForm("/")
+		form.ByProvider = true
+		p.loginRefused(w, r, form, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")

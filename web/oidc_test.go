@@ -106,5 +106,13 @@ func TestProviderStartAndCallback(t *testing.T) {
 		attr(t, one(t, doc, byTestID("login-error")), "role") != "alert" {
 		t.Fatalf("a refused callback: %d %s; want 403 and the sign-in page saying why", w.Code, w.Body)
 	}
-	one(t, doc, byTestID("login-oidc"))
+	// The focus is on the provider's button (to try again), not in the
+	// password form beside it; a password's refusal keeps it in the form.
+	if focused := doc.Find("[autofocus]"); focused.Length() != 1 || attr(t, focused, "data-testid") != "login-oidc" {
+		t.Errorf("a refused callback: %d elements have autofocus (%v), want the provider's button alone", focused.Length(), focused.Nodes)
+	}
+	w = do(t, h, req{method: "POST", path: "/login", form: url.Values{"name": {"a"}, "password": {"wrong"}, "next": {"/"}}, header: sameOrigin})
+	if focused := parse(t, w.Body.String()).Find("[autofocus]"); focused.Length() != 1 || attr(t, focused, "id") != "login-password" {
+		t.Errorf("a refused password (%d): autofocus on %d elements (%v), want the password field alone", w.Code, focused.Length(), focused.Nodes)
+	}
 }
