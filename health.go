@@ -164,7 +164,7 @@ func readyzVerdict(shown string, code int, body []byte) (string, bool) {
 	case code == http.StatusServiceUnavailable && isJSON:
 		why := "the server is starting; probe again in a moment, and if it stays so see the server's log"
 		if answer.Status == "stopping" {
-			why = "the server is draining before it stops; a new one (or another instance) takes over"
+			why = "the server is draining before it stops (it was sent SIGTERM or SIGINT); if it should keep running, see the server's log and its service manager's"
 		}
 		return fmt.Sprintf("not ready: %s answered %d with status %q: %s", shown, code, answer.Status, why), false
 	case isJSON:
