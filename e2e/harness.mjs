@@ -169,8 +169,8 @@ export function serveForFile(options, ready, { cleanup } = {}) {
 // renderer process of its own), in a browser with no address bar to show
 // it in. On this 2-core machine that load took the CPU from the page
 // being tested: a cold open of a 2,000-message conversation was
-// interactive at a median of 734 ms with it, 475 ms without (8 opens
-// each, 2026-12-06, BENCHMARKS.md). Its two features are turned off, so
+// interactive at medians of 779 and 812 ms with it, 442–646 ms without
+// (runs of 8 opens, 2026-12-06, BENCHMARKS.md). Its two features are turned off, so
 // that what the tests time is the page, as in a browser whose window is
 // already open.
 //
