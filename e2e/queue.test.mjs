@@ -84,6 +84,18 @@ async function still(socket, fn) {
   }
 }
 
+// clickStill clicks target (on page, whose socket is socket) with what the
+// server sends the page held, at the latest message: while a reply streams,
+// the queue under it moves as the reply grows, and Playwright clicks only
+// what keeps its place for two frames (a queued item that moved down can
+// also be under the composer, which stays at the bottom of the window).
+async function clickStill(socket, page, target) {
+  await still(socket, async () => {
+    await toLatest(page)();
+    await target.click();
+  });
+}
+
 // stopActive cancels the conversation's active run, if any (a long reply
 // left running would hold one of the user's run slots in the next test).
 async function stopActive(threadID) {
@@ -137,7 +149,7 @@ test("two tabs: messages queued while a reply streams show in both, an edit in o
   await still(socketA, () => shots(a, "queue-two-while-streaming", { prepare: toLatest(a) }));
 
   // Tab B edits the second in place: Enter saves, and tab A shows it.
-  await item(b, 1).getByTestId("queued-edit-button").click();
+  await clickStill(socketB, b, item(b, 1).getByTestId("queued-edit-button"));
   const box = b.getByTestId("queued-edit");
   assert.equal(await box.inputValue(), second);
   assert.equal(await b.evaluate(() => document.activeElement?.dataset.testid), "queued-edit", "the focus is in the edit box");
@@ -151,7 +163,7 @@ test("two tabs: messages queued while a reply streams show in both, an edit in o
   await still(socketA, () => shots(a, "queue-edit-seen-in-other-tab", { prepare: toLatest(a) }));
 
   // Esc cancels an edit, and only the edit: the reply keeps streaming.
-  await item(b, 0).getByTestId("queued-edit-button").click();
+  await clickStill(socketB, b, item(b, 0).getByTestId("queued-edit-button"));
   await b.getByTestId("queued-edit").fill("Repeat after me: never saved");
   await b.getByTestId("queued-edit").press("Escape");
   await b.getByTestId("queued-edit").waitFor({ state: "detached" });
@@ -164,7 +176,7 @@ test("two tabs: messages queued while a reply streams show in both, an edit in o
   await b.getByTestId("composer-input").fill("Repeat after me: a third one");
   await b.getByTestId("composer-input").press("Enter");
   await eventually(async () => assert.equal((await queued(a)).length, 3));
-  await item(a, 2).getByTestId("queued-remove").click();
+  await clickStill(socketA, a, item(a, 2).getByTestId("queued-remove"));
   for (const page of [a, b]) await eventually(async () => assert.deepEqual(await queued(page), [first, edited]));
   assert.equal(await a.evaluate(() => document.activeElement?.getAttribute("aria-label")), "Remove queued message 2", "the focus goes to the message before it");
 
