@@ -444,7 +444,7 @@ func (a *App) Run(ctx context.Context) error {
 	} else {
 		log.Info("answering to host names", "hosts", cfg.Hosts.String())
 	}
-	a.api.SetReady(true)
+	a.api.SetReady()
 	serving := []any{"addr", "http://" + a.ln.Addr().String(), "db", RedactedURL(cfg.DB), "model", cfg.Model, "auth", cfg.AuthMode, "instance", a.instanceID}
 	if cfg.SQLiteSynchronous != "" {
 		serving = append(serving, "sqlite_synchronous", cfg.SQLiteSynchronous)

@@ -170,9 +170,9 @@ export function serveForFile(options, ready, { cleanup } = {}) {
 // it in. On this 2-core machine that load took the CPU from the page
 // being tested: a cold open of a 2,000-message conversation was
 // interactive at medians of 779 and 812 ms with it, 442–646 ms without
-// (runs of 8 opens, 2026-12-06, BENCHMARKS.md). Its two features are turned off, so
-// that what the tests time is the page, as in a browser whose window is
-// already open.
+// (runs of 8 opens, 2026-12-06, BENCHMARKS.md). Its two features are
+// turned off, so that what the tests time is the page, as in a browser
+// whose window is already open.
 //
 // Chromium honours only the last --disable-features on its command line,
 // and playwright-core passes its own list before ours: ours repeats that

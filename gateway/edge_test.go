@@ -276,16 +276,7 @@ func TestReadyzTellsAForeignHostOnlyItsStatus(t *testing.T) {
 			t.Errorf("/readyz with Host %q before ready: %d %s, want 503 {\"status\":\"starting\"}", host, code, body)
 		}
 	}
-	api.SetReady(true)
-	defer func() {
-		// A drain before a stop says so, to every Host.
-		api.SetStopping()
-		for _, host := range append(foreign, "chat.example.com") {
-			if code, body := readyz(host); code != http.StatusServiceUnavailable || body != `{"status":"stopping"}` {
-				t.Errorf("/readyz with Host %q while stopping: %d %s, want 503 {\"status\":\"stopping\"}", host, code, body)
-			}
-		}
-	}()
+	api.SetReady()
 	for _, host := range foreign {
 		if code, body := readyz(host); code != http.StatusOK || body != `{"status":"ready"}` {
 			t.Errorf("/readyz with the foreign Host %q: %d %s, want 200 {\"status\":\"ready\"} and nothing else", host, code, body)
@@ -308,5 +299,12 @@ func TestReadyzTellsAForeignHostOnlyItsStatus(t *testing.T) {
 	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if body := strings.TrimSpace(rec.Body.String()); body != `{"status":"ready"}` {
 		t.Errorf("/readyz not served through the edge: %s, want the status only", body)
+	}
+	// A drain before a stop says so, to every Host.
+	api.SetStopping()
+	for _, host := range append(foreign, "chat.example.com") {
+		if code, body := readyz(host); code != http.StatusServiceUnavailable || body != `{"status":"stopping"}` {
+			t.Errorf("/readyz with Host %q while stopping: %d %s, want 503 {\"status\":\"stopping\"}", host, code, body)
+		}
 	}
 }

@@ -153,8 +153,7 @@ type Server struct {
 	keepAlive time.Duration
 	servers   func() []ToolServer
 	admission func() chat.Admission
-	ready     atomic.Bool // /readyz answers 200 (SetReady)
-	stopping  atomic.Bool // /readyz answers 503 "stopping" (SetStopping)
+	phase     atomic.Uint32 // what /readyz answers: starting, then ready (SetReady), then stopping (SetStopping)
 	ws        *wsHub
 	limits    *userLimits
 	metrics   Metrics
@@ -162,8 +161,7 @@ type Server struct {
 	started   time.Time // when New ran: the served model's created time
 }
 
-// New returns a Server; it answers /readyz 503 "starting" until
-// SetReady(true).
+// New returns a Server; it answers /readyz 503 "starting" until SetReady.
 func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -185,15 +183,19 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// SetReady switches /readyz between 200 and 503 "starting".
-func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+// The phases /readyz reports (Server.phase).
+const (
+	phaseStarting uint32 = iota
+	phaseReady
+	phaseStopping
+)
+
+// SetReady makes /readyz answer 200: the server takes requests.
+func (s *Server) SetReady() { s.phase.Store(phaseReady) }
 
 // SetStopping makes /readyz answer 503 "stopping" from now on: the server
 // drains before it stops, and a balancer should send nothing new here.
-func (s *Server) SetStopping() {
-	s.stopping.Store(true)
-	s.ready.Store(false)
-}
+func (s *Server) SetStopping() { s.phase.Store(phaseStopping) }
 
 // Routes registers every route on mux.
 func (s *Server) Routes(mux *http.ServeMux) {
@@ -238,12 +240,12 @@ func (s *Server) Routes(mux *http.ServeMux) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if s.stopping.Load() {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stopping"})
-		return
-	}
-	if !s.ready.Load() {
+	switch s.phase.Load() {
+	case phaseStarting:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+		return
+	case phaseStopping:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stopping"})
 		return
 	}
 	var servers []ToolServer

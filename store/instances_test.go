@@ -199,11 +199,9 @@ func TestInstancesWriteOneThreadWithoutConflicts(t *testing.T) {
 // orders deadlock; PostgreSQL fails one transaction, which runs again, and
 // neither caller sees the failure.
 func TestInstancesRetryADeadlock(t *testing.T) {
-	// The instances' sessions are named, so that counting the sessions
-	// that wait for a lock sees these two only, whatever else (another
-	// package's tests) uses the database at the same time.
-	// Each instance's sessions have a name of their own: the wait below
-	// must see each instance's own batch waiting, not two sessions of one.
+	// Each instance's sessions have a name of their own, so that the wait
+	// below sees each instance's own batch waiting (not two sessions of
+	// one), whatever else (another package's tests) uses the database.
 	app := strings.ToLower(chat.NewID("dl_"))
 	base := postgresDSN(t)
 	named := func(name string) string { return base + "&application_name=" + app + "_" + name }
